@@ -1,0 +1,61 @@
+# Everything runs from the project's own files: `make setup` on a fresh machine installs the
+# Python environment (.venv) and resolves every JVM artifact of jvm/pom.xml from Maven Central
+# into .jvm/ (git-ignored).
+
+PYTHON ?= python3.11
+VENV   := .venv
+BIN    := $(VENV)/bin
+MVN    := mvn -q -B -f jvm/pom.xml
+DEMO   := .demo
+DEMO_PORT ?= 19092
+DEMO_ENV := LAKEHOUSE_ROOT=$(CURDIR)/$(DEMO)/lake LAKEHOUSE_SOURCE_STATE=$(CURDIR)/$(DEMO)/shop_state.json \
+            KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:$(DEMO_PORT)
+
+.PHONY: setup demo test test-fast lint kafka-up kafka-down clean help
+
+help:  ## List the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+
+setup: $(VENV)/.installed .jvm/.resolved  ## Create .venv (console script .venv/bin/lakehouse) and resolve the jars
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+.jvm/.resolved: jvm/pom.xml
+	rm -rf .jvm/spark .jvm/kafka
+	$(MVN) -P spark dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(CURDIR)/.jvm/spark
+	$(MVN) -P kafka dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(CURDIR)/.jvm/kafka
+	touch $@
+
+demo: setup  ## End to end on the embedded local default: Kafka, a generated workload, ingest, bronze stats
+	rm -rf $(DEMO) && mkdir -p $(DEMO)
+	$(BIN)/lakehouse kafka up --port $(DEMO_PORT) --data-dir $(DEMO)/kafka
+	( set -e; trap '$(BIN)/lakehouse kafka down --data-dir $(DEMO)/kafka' EXIT; \
+	  $(DEMO_ENV) $(BIN)/lakehouse generate --seed 42 --customers 2000 --orders 6000 --changes 20000; \
+	  $(DEMO_ENV) $(BIN)/lakehouse ingest --once; \
+	  $(DEMO_ENV) $(BIN)/lakehouse generate --changes 5000; \
+	  $(DEMO_ENV) $(BIN)/lakehouse ingest --once; \
+	  $(DEMO_ENV) $(BIN)/lakehouse status; \
+	  $(DEMO_ENV) $(BIN)/lakehouse dead-letters list --limit 5 )
+
+test: setup  ## The whole test suite (starts its own Kafka brokers; real Spark and Hudi)
+	$(BIN)/pytest
+
+test-fast: setup  ## Tests without the slow crash tests
+	$(BIN)/pytest -m "not slow"
+
+lint: setup  ## ruff
+	$(BIN)/ruff check .
+
+kafka-up: setup  ## Start a local Kafka broker (KRaft) on 127.0.0.1:9092, data in .kafka/
+	$(BIN)/lakehouse kafka up --port 9092 --data-dir .kafka
+
+kafka-down:  ## Stop it
+	$(BIN)/lakehouse kafka down --data-dir .kafka
+
+clean:  ## Remove the local lake, demo and broker data (not .venv or .jvm)
+	-$(BIN)/lakehouse kafka down --data-dir .kafka
+	rm -rf lake .kafka .source $(DEMO) spark-warehouse

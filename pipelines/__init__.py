@@ -1,0 +1,1 @@
+"""Lakehouse CDC pipeline: Debezium change events on Kafka into Apache Hudi tables."""

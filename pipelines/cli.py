@@ -1,0 +1,160 @@
+"""`lakehouse`: the one entry point for operators, Airflow tasks and acceptance checks.
+
+Section 5 of the contract fixes `ingest --once`, `etl` and `gdpr erase`; every command
+exits non-zero with a message naming the problem when it cannot do its job.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import sys
+
+import click
+
+from pipelines import settings
+from pipelines.generator import generate
+from pipelines.kafka_local import kafka
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
+def main(verbose: bool) -> None:
+    """Lakehouse CDC pipeline: Debezium events on Kafka into Apache Hudi tables.
+
+    Configuration: LAKEHOUSE_ROOT (lake root, default ./lake), KAFKA_BOOTSTRAP_SERVERS
+    (default 127.0.0.1:9092), LAKEHOUSE_TARGET (local | emr).
+    """
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("kafka").setLevel(logging.WARNING)
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+
+
+main.add_command(generate)
+main.add_command(kafka)
+
+
+def _require_kafka(bootstrap: str) -> None:
+    """Fail fast with a clear message: Spark's Kafka source would retry for minutes instead."""
+    for server in bootstrap.split(","):
+        host, _, port = server.strip().rpartition(":")
+        try:
+            socket.create_connection((host or "127.0.0.1", int(port)), timeout=5).close()
+            return
+        except (OSError, ValueError):
+            continue
+    raise click.ClickException(f"cannot reach Kafka at {bootstrap} (KAFKA_BOOTSTRAP_SERVERS); "
+                               "is the broker up? `make kafka-up` starts a local one")
+
+
+@main.command()
+@click.option("--once", is_flag=True,
+              help="Consume what is on the topics at start, commit it to bronze, exit 0.")
+@click.option("--trigger-seconds", type=click.FloatRange(min=0), default=10.0, show_default=True,
+              help="Micro-batch interval when running continuously.")
+@click.option("--max-offsets-per-trigger", type=click.IntRange(min=1), default=None,
+              help="Cap on Kafka records per micro-batch  [default: no cap]")
+@click.option("--bootstrap", default=None, help="Kafka brokers  [default: $KAFKA_BOOTSTRAP_SERVERS]")
+def ingest(once: bool, trigger_seconds: float, max_offsets_per_trigger: int | None, bootstrap: str | None) -> None:
+    """Stream both source topics into the bronze Hudi tables (until stopped, or --once)."""
+    from pipelines.bronze import run_ingest
+
+    brokers = bootstrap or settings.kafka_bootstrap()
+    _require_kafka(brokers)
+    try:
+        run_ingest(once=once, bootstrap=brokers, trigger_seconds=trigger_seconds,
+                   max_offsets_per_trigger=max_offsets_per_trigger)
+    except KeyboardInterrupt:
+        click.echo("ingest stopped", err=True)
+    except Exception as exc:  # the stream's failure, already logged by Spark: name it and exit 1
+        raise click.ClickException(f"ingest failed: {_first_line(exc)}") from exc
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+@main.command()
+def status() -> None:
+    """Per bronze table: rows, commits, file groups, log files and dead letters (no Spark needed)."""
+    from pipelines.bronze import dead_letter_path, ledger_path, main_path
+    from pipelines.contract import TABLES, topic
+    from pipelines.table_stats import exists, read_table, table_stats
+
+    dead = {}
+    if exists(dead_letter_path()):
+        for t in read_table(dead_letter_path(), ["kafka_topic"]).column("kafka_topic").to_pylist():
+            dead[t] = dead.get(t, 0) + 1
+    click.echo(f"lake root: {settings.lake_root()}")
+    click.echo(f"{'table':<18}{'rows':>9}{'commits':>9}{'file groups':>13}{'log files':>11}{'deleted keys':>14}"
+               f"{'dead letters':>14}")
+    for table in TABLES:
+        if not exists(main_path(table)):
+            click.echo(f"bronze/{table:<11}  (not created yet)")
+            continue
+        s = table_stats(main_path(table))
+        deleted = table_stats(ledger_path(table)).rows if exists(ledger_path(table)) else 0
+        click.echo(f"bronze/{table:<11}{s.rows:>9}{s.commits:>9}{s.file_groups:>13}{s.log_files:>11}"
+                   f"{deleted:>14}{dead.get(topic(table), 0):>14}")
+
+
+@main.group("dead-letters")
+def dead_letters() -> None:
+    """Inspect and replay the Kafka records that ingest could not use."""
+
+
+@dead_letters.command("list")
+@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True)
+def dead_letters_list(limit: int) -> None:
+    """Print the newest dead letters: Kafka position, reason and the start of the raw value."""
+    from pipelines.bronze import dead_letter_path
+    from pipelines.table_stats import exists, read_table
+
+    if not exists(dead_letter_path()):
+        click.echo("no dead letters")
+        return
+    rows = sorted(read_table(dead_letter_path(), ["position", "reason", "value", "kafka_offset"]).to_pylist(),
+                  key=lambda r: r["kafka_offset"], reverse=True)
+    click.echo(f"{len(rows)} dead letters")
+    for r in rows[:limit]:
+        value = r["value"][:80] if r["value"] is not None else b""
+        click.echo(f"{r['position']}\t{r['reason']}\t{value!r}")
+
+
+@dead_letters.command("replay")
+@click.option("--position", "positions", multiple=True, help="topic/partition/offset to replay (repeatable).")
+@click.option("--all", "replay_all", is_flag=True, help="Replay every dead letter.")
+@click.option("--bootstrap", default=None, help="Kafka brokers  [default: $KAFKA_BOOTSTRAP_SERVERS]")
+def dead_letters_replay(positions: tuple[str, ...], replay_all: bool, bootstrap: str | None) -> None:
+    """Send dead letters back to their source topic, unchanged, once the cause is fixed.
+
+    A record that is still unusable lands in the dead-letter store again, at its new position.
+    """
+    from kafka import KafkaProducer
+
+    from pipelines.bronze import dead_letter_path
+    from pipelines.table_stats import exists, read_table
+
+    if not positions and not replay_all:
+        raise click.UsageError("name --position ... or --all")
+    if not exists(dead_letter_path()):
+        raise click.ClickException(f"no dead-letter store at {dead_letter_path()}")
+    rows = read_table(dead_letter_path(), ["position", "kafka_topic", "key", "value"]).to_pylist()
+    wanted = rows if replay_all else [r for r in rows if r["position"] in set(positions)]
+    missing = set(positions) - {r["position"] for r in rows}
+    if missing:
+        raise click.ClickException(f"no dead letter at {', '.join(sorted(missing))}")
+    brokers = bootstrap or settings.kafka_bootstrap()
+    _require_kafka(brokers)
+    producer = KafkaProducer(bootstrap_servers=brokers, acks="all")
+    for r in wanted:
+        producer.send(r["kafka_topic"], key=r["key"], value=r["value"])
+    producer.flush()
+    producer.close()
+    click.echo(f"replayed {len(wanted)} dead letters to {brokers}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,45 @@
+"""The fixed interface with the upstream `shop` database (shared/contracts/cdc-source.md).
+
+Everything that the contract fixes lives here once, so that the generator, the
+ingest job, silver validation and the tests cannot drift apart.
+"""
+
+from __future__ import annotations
+
+TOPIC_PREFIX = "shop"
+SCHEMA = "public"
+TABLES: tuple[str, ...] = ("customers", "orders")
+
+# Source columns in table order, as the Debezium envelope's `after` carries them.
+COLUMNS: dict[str, tuple[str, ...]] = {
+    "customers": ("id", "email", "full_name", "country", "created_at", "updated_at"),
+    "orders": ("id", "customer_id", "status", "amount", "currency", "created_at", "updated_at"),
+}
+# Columns that arrive as JSON numbers (bigint); every other column is a JSON string.
+BIGINT_COLUMNS: dict[str, frozenset[str]] = {
+    "customers": frozenset({"id"}),
+    "orders": frozenset({"id", "customer_id"}),
+}
+PRIMARY_KEY = "id"
+
+ORDER_STATUSES: tuple[str, ...] = ("placed", "paid", "shipped", "cancelled", "refunded")
+CURRENCIES: tuple[str, ...] = ("EUR", "USD", "GBP", "JPY", "CHF", "SEK")
+EMAIL_PATTERN = r"^[^@\s]+@[^@\s]+\.[^@\s]+$"
+COUNTRY_PATTERN = r"^[A-Z]{2}$"
+
+# Debezium `op` codes. Row changes carry a row image; the others must be tolerated.
+ROW_OPS = frozenset({"r", "c", "u", "d"})
+OTHER_OPS = frozenset({"t", "m"})
+
+
+def topic(table: str) -> str:
+    """Kafka topic of a source table (`topic.prefix=shop`)."""
+    return f"{TOPIC_PREFIX}.{SCHEMA}.{table}"
+
+
+def table_of_topic(name: str) -> str:
+    """Inverse of :func:`topic`; raises ValueError for a topic the contract does not name."""
+    for table in TABLES:
+        if topic(table) == name:
+            return table
+    raise ValueError(f"topic {name!r} is not a source topic of the contract ({', '.join(map(topic, TABLES))})")

@@ -1,0 +1,142 @@
+"""The local broker against a real client: it must serve, restart with its data, and never outlive a test."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
+from kafka.admin import NewTopic
+
+from pipelines.kafka_local import KafkaBroker, free_port, kafka
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
+    # One broker for the module: a start costs seconds, and every test leaves it running.
+    with KafkaBroker(tmp_path_factory.mktemp("kafka"), port=free_port()) as running:
+        yield running
+
+
+def produce(bootstrap: str, topic: str, key: bytes, value: bytes) -> None:
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    try:
+        producer.send(topic, key=key, value=value).get(timeout=30)
+    finally:
+        producer.close()
+
+
+def consume_until(bootstrap: str, topic: str, wanted: bytes, timeout: float = 30.0) -> list[bytes]:
+    """Values read from the start of `topic` until `wanted` shows up (or the timeout passes)."""
+    consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", group_id=None)
+    values: list[bytes] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while wanted not in values and time.monotonic() < deadline:
+            for records in consumer.poll(timeout_ms=500).values():
+                values.extend(record.value for record in records)
+    finally:
+        consumer.close()
+    return values
+
+
+def broker_processes(config_path: Path) -> str:
+    """Pids of java processes started with this config, whoever started them (one per line)."""
+    found = subprocess.run(
+        ["pgrep", "-f", f"kafka.Kafka {config_path}"], check=False, capture_output=True, text=True
+    )
+    return found.stdout
+
+
+def test_produce_and_consume_on_a_three_partition_topic(broker: KafkaBroker) -> None:
+    admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
+    try:
+        admin.create_topics([NewTopic("roundtrip", num_partitions=3, replication_factor=1)])
+        [description] = admin.describe_topics(["roundtrip"])
+    finally:
+        admin.close()
+    assert len(description["partitions"]) == 3
+
+    produce(broker.bootstrap, "roundtrip", b"k1", b"hello")
+
+    assert consume_until(broker.bootstrap, "roundtrip", b"hello") == [b"hello"]
+
+
+def test_start_is_idempotent(broker: KafkaBroker) -> None:
+    pid = broker.pid()
+
+    assert broker.start() is broker
+    # A second handle on the same data dir (as `kafka up` run twice) adopts the running broker.
+    adopted = KafkaBroker(broker.data_dir, port=broker.port).start()
+
+    assert pid is not None and broker.pid() == pid and adopted.pid() == pid
+    assert broker.is_running()
+    with pytest.raises(RuntimeError, match="already runs on port"):
+        KafkaBroker(broker.data_dir, port=free_port()).start()
+
+
+def test_stop_then_start_keeps_data_and_leaves_no_process(broker: KafkaBroker) -> None:
+    produce(broker.bootstrap, "persisted", b"k", b"before restart")
+    pid = broker.pid()
+    controller_port = broker.controller_port
+    assert pid is not None
+
+    broker.stop()
+
+    assert not broker.is_running() and broker.pid() is None
+    assert not broker.pid_path.exists()
+    assert broker_processes(broker.config_path) == ""
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    broker.stop()  # stopping a stopped broker is a no-op
+
+    broker.start()
+
+    assert broker.pid() not in (None, pid)
+    assert broker.controller_port == controller_port
+    assert b"before restart" in consume_until(broker.bootstrap, "persisted", b"before restart")
+
+
+def test_start_failure_reports_server_log_and_cleans_up(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        failing = KafkaBroker(tmp_path, port=taken.getsockname()[1])
+        try:
+            with pytest.raises(RuntimeError, match=r"server\.log") as raised:
+                failing.start(timeout=60)
+        finally:
+            failing.stop()
+
+    assert "Address already in use" in str(raised.value)  # the cause, not just the shutdown that follows
+    assert failing.pid() is None and not failing.pid_path.exists()
+    assert broker_processes(failing.config_path) == ""
+
+
+# `up` drops its handle on a broker it leaves running on purpose; Python flags that as a resource leak.
+@pytest.mark.filterwarnings("ignore:subprocess .* is still running:ResourceWarning")
+def test_cli_up_status_down(tmp_path: Path) -> None:
+    data_dir = tmp_path / "cli"
+    port = free_port()
+    runner = CliRunner()
+    try:
+        up = runner.invoke(kafka, ["up", "--port", str(port), "--data-dir", str(data_dir)])
+        assert up.exit_code == 0, up.output
+        assert f"127.0.0.1:{port}" in up.output and str(data_dir / "server.log") in up.output
+
+        status = runner.invoke(kafka, ["status", "--data-dir", str(data_dir)])
+        assert status.exit_code == 0 and f"127.0.0.1:{port}" in status.output
+
+        down = runner.invoke(kafka, ["down", "--data-dir", str(data_dir)])
+        assert down.exit_code == 0 and "stopped" in down.output
+    finally:
+        KafkaBroker(data_dir).stop()
+
+    assert runner.invoke(kafka, ["status", "--data-dir", str(data_dir)]).exit_code == 1
+    assert broker_processes(data_dir / "server.properties") == ""
