@@ -7,6 +7,7 @@ exits non-zero with a message naming the problem when it cannot do its job.
 from __future__ import annotations
 
 import logging
+import signal
 import socket
 import sys
 
@@ -62,6 +63,9 @@ def ingest(once: bool, trigger_seconds: float, max_offsets_per_trigger: int | No
 
     brokers = bootstrap or settings.kafka_bootstrap()
     _require_kafka(brokers)
+    # SIGTERM (how schedulers and `kill` stop a job) ends the stream like Ctrl-C: the query is
+    # stopped; a batch cut short is re-run on the next start, by design.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         run_ingest(once=once, bootstrap=brokers, trigger_seconds=trigger_seconds,
                    max_offsets_per_trigger=max_offsets_per_trigger)

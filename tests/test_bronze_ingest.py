@@ -8,13 +8,16 @@ and with hudi-rs.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections import Counter
 
 import pytest
 
 from pipelines.bronze import run_ingest
+from pipelines.contract import COLUMNS
 from pipelines.generator import Message, ShopSource, WorkloadConfig, ensure_topics, produce
 from tests.lake import assert_bronze_equals_model, dead_letters
 from tests.model import fold_with_lsn, is_malformed
@@ -82,6 +85,39 @@ def test_cli_ingest_once_and_status(broker, tmp_path) -> None:
     assert "batch 0:" in done.stderr
     status = subprocess.run([*lakehouse, "status"], env=env, capture_output=True, text=True, check=True).stdout
     assert "bronze/customers" in status and "bronze/orders" in status
+
+
+def test_continuous_ingest_catches_up_and_stops_on_sigterm(broker, tmp_path) -> None:
+    """Without --once the stream keeps going: data produced while it runs shows up in bronze."""
+    from tests.lake import bronze_hudi_rs
+
+    root = tmp_path / "lake"
+    env = {**os.environ, "LAKEHOUSE_ROOT": str(root), "KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap}
+    source = ShopSource(17)
+    cfg = WorkloadConfig(seed=17, customers=40, orders=100, changes=300)
+    ensure_topics(broker.bootstrap)
+    log_path = tmp_path / "ingest.log"
+    with log_path.open("w") as log_file:
+        proc = subprocess.Popen([sys.executable, "-m", "pipelines.cli", "ingest", "--trigger-seconds", "2"],
+                                env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        sent = source.snapshot(cfg) + source.changes(cfg)
+        produce(sent, broker.bootstrap)
+        expected, _ = fold_with_lsn(sent)
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and proc.poll() is None:
+            got = {t: {k: {c: v[c] for c in COLUMNS[t]} for k, v in bronze_hudi_rs(str(root), t).items()}
+                   for t in expected}
+            if got == expected:
+                break
+            time.sleep(3)
+        assert got == expected, "continuous ingest did not catch up: " + log_path.read_text()[-2000:]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 0, log_path.read_text()[-2000:]
+        assert "ingest stopped" in log_path.read_text()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
 def test_cli_ingest_names_an_unreachable_broker(tmp_path) -> None:
