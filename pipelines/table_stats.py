@@ -23,8 +23,18 @@ class TableStats:
     table_type: str
 
 
+_COMPLETED = (".commit", ".deltacommit", ".replacecommit")
+
+
 def exists(path: str) -> bool:
-    return "://" in path or (Path(path) / ".hoodie" / "hoodie.properties").is_file()
+    """A readable table: one with a completed commit (a first commit still in flight is not one).
+
+    Remote URIs are taken as existing; the read then says what is wrong.
+    """
+    if "://" in path:
+        return True
+    timeline = Path(path) / ".hoodie" / "timeline"
+    return timeline.is_dir() and any("_" in p.name and p.suffix in _COMPLETED for p in timeline.iterdir())
 
 
 def read_table(path: str, columns: list[str] | None = None) -> pa.Table:
