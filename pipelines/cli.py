@@ -75,6 +75,19 @@ def ingest(once: bool, trigger_seconds: float, max_offsets_per_trigger: int | No
         raise click.ClickException(f"ingest failed: {_first_line(exc)}") from exc
 
 
+@main.command()
+def etl() -> None:
+    """One incremental cycle: what changed in bronze since the last cycle -> silver and its quarantine."""
+    from pipelines.etl import run_etl
+
+    try:
+        report = run_etl()
+    except Exception as exc:  # Spark/Hudi failures: name them and exit 1
+        raise click.ClickException(f"etl failed: {_first_line(exc)}") from exc
+    for table, counts in report.items():
+        click.echo(f"silver/{table}: " + (" ".join(f"{k}={v}" for k, v in counts.items()) or "no bronze changes"))
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__

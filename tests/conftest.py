@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Iterator
 
 import pytest
 from pyspark.sql import SparkSession
 
 from pipelines.kafka_local import KafkaBroker, free_port
+
+# PySpark turns timestamps into naive datetimes in the process's zone: make that UTC, as the data is.
+os.environ["TZ"] = "UTC"
+time.tzset()
 
 
 @pytest.fixture(scope="session")

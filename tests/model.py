@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import functools
 import json
+import re
+from datetime import UTC, datetime
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from pipelines.contract import OTHER_OPS, ROW_OPS, TABLES, table_of_topic
+from pipelines.contract import CURRENCIES, ORDER_STATUSES, OTHER_OPS, ROW_OPS, TABLES, table_of_topic
 from pipelines.generator import Message
 
 Rows = dict[str, dict[int, dict[str, Any]]]
@@ -86,5 +89,65 @@ def fold_with_lsn(messages: list[Message]) -> tuple[Rows, dict[str, dict[int, in
             rows[table][key] = image
     lsns = {t: {k: newest[t][k] for k in rows[t]} for t in TABLES}
     return rows, lsns
+
+
+
+
+# ---------------------------------------------------------------- silver, the contract's rules in plain Python
+
+_EMAIL = re.compile(r"[^@\s]+@[^@\s]+\.[^@\s]+")
+_COUNTRY = re.compile(r"[A-Z]{2}")
+_AMOUNT = re.compile(r"-?\d{1,10}(\.\d{1,2})?")
+
+
+def _ts(text: Any) -> datetime | None:
+    try:
+        return datetime.fromisoformat(text).astimezone(UTC) if isinstance(text, str) else None
+    except ValueError:
+        return None
+
+
+def silver_customer(row: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """(cleaned row, first failed rule or None)."""
+    clean = {"id": row["id"], "email": (row["email"] or "").strip().lower(), "full_name": row["full_name"],
+             "country": (row["country"] or "").strip().upper(),
+             "created_at": _ts(row["created_at"]), "updated_at": _ts(row["updated_at"])}
+    checks = [("email_format", _EMAIL.fullmatch(clean["email"])),
+              ("country_code", _COUNTRY.fullmatch(clean["country"])),
+              ("created_at_timestamp", clean["created_at"]), ("updated_at_timestamp", clean["updated_at"])]
+    return clean, next((name for name, ok in checks if not ok), None)
+
+
+def silver_order(row: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    text = (row["amount"] or "").strip()
+    try:
+        amount = Decimal(text) if _AMOUNT.fullmatch(text) else None
+    except InvalidOperation:
+        amount = None
+    created = _ts(row["created_at"])
+    clean = {"id": row["id"], "customer_id": row["customer_id"], "status": row["status"], "currency": row["currency"],
+             "amount": amount, "created_at": created, "updated_at": _ts(row["updated_at"]),
+             "order_date": created.date() if created else None}
+    checks = [("status_value", row["status"] in ORDER_STATUSES), ("currency_value", row["currency"] in CURRENCIES),
+              ("amount_decimal", amount is not None), ("amount_non_negative", amount is not None and amount >= 0),
+              ("created_at_timestamp", created), ("updated_at_timestamp", clean["updated_at"])]
+    return clean, next((name for name, ok in checks if not ok), None)
+
+
+SILVER_RULES = {"customers": silver_customer, "orders": silver_order}
+
+
+def expected_silver(state: Rows) -> tuple[Rows, dict[str, dict[int, str]]]:
+    """What silver and its quarantine must hold for a source state: (valid rows, {table: {id: failed rule}})."""
+    silver: Rows = {t: {} for t in TABLES}
+    quarantine: dict[str, dict[int, str]] = {t: {} for t in TABLES}
+    for table in TABLES:
+        for key, row in state[table].items():
+            clean, failed = SILVER_RULES[table](row)
+            if failed:
+                quarantine[table][key] = failed
+            else:
+                silver[table][key] = clean
+    return silver, quarantine
 
 

@@ -1,0 +1,144 @@
+"""`lakehouse etl`: one incremental cycle, bronze -> silver (and, next, silver -> gold).
+
+Each output table keeps its own checkpoint, the completion time of the last source commit
+it consumed, in the metadata of the very commit that wrote the output
+(`_lakehouse.checkpoint`). Output and checkpoint are therefore one atomic Hudi commit:
+a cycle killed half-way leaves every table either before or after its step, and the next
+cycle redoes exactly the missing steps. Every write is a keyed upsert or delete of the
+latest state, so reading a window again changes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+import hudi_configs
+from pipelines import contract
+from pipelines.bronze import DELETED_FLAG, KEY, ledger_path, main_path
+from pipelines.hudi_timeline import CHECKPOINT_META, checkpoint, earliest_completion, latest_completion
+from pipelines.settings import lake_root, table_path
+from pipelines.silver import CLEANERS
+from pipelines.table_stats import exists
+
+log = logging.getLogger(__name__)
+
+
+def silver_path(table: str, root: str | None = None) -> str:
+    return table_path("silver", table, root)
+
+
+def quarantine_path(table: str, root: str | None = None) -> str:
+    return table_path("silver", f"_quarantine/{table}", root)
+
+
+@dataclass(frozen=True)
+class Window:
+    """What one cycle reads of a source table: commits completed after `since`, up to `until`."""
+
+    path: str
+    since: str | None
+    until: str | None
+    full: bool = False  # the checkpoint is gone from the timeline: read the whole table
+
+
+def _window(spark: SparkSession, path: str, since: str | None) -> Window:
+    if not exists(path):
+        return Window(path, since, None)
+    until = latest_completion(spark, path)
+    earliest = earliest_completion(spark, path)
+    full = since is not None and earliest is not None and since < earliest
+    if full:
+        log.warning("checkpoint %s of %s is older than its active timeline (from %s): "
+                    "rebuilding from a full read", since, path, earliest)
+    return Window(path, since, until, full)
+
+
+def _read(spark: SparkSession, w: Window) -> DataFrame | None:
+    """Rows of the source changed in the window (latest state per key); None if nothing can have."""
+    if w.until is None or (w.since is not None and w.since >= w.until and not w.full):
+        return None
+    if w.full or w.since is None:
+        return spark.read.format("hudi").load(w.path)
+    return (spark.read.format("hudi").options(**hudi_configs.section("silver", "incremental_read"))
+            .option("hoodie.datasource.read.begin.instanttime", w.since)
+            .option("hoodie.datasource.read.end.instanttime", w.until).load(w.path))
+
+
+def bronze_changes(spark: SparkSession, table: str, main: Window, deletes: Window) -> DataFrame | None:
+    """Per key changed in bronze: its live row, or a delete (`_deleted`), whichever has the higher LSN."""
+    live, gone = _read(spark, main), _read(spark, deletes)
+    if live is None and gone is None:
+        return None
+    columns = [*contract.COLUMNS[table], "_lsn", "_source_ts"]
+    live_df = live.select(*columns) if live is not None else None
+    gone_df = gone.select(KEY, F.col("_lsn").alias("_del_lsn")) if gone is not None else None
+    if gone_df is None:
+        return live_df.withColumn("_deleted", F.lit(False))
+    if live_df is None:
+        return gone_df.select(KEY, F.col("_del_lsn").alias("_lsn"), F.lit(True).alias("_deleted"))
+    joined = live_df.join(gone_df, KEY, "full_outer")
+    is_live = F.col("_lsn").isNotNull() & (F.col("_del_lsn").isNull() | (F.col("_lsn") > F.col("_del_lsn")))
+    return joined.select(
+        *[F.when(is_live, F.col(c)).alias(c) if c != KEY else F.col(KEY) for c in columns if c != "_lsn"],
+        F.when(is_live, F.col("_lsn")).otherwise(F.col("_del_lsn")).alias("_lsn"), (~is_live).alias("_deleted"))
+
+
+def _write(df: DataFrame, path: str, name: str, marks: dict[str, str]) -> None:
+    opts = {**hudi_configs.section("silver", "table"), "hoodie.table.name": name,
+            CHECKPOINT_META: json.dumps(marks, sort_keys=True)}
+    df.write.format("hudi").options(**opts).mode("append").save(path)
+
+
+def silver_cycle(spark: SparkSession, table: str, root: str) -> dict[str, int]:
+    """bronze/<table> -> silver/<table> and silver/_quarantine/<table>; returns counts."""
+    outputs = (silver_path(table, root), quarantine_path(table, root))
+    sources = (main_path(table, root), ledger_path(table, root))
+    marks = [checkpoint(spark, p) if exists(p) else {} for p in outputs]
+    # Both outputs read from the older of their checkpoints: re-reading is harmless, skipping is not.
+    since = {s: min((m.get(s) for m in marks), key=lambda v: v or "") or None for s in sources}
+    main, deletes = (_window(spark, s, since[s]) for s in sources)
+    changes = bronze_changes(spark, table, main, deletes)
+    if changes is None:
+        return {}
+    changes = changes.persist()
+    try:
+        cleaned = CLEANERS[table](changes.filter(~F.col("_deleted"))).persist()
+        raw = changes.filter(~F.col("_deleted")).drop("_deleted", "_source_ts")
+        deleted = changes.filter(F.col("_deleted")).select(KEY, "_lsn")
+        valid = cleaned.filter(F.col("failed_rule").isNull()).drop("failed_rule")
+        invalid = cleaned.filter(F.col("failed_rule").isNotNull()).select(KEY, "_lsn", "failed_rule")
+        new_marks = {s: w.until for s, w in zip(sources, (main, deletes), strict=True) if w.until}
+
+        not_in_silver = deleted.unionByName(invalid.select(KEY, "_lsn"))
+        silver_rows = valid.withColumn(DELETED_FLAG, F.lit(False)).unionByName(
+            not_in_silver.withColumn(DELETED_FLAG, F.lit(True)), allowMissingColumns=True)
+        quarantined = raw.join(invalid.drop("_lsn"), KEY).withColumn("_quarantined_at", F.current_timestamp())
+        not_in_quarantine = deleted.unionByName(valid.select(KEY, "_lsn"))
+        quarantine_rows = quarantined.withColumn(DELETED_FLAG, F.lit(False)).unionByName(
+            not_in_quarantine.withColumn(DELETED_FLAG, F.lit(True)), allowMissingColumns=True)
+
+        counts = {"valid": valid.count(), "invalid": invalid.count(), "deleted": deleted.count()}
+        _write(silver_rows, outputs[0], f"silver_{table}", new_marks)
+        _write(quarantine_rows, outputs[1], f"silver_quarantine_{table}", new_marks)
+        cleaned.unpersist()
+        return counts
+    finally:
+        changes.unpersist()
+
+
+def run_etl(spark: SparkSession | None = None, root: str | None = None) -> dict[str, dict[str, int]]:
+    """One cycle over every source table; returns counts per table."""
+    from pipelines.spark import get_spark
+
+    spark = spark or get_spark("lakehouse-etl")
+    root = root or lake_root()
+    report = {}
+    for table in contract.TABLES:
+        report[table] = silver_cycle(spark, table, root)
+        log.info("silver/%s: %s", table, report[table] or "no bronze changes")
+    return report

@@ -1,0 +1,44 @@
+"""A Hudi table's timeline, through Hudi's own Java API (works for local paths and s3:// alike)."""
+
+from __future__ import annotations
+
+import json
+
+from pyspark.sql import SparkSession
+
+# Commit metadata keys are stored under this prefix (see bronze.BATCH_ID_META).
+CHECKPOINT_META = "_lakehouse.checkpoint"
+
+
+def _completed(spark: SparkSession, path: str):  # -> JavaObject (HoodieTimeline)
+    jvm = spark.sparkContext._jvm
+    conf = jvm.org.apache.hudi.storage.hadoop.HadoopStorageConfiguration(spark.sparkContext._jsc.hadoopConfiguration())
+    client = jvm.org.apache.hudi.common.table.HoodieTableMetaClient.builder().setConf(conf).setBasePath(path).build()
+    return client.getActiveTimeline().getCommitsTimeline().filterCompletedInstants()
+
+
+def latest_completion(spark: SparkSession, path: str) -> str | None:
+    """Completion time of the newest completed commit: the inclusive end of an incremental read."""
+    last = _completed(spark, path).lastInstant()
+    return last.get().getCompletionTime() if last.isPresent() else None
+
+
+def earliest_completion(spark: SparkSession, path: str) -> str | None:
+    """Completion time of the oldest commit still on the active timeline (older ones are archived)."""
+    first = _completed(spark, path).firstInstant()
+    return first.get().getCompletionTime() if first.isPresent() else None
+
+
+def checkpoint(spark: SparkSession, path: str) -> dict[str, str]:
+    """The `_lakehouse.checkpoint` of the newest commit that has one, {} if none.
+
+    Looked up backwards: table services (compaction, clean, clustering) also commit, and
+    their commits carry no checkpoint.
+    """
+    timeline = _completed(spark, path)
+    instants = timeline.getReverseOrderedInstants().iterator()
+    while instants.hasNext():
+        extra = timeline.readCommitMetadata(instants.next()).getExtraMetadata()
+        if extra.containsKey(CHECKPOINT_META):
+            return json.loads(extra.get(CHECKPOINT_META))
+    return {}

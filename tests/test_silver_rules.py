@@ -1,0 +1,76 @@
+"""Silver's cleaning and validation (Spark) against the contract's rules in plain Python (tests/model.py)."""
+
+from __future__ import annotations
+
+from datetime import UTC
+
+import pytest
+from pyspark.sql import functions as F
+
+from pipelines.bronze import row_schema
+from pipelines.contract import COLUMNS, TABLES
+from pipelines.generator import ShopSource, WorkloadConfig
+from pipelines.silver import CLEANERS
+from tests.model import SILVER_RULES
+
+
+def _bronze_df(spark, table, rows):
+    schema = row_schema(table)
+    df = spark.createDataFrame([tuple(r[c] for c in COLUMNS[table]) for r in rows], schema)
+    return df.withColumn("_lsn", F.lit(1).cast("long")).withColumn("_source_ts", F.current_timestamp())
+
+
+def _normal(value):
+    return value.astimezone(UTC).replace(tzinfo=None) if hasattr(value, "astimezone") and value.tzinfo else value
+
+
+@pytest.mark.parametrize("seed", [1, 8])
+def test_spark_cleaning_and_rules_equal_the_contract_model(spark, seed: int) -> None:
+    source = ShopSource(seed)
+    cfg = WorkloadConfig(seed=seed, customers=300, orders=900, changes=1500, invalid_fraction=0.15)
+    source.snapshot(cfg)
+    source.changes(cfg)
+    for table in TABLES:
+        rows = list(source.state[table].values())
+        got = {r["id"]: r.asDict() for r in CLEANERS[table](_bronze_df(spark, table, rows)).collect()}
+        rules_seen = set()
+        for row in rows:
+            clean, failed = SILVER_RULES[table](row)
+            rules_seen.add(failed)
+            g = got[row["id"]]
+            assert g["failed_rule"] == failed, (table, row, g)
+            if failed is None:
+                assert {k: _normal(v) for k, v in clean.items()} == {k: g[k] for k in clean}, (table, row)
+        assert None in rules_seen and len(rules_seen) >= 3, f"{table}: the workload exercises too few rules"
+
+
+def test_each_rule_by_example(spark) -> None:
+    ts = "2026-03-01T10:15:30.123456Z"
+    customers = [
+        {"id": 1, "email": "  Alice@Example.COM ", "full_name": "A", "country": " de", "created_at": ts,
+         "updated_at": ts},
+        {"id": 2, "email": "no-at-sign", "full_name": "B", "country": "DE", "created_at": ts, "updated_at": ts},
+        {"id": 3, "email": "b@c.d", "full_name": "C", "country": "1A", "created_at": ts, "updated_at": ts},
+        {"id": 4, "email": "b@c.d", "full_name": "D", "country": "FR", "created_at": "yesterday", "updated_at": ts},
+    ]
+    got = {r["id"]: r for r in CLEANERS["customers"](_bronze_df(spark, "customers", customers)).collect()}
+    assert (got[1]["email"], got[1]["country"], got[1]["failed_rule"]) == ("alice@example.com", "DE", None)
+    assert [got[i]["failed_rule"] for i in (2, 3, 4)] == ["email_format", "country_code", "created_at_timestamp"]
+    orders = [
+        {"id": 1, "customer_id": 9, "status": "paid", "amount": "12.50", "currency": "EUR", "created_at": ts,
+         "updated_at": ts},
+        {"id": 2, "customer_id": 9, "status": "lost", "amount": "1.00", "currency": "EUR", "created_at": ts,
+         "updated_at": ts},
+        {"id": 3, "customer_id": 9, "status": "paid", "amount": "1.00", "currency": "XXX", "created_at": ts,
+         "updated_at": ts},
+        {"id": 4, "customer_id": 9, "status": "paid", "amount": "-5.00", "currency": "USD", "created_at": ts,
+         "updated_at": ts},
+        {"id": 5, "customer_id": 9, "status": "paid", "amount": "abc", "currency": "USD", "created_at": ts,
+         "updated_at": ts},
+        {"id": 6, "customer_id": 9, "status": "paid", "amount": "1.00", "currency": "eur", "created_at": ts,
+         "updated_at": ts},
+    ]
+    got = {r["id"]: r for r in CLEANERS["orders"](_bronze_df(spark, "orders", orders)).collect()}
+    assert str(got[1]["amount"]) == "12.50" and str(got[1]["order_date"]) == "2026-03-01"
+    assert [got[i]["failed_rule"] for i in range(1, 7)] == [
+        None, "status_value", "currency_value", "amount_non_negative", "amount_decimal", "currency_value"]
