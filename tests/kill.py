@@ -1,0 +1,56 @@
+"""Killing a job at an observed point: a log line, or an inflight instant on a Hudi timeline."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+
+def inflight(root: Path, tables: str, action: str) -> Callable[[str], bool]:
+    """True while an instant of `action` is inflight on a timeline of root/<tables> (a glob).
+
+    Hudi 1.0 names inflight instants `<t>.deltacommit.inflight`, `<t>.compaction.inflight`,
+    and plain `<t>.inflight` for a copy-on-write commit; completed ones `<t>_<end>.<action>`.
+    """
+    suffix = ".inflight" if action == "commit" else f".{action}.inflight"
+
+    def seen(_log: str) -> bool:
+        for timeline in root.glob(f"{tables}/.hoodie/timeline"):
+            names = [p.name for p in timeline.iterdir()]
+            completed = {n.split("_")[0] for n in names if "_" in n}
+            if any(n.endswith(suffix) and n.count(".") == suffix.count(".") and n.split(".")[0] not in completed
+                   for n in names):
+                return True
+        return False
+    return seen
+
+
+def log_line(regex: str, after: int = 0) -> Callable[[str], bool]:
+    return lambda log: any(int(m.group(1)) >= after for m in re.finditer(regex, log))
+
+
+def run_until(cmd: list[str], env: dict[str, str], log_path: Path, point: Callable[[str], bool],
+               delay: float = 0.0, timeout: float = 300.0) -> bool:
+    """Run the job; SIGKILL its process group once `point` holds (after `delay`). True if killed."""
+    with log_path.open("w") as log_file:
+        proc = subprocess.Popen(cmd, env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + timeout
+    try:
+        while proc.poll() is None and time.monotonic() < deadline:
+            if point(log_path.read_text(errors="replace")):
+                time.sleep(delay)
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                return True
+            time.sleep(0.02)
+        assert proc.poll() is not None, "ingest did not finish in time"
+        return False
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
