@@ -30,7 +30,7 @@ $(VENV)/.installed: pyproject.toml
 	$(MVN) -P kafka dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(CURDIR)/.jvm/kafka
 	touch $@
 
-demo: setup  ## End to end on the embedded local default: Kafka, a generated workload, ingest, bronze stats
+demo: setup  ## End to end on the embedded local default: Kafka, a workload, ingest, etl, table stats
 	rm -rf $(DEMO) && mkdir -p $(DEMO)
 	$(BIN)/lakehouse kafka up --port $(DEMO_PORT) --data-dir $(DEMO)/kafka
 	( set -e; trap '$(BIN)/lakehouse kafka down --data-dir $(DEMO)/kafka' EXIT; \
@@ -38,6 +38,7 @@ demo: setup  ## End to end on the embedded local default: Kafka, a generated wor
 	  $(DEMO_ENV) $(BIN)/lakehouse ingest --once; \
 	  $(DEMO_ENV) $(BIN)/lakehouse generate --changes 5000; \
 	  $(DEMO_ENV) $(BIN)/lakehouse ingest --once; \
+	  $(DEMO_ENV) $(BIN)/lakehouse etl; \
 	  $(DEMO_ENV) $(BIN)/lakehouse status; \
 	  $(DEMO_ENV) $(BIN)/lakehouse dead-letters list --limit 5 )
 

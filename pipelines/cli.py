@@ -95,9 +95,13 @@ def _first_line(exc: BaseException) -> str:
 
 @main.command()
 def status() -> None:
-    """Per bronze table: rows, commits, file groups, log files and dead letters (no Spark needed)."""
+    """Per bronze and silver table: rows, commits, file groups, log files, deletes, dead letters, quarantine.
+
+    Read with hudi-rs: no Spark needed.
+    """
     from pipelines.bronze import dead_letter_path, ledger_path, main_path
     from pipelines.contract import TABLES, topic
+    from pipelines.etl import quarantine_path, silver_path
     from pipelines.table_stats import exists, read_table, table_stats
 
     dead = {}
@@ -115,6 +119,12 @@ def status() -> None:
         deleted = table_stats(ledger_path(table)).rows if exists(ledger_path(table)) else 0
         click.echo(f"bronze/{table:<11}{s.rows:>9}{s.commits:>9}{s.file_groups:>13}{s.log_files:>11}"
                    f"{deleted:>14}{dead.get(topic(table), 0):>14}")
+    for table in TABLES:
+        if exists(silver_path(table)):
+            s = table_stats(silver_path(table))
+            quarantined = table_stats(quarantine_path(table)).rows if exists(quarantine_path(table)) else 0
+            click.echo(f"silver/{table:<11}{s.rows:>9}{s.commits:>9}{s.file_groups:>13}{s.log_files:>11}"
+                       f"{'':>14}{'':>14}  quarantined: {quarantined}")
 
 
 @main.group("dead-letters")
