@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -298,11 +297,9 @@ class BatchReport:
 class BronzeBatchWriter:
     """The `foreachBatch` function of the ingest stream."""
 
-    def __init__(self, spark: SparkSession, root: str,
-                 on_report: Callable[[BatchReport], None] | None = None) -> None:
+    def __init__(self, spark: SparkSession, root: str) -> None:
         self.spark = spark
         self.root = root
-        self.on_report = on_report
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
@@ -327,8 +324,6 @@ class BronzeBatchWriter:
             batch.unpersist()
         report.seconds = time.monotonic() - started
         log.info(report.line())
-        if self.on_report:
-            self.on_report(report)
 
     @staticmethod
     def _end_offsets(batch: DataFrame) -> list[tuple[str, int, int, int]]:
@@ -393,8 +388,7 @@ class BronzeBatchWriter:
 
 def run_ingest(*, once: bool, root: str | None = None, bootstrap: str | None = None,
                trigger_seconds: float = 10.0, max_offsets_per_trigger: int | None = None,
-               spark: SparkSession | None = None,
-               on_report: Callable[[BatchReport], None] | None = None) -> None:
+               spark: SparkSession | None = None) -> None:
     """Run the ingest stream: until caught up with what was on the topics at start (`once`), or forever.
 
     Offsets are tracked by Structured Streaming in a checkpoint under the lake root; the
@@ -412,7 +406,7 @@ def run_ingest(*, once: bool, root: str | None = None, bootstrap: str | None = N
     if max_offsets_per_trigger:
         reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
     writer = (reader.load().writeStream.queryName("bronze_ingest")
-              .foreachBatch(BronzeBatchWriter(spark, root, on_report))
+              .foreachBatch(BronzeBatchWriter(spark, root))
               .option("checkpointLocation", checkpoint_path(root)))
     writer = writer.trigger(availableNow=True) if once else writer.trigger(processingTime=f"{trigger_seconds} seconds")
     query = writer.start()

@@ -106,8 +106,8 @@ def silver_cycle(spark: SparkSession, table: str, root: str) -> dict[str, int]:
     if changes is None:
         return {}
     changes = changes.persist()
+    cleaned = CLEANERS[table](changes.filter(~F.col("_deleted"))).persist()
     try:
-        cleaned = CLEANERS[table](changes.filter(~F.col("_deleted"))).persist()
         raw = changes.filter(~F.col("_deleted")).drop("_deleted", "_source_ts")
         deleted = changes.filter(F.col("_deleted")).select(KEY, "_lsn")
         valid = cleaned.filter(F.col("failed_rule").isNull()).drop("failed_rule")
@@ -125,9 +125,9 @@ def silver_cycle(spark: SparkSession, table: str, root: str) -> dict[str, int]:
         counts = {"valid": valid.count(), "invalid": invalid.count(), "deleted": deleted.count()}
         _write(silver_rows, outputs[0], f"silver_{table}", new_marks)
         _write(quarantine_rows, outputs[1], f"silver_quarantine_{table}", new_marks)
-        cleaned.unpersist()
         return counts
     finally:
+        cleaned.unpersist()
         changes.unpersist()
 
 

@@ -56,20 +56,13 @@ def test_each_rule_by_example(spark) -> None:
     got = {r["id"]: r for r in CLEANERS["customers"](_bronze_df(spark, "customers", customers)).collect()}
     assert (got[1]["email"], got[1]["country"], got[1]["failed_rule"]) == ("alice@example.com", "DE", None)
     assert [got[i]["failed_rule"] for i in (2, 3, 4)] == ["email_format", "country_code", "created_at_timestamp"]
-    orders = [
-        {"id": 1, "customer_id": 9, "status": "paid", "amount": "12.50", "currency": "EUR", "created_at": ts,
-         "updated_at": ts},
-        {"id": 2, "customer_id": 9, "status": "lost", "amount": "1.00", "currency": "EUR", "created_at": ts,
-         "updated_at": ts},
-        {"id": 3, "customer_id": 9, "status": "paid", "amount": "1.00", "currency": "XXX", "created_at": ts,
-         "updated_at": ts},
-        {"id": 4, "customer_id": 9, "status": "paid", "amount": "-5.00", "currency": "USD", "created_at": ts,
-         "updated_at": ts},
-        {"id": 5, "customer_id": 9, "status": "paid", "amount": "abc", "currency": "USD", "created_at": ts,
-         "updated_at": ts},
-        {"id": 6, "customer_id": 9, "status": "paid", "amount": "1.00", "currency": "eur", "created_at": ts,
-         "updated_at": ts},
-    ]
+    def order(i: int, status: str = "paid", amount: str = "1.00", currency: str = "EUR") -> dict:
+        return {"id": i, "customer_id": 9, "status": status, "amount": amount, "currency": currency,
+                "created_at": ts, "updated_at": ts}
+
+    orders = [order(1, amount="12.50"), order(2, status="lost"), order(3, currency="XXX"),
+              order(4, amount="-5.00", currency="USD"), order(5, amount="abc", currency="USD"),
+              order(6, currency="eur")]
     got = {r["id"]: r for r in CLEANERS["orders"](_bronze_df(spark, "orders", orders)).collect()}
     assert str(got[1]["amount"]) == "12.50" and str(got[1]["order_date"]) == "2026-03-01"
     assert [got[i]["failed_rule"] for i in range(1, 7)] == [
