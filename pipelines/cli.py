@@ -10,10 +10,12 @@ import logging
 import signal
 import socket
 import sys
+from pathlib import Path
 
 import click
 
 from pipelines import settings
+from pipelines.contract import TABLES
 from pipelines.generator import generate
 from pipelines.kafka_local import kafka
 
@@ -86,6 +88,30 @@ def etl() -> None:
         raise click.ClickException(f"etl failed: {_first_line(exc)}") from exc
     for table, counts in report.items():
         click.echo(f"silver/{table}: " + (" ".join(f"{k}={v}" for k, v in counts.items()) or "no bronze changes"))
+
+
+@main.command()
+@click.argument("table", type=click.Choice([f"{layer}/{t}" for layer in ("bronze", "silver") for t in TABLES]))
+@click.option("--since", default=None, help="Checkpoint returned by the previous call  [default: from the start]")
+@click.option("--checkpoint-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Read --since from this file if it exists, and store the new checkpoint in it after printing.")
+def changes(table: str, since: str | None, checkpoint_file: Path | None) -> None:
+    """Rows of TABLE changed since a checkpoint, one JSON object per line, deletions included.
+
+    Each row has `_change`: "upsert" (the row as it is now) or "delete" (the key only). The new
+    checkpoint goes to stderr as `checkpoint: ...` (or into --checkpoint-file).
+    """
+    from pipelines.changes import read_changes
+    from pipelines.spark import get_spark
+
+    if since is None and checkpoint_file is not None and checkpoint_file.exists():
+        since = checkpoint_file.read_text().strip() or None
+    change_set = read_changes(get_spark("lakehouse-changes"), table, since)
+    for line in change_set.rows.toJSON().toLocalIterator():
+        click.echo(line)
+    if checkpoint_file is not None:
+        checkpoint_file.write_text(change_set.checkpoint + "\n")
+    click.echo(f"checkpoint: {change_set.checkpoint}", err=True)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -20,7 +19,8 @@ from pyspark.sql import functions as F
 import hudi_configs
 from pipelines import contract
 from pipelines.bronze import DELETED_FLAG, KEY, ledger_path, main_path
-from pipelines.hudi_timeline import CHECKPOINT_META, checkpoint, earliest_completion, latest_completion
+from pipelines.changes import bronze_changes, window
+from pipelines.hudi_timeline import CHECKPOINT_META, checkpoint
 from pipelines.settings import lake_root, table_path
 from pipelines.silver import CLEANERS
 from pipelines.table_stats import exists
@@ -36,58 +36,6 @@ def quarantine_path(table: str, root: str | None = None) -> str:
     return table_path("silver", f"_quarantine/{table}", root)
 
 
-@dataclass(frozen=True)
-class Window:
-    """What one cycle reads of a source table: commits completed after `since`, up to `until`."""
-
-    path: str
-    since: str | None
-    until: str | None
-    full: bool = False  # the checkpoint is gone from the timeline: read the whole table
-
-
-def _window(spark: SparkSession, path: str, since: str | None) -> Window:
-    if not exists(path):
-        return Window(path, since, None)
-    until = latest_completion(spark, path)
-    earliest = earliest_completion(spark, path)
-    full = since is not None and earliest is not None and since < earliest
-    if full:
-        log.warning("checkpoint %s of %s is older than its active timeline (from %s): "
-                    "rebuilding from a full read", since, path, earliest)
-    return Window(path, since, until, full)
-
-
-def _read(spark: SparkSession, w: Window) -> DataFrame | None:
-    """Rows of the source changed in the window (latest state per key); None if nothing can have."""
-    if w.until is None or (w.since is not None and w.since >= w.until and not w.full):
-        return None
-    if w.full or w.since is None:
-        return spark.read.format("hudi").load(w.path)
-    return (spark.read.format("hudi").options(**hudi_configs.section("silver", "incremental_read"))
-            .option("hoodie.datasource.read.begin.instanttime", w.since)
-            .option("hoodie.datasource.read.end.instanttime", w.until).load(w.path))
-
-
-def bronze_changes(spark: SparkSession, table: str, main: Window, deletes: Window) -> DataFrame | None:
-    """Per key changed in bronze: its live row, or a delete (`_deleted`), whichever has the higher LSN."""
-    live, gone = _read(spark, main), _read(spark, deletes)
-    if live is None and gone is None:
-        return None
-    columns = [*contract.COLUMNS[table], "_lsn", "_source_ts"]
-    live_df = live.select(*columns) if live is not None else None
-    gone_df = gone.select(KEY, F.col("_lsn").alias("_del_lsn")) if gone is not None else None
-    if gone_df is None:
-        return live_df.withColumn("_deleted", F.lit(False))
-    if live_df is None:
-        return gone_df.select(KEY, F.col("_del_lsn").alias("_lsn"), F.lit(True).alias("_deleted"))
-    joined = live_df.join(gone_df, KEY, "full_outer")
-    is_live = F.col("_lsn").isNotNull() & (F.col("_del_lsn").isNull() | (F.col("_lsn") > F.col("_del_lsn")))
-    return joined.select(
-        *[F.when(is_live, F.col(c)).alias(c) if c != KEY else F.col(KEY) for c in columns if c != "_lsn"],
-        F.when(is_live, F.col("_lsn")).otherwise(F.col("_del_lsn")).alias("_lsn"), (~is_live).alias("_deleted"))
-
-
 def _write(df: DataFrame, path: str, name: str, marks: dict[str, str]) -> None:
     opts = {**hudi_configs.section("silver", "table"), "hoodie.table.name": name,
             CHECKPOINT_META: json.dumps(marks, sort_keys=True)}
@@ -101,7 +49,7 @@ def silver_cycle(spark: SparkSession, table: str, root: str) -> dict[str, int]:
     marks = [checkpoint(spark, p) if exists(p) else {} for p in outputs]
     # Both outputs read from the older of their checkpoints: re-reading is harmless, skipping is not.
     since = {s: min((m.get(s) for m in marks), key=lambda v: v or "") or None for s in sources}
-    main, deletes = (_window(spark, s, since[s]) for s in sources)
+    main, deletes = (window(spark, s, since[s]) for s in sources)
     changes = bronze_changes(spark, table, main, deletes)
     if changes is None:
         return {}

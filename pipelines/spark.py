@@ -7,6 +7,8 @@ project's resolved `.jvm/spark` folder locally, the cluster's own Hudi bundle on
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 from pyspark.sql import SparkSession
 
@@ -34,6 +36,9 @@ def spark_conf(for_target: str | None = None) -> dict[str, str]:
                 f"no Spark jars in {jvm_dir() / 'spark'}: run `make setup` to resolve jvm/pom.xml"
             )
         conf["spark.jars"] = ",".join(str(j) for j in jars)
+        log_config = Path(hudi_configs.__file__).with_name("log4j2.properties")
+        conf["spark.driver.extraJavaOptions"] = (
+            f"{conf.get('spark.driver.extraJavaOptions', '')} -Dlog4j2.configurationFile={log_config}").strip()
     return conf
 
 
@@ -42,6 +47,15 @@ def get_spark(app_name: str = "lakehouse") -> SparkSession:
     builder = SparkSession.builder.appName(app_name)
     for key, value in spark_conf().items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    # The local driver JVM inherits this process's stdout, and libraries inside it (JOL in the
+    # Hudi bundle) print there. Start it with stdout on stderr: stdout is the CLI's output.
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        spark = builder.getOrCreate()
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
     spark.sparkContext.setLogLevel("WARN")
     return spark
