@@ -19,10 +19,9 @@ from pyspark.sql import Window as SparkWindow
 from pyspark.sql import functions as F
 
 import hudi_configs
-from pipelines import contract
 from pipelines.bronze import KEY, ledger_path, main_path
 from pipelines.hudi_timeline import earliest_completion, latest_completion
-from pipelines.settings import lake_root, table_path
+from pipelines.settings import CHANGE_FEED_TABLES, lake_root, table_path
 from pipelines.table_stats import exists
 
 log = logging.getLogger(__name__)
@@ -89,9 +88,6 @@ class ChangeSet:
     checkpoint: str
 
 
-CHANGE_TABLES = tuple([f"bronze/{t}" for t in contract.TABLES] + [f"silver/{t}" for t in contract.TABLES])
-
-
 def _cdc_last_ops(spark: SparkSession, w: Window) -> DataFrame:
     """(key, last op in the window) from the Hudi CDC feed of a silver table."""
     reader = spark.read.format("hudi").options(**hudi_configs.section("silver", "incremental_read")) \
@@ -108,8 +104,8 @@ def _cdc_last_ops(spark: SparkSession, w: Window) -> DataFrame:
 
 def read_changes(spark: SparkSession, table: str, since: str | None = None, root: str | None = None) -> ChangeSet:
     """Rows of `table` ('bronze/orders', 'silver/customers', ...) changed after checkpoint `since`."""
-    if table not in CHANGE_TABLES:
-        raise ValueError(f"unknown table {table!r}: expected one of {', '.join(CHANGE_TABLES)}")
+    if table not in CHANGE_FEED_TABLES:
+        raise ValueError(f"unknown table {table!r}: expected one of {', '.join(CHANGE_FEED_TABLES)}")
     root = root or lake_root()
     layer, name = table.split("/")
     marks = (since or "").split(",")
@@ -119,13 +115,13 @@ def read_changes(spark: SparkSession, table: str, since: str | None = None, root
         changes = bronze_changes(spark, name, main, deletes)
         checkpoint = f"{main.until or ''},{deletes.until or ''}"
         if changes is None:
-            return ChangeSet(_empty(spark, name), checkpoint)
+            return ChangeSet(_empty(spark), checkpoint)
         rows = changes.select("*", F.when(F.col("_deleted"), "delete").otherwise("upsert").alias("_change"))
         return ChangeSet(rows.drop("_deleted"), checkpoint)
     w = window(spark, table_path(layer, name, root), marks[0] or None)
     rows = read_window(spark, w)
     if rows is None:
-        return ChangeSet(_empty(spark, name), w.until or "")
+        return ChangeSet(_empty(spark), w.until or "")
     data = rows.drop(*[c for c in rows.columns if c.startswith("_hoodie")])
     if w.full or w.since is None:  # a snapshot: everything live, nothing to delete
         return ChangeSet(data.withColumn("_change", F.lit("upsert")), w.until or "")
@@ -135,5 +131,5 @@ def read_changes(spark: SparkSession, table: str, since: str | None = None, root
     return ChangeSet(live.unionByName(gone, allowMissingColumns=True), w.until or "")
 
 
-def _empty(spark: SparkSession, table: str) -> DataFrame:
+def _empty(spark: SparkSession) -> DataFrame:
     return spark.createDataFrame([], f"{KEY} long, _change string")

@@ -15,7 +15,6 @@ from pathlib import Path
 import click
 
 from pipelines import settings
-from pipelines.contract import TABLES
 from pipelines.generator import generate
 from pipelines.kafka_local import kafka
 
@@ -91,7 +90,7 @@ def etl() -> None:
 
 
 @main.command()
-@click.argument("table", type=click.Choice([f"{layer}/{t}" for layer in ("bronze", "silver") for t in TABLES]))
+@click.argument("table", type=click.Choice(settings.CHANGE_FEED_TABLES))
 @click.option("--since", default=None, help="Checkpoint returned by the previous call  [default: from the start]")
 @click.option("--checkpoint-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Read --since from this file if it exists, and store the new checkpoint in it after printing.")

@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from pipelines.contract import TABLES
+
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -24,6 +26,11 @@ def kafka_bootstrap() -> str:
 def jvm_dir() -> Path:
     """Folder that `make setup` resolves jvm/pom.xml into (`spark/` and `kafka/` below it)."""
     return Path(os.environ.get("LAKEHOUSE_JVM_DIR") or PROJECT_ROOT / ".jvm")
+
+
+# Lake tables whose changes `lakehouse changes` serves (pure Python: the CLI lists them without Spark).
+CHANGE_FEED_TABLES: tuple[str, ...] = tuple(
+    f"{layer}/{table}" for layer in ("bronze", "silver") for table in TABLES)
 
 
 def table_path(layer: str, table: str, root: str | None = None) -> str:
