@@ -15,12 +15,11 @@ import logging
 from dataclasses import dataclass
 
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import Window as SparkWindow
 from pyspark.sql import functions as F
 
 import hudi_configs
 from pipelines.bronze import KEY, ledger_path, main_path
-from pipelines.hudi_timeline import earliest_completion, latest_completion
+from pipelines.hudi_timeline import earliest_completion, instants_between, latest_completion
 from pipelines.settings import CHANGE_FEED_TABLES, lake_root, table_path
 from pipelines.table_stats import exists
 
@@ -35,6 +34,11 @@ class Window:
     since: str | None
     until: str | None
     full: bool = False  # the checkpoint is gone from the timeline: read the whole table
+
+    @property
+    def empty(self) -> bool:
+        """Nothing to read: no table yet, or nothing committed after `since`."""
+        return self.until is None or (self.since is not None and self.since >= self.until and not self.full)
 
 
 def window(spark: SparkSession, path: str, since: str | None) -> Window:
@@ -51,13 +55,16 @@ def window(spark: SparkSession, path: str, since: str | None) -> Window:
 
 def read_window(spark: SparkSession, w: Window) -> DataFrame | None:
     """Rows of the source changed in the window (latest state per key); None if nothing can have."""
-    if w.until is None or (w.since is not None and w.since >= w.until and not w.full):
+    if w.empty:
         return None
     if w.full or w.since is None:
         return spark.read.format("hudi").load(w.path)
-    return (spark.read.format("hudi").options(**hudi_configs.section("silver", "incremental_read"))
+    rows = (spark.read.format("hudi").options(**hudi_configs.section("silver", "incremental_read"))
             .option("hoodie.datasource.read.begin.instanttime", w.since)
             .option("hoodie.datasource.read.end.instanttime", w.until).load(w.path))
+    # Hudi 1.0.2 returns every row of a copy-on-write file rewritten in the window, also rows
+    # last written before it (its commit-time filter only prunes row groups): filter again.
+    return rows.filter(F.col("_hoodie_commit_time").isin(instants_between(spark, w.path, w.since, w.until)))
 
 
 def bronze_changes(spark: SparkSession, table: str, main: Window, deletes: Window) -> DataFrame | None:
@@ -88,18 +95,27 @@ class ChangeSet:
     checkpoint: str
 
 
-def _cdc_last_ops(spark: SparkSession, w: Window) -> DataFrame:
-    """(key, last op in the window) from the Hudi CDC feed of a silver table."""
+def cdc_window(spark: SparkSession, w: Window) -> DataFrame:
+    """Hudi's CDC feed of a silver or gold table in the window: (op, ts_ms, before, after), images as JSON text.
+
+    Aggregate it before anything shuffles or sorts its rows: with Hudi 1.0.2, a repartition,
+    sort or window directly over this reader lost a row (354 records in, 353 out), while a
+    grouped aggregation (partial aggregation before the exchange) keeps every record.
+    """
     reader = spark.read.format("hudi").options(**hudi_configs.section("silver", "incremental_read")) \
         .option("hoodie.datasource.query.incremental.format", "cdc") \
         .option("hoodie.datasource.read.begin.instanttime", w.since or "000") \
         .option("hoodie.datasource.read.end.instanttime", w.until)
-    cdc = reader.load(w.path)
+    return reader.load(w.path)
+
+
+def _cdc_last_ops(spark: SparkSession, w: Window) -> DataFrame:
+    """(key, last op in the window) from the Hudi CDC feed of a silver table."""
+    cdc = cdc_window(spark, w)
     # The absent image is the JSON text 'null' (not SQL NULL): pick the image by op.
     image = F.when(F.col("op") == "d", F.col("before")).otherwise(F.col("after"))
     keyed = cdc.select(F.get_json_object(image, f"$.{KEY}").cast("long").alias(KEY), "op", "ts_ms")
-    latest = SparkWindow.partitionBy(KEY).orderBy(F.col("ts_ms").desc())
-    return keyed.withColumn("_n", F.row_number().over(latest)).filter("_n = 1").select(KEY, "op")
+    return keyed.groupBy(KEY).agg(F.max_by("op", "ts_ms").alias("op"))
 
 
 def read_changes(spark: SparkSession, table: str, since: str | None = None, root: str | None = None) -> ChangeSet:

@@ -78,7 +78,7 @@ def ingest(once: bool, trigger_seconds: float, max_offsets_per_trigger: int | No
 
 @main.command()
 def etl() -> None:
-    """One incremental cycle: what changed in bronze since the last cycle -> silver and its quarantine."""
+    """One incremental cycle: bronze changes -> silver (+ quarantine) -> gold, each since its checkpoint."""
     from pipelines.etl import run_etl
 
     try:
@@ -86,7 +86,7 @@ def etl() -> None:
     except Exception as exc:  # Spark/Hudi failures: name them and exit 1
         raise click.ClickException(f"etl failed: {_first_line(exc)}") from exc
     for table, counts in report.items():
-        click.echo(f"silver/{table}: " + (" ".join(f"{k}={v}" for k, v in counts.items()) or "no bronze changes"))
+        click.echo(f"{table}: " + (" ".join(f"{k}={v}" for k, v in counts.items()) or "nothing new"))
 
 
 @main.command()

@@ -1,4 +1,4 @@
-"""`lakehouse etl`: one incremental cycle, bronze -> silver (and, next, silver -> gold).
+"""`lakehouse etl`: one incremental cycle, bronze -> silver -> gold (`pipelines.gold`).
 
 Each output table keeps its own checkpoint, the completion time of the last source commit
 it consumed, in the metadata of the very commit that wrote the output
@@ -10,7 +10,6 @@ latest state, so reading a window again changes nothing.
 
 from __future__ import annotations
 
-import json
 import logging
 
 from pyspark.sql import DataFrame, SparkSession
@@ -20,7 +19,8 @@ import hudi_configs
 from pipelines import contract
 from pipelines.bronze import DELETED_FLAG, KEY, ledger_path, main_path
 from pipelines.changes import bronze_changes, window
-from pipelines.hudi_timeline import CHECKPOINT_META, checkpoint
+from pipelines.gold import gold_cycle
+from pipelines.hudi_timeline import checkpoint, write_with_checkpoint
 from pipelines.settings import lake_root, table_path
 from pipelines.silver import CLEANERS
 from pipelines.table_stats import exists
@@ -37,9 +37,7 @@ def quarantine_path(table: str, root: str | None = None) -> str:
 
 
 def _write(df: DataFrame, path: str, name: str, marks: dict[str, str]) -> None:
-    opts = {**hudi_configs.section("silver", "table"), "hoodie.table.name": name,
-            CHECKPOINT_META: json.dumps(marks, sort_keys=True)}
-    df.write.format("hudi").options(**opts).mode("append").save(path)
+    write_with_checkpoint(df, path, {**hudi_configs.section("silver", "table"), "hoodie.table.name": name}, marks)
 
 
 def silver_cycle(spark: SparkSession, table: str, root: str) -> dict[str, int]:
@@ -80,13 +78,14 @@ def silver_cycle(spark: SparkSession, table: str, root: str) -> dict[str, int]:
 
 
 def run_etl(spark: SparkSession | None = None, root: str | None = None) -> dict[str, dict[str, int]]:
-    """One cycle over every source table; returns counts per table."""
+    """One cycle: every silver table from bronze, then gold from silver; returns counts per output table."""
     from pipelines.spark import get_spark
 
     spark = spark or get_spark("lakehouse-etl")
     root = root or lake_root()
-    report = {}
-    for table in contract.TABLES:
-        report[table] = silver_cycle(spark, table, root)
-        log.info("silver/%s: %s", table, report[table] or "no bronze changes")
+    report = {f"silver/{table}": silver_cycle(spark, table, root) for table in contract.TABLES}
+    gold = gold_cycle(spark, root, silver_path("customers", root), silver_path("orders", root))
+    report |= {f"gold/{table}": counts for table, counts in gold.items()}
+    for table, counts in report.items():
+        log.info("%s: %s", table, counts or "nothing new")
     return report

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 
 # Commit metadata keys are stored under this prefix (see bronze.BATCH_ID_META).
 CHECKPOINT_META = "_lakehouse.checkpoint"
@@ -29,6 +29,17 @@ def earliest_completion(spark: SparkSession, path: str) -> str | None:
     return first.get().getCompletionTime() if first.isPresent() else None
 
 
+def instants_between(spark: SparkSession, path: str, since: str | None, until: str) -> list[str]:
+    """Instant times of the commits that completed in (since, until]: the `_hoodie_commit_time`s of a window."""
+    timeline = _completed(spark, path)
+    found, instants = [], timeline.getInstants().iterator()
+    while instants.hasNext():
+        instant = instants.next()
+        if (since is None or instant.getCompletionTime() > since) and instant.getCompletionTime() <= until:
+            found.append(instant.requestedTime())
+    return found
+
+
 def checkpoint(spark: SparkSession, path: str) -> dict[str, str]:
     """The `_lakehouse.checkpoint` of the newest commit that has one, {} if none.
 
@@ -42,3 +53,10 @@ def checkpoint(spark: SparkSession, path: str) -> dict[str, str]:
         if extra.containsKey(CHECKPOINT_META):
             return json.loads(extra.get(CHECKPOINT_META))
     return {}
+
+
+
+def write_with_checkpoint(df: DataFrame, path: str, options: dict[str, str], marks: dict[str, str]) -> None:
+    """One Hudi commit of `df` that also records what it consumed: output and checkpoint move together."""
+    df.write.format("hudi").options(**options).option(CHECKPOINT_META, json.dumps(marks, sort_keys=True)) \
+        .mode("append").save(path)

@@ -59,3 +59,44 @@ def dead_letters(root: str) -> list[dict[str, Any]]:
     if not exists(dead_letter_path(root)):
         return []
     return read_table(dead_letter_path(root), ["position", "kafka_topic", "value", "reason"]).to_pylist()
+
+
+def _gold_rows(rows: list[dict[str, Any]], key: tuple[str, ...], columns: tuple[str, ...]) -> dict:
+    keyed: dict = {}
+    for r in rows:
+        k = tuple(_naive(r[c]) for c in key)
+        assert k not in keyed, f"gold key {k} appears twice"
+        keyed[k[0] if len(k) == 1 else k] = {c: _naive(r[c]) for c in columns}
+    return keyed
+
+
+def _naive(value: Any) -> Any:
+    """hudi-rs gives timestamps with a UTC zone, Spark naive UTC ones (the tests run with TZ=UTC)."""
+    return value.replace(tzinfo=None) if hasattr(value, "tzinfo") and value.tzinfo else value
+
+
+LTV_COLUMNS = ("country", "orders_count", "total_amount", "first_order_at", "last_order_at")
+DAILY_COLUMNS = ("orders_count", "revenue")
+
+
+def assert_gold_equals_model(spark: SparkSession, root: str, state: Rows) -> None:
+    """gold/customer_ltv and gold/daily_revenue, read with Spark and with hudi-rs, equal the contract on `state`."""
+    from tests.model import expected_gold
+
+    ltv, daily = expected_gold(state)
+    want_ltv = {k: {c: _naive(v[c]) for c in LTV_COLUMNS} for k, v in ltv.items()}
+    want_daily = {k: dict(v) for k, v in daily.items()}
+    for reader in ("spark", "hudi-rs"):
+        for table, key, columns, want in (("customer_ltv", ("customer_id",), LTV_COLUMNS, want_ltv),
+                                          ("daily_revenue", ("order_date", "country", "currency"), DAILY_COLUMNS,
+                                           want_daily)):
+            path = f"{root}/gold/{table}"
+            if reader == "spark":
+                rows = [r.asDict() for r in spark.read.format("hudi").load(path).collect()]
+            else:
+                rows = read_table(path).to_pylist()
+            got = _gold_rows(rows, key, columns)
+            missing, extra = sorted(want.keys() - got.keys())[:5], sorted(got.keys() - want.keys())[:5]
+            assert not missing and not extra, f"gold/{table} ({reader}): missing {missing}, extra {extra}"
+            wrong = [(k, got[k], want[k]) for k in want if got[k] != want[k]]
+            assert not wrong, f"gold/{table} ({reader}): {len(wrong)} rows differ, e.g. {wrong[:2]}"

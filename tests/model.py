@@ -151,3 +151,33 @@ def expected_silver(state: Rows) -> tuple[Rows, dict[str, dict[int, str]]]:
     return silver, quarantine
 
 
+
+
+# ---------------------------------------------------------------- gold, the contract's aggregates in plain Python
+
+NOT_COUNTED = ("cancelled", "refunded")
+
+
+def expected_gold(state: Rows) -> tuple[dict[int, dict[str, Any]], dict[tuple, dict[str, Any]]]:
+    """(customer_ltv by customer id, daily_revenue by (order_date, country, currency)) for a source state."""
+    silver, _ = expected_silver(state)
+    customers = silver["customers"]
+    ltv = {cid: {"country": c["country"], "orders_count": 0, "total_amount": Decimal("0.00"),
+                 "first_order_at": None, "last_order_at": None} for cid, c in customers.items()}
+    daily: dict[tuple, dict[str, Any]] = {}
+    for order in silver["orders"].values():
+        if order["status"] in NOT_COUNTED:
+            continue
+        customer = customers.get(order["customer_id"])
+        key = (order["order_date"], customer["country"] if customer else "??", order["currency"])
+        day = daily.setdefault(key, {"orders_count": 0, "revenue": Decimal("0.00")})
+        day["orders_count"] += 1
+        day["revenue"] += order["amount"]
+        if customer:
+            row = ltv[order["customer_id"]]
+            row["orders_count"] += 1
+            row["total_amount"] += order["amount"]
+            at = order["created_at"]
+            row["first_order_at"] = min(row["first_order_at"] or at, at)
+            row["last_order_at"] = max(row["last_order_at"] or at, at)
+    return ltv, daily
