@@ -30,16 +30,19 @@ $(VENV)/.installed: pyproject.toml
 	$(MVN) -P kafka dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(CURDIR)/.jvm/kafka
 	touch $@
 
-demo: setup  ## End to end on the embedded local default: Kafka, a workload, ingest, etl, table stats
+demo: setup  ## End to end on the embedded local default: Kafka, a workload, ingest, etl (silver, gold), stats, gold samples
 	rm -rf $(DEMO) && mkdir -p $(DEMO)
 	$(BIN)/lakehouse kafka up --port $(DEMO_PORT) --data-dir $(DEMO)/kafka
 	( set -e; trap '$(BIN)/lakehouse kafka down --data-dir $(DEMO)/kafka' EXIT; \
 	  $(DEMO_ENV) $(BIN)/lakehouse generate --seed 42 --customers 2000 --orders 6000 --changes 20000; \
 	  $(DEMO_ENV) $(BIN)/lakehouse ingest --once; \
+	  $(DEMO_ENV) $(BIN)/lakehouse etl; \
 	  $(DEMO_ENV) $(BIN)/lakehouse generate --changes 5000; \
 	  $(DEMO_ENV) $(BIN)/lakehouse ingest --once; \
 	  $(DEMO_ENV) $(BIN)/lakehouse etl; \
 	  $(DEMO_ENV) $(BIN)/lakehouse status; \
+	  $(DEMO_ENV) $(BIN)/lakehouse show gold/customer_ltv --limit 5; \
+	  $(DEMO_ENV) $(BIN)/lakehouse show gold/daily_revenue --limit 5; \
 	  $(DEMO_ENV) $(BIN)/lakehouse dead-letters list --limit 5 )
 
 test: setup  ## The whole test suite (starts its own Kafka brokers; real Spark and Hudi)

@@ -120,7 +120,7 @@ def _first_line(exc: BaseException) -> str:
 
 @main.command()
 def status() -> None:
-    """Per bronze and silver table: rows, commits, file groups, log files, deletes, dead letters, quarantine.
+    """Per bronze, silver and gold table: rows, commits, file groups, log files, deletes, dead letters, quarantine.
 
     Read with hudi-rs: no Spark needed.
     """
@@ -150,6 +150,31 @@ def status() -> None:
             quarantined = table_stats(quarantine_path(table)).rows if exists(quarantine_path(table)) else 0
             click.echo(f"silver/{table:<11}{s.rows:>9}{s.commits:>9}{s.file_groups:>13}{s.log_files:>11}"
                        f"{'':>14}{'':>14}  quarantined: {quarantined}")
+    for table in ("customer_ltv", "daily_revenue"):
+        path = settings.table_path("gold", table)
+        if exists(path):
+            s = table_stats(path)
+            click.echo(f"gold/{table:<13}{s.rows:>9}{s.commits:>9}{s.file_groups:>13}{s.log_files:>11}")
+
+
+@main.command()
+@click.argument("table")
+@click.option("--limit", type=click.IntRange(min=1), default=10, show_default=True)
+def show(table: str, limit: int) -> None:
+    """Print the first rows of a lake table (e.g. gold/daily_revenue), by key order; read with hudi-rs."""
+    from pipelines.table_stats import exists, read_table
+
+    path = settings.table_path(*table.split("/", 1))
+    if not exists(path):
+        raise click.ClickException(f"no table {table} under {settings.lake_root()}")
+    data = read_table(path)
+    columns = [c for c in data.column_names if not c.startswith("_")]
+    rows = sorted(data.select(columns).to_pylist(), key=lambda r: tuple((v is None, v) for v in r.values()))[:limit]
+    cells = [columns] + [[str(r[c]) for c in columns] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
+    click.echo(f"{table}: {data.num_rows} rows")
+    for row in cells:
+        click.echo("  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)))
 
 
 @main.group("dead-letters")

@@ -381,6 +381,29 @@ class ShopSource:
         self._history[topic(table)].clear()
         return [Message(topic(table), None, self._encode(table, envelope, cfg))]
 
+    def update(self, table: str, row_id: int, values: dict[str, Any], cfg: WorkloadConfig | None = None
+               ) -> list[Message]:
+        """A scripted UPDATE of one live row (tests and benchmarks that need the same change on two databases)."""
+        if row_id not in self.state[table]:
+            raise KeyError(f"{table} has no live row {row_id}")
+        unknown = set(values) - set(COLUMNS[table]) | ({PRIMARY_KEY} & set(values))
+        if unknown:
+            raise ValueError(f"cannot set {sorted(unknown)} of {table}")
+        source = self._commit(table)
+        row = self.state[table][row_id] | values | {"updated_at": _iso(self._clock_us)}
+        self.state[table][row_id] = row
+        out: list[Message] = []
+        self._emit(out, cfg or WorkloadConfig(), table, "u", None, row, source)
+        return out
+
+    def delete(self, table: str, row_id: int, cfg: WorkloadConfig | None = None) -> list[Message]:
+        """A scripted DELETE of one live row: the delete event and its tombstone."""
+        if row_id not in self.state[table]:
+            raise KeyError(f"{table} has no live row {row_id}")
+        out: list[Message] = []
+        self._delete(out, cfg or WorkloadConfig(reinsert_fraction=0.0), table, row_id)
+        return out
+
     def to_json(self) -> str:
         """Everything a later run needs to continue exactly where this one stopped."""
         version, internal, gauss = self._rng.getstate()
