@@ -50,6 +50,9 @@ ORDER_FACT = "struct<id:bigint,order_date:date,currency:string,amount_cents:bigi
 # A state row as Hudi's CDC images spell it in JSON: dates as epoch days, timestamps as epoch micros.
 _STATE_JSON = ("struct<customer_id:bigint,country:string,orders:array<struct<id:bigint,order_date:int,"
                "currency:string,amount_cents:bigint,created_at:bigint>>>")
+# The silver order columns gold reads, for a cycle that has none to read.
+_ORDERS_SCHEMA = ("id long, customer_id long, status string, currency string, amount decimal(12,2), "
+                  "order_date date, created_at timestamp")
 # Above this many keys, a keyed read joins instead of listing the keys in the filter.
 _KEYED_READ_LIMIT = 20_000
 
@@ -216,9 +219,7 @@ def state_cycle(spark: SparkSession, root: str, silver_customers: str, silver_or
         customers = _read_all(spark, cust_w)
         orders = _read_all(spark, ord_w)
         customers = customers if customers is not None else spark.createDataFrame([], "id long, country string")
-        orders = orders if orders is not None else spark.createDataFrame(
-            [], "id long, customer_id long, status string, currency string, amount decimal(12,2), "
-                "order_date date, created_at timestamp")
+        orders = orders if orders is not None else spark.createDataFrame([], _ORDERS_SCHEMA)
         rows = _with_stale_deletes(spark, out, build_state(customers, orders).withColumn(DELETED_FLAG, F.lit(False)),
                                    ["customer_id"])
         write_with_checkpoint(rows, out, _options("customer_orders"), new_marks)
@@ -232,8 +233,7 @@ def state_cycle(spark: SparkSession, root: str, silver_customers: str, silver_or
             .cast("long").alias("customer_id")).distinct()
         customers = changed.join(cust_live.select(F.col("id").alias("customer_id"), "country"), "customer_id", "left")
     touched = spark.createDataFrame([], "customer_id long, order_id long")
-    orders = spark.createDataFrame([], "id long, customer_id long, status string, currency string, "
-                                       "amount decimal(12,2), order_date date, created_at timestamp")
+    orders = spark.createDataFrame([], _ORDERS_SCHEMA)
     if ord_live is not None:
         images = cdc_window(spark, ord_w)
         touched = images.select(F.explode(F.array(
@@ -292,19 +292,17 @@ def daily_cycle(spark: SparkSession, root: str) -> dict[str, int]:
         write_with_checkpoint(rows, out, _options(DAILY), {state: w.until})
         return {"rebuilt": 1}
     images = state_images(cdc_window(spark, w)).persist()
+    part = "customer_id", "country", "orders"
+    before = images.filter(F.col("before").isNotNull()).select(*[F.col(f"before.{c}") for c in part])
+    after = images.filter(F.col("after").isNotNull()).select(*[F.col(f"after.{c}") for c in part])
+    delta = revenue_delta(before, after).persist()
     try:
-        part = "customer_id", "country", "orders"
-        before = images.filter(F.col("before").isNotNull()).select(*[F.col(f"before.{c}") for c in part])
-        after = images.filter(F.col("after").isNotNull()).select(*[F.col(f"after.{c}") for c in part])
-        delta = revenue_delta(before, after).persist()
         days = [r[0] for r in delta.select("order_date").distinct().collect()]
         current = spark.read.format("hudi").load(out).filter(F.col("order_date").isin(days))
-        rows = apply_delta(current, delta)
-        write_with_checkpoint(rows, out, _options(DAILY), {state: w.until})
-        count = delta.count()
-        delta.unpersist()
-        return {"keys": count, "days": len(days)}
+        write_with_checkpoint(apply_delta(current, delta), out, _options(DAILY), {state: w.until})
+        return {"keys": delta.count(), "days": len(days)}
     finally:
+        delta.unpersist()
         images.unpersist()
 
 
