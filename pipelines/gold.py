@@ -236,11 +236,10 @@ def state_cycle(spark: SparkSession, root: str, silver_customers: str, silver_or
     orders = spark.createDataFrame([], _ORDERS_SCHEMA)
     if ord_live is not None:
         images = cdc_window(spark, ord_w)
-        touched = images.select(F.explode(F.array(
-            F.struct(F.get_json_object("before", "$.customer_id").cast("long").alias("customer_id"),
-                     F.get_json_object("before", "$.id").cast("long").alias("order_id")),
-            F.struct(F.get_json_object("after", "$.customer_id").cast("long").alias("customer_id"),
-                     F.get_json_object("after", "$.id").cast("long").alias("order_id")))).alias("t")) \
+        touched = images.select(F.explode(F.array(*[
+            F.struct(F.get_json_object(image, "$.customer_id").cast("long").alias("customer_id"),
+                     F.get_json_object(image, "$.id").cast("long").alias("order_id"))
+            for image in ("before", "after")])).alias("t")) \
             .select("t.*").filter(F.col("order_id").isNotNull()) \
             .withColumn("customer_id", F.coalesce("customer_id", F.lit(NO_CUSTOMER)))
         orders = ord_live
@@ -253,21 +252,24 @@ def state_cycle(spark: SparkSession, root: str, silver_customers: str, silver_or
     return {"customers": keys.distinct().count(), "orders": touched.select("order_id").distinct().count()}
 
 
-def _state_window(spark: SparkSession, out: str, state: str) -> tuple[Window, bool]:
-    """The window of the state table a gold table still has to consume, and whether to rebuild."""
+def _state_window(spark: SparkSession, out: str, state: str) -> tuple[Window, bool] | None:
+    """The window of the state table a gold table still has to consume and whether to rebuild; None if nothing to do."""
     marks = checkpoint(spark, out) if exists(out) else {}
     w = window(spark, state, marks.get(state))
-    return w, not exists(out) or w.full or w.since is None
+    rebuild = not exists(out) or w.full or w.since is None
+    if w.until is None or (w.empty and not rebuild):
+        return None
+    if rebuild and exists(out):
+        log.warning("%s: rebuilding from a full read of %s", out, state)
+    return w, rebuild
 
 
 def ltv_cycle(spark: SparkSession, root: str) -> dict[str, int]:
     out, state = gold_path(LTV, root), gold_path(STATE, root)
-    w, rebuild = _state_window(spark, out, state)
-    if w.until is None or (w.empty and not rebuild):
+    if (todo := _state_window(spark, out, state)) is None:
         return {}
+    w, rebuild = todo
     if rebuild:
-        if exists(out):
-            log.warning("%s: rebuilding from a full read of %s", out, state)
         rows = customer_ltv(spark.read.format("hudi").load(state)).filter(~F.col(DELETED_FLAG))
         rows = _with_stale_deletes(spark, out, rows, ["customer_id"])
     else:
@@ -281,12 +283,10 @@ def ltv_cycle(spark: SparkSession, root: str) -> dict[str, int]:
 
 def daily_cycle(spark: SparkSession, root: str) -> dict[str, int]:
     out, state = gold_path(DAILY, root), gold_path(STATE, root)
-    w, rebuild = _state_window(spark, out, state)
-    if w.until is None or (w.empty and not rebuild):
+    if (todo := _state_window(spark, out, state)) is None:
         return {}
+    w, rebuild = todo
     if rebuild:
-        if exists(out):
-            log.warning("%s: rebuilding from a full read of %s", out, state)
         rows = _with_stale_deletes(spark, out, daily_rows(revenue(spark.read.format("hudi").load(state))),
                                    list(DAILY_KEY))
         write_with_checkpoint(rows, out, _options(DAILY), {state: w.until})

@@ -9,7 +9,7 @@ it rewrites, index lookups) do not go through Spark scans and are not in these f
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from pyspark.sql import SparkSession
 
@@ -22,8 +22,7 @@ class Reads:
     stages: int = 0
 
     def as_dict(self) -> dict[str, int]:
-        return {"rows_read": self.rows_read, "bytes_read": self.bytes_read,
-                "files_read": self.files_read, "stages": self.stages}
+        return asdict(self)
 
 
 @dataclass
