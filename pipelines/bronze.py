@@ -8,6 +8,11 @@ Per source table there are two Hudi tables, and one dead-letter table for all:
   it the LSN it was deleted at; without the ledger, an older insert replayed after a
   connector restart would bring the row back. The ledger is also how incremental readers
   (silver) learn about deletes, since a plain Hudi incremental query has no row for them.
+- `bronze/_changelog/<table>` (COW, append-only): every change the job applied to main or
+  the ledger, one row per key and batch, upserts and deletes alike. It is what incremental
+  readers (silver, `lakehouse changes`) read: a commit adds new files only, so reading a
+  window opens that window's files, where an incremental query of the merge-on-read main
+  table merges whole file slices, about the whole table.
 - `bronze/_dead_letters` (COW): every Kafka record that is not a usable envelope, with
   the reason, the raw key and value and its Kafka position, keyed by that position.
 
@@ -15,8 +20,10 @@ Ordering and exactly-once come from one rule applied to every micro-batch: per k
 keep the newest event of the batch (highest `source.lsn`), then write to each table only
 what that table does not already reflect. Main gets an upsert when the event is newer
 than both the live row and the ledger's delete; a delete goes to the ledger when it is
-newer than the ledger's entry, and to main when main still holds an older row. The
-ledger is written before main. Every write is therefore idempotent and computed from
+newer than the ledger's entry, and to main when main still holds an older row. What goes
+to either is first appended to the change log (a write-ahead log: a crash after it
+appends the same change again on the re-run, which readers fold away by LSN), then the
+ledger is written, then main. Every write is therefore idempotent and computed from
 what the tables hold, so a batch re-run after a crash at any point (Spark replays the
 same offsets from its checkpoint) writes exactly what is still missing, and a replay of
 old events changes nothing.
@@ -28,6 +35,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -36,7 +44,15 @@ from pyspark.storagelevel import StorageLevel
 
 import hudi_configs
 from pipelines import contract
-from pipelines.settings import kafka_bootstrap, lake_root, table_path
+from pipelines.settings import (
+    changelog_path,
+    dead_letter_path,
+    ingest_checkpoint_path,
+    kafka_bootstrap,
+    lake_root,
+    ledger_path,
+    main_path,
+)
 
 log = logging.getLogger(__name__)
 
@@ -52,22 +68,6 @@ DEAD_LETTER_COLUMNS = ("position", "kafka_topic", "kafka_partition", "kafka_offs
 # Commit metadata (Hudi adds every write option starting with the commit-metadata prefix, "_").
 BATCH_ID_META = "_lakehouse.batch_id"
 OFFSETS_META = "_lakehouse.kafka_end_offsets"
-
-
-def main_path(table: str, root: str | None = None) -> str:
-    return table_path("bronze", table, root)
-
-
-def ledger_path(table: str, root: str | None = None) -> str:
-    return table_path("bronze", f"_deletes/{table}", root)
-
-
-def dead_letter_path(root: str | None = None) -> str:
-    return table_path("bronze", "_dead_letters", root)
-
-
-def checkpoint_path(root: str | None = None) -> str:
-    return f"{(root or lake_root()).rstrip('/')}/_checkpoints/ingest"
 
 
 # --------------------------------------------------------------------------- parsing
@@ -369,7 +369,15 @@ class BronzeBatchWriter:
                 outcome = ("stale" if not (r["to_main"] or r["to_ledger"])
                            else "delete" if r["_op"] == "d" else "upsert")
                 counts[outcome] = counts.get(outcome, 0) + r["count"]
-            now = F.current_timestamp().alias("_ingested_at")
+            # One instant for the batch's three writes: a key's change-log row and its bronze
+            # row say the same about when it was ingested.
+            now = F.lit(datetime.now(UTC)).cast("timestamp").alias("_ingested_at")
+            if any(r["to_main"] or r["to_ledger"] for r in tally):
+                planned.filter("to_main OR to_ledger").select(
+                    *contract.COLUMNS[table], *[c for c in META_COLUMNS if c != "_ingested_at"], now,
+                    F.date_format(now, "yyyy-MM-dd").alias("_ingest_date"),
+                ).write.format("hudi").options(**hudi_options("changelog", f"bronze_changelog_{table}", **meta)) \
+                    .mode("append").save(changelog_path(table, self.root))
             if any(r["to_ledger"] for r in tally):
                 planned.filter("to_ledger").select(*[c for c in LEDGER_COLUMNS if c != "_ingested_at"], now) \
                     .write.format("hudi").options(**hudi_options("ledger", f"bronze_deletes_{table}", **meta)) \
@@ -407,7 +415,7 @@ def run_ingest(*, once: bool, root: str | None = None, bootstrap: str | None = N
         reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
     writer = (reader.load().writeStream.queryName("bronze_ingest")
               .foreachBatch(BronzeBatchWriter(spark, root))
-              .option("checkpointLocation", checkpoint_path(root)))
+              .option("checkpointLocation", ingest_checkpoint_path(root)))
     writer = writer.trigger(availableNow=True) if once else writer.trigger(processingTime=f"{trigger_seconds} seconds")
     query = writer.start()
     try:

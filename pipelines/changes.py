@@ -2,10 +2,11 @@
 
 A consumer keeps the checkpoint this returns and passes it back next time; it then sees
 each key that changed in between once, in its latest state, or as a deletion. Plain Hudi
-incremental queries return no row for a deleted key, so deletions come from a second
-source: bronze's delete ledger, and for silver the Hudi CDC feed (op `d`).
+incremental queries return no row for a deleted key, so bronze changes come from bronze's
+change log (which records deletes as rows), and silver and gold deletions from the Hudi
+CDC feed (op `d`).
 
-Checkpoints are opaque strings: completion times of the last commit read, one per
+Checkpoints are opaque strings: the completion time of the last commit read of the
 timeline the table's changes come from.
 """
 
@@ -13,17 +14,23 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 import hudi_configs
-from pipelines.bronze import KEY, ledger_path, main_path
-from pipelines.hudi_timeline import earliest_completion, instants_between, latest_completion
-from pipelines.settings import CHANGE_FEED_TABLES, lake_root, table_path
+from pipelines import contract
+from pipelines.bronze import LEDGER_COLUMNS, META_COLUMNS, newest_per_key
+from pipelines.hudi_timeline import earliest_checkpoint, instants_between, latest_completion
+from pipelines.settings import CHANGE_FEED_TABLES, changelog_path, lake_root, ledger_path, main_path, table_path
 from pipelines.table_stats import exists
 
 log = logging.getLogger(__name__)
+
+# Above this many keys, a keyed read joins instead of listing the keys in its filter (and the
+# record-level index no longer prunes: see spark.sql.optimizer.inSetConversionThreshold).
+KEYED_READ_LIMIT = 1_000
 
 
 @dataclass(frozen=True)
@@ -45,54 +52,86 @@ def window(spark: SparkSession, path: str, since: str | None) -> Window:
     if not exists(path):
         return Window(path, since, None)
     until = latest_completion(spark, path)
-    earliest = earliest_completion(spark, path)
+    earliest = earliest_checkpoint(spark, path)
     full = since is not None and earliest is not None and since < earliest
     if full:
-        log.warning("checkpoint %s of %s is older than its active timeline (from %s): "
-                    "rebuilding from a full read", since, path, earliest)
+        log.warning("checkpoint %s of %s is no longer readable (archived or cleaned; the oldest readable "
+                    "is %s): rebuilding from a full read", since, path, earliest)
     return Window(path, since, until, full)
 
 
-def read_window(spark: SparkSession, w: Window) -> DataFrame | None:
-    """Rows of the source changed in the window (latest state per key); None if nothing can have."""
+def _changelog_window(spark: SparkSession, w: Window) -> DataFrame | None:
+    """Rows bronze's change log received in the window (all of it for a window without a start)."""
     if w.empty:
         return None
     if w.full or w.since is None:
         return spark.read.format("hudi").load(w.path)
-    rows = (spark.read.format("hudi").options(**hudi_configs.section("silver", "incremental_read"))
+    rows = (spark.read.format("hudi").options(**hudi_configs.section("reads", "incremental"))
             .option("hoodie.datasource.read.begin.instanttime", w.since)
             .option("hoodie.datasource.read.end.instanttime", w.until).load(w.path))
-    # Hudi 1.0.2 returns every row of a copy-on-write file rewritten in the window, also rows
-    # last written before it (its commit-time filter only prunes row groups): filter again.
-    return rows.filter(F.col("_hoodie_commit_time").isin(instants_between(spark, w.path, w.since, w.until)))
+    # Only the ingest days the window can reach (a day of slack for clocks and time zones),
+    # and only rows of the window's commits: with Hudi 1.0.2 the incremental query also
+    # returns other rows of the files it opens.
+    first_day = (datetime.strptime(w.since[:8], "%Y%m%d") - timedelta(days=1)).strftime("%Y-%m-%d")
+    return rows.filter((F.col("_ingest_date") >= first_day)
+                       & F.col("_hoodie_commit_time").isin(instants_between(spark, w.path, w.since, w.until)))
 
 
-def bronze_changes(spark: SparkSession, table: str, main: Window, deletes: Window) -> DataFrame | None:
-    """Per key changed in bronze: its live row, or a delete (`_deleted`), whichever has the higher LSN."""
-    live, gone = read_window(spark, main), read_window(spark, deletes)
-    if live is None and gone is None:
+def keyed_read(spark: SparkSession, path: str, keys: DataFrame) -> DataFrame:
+    """Current rows of the silver or gold table at `path` whose key (the columns of `keys`) is in `keys`.
+
+    Opens only the files that hold those keys: for a one-column key through the record-level
+    index (an IN list of at most KEYED_READ_LIMIT keys; a semi-join, reading every file,
+    above that); for daily_revenue's (order_date, country, currency) through its day partitions.
+    """
+    table = spark.read.format("hudi").options(**hudi_configs.section("reads", "keyed")).load(path)
+    first, *rest = keys.columns
+    wanted = [r[0] for r in keys.select(first).distinct().collect()]
+    if not rest and len(wanted) <= KEYED_READ_LIMIT:
+        return table.filter(F.col(first).isin(wanted))
+    if rest and len(wanted) <= KEYED_READ_LIMIT:
+        table = table.filter(F.col(first).isin(wanted))
+    return table.join(keys.distinct(), keys.columns, "left_semi")
+
+
+def bronze_changes(spark: SparkSession, table: str, w: Window, root: str) -> DataFrame | None:
+    """Per key changed in bronze in window `w` of its change log: the newest change by LSN, `_deleted` if a delete.
+
+    A window without a start (first read, or a checkpoint older than the change log's
+    timeline) also reads main and the delete ledger whole: the change log may have been
+    cleaned of old days, the two tables always hold each key's newest state.
+    """
+    changes = _changelog_window(spark, w)
+    if changes is None:
         return None
-    # Every bronze column but Hudi's own: consumers get the row with its CDC metadata.
-    columns = [c for c in live.columns if not c.startswith("_hoodie")] if live is not None else []
-    live_df = live.select(*columns) if live is not None else None
-    gone_df = gone.select(KEY, F.col("_lsn").alias("_del_lsn")) if gone is not None else None
-    if gone_df is None:
-        return live_df.withColumn("_deleted", F.lit(False))
-    if live_df is None:
-        return gone_df.select(KEY, F.col("_del_lsn").alias("_lsn"), F.lit(True).alias("_deleted"))
-    joined = live_df.join(gone_df, KEY, "full_outer")
-    is_live = F.col("_lsn").isNotNull() & (F.col("_del_lsn").isNull() | (F.col("_lsn") > F.col("_del_lsn")))
-    return joined.select(
-        *[F.when(is_live, F.col(c)).alias(c) if c != KEY else F.col(KEY) for c in columns if c != "_lsn"],
-        F.when(is_live, F.col("_lsn")).otherwise(F.col("_del_lsn")).alias("_lsn"), (~is_live).alias("_deleted"))
+    columns = [*contract.COLUMNS[table], *META_COLUMNS]
+    frames = [changes.select(*columns)]
+    if w.full or w.since is None:
+        if exists(main := main_path(table, root)):
+            frames.append(spark.read.format("hudi").load(main).select(*columns))
+        if exists(ledger := ledger_path(table, root)):
+            deletes = spark.read.format("hudi").load(ledger).select(*LEDGER_COLUMNS, F.lit("d").alias("_op"))
+            frames.append(deletes.select(*[F.col(c) if c in deletes.columns else F.lit(None).alias(c)
+                                           for c in columns]))
+    union = frames[0]
+    for frame in frames[1:]:
+        union = union.unionByName(frame)
+    return newest_per_key(union).select(*columns, (F.col("_op") == "d").alias("_deleted"))
 
 
 @dataclass(frozen=True)
 class ChangeSet:
-    """`rows`: one row per changed key, `_change` = 'upsert' (with the row) or 'delete' (key only)."""
+    """`rows`: one row per changed key, `_change` = 'upsert' (with the row) or 'delete' (key only).
+
+    `snapshot` is true when the rows are the whole table rather than changes: on a first
+    read, or when the checkpoint was no longer readable (archived or cleaned). Deletions
+    since the checkpoint are then unknown, so a consumer replaces its copy instead of
+    merging into it.
+    """
 
     rows: DataFrame
     checkpoint: str
+    snapshot: bool = False
 
 
 def cdc_window(spark: SparkSession, w: Window) -> DataFrame:
@@ -102,50 +141,63 @@ def cdc_window(spark: SparkSession, w: Window) -> DataFrame:
     sort or window directly over this reader lost a row (354 records in, 353 out), while a
     grouped aggregation (partial aggregation before the exchange) keeps every record.
     """
-    reader = spark.read.format("hudi").options(**hudi_configs.section("silver", "incremental_read")) \
+    reader = spark.read.format("hudi").options(**hudi_configs.section("reads", "incremental")) \
         .option("hoodie.datasource.query.incremental.format", "cdc") \
         .option("hoodie.datasource.read.begin.instanttime", w.since or "000") \
         .option("hoodie.datasource.read.end.instanttime", w.until)
     return reader.load(w.path)
 
 
-def _cdc_last_ops(spark: SparkSession, w: Window) -> DataFrame:
-    """(key, last op in the window) from the Hudi CDC feed of a silver table."""
+def _json_key(image: Column, column: str) -> Column:
+    """A key column out of a CDC image (JSON text), typed: Hudi writes dates there as epoch days."""
+    value = F.get_json_object(image, f"$.{column}")
+    if column == "order_date":
+        return F.date_from_unix_date(value.cast("int")).alias(column)
+    return value.cast("long" if column.endswith("id") else "string").alias(column)
+
+
+def cdc_last_ops(spark: SparkSession, w: Window, key: tuple[str, ...]) -> DataFrame:
+    """(key columns, last op in the window) from the Hudi CDC feed of a silver or gold table."""
     cdc = cdc_window(spark, w)
     # The absent image is the JSON text 'null' (not SQL NULL): pick the image by op.
     image = F.when(F.col("op") == "d", F.col("before")).otherwise(F.col("after"))
-    keyed = cdc.select(F.get_json_object(image, f"$.{KEY}").cast("long").alias(KEY), "op", "ts_ms")
-    return keyed.groupBy(KEY).agg(F.max_by("op", "ts_ms").alias("op"))
+    keyed = cdc.select(*[_json_key(image, k) for k in key], "op", "ts_ms")
+    return keyed.groupBy(*key).agg(F.max_by("op", "ts_ms").alias("op"))
 
 
 def read_changes(spark: SparkSession, table: str, since: str | None = None, root: str | None = None) -> ChangeSet:
-    """Rows of `table` ('bronze/orders', 'silver/customers', ...) changed after checkpoint `since`."""
+    """Rows of `table` ('bronze/orders', 'silver/customers', 'gold/daily_revenue', ...) changed after `since`.
+
+    `since` is the checkpoint a previous call returned (None: from the start).
+    """
     if table not in CHANGE_FEED_TABLES:
         raise ValueError(f"unknown table {table!r}: expected one of {', '.join(CHANGE_FEED_TABLES)}")
     root = root or lake_root()
     layer, name = table.split("/")
-    marks = (since or "").split(",")
+    key = CHANGE_FEED_TABLES[table]
     if layer == "bronze":
-        main = window(spark, main_path(name, root), marks[0] or None)
-        deletes = window(spark, ledger_path(name, root), marks[1] if len(marks) > 1 and marks[1] else None)
-        changes = bronze_changes(spark, name, main, deletes)
-        checkpoint = f"{main.until or ''},{deletes.until or ''}"
+        w = window(spark, changelog_path(name, root), since or None)
+        changes = bronze_changes(spark, name, w, root)
         if changes is None:
-            return ChangeSet(_empty(spark), checkpoint)
+            return ChangeSet(_empty(spark, key), w.until or "")
         rows = changes.select("*", F.when(F.col("_deleted"), "delete").otherwise("upsert").alias("_change"))
-        return ChangeSet(rows.drop("_deleted"), checkpoint)
-    w = window(spark, table_path(layer, name, root), marks[0] or None)
-    rows = read_window(spark, w)
-    if rows is None:
-        return ChangeSet(_empty(spark), w.until or "")
-    data = rows.drop(*[c for c in rows.columns if c.startswith("_hoodie")])
-    if w.full or w.since is None:  # a snapshot: everything live, nothing to delete
-        return ChangeSet(data.withColumn("_change", F.lit("upsert")), w.until or "")
-    ops = _cdc_last_ops(spark, w)
-    live = data.join(ops.filter("op != 'd'").select(KEY), KEY, "left_semi").withColumn("_change", F.lit("upsert"))
-    gone = ops.filter("op = 'd'").select(KEY, F.lit("delete").alias("_change"))
+        return ChangeSet(rows.drop("_deleted"), w.until or "", snapshot=w.full or w.since is None)
+    w = window(spark, table_path(layer, name, root), since or None)
+    if w.empty:
+        return ChangeSet(_empty(spark, key), w.until or "")
+    if w.full or w.since is None:
+        data = spark.read.format("hudi").load(w.path)
+        data = data.drop(*[c for c in data.columns if c.startswith("_hoodie")])
+        return ChangeSet(data.withColumn("_change", F.lit("upsert")), w.until or "", snapshot=True)
+    # Which keys changed, from the CDC feed; their rows, by key.
+    ops = cdc_last_ops(spark, w, key).localCheckpoint()
+    live = keyed_read(spark, w.path, ops.filter("op != 'd'").select(*key))
+    live = live.drop(*[c for c in live.columns if c.startswith("_hoodie")]).withColumn("_change", F.lit("upsert"))
+    gone = ops.filter("op = 'd'").select(*key, F.lit("delete").alias("_change"))
     return ChangeSet(live.unionByName(gone, allowMissingColumns=True), w.until or "")
 
 
-def _empty(spark: SparkSession) -> DataFrame:
-    return spark.createDataFrame([], f"{KEY} long, _change string")
+def _empty(spark: SparkSession, key: tuple[str, ...]) -> DataFrame:
+    types = {"order_date": "date"}
+    columns = ", ".join(f"{k} {types.get(k, 'long' if k.endswith('id') else 'string')}" for k in key)
+    return spark.createDataFrame([], f"{columns}, _change string")

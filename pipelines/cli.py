@@ -90,7 +90,7 @@ def etl() -> None:
 
 
 @main.command()
-@click.argument("table", type=click.Choice(settings.CHANGE_FEED_TABLES))
+@click.argument("table", type=click.Choice(list(settings.CHANGE_FEED_TABLES)))
 @click.option("--since", default=None, help="Checkpoint returned by the previous call  [default: from the start]")
 @click.option("--checkpoint-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Read --since from this file if it exists, and store the new checkpoint in it after printing.")
@@ -98,7 +98,9 @@ def changes(table: str, since: str | None, checkpoint_file: Path | None) -> None
     """Rows of TABLE changed since a checkpoint, one JSON object per line, deletions included.
 
     Each row has `_change`: "upsert" (the row as it is now) or "delete" (the key only). The new
-    checkpoint goes to stderr as `checkpoint: ...` (or into --checkpoint-file).
+    checkpoint goes to stderr as `checkpoint: ...` (and into --checkpoint-file). When the rows are
+    the whole table instead (first read, or a checkpoint that was cleaned or archived), stderr
+    also says `snapshot: ...`.
     """
     from pipelines.changes import read_changes
     from pipelines.spark import get_spark
@@ -110,6 +112,9 @@ def changes(table: str, since: str | None, checkpoint_file: Path | None) -> None
         click.echo(line)
     if checkpoint_file is not None:
         checkpoint_file.write_text(change_set.checkpoint + "\n")
+    if change_set.snapshot:
+        click.echo("snapshot: these rows are the whole table (first read, or the checkpoint is no longer "
+                   "readable): replace your copy rather than merging", err=True)
     click.echo(f"checkpoint: {change_set.checkpoint}", err=True)
 
 
@@ -124,9 +129,8 @@ def status() -> None:
 
     Read with hudi-rs: no Spark needed.
     """
-    from pipelines.bronze import dead_letter_path, ledger_path, main_path
     from pipelines.contract import TABLES, topic
-    from pipelines.etl import quarantine_path, silver_path
+    from pipelines.settings import dead_letter_path, ledger_path, main_path, quarantine_path, silver_path
     from pipelines.table_stats import exists, read_table, table_stats
 
     dead = {}
@@ -151,7 +155,7 @@ def status() -> None:
             click.echo(f"silver/{table:<11}{s.rows:>9}{s.commits:>9}{s.file_groups:>13}{s.log_files:>11}"
                        f"{'':>14}{'':>14}  quarantined: {quarantined}")
     for table in ("customer_ltv", "daily_revenue"):
-        path = settings.table_path("gold", table)
+        path = settings.gold_path(table)
         if exists(path):
             s = table_stats(path)
             click.echo(f"gold/{table:<13}{s.rows:>9}{s.commits:>9}{s.file_groups:>13}{s.log_files:>11}")
@@ -186,7 +190,7 @@ def dead_letters() -> None:
 @click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True)
 def dead_letters_list(limit: int) -> None:
     """Print the newest dead letters: Kafka position, reason and the start of the raw value."""
-    from pipelines.bronze import dead_letter_path
+    from pipelines.settings import dead_letter_path
     from pipelines.table_stats import exists, read_table
 
     if not exists(dead_letter_path()):
@@ -211,7 +215,7 @@ def dead_letters_replay(positions: tuple[str, ...], replay_all: bool, bootstrap:
     """
     from kafka import KafkaProducer
 
-    from pipelines.bronze import dead_letter_path
+    from pipelines.settings import dead_letter_path
     from pipelines.table_stats import exists, read_table
 
     if not positions and not replay_all:

@@ -17,23 +17,15 @@ from pyspark.sql import functions as F
 
 import hudi_configs
 from pipelines import contract
-from pipelines.bronze import DELETED_FLAG, KEY, ledger_path, main_path
+from pipelines.bronze import DELETED_FLAG, KEY
 from pipelines.changes import bronze_changes, window
 from pipelines.gold import gold_cycle
 from pipelines.hudi_timeline import checkpoint, write_with_checkpoint
-from pipelines.settings import lake_root, table_path
+from pipelines.settings import changelog_path, lake_root, quarantine_path, silver_path
 from pipelines.silver import CLEANERS
 from pipelines.table_stats import exists
 
 log = logging.getLogger(__name__)
-
-
-def silver_path(table: str, root: str | None = None) -> str:
-    return table_path("silver", table, root)
-
-
-def quarantine_path(table: str, root: str | None = None) -> str:
-    return table_path("silver", f"_quarantine/{table}", root)
 
 
 def _write(df: DataFrame, path: str, name: str, marks: dict[str, str]) -> None:
@@ -41,14 +33,13 @@ def _write(df: DataFrame, path: str, name: str, marks: dict[str, str]) -> None:
 
 
 def silver_cycle(spark: SparkSession, table: str, root: str) -> dict[str, int]:
-    """bronze/<table> -> silver/<table> and silver/_quarantine/<table>; returns counts."""
+    """bronze/_changelog/<table> -> silver/<table> and silver/_quarantine/<table>; returns counts."""
     outputs = (silver_path(table, root), quarantine_path(table, root))
-    sources = (main_path(table, root), ledger_path(table, root))
-    marks = [checkpoint(spark, p) if exists(p) else {} for p in outputs]
+    source = changelog_path(table, root)
     # Both outputs read from the older of their checkpoints: re-reading is harmless, skipping is not.
-    since = {s: min((m.get(s) for m in marks), key=lambda v: v or "") or None for s in sources}
-    main, deletes = (window(spark, s, since[s]) for s in sources)
-    changes = bronze_changes(spark, table, main, deletes)
+    since = min(((checkpoint(spark, p) if exists(p) else {}).get(source) for p in outputs), key=lambda v: v or "")
+    w = window(spark, source, since or None)
+    changes = bronze_changes(spark, table, w, root)
     if changes is None:
         return {}
     changes = changes.persist()
@@ -58,7 +49,7 @@ def silver_cycle(spark: SparkSession, table: str, root: str) -> dict[str, int]:
         deleted = changes.filter(F.col("_deleted")).select(KEY, "_lsn")
         valid = cleaned.filter(F.col("failed_rule").isNull()).drop("failed_rule")
         invalid = cleaned.filter(F.col("failed_rule").isNotNull()).select(KEY, "_lsn", "failed_rule")
-        new_marks = {s: w.until for s, w in zip(sources, (main, deletes), strict=True) if w.until}
+        new_marks = {source: w.until}
 
         not_in_silver = deleted.unionByName(invalid.select(KEY, "_lsn"))
         silver_rows = valid.withColumn(DELETED_FLAG, F.lit(False)).unionByName(

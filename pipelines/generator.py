@@ -75,7 +75,7 @@ _LAST_NAMES = (
     "Bernard", "Weber", "Novak", "Larsen", "O'Brien", "Tanaka", "Fischer", "Moreau", "Lindqvist", "Costa",
 )
 _DOMAINS = ("example.com", "mail.example.org", "shop.test", "posteo.example", "web.example.net")
-_COUNTRIES = ("DE", "FR", "GB", "US", "ES", "IT", "NL", "SE", "CH", "JP", "PL", "AT", "BE", "DK", "IE", "PT")
+COUNTRIES = ("DE", "FR", "GB", "US", "ES", "IT", "NL", "SE", "CH", "JP", "PL", "AT", "BE", "DK", "IE", "PT")
 _CURRENCY_WEIGHTS = {"EUR": 50, "USD": 20, "GBP": 10, "JPY": 5, "CHF": 8, "SEK": 7}
 _SNAPSHOT_STATUS_WEIGHTS = {"placed": 30, "paid": 30, "shipped": 25, "cancelled": 10, "refunded": 5}
 # An order's life: placed -> paid -> shipped, or off to cancelled/refunded; those two are final.
@@ -667,7 +667,7 @@ class ShopSource:
 
     def _country(self, quality: str) -> str:
         rng = self._rng
-        code = rng.choice(_COUNTRIES)
+        code = rng.choice(COUNTRIES)
         if quality == "invalid":
             return rng.choice((
                 f"{rng.randint(0, 9)}{code[0]}",  # "1A"

@@ -29,9 +29,9 @@ from pyspark.sql import functions as F
 
 import hudi_configs
 from pipelines.bronze import DELETED_FLAG
-from pipelines.changes import Window, cdc_window, read_window, window
+from pipelines.changes import Window, cdc_last_ops, cdc_window, keyed_read, window
 from pipelines.hudi_timeline import checkpoint, write_with_checkpoint
-from pipelines.settings import table_path
+from pipelines.settings import gold_path
 from pipelines.table_stats import exists
 
 log = logging.getLogger(__name__)
@@ -53,12 +53,6 @@ _STATE_JSON = ("struct<customer_id:bigint,country:string,orders:array<struct<id:
 # The silver order columns gold reads, for a cycle that has none to read.
 _ORDERS_SCHEMA = ("id long, customer_id long, status string, currency string, amount decimal(12,2), "
                   "order_date date, created_at timestamp")
-# Above this many keys, a keyed read joins instead of listing the keys in the filter.
-_KEYED_READ_LIMIT = 20_000
-
-
-def gold_path(table: str, root: str | None = None) -> str:
-    return table_path("gold", table, root)
 
 
 # ---------------------------------------------------------------- pure transformations
@@ -184,15 +178,6 @@ def _options(table: str) -> dict[str, str]:
             "hoodie.table.name": f"gold_{table.lstrip('_')}"}
 
 
-def _keyed_read(spark: SparkSession, path: str, column: str, keys: DataFrame) -> DataFrame:
-    """Rows of `path` whose `column` is among `keys` (one column, same name), opening only their files."""
-    table = spark.read.format("hudi").options(**hudi_configs.section("gold", "keyed_read")).load(path)
-    wanted = [r[0] for r in keys.distinct().collect()]
-    if len(wanted) > _KEYED_READ_LIMIT:
-        return table.join(keys.distinct(), column, "left_semi")
-    return table.filter(F.col(column).isin(wanted))
-
-
 def _with_stale_deletes(spark: SparkSession, path: str, rows: DataFrame, key: list[str]) -> DataFrame:
     """A full rebuild's rows plus deletes of the keys the table holds and the rebuild does not."""
     if not exists(path):
@@ -225,28 +210,32 @@ def state_cycle(spark: SparkSession, root: str, silver_customers: str, silver_or
         write_with_checkpoint(rows, out, _options("customer_orders"), new_marks)
         return {"rebuilt": 1}
 
-    cust_live, ord_live = read_window(spark, cust_w), read_window(spark, ord_w)
+    # Which customers and orders changed comes from silver's CDC feed (for an order, under
+    # which customer it was before and is now); their current rows are read by key.
     customers = spark.createDataFrame([], "customer_id long, country string")
-    if cust_live is not None:
-        changed = cdc_window(spark, cust_w).select(
-            F.coalesce(F.get_json_object("before", "$.id"), F.get_json_object("after", "$.id"))
-            .cast("long").alias("customer_id")).distinct()
-        customers = changed.join(cust_live.select(F.col("id").alias("customer_id"), "country"), "customer_id", "left")
+    if not cust_w.empty:
+        changed = cdc_last_ops(spark, cust_w, ("id",)).select(F.col("id").alias("customer_id"))
+        now = keyed_read(spark, silver_customers, changed.withColumnRenamed("customer_id", "id"))
+        customers = changed.join(now.select(F.col("id").alias("customer_id"), "country"), "customer_id", "left")
     touched = spark.createDataFrame([], "customer_id long, order_id long")
     orders = spark.createDataFrame([], _ORDERS_SCHEMA)
-    if ord_live is not None:
+    if not ord_w.empty:
         images = cdc_window(spark, ord_w)
         touched = images.select(F.explode(F.array(*[
             F.struct(F.get_json_object(image, "$.customer_id").cast("long").alias("customer_id"),
                      F.get_json_object(image, "$.id").cast("long").alias("order_id"))
             for image in ("before", "after")])).alias("t")) \
             .select("t.*").filter(F.col("order_id").isNotNull()) \
-            .withColumn("customer_id", F.coalesce("customer_id", F.lit(NO_CUSTOMER)))
-        orders = ord_live
-    # Not cached on purpose: Spark pushes the keyed read's key list into the other inputs of
-    # the join, and on a cached input that list becomes a filter deep enough to overflow the stack.
+            .withColumn("customer_id", F.coalesce("customer_id", F.lit(NO_CUSTOMER))).distinct().localCheckpoint()
+        orders = keyed_read(spark, silver_orders, touched.select(F.col("order_id").alias("id")).distinct()) \
+            .select(*[c.split()[0] for c in _ORDERS_SCHEMA.split(", ")])
+    # Each input is read once: the write evaluates its input several times, and every
+    # evaluation would read silver's files again. Local checkpoints rather than cached plans:
+    # Spark infers a filter from the keyed read's key list for every input of the join, and
+    # pushed into a cached plan that filter grew deep enough to overflow the stack.
+    customers, orders = (df.localCheckpoint() for df in (customers, orders))
     keys = touched.select("customer_id").unionByName(customers.select("customer_id"))
-    old = _keyed_read(spark, out, "customer_id", keys).select("customer_id", "country", "orders")
+    old = keyed_read(spark, out, keys).select("customer_id", "country", "orders")
     rows = advance_state(old, customers, orders, touched)
     write_with_checkpoint(rows, out, _options("customer_orders"), new_marks)
     return {"customers": keys.distinct().count(), "orders": touched.select("order_id").distinct().count()}
@@ -276,7 +265,7 @@ def ltv_cycle(spark: SparkSession, root: str) -> dict[str, int]:
         images = state_images(cdc_window(spark, w))
         after = images.select("customer_id", F.col("after.country").alias("country"),
                               F.coalesce(F.col("after.orders"), _no_orders()).alias("orders"))
-        rows = customer_ltv(after)
+        rows = customer_ltv(after).localCheckpoint()  # read the feed once, not once per evaluation
     write_with_checkpoint(rows, out, _options(LTV), {state: w.until})
     return {"rebuilt": 1} if rebuild else {"customers": rows.count()}
 

@@ -10,11 +10,15 @@ from pyspark.sql import DataFrame, SparkSession
 CHECKPOINT_META = "_lakehouse.checkpoint"
 
 
-def _completed(spark: SparkSession, path: str):  # -> JavaObject (HoodieTimeline)
+def _active(spark: SparkSession, path: str):  # -> JavaObject (HoodieActiveTimeline)
     jvm = spark.sparkContext._jvm
     conf = jvm.org.apache.hudi.storage.hadoop.HadoopStorageConfiguration(spark.sparkContext._jsc.hadoopConfiguration())
     client = jvm.org.apache.hudi.common.table.HoodieTableMetaClient.builder().setConf(conf).setBasePath(path).build()
-    return client.getActiveTimeline().getCommitsTimeline().filterCompletedInstants()
+    return client.getActiveTimeline()
+
+
+def _completed(spark: SparkSession, path: str):  # -> JavaObject (HoodieTimeline)
+    return _active(spark, path).getCommitsTimeline().filterCompletedInstants()
 
 
 def latest_completion(spark: SparkSession, path: str) -> str | None:
@@ -23,10 +27,30 @@ def latest_completion(spark: SparkSession, path: str) -> str | None:
     return last.get().getCompletionTime() if last.isPresent() else None
 
 
-def earliest_completion(spark: SparkSession, path: str) -> str | None:
-    """Completion time of the oldest commit still on the active timeline (older ones are archived)."""
-    first = _completed(spark, path).firstInstant()
-    return first.get().getCompletionTime() if first.isPresent() else None
+def earliest_checkpoint(spark: SparkSession, path: str) -> str | None:
+    """The oldest checkpoint an incremental read of `path` can still start from; None if any can.
+
+    A read from checkpoint C needs every commit completed after C, on the active timeline
+    (older ones are archived) and with its files (the cleaner may have deleted the files
+    of commits older than the last clean's "earliest commit to retain"). Hence: the
+    completion time of the first active commit, or of the newest commit older than that
+    earliest commit to retain, whichever is later.
+    """
+    active = _active(spark, path)
+    commits = active.getCommitsTimeline().filterCompletedInstants()
+    first = commits.firstInstant()
+    if not first.isPresent():
+        return None
+    floor = first.get().getCompletionTime()
+    clean = active.getCleanerTimeline().filterCompletedInstants().lastInstant()
+    if clean.isPresent():
+        retain = active.readCleanMetadata(clean.get()).getEarliestCommitToRetain()
+        instants = commits.getInstants().iterator()
+        while retain and instants.hasNext():
+            instant = instants.next()
+            if instant.requestedTime() < retain:
+                floor = max(floor, instant.getCompletionTime())
+    return floor
 
 
 def instants_between(spark: SparkSession, path: str, since: str | None, until: str) -> list[str]:

@@ -50,13 +50,17 @@ class ReadMeter:
                 reads.bytes_read += stage.inputBytes()
                 reads.stages += 1
         sql = self._sql_store()
+        files: dict[int, int] = {}
         for execution in self._seq(sql.executionsList()):
             if execution.executionId() in self._executions:
                 continue
             values = sql.executionMetrics(execution.executionId())
             for metric in self._seq(execution.metrics()):
                 if metric.name() == "number of files read" and values.contains(metric.accumulatorId()):
-                    reads.files_read += int(str(values.apply(metric.accumulatorId())).replace(",", ""))
+                    # By accumulator: every execution over a cached plan shows that plan's scan again.
+                    n = int(str(values.apply(metric.accumulatorId())).replace(",", ""))
+                    files[metric.accumulatorId()] = max(n, files.get(metric.accumulatorId(), 0))
+        reads.files_read = sum(files.values())
         self.result = reads
 
     def _drain(self) -> None:

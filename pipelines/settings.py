@@ -28,14 +28,54 @@ def jvm_dir() -> Path:
     return Path(os.environ.get("LAKEHOUSE_JVM_DIR") or PROJECT_ROOT / ".jvm")
 
 
-# Lake tables whose changes `lakehouse changes` serves (pure Python: the CLI lists them without Spark).
-CHANGE_FEED_TABLES: tuple[str, ...] = tuple(
-    f"{layer}/{table}" for layer in ("bronze", "silver") for table in TABLES)
+# Lake tables whose changes `lakehouse changes` serves, with their key columns (pure Python:
+# the CLI lists them without Spark).
+CHANGE_FEED_TABLES: dict[str, tuple[str, ...]] = {
+    **{f"{layer}/{table}": ("id",) for layer in ("bronze", "silver") for table in TABLES},
+    "gold/customer_ltv": ("customer_id",),
+    "gold/daily_revenue": ("order_date", "country", "currency"),
+}
 
 
 def table_path(layer: str, table: str, root: str | None = None) -> str:
     """`$LAKEHOUSE_ROOT/<layer>/<table>`, the contract's location of every table."""
     return f"{(root or lake_root()).rstrip('/')}/{layer}/{table}"
+
+
+def main_path(table: str, root: str | None = None) -> str:
+    """bronze/<table>: the live rows (merge-on-read)."""
+    return table_path("bronze", table, root)
+
+
+def ledger_path(table: str, root: str | None = None) -> str:
+    """bronze/_deletes/<table>: the newest applied delete per key."""
+    return table_path("bronze", f"_deletes/{table}", root)
+
+
+def changelog_path(table: str, root: str | None = None) -> str:
+    """bronze/_changelog/<table>: every change ingest applied, appended per batch (what silver reads)."""
+    return table_path("bronze", f"_changelog/{table}", root)
+
+
+def dead_letter_path(root: str | None = None) -> str:
+    return table_path("bronze", "_dead_letters", root)
+
+
+def ingest_checkpoint_path(root: str | None = None) -> str:
+    """Structured Streaming's offset checkpoint of the ingest stream."""
+    return f"{(root or lake_root()).rstrip('/')}/_checkpoints/ingest"
+
+
+def silver_path(table: str, root: str | None = None) -> str:
+    return table_path("silver", table, root)
+
+
+def quarantine_path(table: str, root: str | None = None) -> str:
+    return table_path("silver", f"_quarantine/{table}", root)
+
+
+def gold_path(table: str, root: str | None = None) -> str:
+    return table_path("gold", table, root)
 
 
 def source_state_file() -> Path:

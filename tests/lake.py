@@ -7,10 +7,10 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
-from pipelines.bronze import dead_letter_path, ledger_path, main_path
 from pipelines.contract import COLUMNS, TABLES
+from pipelines.settings import dead_letter_path, ledger_path, main_path, quarantine_path, silver_path
 from pipelines.table_stats import exists, read_table
-from tests.model import Rows
+from tests.model import Rows, expected_silver
 
 
 def _keyed(rows: list[dict[str, Any]], table: str) -> dict[int, dict[str, Any]]:
@@ -100,3 +100,18 @@ def assert_gold_equals_model(spark: SparkSession, root: str, state: Rows) -> Non
             assert not missing and not extra, f"gold/{table} ({reader}): missing {missing}, extra {extra}"
             wrong = [(k, got[k], want[k]) for k in want if got[k] != want[k]]
             assert not wrong, f"gold/{table} ({reader}): {len(wrong)} rows differ, e.g. {wrong[:2]}"
+
+
+def assert_lake_equals_model(spark: SparkSession, root: str, state: Rows) -> None:
+    """Silver, quarantine and gold against the contract's rules applied to the model's source state."""
+    silver, quarantine = expected_silver(state)
+    for table in TABLES:
+        got = {r["id"]: r.asDict() for r in spark.read.format("hudi").load(silver_path(table, root)).collect()}
+        want = {k: {c: _naive(v) for c, v in row.items()} for k, row in silver[table].items()}
+        assert got.keys() == want.keys(), (f"silver/{table}: missing {sorted(want.keys() - got.keys())[:10]}, "
+                                           f"extra {sorted(got.keys() - want.keys())[:10]}")
+        wrong = [k for k in want if {c: got[k][c] for c in want[k]} != want[k]]
+        assert not wrong, f"silver/{table} rows differ: {[(got[k], want[k]) for k in wrong[:2]]}"
+        q = {r["id"]: r["failed_rule"] for r in spark.read.format("hudi").load(quarantine_path(table, root)).collect()}
+        assert q == quarantine[table], f"quarantine/{table} differs"
+    assert_gold_equals_model(spark, root, state)

@@ -60,7 +60,7 @@ def test_lost_checkpoint_replays_everything_and_changes_nothing(spark, broker, t
     """Offsets are a convenience: bronze stays exact even when the whole stream is read again."""
     import shutil
 
-    from pipelines.bronze import checkpoint_path
+    from pipelines.settings import ingest_checkpoint_path as checkpoint_path
 
     root = str(tmp_path / "lake")
     source = ShopSource(5)

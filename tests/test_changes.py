@@ -11,13 +11,18 @@ from pipelines.bronze import run_ingest
 from pipelines.changes import read_changes
 from pipelines.etl import run_etl
 from pipelines.generator import ShopSource, WorkloadConfig, ensure_topics, produce
+from pipelines.settings import CHANGE_FEED_TABLES
 
-TABLES = ("bronze/customers", "bronze/orders", "silver/customers", "silver/orders")
+TABLES = tuple(CHANGE_FEED_TABLES)
 
 
-def _snapshot(spark, root: str, table: str) -> dict[int, dict]:
+def _key(table: str, row: dict) -> tuple:
+    return tuple(row[k] for k in CHANGE_FEED_TABLES[table])
+
+
+def _snapshot(spark, root: str, table: str) -> dict[tuple, dict]:
     df = spark.read.format("hudi").load(f"{root}/{table}")
-    return {r["id"]: {c: r[c] for c in df.columns if not c.startswith("_hoodie")} for r in df.collect()}
+    return {_key(table, r): {c: r[c] for c in df.columns if not c.startswith("_hoodie")} for r in df.collect()}
 
 
 def test_consumer_replicas_equal_the_tables_and_see_deletes(spark, broker, tmp_path) -> None:
@@ -25,7 +30,7 @@ def test_consumer_replicas_equal_the_tables_and_see_deletes(spark, broker, tmp_p
     source = ShopSource(44)
     cfg = WorkloadConfig(seed=44, customers=100, orders=300, changes=900, delete_fraction=0.1)
     ensure_topics(broker.bootstrap)
-    replicas: dict[str, dict[int, dict]] = {t: {} for t in TABLES}
+    replicas: dict[str, dict[tuple, dict]] = {t: {} for t in TABLES}
     checkpoints: dict[str, str | None] = dict.fromkeys(TABLES)
     deletes_seen = dict.fromkeys(TABLES, 0)
     batches = [source.snapshot(cfg) + source.changes(cfg), source.changes(cfg), source.changes(cfg)]
@@ -35,14 +40,15 @@ def test_consumer_replicas_equal_the_tables_and_see_deletes(spark, broker, tmp_p
         run_etl(spark, root)
         for table in TABLES:
             change_set = read_changes(spark, table, checkpoints[table], root)
+            assert change_set.snapshot == (checkpoints[table] is None), table
             rows = [r.asDict() for r in change_set.rows.collect()]
-            keys = [r["id"] for r in rows]
+            keys = [_key(table, r) for r in rows]
             assert len(keys) == len(set(keys)), f"{table}: a key twice in one read"
-            for row in rows:
+            for key, row in zip(keys, rows, strict=True):
                 if row.pop("_change") == "delete":
-                    deletes_seen[table] += replicas[table].pop(row["id"], None) is not None
+                    deletes_seen[table] += replicas[table].pop(key, None) is not None
                 else:
-                    replicas[table][row["id"]] = row
+                    replicas[table][key] = row
             checkpoints[table] = change_set.checkpoint
             want = _snapshot(spark, root, table)
             got = {k: {c: v[c] for c in want[k]} for k, v in replicas[table].items() if k in want}

@@ -2,33 +2,13 @@
 
 from __future__ import annotations
 
-from datetime import UTC
-
 from pipelines.bronze import run_ingest
 from pipelines.contract import TABLES
-from pipelines.etl import quarantine_path, run_etl, silver_path
+from pipelines.etl import run_etl
 from pipelines.generator import ShopSource, WorkloadConfig, ensure_topics, produce
+from pipelines.settings import quarantine_path, silver_path
 from pipelines.table_stats import exists, table_stats
-from tests.lake import assert_gold_equals_model
-from tests.model import expected_silver
-
-
-def _naive(value):
-    return value.astimezone(UTC).replace(tzinfo=None) if getattr(value, "tzinfo", None) else value
-
-
-def _assert_silver(spark, root: str, state) -> None:
-    silver, quarantine = expected_silver(state)
-    for table in TABLES:
-        got = {r["id"]: r.asDict() for r in spark.read.format("hudi").load(silver_path(table, root)).collect()}
-        want = {k: {c: _naive(v) for c, v in row.items()} for k, row in silver[table].items()}
-        assert got.keys() == want.keys(), (f"silver/{table}: missing {sorted(want.keys() - got.keys())[:10]}, "
-                                           f"extra {sorted(got.keys() - want.keys())[:10]}")
-        wrong = [k for k in want if {c: got[k][c] for c in want[k]} != want[k]]
-        assert not wrong, f"silver/{table} rows differ: {[(got[k], want[k]) for k in wrong[:2]]}"
-        q = {r["id"]: r["failed_rule"] for r in spark.read.format("hudi").load(quarantine_path(table, root)).collect()}
-        assert q == quarantine[table], f"quarantine/{table} differs"
-    assert_gold_equals_model(spark, root, state)
+from tests.lake import assert_lake_equals_model
 
 
 def test_silver_follows_bronze_through_interleaved_cycles(spark, broker, tmp_path) -> None:
@@ -44,14 +24,14 @@ def test_silver_follows_bronze_through_interleaved_cycles(spark, broker, tmp_pat
             run_etl(spark, root)
 
     step(source.snapshot(cfg) + source.changes(cfg))
-    _assert_silver(spark, root, source.state)
+    assert_lake_equals_model(spark, root, source.state)
     step(source.changes(cfg))
-    _assert_silver(spark, root, source.state)
+    assert_lake_equals_model(spark, root, source.state)
     # Two ingests before one cycle, then a cycle with nothing new: it must not even commit.
     produce(source.changes(cfg), broker.bootstrap)
     run_ingest(once=True, root=root, bootstrap=broker.bootstrap, spark=spark)
     step(source.changes(cfg))
-    _assert_silver(spark, root, source.state)
+    assert_lake_equals_model(spark, root, source.state)
     commits = {t: table_stats(silver_path(t, root)).commits for t in TABLES}
     assert not any(run_etl(spark, root).values())
     assert {t: table_stats(silver_path(t, root)).commits for t in TABLES} == commits
@@ -84,4 +64,4 @@ def test_a_cycle_killed_between_its_commits_and_rerun_is_exact(spark, broker, tm
     # Silver of the first table moved on, its quarantine did not: the checkpoints now differ.
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
-    _assert_silver(spark, root, source.state)
+    assert_lake_equals_model(spark, root, source.state)
