@@ -149,11 +149,8 @@ def cdc_window(spark: SparkSession, w: Window) -> DataFrame:
 
 
 def _json_key(image: Column, column: str) -> Column:
-    """A key column out of a CDC image (JSON text), typed: Hudi writes dates there as epoch days."""
-    value = F.get_json_object(image, f"$.{column}")
-    if column == "order_date":
-        return F.date_from_unix_date(value.cast("int")).alias(column)
-    return value.cast("long" if column.endswith("id") else "string").alias(column)
+    """A key column (an id) out of a CDC image (JSON text), typed."""
+    return F.get_json_object(image, f"$.{column}").cast("long").alias(column)
 
 
 def cdc_last_ops(spark: SparkSession, w: Window, key: tuple[str, ...]) -> DataFrame:
@@ -166,7 +163,7 @@ def cdc_last_ops(spark: SparkSession, w: Window, key: tuple[str, ...]) -> DataFr
 
 
 def read_changes(spark: SparkSession, table: str, since: str | None = None, root: str | None = None) -> ChangeSet:
-    """Rows of `table` ('bronze/orders', 'silver/customers', 'gold/daily_revenue', ...) changed after `since`.
+    """Rows of `table` ('bronze/orders', 'silver/customers', 'gold/customer_ltv', ...) changed after `since`.
 
     `since` is the checkpoint a previous call returned (None: from the start).
     """
@@ -198,6 +195,4 @@ def read_changes(spark: SparkSession, table: str, since: str | None = None, root
 
 
 def _empty(spark: SparkSession, key: tuple[str, ...]) -> DataFrame:
-    types = {"order_date": "date"}
-    columns = ", ".join(f"{k} {types.get(k, 'long' if k.endswith('id') else 'string')}" for k in key)
-    return spark.createDataFrame([], f"{columns}, _change string")
+    return spark.createDataFrame([], ", ".join(f"{k} long" for k in key) + ", _change string")
