@@ -16,7 +16,7 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 import hudi_configs
@@ -78,20 +78,17 @@ def _changelog_window(spark: SparkSession, w: Window) -> DataFrame | None:
 
 
 def keyed_read(spark: SparkSession, path: str, keys: DataFrame) -> DataFrame:
-    """Current rows of the silver or gold table at `path` whose key (the columns of `keys`) is in `keys`.
+    """Current rows of the silver or gold table at `path` whose key (the one column of `keys`) is in `keys`.
 
-    Opens only the files that hold those keys: for a one-column key through the record-level
-    index (an IN list of at most KEYED_READ_LIMIT keys; a semi-join, reading every file,
-    above that); for daily_revenue's (order_date, country, currency) through its day partitions.
+    Opens only the files that hold those keys, through the record-level index: an IN list of
+    at most KEYED_READ_LIMIT keys; above that a semi-join, which reads every file.
     """
     table = spark.read.format("hudi").options(**hudi_configs.section("reads", "keyed")).load(path)
-    first, *rest = keys.columns
-    wanted = [r[0] for r in keys.select(first).distinct().collect()]
-    if not rest and len(wanted) <= KEYED_READ_LIMIT:
-        return table.filter(F.col(first).isin(wanted))
-    if rest and len(wanted) <= KEYED_READ_LIMIT:
-        table = table.filter(F.col(first).isin(wanted))
-    return table.join(keys.distinct(), keys.columns, "left_semi")
+    (column,) = keys.columns
+    wanted = [r[0] for r in keys.distinct().collect()]
+    if len(wanted) > KEYED_READ_LIMIT:
+        return table.join(keys.distinct(), column, "left_semi")
+    return table.filter(F.col(column).isin(wanted))
 
 
 def bronze_changes(spark: SparkSession, table: str, w: Window, root: str) -> DataFrame | None:
@@ -148,17 +145,12 @@ def cdc_window(spark: SparkSession, w: Window) -> DataFrame:
     return reader.load(w.path)
 
 
-def _json_key(image: Column, column: str) -> Column:
-    """A key column (an id) out of a CDC image (JSON text), typed."""
-    return F.get_json_object(image, f"$.{column}").cast("long").alias(column)
-
-
 def cdc_last_ops(spark: SparkSession, w: Window, key: tuple[str, ...]) -> DataFrame:
-    """(key columns, last op in the window) from the Hudi CDC feed of a silver or gold table."""
+    """(key columns, last op in the window) from the Hudi CDC feed of a silver or gold table (bigint keys)."""
     cdc = cdc_window(spark, w)
     # The absent image is the JSON text 'null' (not SQL NULL): pick the image by op.
     image = F.when(F.col("op") == "d", F.col("before")).otherwise(F.col("after"))
-    keyed = cdc.select(*[_json_key(image, k) for k in key], "op", "ts_ms")
+    keyed = cdc.select(*[F.get_json_object(image, f"$.{k}").cast("long").alias(k) for k in key], "op", "ts_ms")
     return keyed.groupBy(*key).agg(F.max_by("op", "ts_ms").alias("op"))
 
 
