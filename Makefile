@@ -5,23 +5,35 @@
 PYTHON ?= python3.11
 VENV   := .venv
 BIN    := $(VENV)/bin
+# Airflow lives in its own environment: its providers bring packages (pyspark-client among
+# them) that would replace pyspark. Its tasks run the project's CLI in .venv.
+AF_VENV := .venv-airflow
+AF_BIN  := $(AF_VENV)/bin
 MVN    := mvn -q -B -f jvm/pom.xml
 DEMO   := .demo
 DEMO_PORT ?= 19092
 DEMO_ENV := LAKEHOUSE_ROOT=$(CURDIR)/$(DEMO)/lake LAKEHOUSE_SOURCE_STATE=$(CURDIR)/$(DEMO)/shop_state.json \
             KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:$(DEMO_PORT)
 
-.PHONY: setup demo test test-fast lint kafka-up kafka-down clean help
+.PHONY: setup demo test test-fast lint kafka-up kafka-down airflow clean help
 
 help:  ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
-setup: $(VENV)/.installed .jvm/.resolved  ## Create .venv (console script .venv/bin/lakehouse) and resolve the jars
+setup: $(VENV)/.installed .jvm/.resolved $(AF_VENV)/.installed  ## Create .venv and .venv-airflow, resolve the jars
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+$(AF_VENV)/.installed: dags/requirements.txt pyproject.toml
+	test -x $(AF_BIN)/python || $(PYTHON) -m venv $(AF_VENV)
+	$(AF_BIN)/pip install -q --upgrade pip
+	$(AF_BIN)/pip install -q -r dags/requirements.txt
+	# The project's pure-Python packages (job descriptions, configs), without pyspark.
+	$(AF_BIN)/pip install -q --no-deps -e .
 	touch $@
 
 .jvm/.resolved: jvm/pom.xml
@@ -30,7 +42,7 @@ $(VENV)/.installed: pyproject.toml
 	$(MVN) -P kafka dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(CURDIR)/.jvm/kafka
 	touch $@
 
-demo: setup  ## End to end on the embedded local default: Kafka, a workload, ingest, etl (silver, gold), stats, gold samples
+demo: setup  ## End to end on the embedded local default: Kafka, a workload, ingest, etl (silver, gold), stats, gold samples, quality
 	rm -rf $(DEMO) && mkdir -p $(DEMO)
 	$(BIN)/lakehouse kafka up --port $(DEMO_PORT) --data-dir $(DEMO)/kafka
 	( set -e; trap '$(BIN)/lakehouse kafka down --data-dir $(DEMO)/kafka' EXIT; \
@@ -43,16 +55,22 @@ demo: setup  ## End to end on the embedded local default: Kafka, a workload, ing
 	  $(DEMO_ENV) $(BIN)/lakehouse status; \
 	  $(DEMO_ENV) $(BIN)/lakehouse show gold/customer_ltv --limit 5; \
 	  $(DEMO_ENV) $(BIN)/lakehouse show gold/daily_revenue --limit 5; \
+	  $(DEMO_ENV) $(BIN)/lakehouse quality; \
 	  $(DEMO_ENV) $(BIN)/lakehouse dead-letters list --limit 5 )
 
-test: setup  ## The whole test suite (starts its own Kafka brokers; real Spark and Hudi)
+test: setup  ## The whole test suite (starts its own Kafka brokers; real Spark, Hudi and Airflow)
 	$(BIN)/pytest
+	$(AF_BIN)/pytest --confcutdir=tests/dags tests/dags
 
 test-fast: setup  ## Tests without the slow crash tests
 	$(BIN)/pytest -m "not slow"
+	$(AF_BIN)/pytest --confcutdir=tests/dags tests/dags -m "not slow"
 
 lint: setup  ## ruff
 	$(BIN)/ruff check .
+
+airflow: setup  ## Airflow standalone with the DAGs on http://127.0.0.1:8080 (AIRFLOW_PORT); prints the login
+	dags/airflow_local.sh
 
 kafka-up: setup  ## Start a local Kafka broker (KRaft) on 127.0.0.1:9092, data in .kafka/
 	$(BIN)/lakehouse kafka up --port 9092 --data-dir .kafka

@@ -6,6 +6,9 @@ place, and so that the EMR target ships the same files as the local one.
 `LAKEHOUSE_HUDI_OVERRIDES` may name a further TOML file whose tables `[<name>.<part>]`
 are merged over `[<part>]` of `<name>.toml`: tuning a deployment (or a test's file
 sizes) without editing the project's files.
+
+`LAKEHOUSE_TABLE_SERVICES` (inline | external) and `LAKEHOUSE_TARGET` (local | emr) select
+what `writer()` adds to a table's options: see table_services.toml.
 """
 
 from __future__ import annotations
@@ -13,9 +16,8 @@ from __future__ import annotations
 import os
 import tomllib
 from functools import cache
+from importlib import resources
 from pathlib import Path
-
-_DIR = Path(__file__).resolve().parent
 
 
 @cache
@@ -26,8 +28,10 @@ def _read(path: Path) -> dict:
         return tomllib.load(fh)
 
 
+@cache
 def _load(name: str) -> dict:
-    return _read(_DIR / f"{name}.toml")
+    # Through importlib.resources: on EMR these files travel inside lakehouse.zip (--py-files).
+    return tomllib.loads(resources.files(__package__).joinpath(f"{name}.toml").read_text())
 
 
 def section(name: str, part: str) -> dict[str, str]:
@@ -39,6 +43,40 @@ def section(name: str, part: str) -> dict[str, str]:
     if overrides := os.environ.get("LAKEHOUSE_HUDI_OVERRIDES"):
         options |= _read(Path(overrides)).get(name, {}).get(part, {})
     return {k: _as_option(v) for k, v in options.items()}
+
+
+SERVICE_MODES = ("inline", "external")
+TARGETS = ("local", "emr")
+
+
+def _choice(variable: str, default: str, allowed: tuple[str, ...]) -> str:
+    value = os.environ.get(variable) or default
+    if value not in allowed:
+        raise ValueError(f"{variable}={value!r}: expected one of {', '.join(allowed)}")
+    return value
+
+
+def target() -> str:
+    """`LAKEHOUSE_TARGET`: where Spark runs (local | emr)."""
+    return _choice("LAKEHOUSE_TARGET", "local", TARGETS)
+
+
+def service_mode() -> str:
+    """`LAKEHOUSE_TABLE_SERVICES`: inline (writers run them) | external (a separate job does)."""
+    return _choice("LAKEHOUSE_TABLE_SERVICES", "inline", SERVICE_MODES)
+
+
+def writer(name: str, part: str) -> dict[str, str]:
+    """Options of a writer of the tables of `[part]` in `<name>.toml`, with the table-services mode's own."""
+    options = section(name, part)
+    if service_mode() == "external":
+        options |= section("table_services", "external") | section("table_services", f"lock_{target()}")
+    return options
+
+
+def services(options: dict[str, str]) -> dict[str, str]:
+    """Options of the table-services job on a table written with `options`."""
+    return options | section("table_services", "services") | section("table_services", f"lock_{target()}")
 
 
 def _as_option(value: object) -> str:

@@ -259,7 +259,7 @@ def plan(newest: DataFrame, main_state: DataFrame, ledger_state: DataFrame) -> D
 # --------------------------------------------------------------------------- writing
 
 def hudi_options(part: str, name: str, **extra: str) -> dict[str, str]:
-    opts = hudi_configs.section("bronze", part)
+    opts = hudi_configs.writer("bronze", part)
     opts["hoodie.table.name"] = name
     opts.setdefault("hoodie.datasource.write.recordkey.field", KEY)
     opts.update(extra)

@@ -90,6 +90,58 @@ def etl() -> None:
 
 
 @main.command()
+@click.option("--table", "tables", multiple=True, metavar="NAME",
+              help="A table as `status` names it (bronze/orders, silver/_quarantine/customers, ...); repeatable  "
+                   "[default: every table]")
+@click.option("--only", type=click.Choice(["compact", "clean", "archive"]), multiple=True,
+              help="Run only these services; repeatable  [default: compact, clean, archive]")
+def services(tables: tuple[str, ...], only: tuple[str, ...]) -> None:
+    """Compaction (merge-on-read tables, only when there are log files), cleaning and archival.
+
+    Safe beside running writers when they run with LAKEHOUSE_TABLE_SERVICES=external (see
+    hudi_configs/table_services.toml). Prints one JSON line per table: what each service did.
+    """
+    import json
+
+    from pipelines.spark import get_spark
+    from pipelines.table_services import SERVICES, run_services
+
+    try:
+        report = run_services(get_spark("lakehouse-services"), settings.lake_root(), tables or None,
+                              only or SERVICES)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from exc
+    except Exception as exc:  # Spark/Hudi failures: name them and exit 1
+        raise click.ClickException(f"services failed: {_first_line(exc)}") from exc
+    for table, done in report.items():
+        click.echo(json.dumps({"table": table, **done}, default=str))
+
+
+@main.command()
+@click.option("--layer", "layers", type=click.Choice(["bronze", "silver", "gold"]), multiple=True,
+              help="Validate only this layer; repeatable  [default: all]")
+@click.option("--max-age-hours", type=click.FloatRange(min=0, min_open=True), default=24.0, show_default=True,
+              help="Freshness: bronze's newest row must be younger than this.")
+def quality(layers: tuple[str, ...], max_age_hours: float) -> None:
+    """Great Expectations suites of the lake's tables; exit 1 naming every failed expectation.
+
+    Data Docs (HTML) are written to $LAKEHOUSE_ROOT/_quality/data_docs/index.html.
+    """
+    from datetime import timedelta
+
+    from pipelines.quality import LAYERS, data_docs_index, run_quality
+    from pipelines.spark import get_spark
+
+    root = settings.lake_root()
+    outcomes = run_quality(get_spark("lakehouse-quality"), root, layers or LAYERS, timedelta(hours=max_age_hours))
+    for outcome in outcomes:
+        click.echo(outcome.line())
+    click.echo(f"data docs: {data_docs_index(root)}")
+    if failed := [o.suite for o in outcomes if not o.success]:
+        raise click.ClickException(f"{len(failed)} of {len(outcomes)} quality suites failed: {', '.join(failed)}")
+
+
+@main.command()
 @click.argument("table", type=click.Choice(list(settings.CHANGE_FEED_TABLES)))
 @click.option("--since", default=None, help="Checkpoint returned by the previous call  [default: from the start]")
 @click.option("--checkpoint-file", type=click.Path(dir_okay=False, path_type=Path), default=None,

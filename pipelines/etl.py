@@ -28,8 +28,13 @@ from pipelines.table_stats import exists
 log = logging.getLogger(__name__)
 
 
+def silver_options(name: str) -> dict[str, str]:
+    """Writer options of a silver or quarantine table named `name` (hoodie.table.name)."""
+    return {**hudi_configs.writer("silver", "table"), "hoodie.table.name": name}
+
+
 def _write(df: DataFrame, path: str, name: str, marks: dict[str, str]) -> None:
-    write_with_checkpoint(df, path, {**hudi_configs.section("silver", "table"), "hoodie.table.name": name}, marks)
+    write_with_checkpoint(df, path, silver_options(name), marks)
 
 
 def silver_cycle(spark: SparkSession, table: str, root: str) -> dict[str, int]:

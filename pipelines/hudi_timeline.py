@@ -53,14 +53,49 @@ def earliest_checkpoint(spark: SparkSession, path: str) -> str | None:
     return floor
 
 
-def instants_between(spark: SparkSession, path: str, since: str | None, until: str) -> list[str]:
-    """Instant times of the commits that completed in (since, until]: the `_hoodie_commit_time`s of a window."""
+def _between(spark: SparkSession, path: str, since: str | None, until: str) -> list:  # -> [JavaObject]
     timeline = _completed(spark, path)
     found, instants = [], timeline.getInstants().iterator()
     while instants.hasNext():
         instant = instants.next()
         if (since is None or instant.getCompletionTime() > since) and instant.getCompletionTime() <= until:
-            found.append(instant.requestedTime())
+            found.append(instant)
+    return found
+
+
+def instants_between(spark: SparkSession, path: str, since: str | None, until: str) -> list[str]:
+    """Instant times of the commits that completed in (since, until]: the `_hoodie_commit_time`s of a window."""
+    return [instant.requestedTime() for instant in _between(spark, path, since, until)]
+
+
+def partitions_written(spark: SparkSession, path: str, since: str, until: str) -> set[str]:
+    """Partition paths that the commits completed in (since, until] wrote to (from their commit metadata)."""
+    timeline = _completed(spark, path)
+    return {str(p) for instant in _between(spark, path, since, until)
+            for p in timeline.readCommitMetadata(instant).getPartitionToWriteStats().keySet()}
+
+
+def instant_as_of(spark: SparkSession, path: str, completion: str) -> str | None:
+    """Instant time of the newest commit completed at or before `completion` (time travel to a checkpoint)."""
+    return max((i.requestedTime() for i in _between(spark, path, None, completion)), default=None)
+
+
+def meta_at(spark: SparkSession, path: str, completion: str, key: str) -> str | None:
+    """Commit metadata `key` of the newest commit completed at or before `completion`."""
+    timeline = _completed(spark, path)
+    done = _between(spark, path, None, completion)
+    return timeline.readCommitMetadata(done[-1]).getExtraMetadata().get(key) if done else None
+
+
+def instant_of_batch(spark: SparkSession, path: str, key: str, batch: int) -> str | None:
+    """Instant time of the newest commit whose numeric metadata `key` is at most `batch` (time travel to it)."""
+    timeline = _completed(spark, path)
+    found, instants = None, timeline.getInstants().iterator()
+    while instants.hasNext():
+        instant = instants.next()
+        value = timeline.readCommitMetadata(instant).getExtraMetadata().get(key)
+        if value is not None and int(value) <= batch:
+            found = instant.requestedTime()
     return found
 
 

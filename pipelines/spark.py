@@ -8,42 +8,10 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-import hudi_configs
-from pipelines.settings import jvm_dir
-
-TARGETS = ("local", "emr")
-
-
-def target() -> str:
-    value = os.environ.get("LAKEHOUSE_TARGET", "local")
-    if value not in TARGETS:
-        raise ValueError(f"LAKEHOUSE_TARGET={value!r}: expected one of {', '.join(TARGETS)}")
-    return value
-
-
-def spark_conf(for_target: str | None = None) -> dict[str, str]:
-    """The session options of a target: [common] then [<target>] of hudi_configs/spark.toml."""
-    name = for_target or target()
-    conf = {**hudi_configs.section("spark", "common"), **hudi_configs.section("spark", name)}
-    if name == "local":
-        jars = sorted((jvm_dir() / "spark").glob("*.jar"))
-        if not jars:
-            raise RuntimeError(
-                f"no Spark jars in {jvm_dir() / 'spark'}: run `make setup` to resolve jvm/pom.xml"
-            )
-        # On the JVM's own class path, not `spark.jars`: Avro resolves Hudi's generated record
-        # classes through the application class loader, and with the bundle in Spark's child
-        # loader reading a metadata-table log with a delete block failed with a
-        # ClassCastException (GenericData$Record -> HoodieDeleteRecord). Local mode: one JVM.
-        conf["spark.driver.extraClassPath"] = os.pathsep.join(str(j) for j in jars)
-        log_config = Path(hudi_configs.__file__).with_name("log4j2.properties")
-        conf["spark.driver.extraJavaOptions"] = (
-            f"{conf.get('spark.driver.extraJavaOptions', '')} -Dlog4j2.configurationFile={log_config}").strip()
-    return conf
+from pipelines.jobs import spark_conf
 
 
 def get_spark(app_name: str = "lakehouse") -> SparkSession:

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# `make airflow`: Airflow standalone (api-server + scheduler + dag-processor + triggerer)
+# with the project's DAGs, on 127.0.0.1 only, state in .airflow/ (git-ignored).
+# Prints the URL and the login once the UI answers, then runs until Ctrl-C.
+set -euo pipefail
+project="$(cd "$(dirname "$0")/.." && pwd)"
+port="${AIRFLOW_PORT:-8080}"
+export AIRFLOW_HOME="${AIRFLOW_HOME:-$project/.airflow}"
+export AIRFLOW__CORE__DAGS_FOLDER="$project/dags"
+export AIRFLOW__CORE__LOAD_EXAMPLES=False
+export AIRFLOW__API__HOST=127.0.0.1
+export AIRFLOW__API__PORT="$port"
+export AIRFLOW__API__BASE_URL="http://127.0.0.1:$port"
+export AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS="${AIRFLOW_USER:-admin}:admin"
+# What the DAGs' Spark tasks receive (see dags/lakehouse_common.py).
+export LAKEHOUSE_ROOT="${LAKEHOUSE_ROOT:-$project/lake}"
+export LAKEHOUSE_TARGET="${LAKEHOUSE_TARGET:-local}"
+mkdir -p "$AIRFLOW_HOME"
+"$project/.venv-airflow/bin/airflow" standalone > "$AIRFLOW_HOME/standalone.log" 2>&1 &
+airflow_pid=$!
+trap 'kill -TERM $airflow_pid 2>/dev/null; wait $airflow_pid 2>/dev/null' EXIT INT TERM
+for _ in $(seq 1 180); do
+  if ! kill -0 $airflow_pid 2>/dev/null; then
+    echo "airflow standalone exited; its log:" >&2; tail -50 "$AIRFLOW_HOME/standalone.log" >&2; exit 1
+  fi
+  if curl -fsS "http://127.0.0.1:$port/api/v2/monitor/health" >/dev/null 2>&1 \
+     && [ -s "$AIRFLOW_HOME/simple_auth_manager_passwords.json.generated" ]; then
+    password="$("$project/.venv-airflow/bin/python" -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' \
+      "$AIRFLOW_HOME/simple_auth_manager_passwords.json.generated" "${AIRFLOW_USER:-admin}")"
+    echo "Airflow UI: http://127.0.0.1:$port  login: ${AIRFLOW_USER:-admin} / $password"
+    echo "(log: $AIRFLOW_HOME/standalone.log; Ctrl-C stops it)"
+    wait $airflow_pid
+    exit $?
+  fi
+  sleep 2
+done
+echo "Airflow did not answer on port $port within 6 minutes; log: $AIRFLOW_HOME/standalone.log" >&2
+exit 1

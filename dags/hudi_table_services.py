@@ -1,0 +1,56 @@
+"""
+### Hudi table services
+
+Every hour, beside the running ingest stream and ETL (all of them run with
+`LAKEHOUSE_TABLE_SERVICES=external`: optimistic concurrency control and one lock per table,
+see `hudi_configs/table_services.toml`):
+
+- **compact** each bronze merge-on-read table: a plan is made only when there are log
+  files to compact, then every pending plan is executed;
+- **clean and archive** every table of each layer: file slices older than the retention
+  are deleted, failed writes rolled back, old instants archived.
+
+Retention (`hoodie.clean.*`, `hoodie.keep.*` in `hudi_configs/*.toml`) is what keeps an
+incremental reader's checkpoint readable; a reader whose checkpoint was cleaned anyway
+notices and rebuilds from a full read.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from airflow.sdk import DAG
+from lakehouse_common import DEFAULT_ARGS, START, job, spark_task
+
+from pipelines.contract import TABLES
+
+LAYERS = {
+    "bronze": [f"bronze/{t}" for t in TABLES] + [f"bronze/_deletes/{t}" for t in TABLES]
+    + [f"bronze/_changelog/{t}" for t in TABLES] + ["bronze/_dead_letters"],
+    "silver": [f"silver/{t}" for t in TABLES] + [f"silver/_quarantine/{t}" for t in TABLES],
+    "gold": ["gold/_customer_orders", "gold/customer_ltv", "gold/daily_revenue"],
+}
+
+
+def _tables(names: list[str]) -> list[str]:
+    return [arg for name in names for arg in ("--table", name)]
+
+
+with DAG(
+    dag_id="hudi_table_services",
+    schedule=timedelta(hours=1),
+    start_date=START,
+    catchup=False,
+    max_active_runs=1,
+    default_args=DEFAULT_ARGS,
+    dagrun_timeout=timedelta(hours=3),
+    doc_md=__doc__,
+    tags=["lakehouse", "hudi", "maintenance"],
+):
+    compactions = [spark_task(job(f"compact_bronze_{t}", "services", "--only", "compact", "--table", f"bronze/{t}"),
+                              doc_md=f"Compaction of bronze/{t}, when it has log files.") for t in TABLES]
+    cleanups = [spark_task(job(f"clean_archive_{layer}", "services", "--only", "clean", "--only", "archive",
+                               *_tables(names)), doc_md=f"Cleaning and archival of every {layer} table.")
+                for layer, names in LAYERS.items()]
+    # Clean bronze after its compactions: the compacted file slices go in the same run.
+    compactions >> cleanups[0]

@@ -1,0 +1,70 @@
+"""What the lakehouse DAGs share: defaults, and how a Spark job becomes tasks on the configured target.
+
+The target is one setting of the Airflow deployment, `LAKEHOUSE_TARGET` (local | emr), read
+when the DAGs are parsed because it decides the operators:
+- local: a BashOperator running `spark-submit` of the project's CLI in the project's .venv;
+- emr: EmrAddStepsOperator + EmrStepSensor on the cluster whose id is the Airflow Variable
+  `lakehouse_emr_cluster_id`, through the Airflow connection `aws_default`, with the code
+  from Variable `lakehouse_code_uri` (an s3:// prefix holding lakehouse.zip and cli.py).
+Nothing here imports Spark.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime, timedelta
+
+from airflow.providers.standard.operators.bash import BashOperator
+from airflow.sdk import Asset, TaskGroup
+
+from pipelines.jobs import JOB_ENV, SparkJob
+from pipelines.settings import lake_root, table_path
+
+START = datetime(2026, 1, 1)
+DEFAULT_ARGS = {
+    "owner": "data-platform",
+    "retries": 2,
+    "retry_delay": timedelta(minutes=1),
+    "execution_timeout": timedelta(hours=1),
+}
+
+
+def job(name: str, *args: str) -> SparkJob:
+    """A `lakehouse` command as a Spark job, with the deployment's environment.
+
+    The jobs of these DAGs run beside the streaming writer: table services are external.
+    """
+    env = {k: os.environ[k] for k in JOB_ENV if os.environ.get(k)}
+    return SparkJob(name, args, {**env, "LAKEHOUSE_TABLE_SERVICES": "external"})
+
+
+def table_asset(layer: str, table: str) -> Asset:
+    return Asset(name=f"{layer}/{table}", uri=_uri(table_path(layer, table, lake_root())))
+
+
+def _uri(path: str) -> str:
+    return path if "://" in path else f"file://{path}"
+
+
+def spark_task(spark_job: SparkJob, outlets: list[Asset] | None = None, doc_md: str | None = None):
+    """The task (local) or task group (emr: add the step, wait for it) that runs `spark_job`."""
+    target = os.environ.get("LAKEHOUSE_TARGET", "local")
+    if target == "local":
+        return BashOperator(task_id=spark_job.name, bash_command=spark_job.local_bash(), env=spark_job.env,
+                            append_env=True, outlets=outlets or [], doc_md=doc_md)
+    if target != "emr":
+        raise ValueError(f"LAKEHOUSE_TARGET={target!r}: expected local or emr")
+    from airflow.providers.amazon.aws.operators.emr import EmrAddStepsOperator
+    from airflow.providers.amazon.aws.sensors.emr import EmrStepSensor
+
+    cluster = "{{ var.value.lakehouse_emr_cluster_id }}"
+    # Adding a step is not retried: a retry after a timeout would add the step twice
+    # (apache/airflow#28704); the sensor retries.
+    with TaskGroup(spark_job.name, tooltip=doc_md) as group:
+        EmrAddStepsOperator(task_id="add_step", job_flow_id=cluster, aws_conn_id="aws_default",
+                            steps=[spark_job.emr_step("{{ var.value.lakehouse_code_uri }}")], doc_md=doc_md,
+                            retries=0) >> \
+            EmrStepSensor(task_id="wait_for_step", job_flow_id=cluster, aws_conn_id="aws_default",
+                          step_id=f"{{{{ ti.xcom_pull(task_ids='{spark_job.name}.add_step')[0] }}}}",
+                          poke_interval=60, mode="reschedule", outlets=outlets or [])
+    return group

@@ -1,0 +1,212 @@
+"""Data quality of the lake: Great Expectations 1.x suites for bronze, silver and gold.
+
+Each lake table (and each cross-table relation, as a DataFrame of its violations) gets a
+suite, validated on a Spark DataFrame through a GE checkpoint whose action writes the Data
+Docs (HTML) under `<lake root>/_quality/data_docs/`. `run_quality` returns one outcome
+per suite; a failed expectation is reported with the column, the rule and a few of the
+values that broke it, so that the Airflow task log says what is wrong without opening
+the docs.
+
+Row counts against bronze are exact, not approximate: silver + quarantine must hold as
+many keys as bronze did at the very batch that silver consumed last (time travel to it),
+not as bronze holds now, which the running ingest keeps moving.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import great_expectations as gx
+import great_expectations.expectations as gxe
+from great_expectations.checkpoint import UpdateDataDocsAction
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+import hudi_configs
+from pipelines import contract
+from pipelines.bronze import BATCH_ID_META
+from pipelines.gold import DAILY, DAILY_KEY, LTV
+from pipelines.hudi_timeline import checkpoint, instant_of_batch, meta_at
+from pipelines.settings import changelog_path, gold_path, main_path, quarantine_path, silver_path
+from pipelines.table_stats import exists
+
+log = logging.getLogger(__name__)
+
+LAYERS = ("bronze", "silver", "gold")
+
+
+@dataclass(frozen=True)
+class Suite:
+    name: str  # "silver/orders", "gold/customer_ltv -> silver/customers", ...
+    layer: str
+    data: Callable[[], DataFrame]
+    expectations: Callable[[], list]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    suite: str
+    success: bool
+    failures: list[str]
+
+    def line(self) -> str:
+        return f"{'ok    ' if self.success else 'FAILED'} {self.suite}" + "".join(f"\n    - {f}" for f in self.failures)
+
+
+def quality_root(root: str) -> str:
+    return f"{root.rstrip('/')}/_quality"
+
+
+def _read(spark: SparkSession, path: str) -> DataFrame:
+    df = spark.read.format("hudi").options(**hudi_configs.section("reads", "scan")).load(path)
+    return df.drop(*[c for c in df.columns if c.startswith("_hoodie")])
+
+
+def _key_checks(*columns: str) -> list:
+    if len(columns) > 1:
+        return [*(gxe.ExpectColumnValuesToNotBeNull(column=c) for c in columns),
+                gxe.ExpectCompoundColumnsToBeUnique(column_list=list(columns))]
+    return [gxe.ExpectColumnValuesToNotBeNull(column=columns[0]), gxe.ExpectColumnValuesToBeUnique(column=columns[0])]
+
+
+def _bronze_at_silver_checkpoint(spark: SparkSession, root: str, table: str) -> int | None:
+    """Rows of bronze/<table> as of the batch whose change log silver consumed last; None if unknown."""
+    silver = silver_path(table, root)
+    if not exists(silver):
+        return None
+    consumed = checkpoint(spark, silver).get(changelog_path(table, root))
+    batch = meta_at(spark, changelog_path(table, root), consumed, BATCH_ID_META) if consumed else None
+    instant = instant_of_batch(spark, main_path(table, root), BATCH_ID_META, int(batch)) if batch else None
+    if instant is None:
+        return None
+    return spark.read.format("hudi").options(**hudi_configs.section("reads", "scan")) \
+        .option("as.of.instant", instant).load(main_path(table, root)).count()
+
+
+def suites(spark: SparkSession, root: str, max_age: timedelta) -> list[Suite]:
+    """Every suite of the lake; each reads its data only when validated."""
+    fresh_since = datetime.now(UTC).replace(tzinfo=None) - max_age
+    out: list[Suite] = []
+    for table in contract.TABLES:
+        def bronze_checks(table: str = table) -> list:
+            return [*_key_checks("id"), gxe.ExpectColumnValuesToNotBeNull(column="_lsn"),
+                    gxe.ExpectColumnValuesToBeInSet(column="_op", value_set=["r", "c", "u"]),
+                    gxe.ExpectTableRowCountToBeBetween(min_value=1),
+                    # Freshness: the newest row arrived within max_age.
+                    gxe.ExpectColumnMaxToBeBetween(column="_ingested_at", min_value=fresh_since.isoformat())]
+        out.append(Suite(f"bronze/{table}", "bronze", lambda t=table: _read(spark, main_path(t, root)), bronze_checks))
+
+    def silver_counts(table: str) -> list:
+        bronze = _bronze_at_silver_checkpoint(spark, root, table)
+        quarantined = _read(spark, quarantine_path(table, root)).count() if exists(quarantine_path(table, root)) else 0
+        return [] if bronze is None else [gxe.ExpectTableRowCountToEqual(value=bronze - quarantined)]
+
+    out.append(Suite("silver/customers", "silver", lambda: _read(spark, silver_path("customers", root)), lambda: [
+        *_key_checks("id"),
+        gxe.ExpectColumnValuesToMatchRegex(column="email", regex=contract.EMAIL_PATTERN),
+        gxe.ExpectColumnValuesToMatchRegex(column="country", regex=contract.COUNTRY_PATTERN),
+        gxe.ExpectColumnValuesToNotBeNull(column="full_name"),
+        *silver_counts("customers")]))
+    out.append(Suite("silver/orders", "silver", lambda: _read(spark, silver_path("orders", root)), lambda: [
+        *_key_checks("id"),
+        gxe.ExpectColumnValuesToBeInSet(column="status", value_set=list(contract.ORDER_STATUSES)),
+        gxe.ExpectColumnValuesToBeInSet(column="currency", value_set=list(contract.CURRENCIES)),
+        gxe.ExpectColumnValuesToBeBetween(column="amount", min_value=0),
+        gxe.ExpectColumnValuesToNotBeNull(column="order_date"),
+        *silver_counts("orders")]))
+
+    def ltv() -> DataFrame:
+        return _read(spark, gold_path(LTV, root))
+
+    def silver_customers() -> DataFrame:
+        return _read(spark, silver_path("customers", root))
+
+    out.append(Suite("gold/customer_ltv", "gold", ltv, lambda: [
+        *_key_checks("customer_id"),
+        gxe.ExpectColumnValuesToBeBetween(column="orders_count", min_value=0),
+        gxe.ExpectColumnValuesToBeBetween(column="total_amount", min_value=0),
+        gxe.ExpectTableRowCountToEqual(value=silver_customers().count())]))
+    # Referential checks: the rows that break the relation, which must be none.
+    out.append(Suite("gold/customer_ltv -> silver/customers", "gold",
+                     lambda: ltv().join(silver_customers().withColumnRenamed("id", "customer_id"), "customer_id",
+                                        "left_anti"),
+                     lambda: [gxe.ExpectTableRowCountToEqual(value=0)]))
+    out.append(Suite(f"gold/{DAILY}", "gold", lambda: _read(spark, gold_path(DAILY, root)), lambda: [
+        *_key_checks(*DAILY_KEY),
+        gxe.ExpectColumnValuesToBeBetween(column="orders_count", min_value=1),
+        gxe.ExpectColumnValuesToBeInSet(column="currency", value_set=list(contract.CURRENCIES)),
+        gxe.ExpectColumnValuesToMatchRegex(column="country", regex=f"{contract.COUNTRY_PATTERN}|^\\?\\?$"),
+        gxe.ExpectColumnValuesToBeBetween(column="revenue", min_value=0)]))
+    out.append(Suite(f"gold/{DAILY} -> silver/orders", "gold",
+                     lambda: _daily_vs_silver(spark, root), lambda: [gxe.ExpectTableRowCountToEqual(value=0)]))
+    return out
+
+
+def _daily_vs_silver(spark: SparkSession, root: str) -> DataFrame:
+    """Days whose order count in daily_revenue differs from silver's counted orders of that day."""
+    orders = _read(spark, silver_path("orders", root)).filter(~F.col("status").isin("cancelled", "refunded"))
+    silver = orders.groupBy("order_date").agg(F.count("*").alias("silver_orders"))
+    daily = _read(spark, gold_path(DAILY, root)).groupBy("order_date").agg(F.sum("orders_count").alias("gold_orders"))
+    return silver.join(daily, "order_date", "full_outer").filter(
+        ~F.coalesce("silver_orders", F.lit(0)).eqNullSafe(F.coalesce("gold_orders", F.lit(0))))
+
+
+def _describe(result) -> str:
+    config = result.expectation_config
+    kwargs = {k: v for k, v in config.kwargs.items() if k not in ("batch_id", "result_format")}
+    detail = result.result or {}
+    seen = detail.get("partial_unexpected_list") or detail.get("observed_value")
+    count = detail.get("unexpected_count")
+    what = f"{count} unexpected, e.g. {seen[:5]}" if count and isinstance(seen, list) else f"observed {seen!r}"
+    return f"{config.type}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())}): {what}"
+
+
+def run_quality(spark: SparkSession, root: str, layers: tuple[str, ...] = LAYERS,
+                max_age: timedelta = timedelta(hours=24)) -> list[Outcome]:
+    """Validate the suites of `layers`; writes the Data Docs; returns one outcome per suite."""
+    base = quality_root(root)
+    context = gx.get_context(mode="file", project_root_dir=base)
+    site = "lake"
+    if site not in context.get_site_names():
+        context.add_data_docs_site(site_name=site, site_config={
+            "class_name": "SiteBuilder",
+            "store_backend": {"class_name": "TupleFilesystemStoreBackend", "base_directory": f"{base}/data_docs"},
+            "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"}})
+    # persist=False: GE would cache every frame it validates, and cached plans are what
+    # Hudi's data-skipping lookups deadlock against (reads.toml [scan]).
+    source = context.data_sources.add_or_update_spark(name="lake", persist=False)
+    outcomes = []
+    for suite in suites(spark, root, max_age):
+        if suite.layer not in layers:
+            continue
+        asset_name = suite.name.replace("/", ".").replace(" -> ", "__")
+        try:
+            data = suite.data()
+            expectations = suite.expectations()
+        except Exception as exc:  # a table that cannot be read is a failed check, not a crash of the others
+            outcomes.append(Outcome(suite.name, False, [f"cannot read: {str(exc).splitlines()[0]}"]))
+            continue
+        asset = source.add_dataframe_asset(name=asset_name) if asset_name not in source.get_asset_names() \
+            else source.get_asset(asset_name)
+        batch = asset.add_batch_definition_whole_dataframe("all") if not asset.batch_definitions \
+            else asset.get_batch_definition("all")
+        gx_suite = context.suites.add_or_update(gx.ExpectationSuite(name=asset_name, expectations=expectations))
+        validation = context.validation_definitions.add_or_update(
+            gx.ValidationDefinition(name=asset_name, data=batch, suite=gx_suite))
+        run = context.checkpoints.add_or_update(gx.Checkpoint(
+            name=asset_name, validation_definitions=[validation],
+            actions=[UpdateDataDocsAction(name="docs", site_names=[site])],
+            result_format={"result_format": "SUMMARY", "partial_unexpected_count": 5})
+        ).run(batch_parameters={"dataframe": data})
+        failures = [_describe(r) for v in run.run_results.values() for r in v.results if not r.success]
+        outcomes.append(Outcome(suite.name, run.success, failures))
+        log.info("%s", outcomes[-1].line())
+    return outcomes
+
+
+def data_docs_index(root: str) -> Path:
+    return Path(quality_root(root)) / "data_docs" / "index.html"

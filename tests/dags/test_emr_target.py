@@ -1,0 +1,103 @@
+"""The `emr` target: the DAGs' steps, submitted to Amazon EMR.
+
+AWS cannot exist here: the EMR API is moto's mock (`moto.mock_aws`), the only mocked part
+of the test suite. What is checked is what reaches the API: the step's spark-submit
+arguments and configuration, and the cluster id from the Airflow Variable.
+"""
+
+from __future__ import annotations
+
+import os
+
+import boto3
+import pytest
+from conftest import DAGS
+from moto import mock_aws
+
+CODE_URI = "s3://lakehouse-code/release-1"
+LAKE = "s3://lakehouse-data/lake"
+
+
+@pytest.fixture
+def emr_env(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("LAKEHOUSE_TARGET", "emr")
+    monkeypatch.setenv("LAKEHOUSE_ROOT", LAKE)
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "b-1.msk.internal:9092")
+    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                       "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("AIRFLOW_CONN_AWS_DEFAULT", "aws://?region_name=us-east-1")
+    monkeypatch.setenv("AIRFLOW_VAR_LAKEHOUSE_CODE_URI", CODE_URI)
+    with mock_aws():
+        emr = boto3.client("emr", region_name="us-east-1")
+        cluster = emr.run_job_flow(
+            Name="lakehouse", ReleaseLabel="emr-7.11.0", Applications=[{"Name": "Spark"}, {"Name": "Hadoop"}],
+            Instances={"MasterInstanceType": "m5.xlarge", "InstanceCount": 1, "KeepJobFlowAliveWhenNoSteps": True},
+            JobFlowRole="EMR_EC2_DefaultRole", ServiceRole="EMR_DefaultRole")["JobFlowId"]
+        monkeypatch.setenv("AIRFLOW_VAR_LAKEHOUSE_EMR_CLUSTER_ID", cluster)
+        yield emr, cluster
+
+
+def _dag(dag_id: str):
+    from airflow.models.dagbag import DagBag
+
+    bag = DagBag(dag_folder=str(DAGS), include_examples=False)
+    assert bag.import_errors == {}, bag.import_errors
+    return bag.dags[dag_id]
+
+
+def _submit(task) -> list[str]:
+    """Render the task's templates (Variables from the environment) and run it against the mock."""
+    context = {"var": {"value": _Vars()}, "ti": _XComs()}
+    task.render_template_fields(context)
+    return task.execute(context)
+
+
+class _Vars:
+    """`var.value.*` as Airflow resolves it outside a DAG run: from AIRFLOW_VAR_* variables."""
+
+    def __getattr__(self, name: str) -> str:
+        return os.environ[f"AIRFLOW_VAR_{name.upper()}"]
+
+
+class _XComs(dict):
+    """The operator's XCom pushes (links to the EMR console), kept rather than stored in a DAG run."""
+
+    def xcom_push(self, key: str, value: object) -> None:
+        self[key] = value
+
+
+def test_etl_step_carries_spark_submit_arguments_and_configs(emr_env) -> None:
+    emr, cluster = emr_env
+    dag = _dag("lakehouse_incremental_etl")
+    add = dag.get_task("etl.add_step")
+    assert add.retries == 0  # a retried add would add the step twice (apache/airflow#28704)
+    (step_id,) = _submit(add)
+    step = emr.describe_step(ClusterId=cluster, StepId=step_id)["Step"]
+    args = step["Config"]["Args"]
+    assert step["Name"] == "lakehouse etl" and step["Config"]["Jar"] == "command-runner.jar"
+    assert args[:3] == ["spark-submit", "--deploy-mode", "cluster"]
+    assert args[-2:] == [f"{CODE_URI}/cli.py", "etl"]
+    assert args[args.index("--py-files") + 1] == f"{CODE_URI}/lakehouse.zip"
+    confs = dict(args[i + 1].split("=", 1) for i, a in enumerate(args) if a == "--conf")
+    # The cluster's own Hudi bundle, nothing of the local .jvm folder.
+    assert confs["spark.jars"] == "/usr/lib/hudi/hudi-spark-bundle.jar"
+    assert not any(".jvm" in v for v in confs.values())
+    assert confs["spark.serializer"] == "org.apache.spark.serializer.KryoSerializer"
+    assert confs["spark.sql.extensions"] == "org.apache.spark.sql.hudi.HoodieSparkSessionExtension"
+    # The job's environment reaches the driver (YARN application master) and the executors.
+    for where in ("spark.yarn.appMasterEnv", "spark.executorEnv"):
+        assert confs[f"{where}.LAKEHOUSE_ROOT"] == LAKE
+        assert confs[f"{where}.LAKEHOUSE_TARGET"] == "emr"
+        assert confs[f"{where}.LAKEHOUSE_TABLE_SERVICES"] == "external"
+        assert confs[f"{where}.KAFKA_BOOTSTRAP_SERVERS"] == "b-1.msk.internal:9092"
+
+
+def test_table_services_steps_name_their_tables(emr_env) -> None:
+    emr, cluster = emr_env
+    dag = _dag("hudi_table_services")
+    (step_id,) = _submit(dag.get_task("compact_bronze_orders.add_step"))
+    args = emr.describe_step(ClusterId=cluster, StepId=step_id)["Step"]["Config"]["Args"]
+    assert args[-5:] == ["services", "--only", "compact", "--table", "bronze/orders"]
+    sensor = dag.get_task("compact_bronze_orders.wait_for_step")
+    assert sensor.job_flow_id == "{{ var.value.lakehouse_emr_cluster_id }}"

@@ -1,0 +1,18 @@
+"""What a Hudi table's files say, without Spark or hudi-rs: shared by the tests of both environments."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def pending_compactions(table_path: str | Path) -> list[str]:
+    """Requested compactions without a completed commit, from the timeline's file names (Hudi 1.x layout)."""
+    timeline = Path(table_path) / ".hoodie" / "timeline"
+    requested = {f.name.split(".")[0] for f in timeline.glob("*.compaction.requested")}
+    completed = {f.name.split("_")[0] for f in timeline.glob("*_*.commit")}
+    return sorted(requested - completed)
+
+
+def log_files(table_path: str | Path) -> set[str]:
+    """Names of the log files of a non-partitioned merge-on-read table."""
+    return {p.name for p in Path(table_path).glob(".*.log.*")}

@@ -1,0 +1,103 @@
+"""Table services beside a running ingest stream (multi-writer), on real Kafka, Spark and Hudi.
+
+The stream runs with LAKEHOUSE_TABLE_SERVICES=external, as in the Airflow deployment, and
+`lakehouse services` (what every task of the `hudi_table_services` DAG runs) compacts,
+cleans and archives the same tables twice while it writes. Nothing may fail, and bronze
+must equal the model at the end, read by Spark and by hudi-rs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from pipelines.contract import COLUMNS, TABLES
+from pipelines.generator import ShopSource, WorkloadConfig, ensure_topics, produce
+from pipelines.settings import main_path
+from tests.hudi_files import log_files
+from tests.lake import assert_bronze_equals_model, bronze_hudi_rs
+from tests.model import fold_with_lsn
+
+# Short retention, so that the services' cleaning really deletes file slices during the test.
+OVERRIDES = """
+[bronze.table]
+"hoodie.clean.commits.retained" = 2
+"hoodie.keep.min.commits" = 4
+"hoodie.keep.max.commits" = 6
+"""
+
+
+@pytest.mark.slow
+def test_services_compact_and_clean_while_ingest_runs(broker, spark, tmp_path) -> None:
+    root = str(tmp_path / "lake")
+    overrides = tmp_path / "overrides.toml"
+    overrides.write_text(OVERRIDES)
+    env = {**os.environ, "LAKEHOUSE_ROOT": root, "KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap,
+           "LAKEHOUSE_TABLE_SERVICES": "external", "LAKEHOUSE_HUDI_OVERRIDES": str(overrides)}
+    source = ShopSource(61)
+    cfg = WorkloadConfig(seed=61, customers=60, orders=200, changes=300, delete_fraction=0.1)
+    ensure_topics(broker.bootstrap)
+    sent = source.snapshot(cfg) + source.changes(cfg)
+    produce(sent, broker.bootstrap)
+
+    stop = threading.Event()
+
+    def keep_producing() -> None:  # changes keep arriving while the services run
+        while not stop.wait(3):
+            batch = source.changes(WorkloadConfig(seed=61, customers=60, orders=200, changes=40))
+            produce(batch, broker.bootstrap)
+            sent.extend(batch)
+
+    log_path = tmp_path / "ingest.log"
+    with log_path.open("w") as log_file:
+        ingest = subprocess.Popen([sys.executable, "-m", "pipelines.cli", "ingest", "--trigger-seconds", "2"],
+                                  env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+    producer = threading.Thread(target=keep_producing, daemon=True)
+    try:
+        _wait_for(lambda: all(bronze_hudi_rs(root, t) for t in TABLES), ingest, log_path)
+        producer.start()
+        before = {t: log_files(main_path(t, root)) for t in TABLES}
+        reports = []
+        for _ in range(2):
+            done = subprocess.run([sys.executable, "-m", "pipelines.cli", "services"], env=env,
+                                  capture_output=True, text=True, timeout=900)
+            assert done.returncode == 0, done.stderr[-3000:]
+            reports.append({r["table"]: r for r in map(json.loads, done.stdout.splitlines())})
+            assert ingest.poll() is None, "ingest died beside the services: " + log_path.read_text()[-3000:]
+        stop.set()
+        producer.join()
+        expected, lsns = fold_with_lsn(sent)
+        _wait_for(lambda: {t: {k: {c: v[c] for c in COLUMNS[t]} for k, v in bronze_hudi_rs(root, t).items()}
+                           for t in TABLES} == expected, ingest, log_path)
+        ingest.send_signal(signal.SIGTERM)
+        assert ingest.wait(timeout=120) == 0, log_path.read_text()[-3000:]
+    finally:
+        stop.set()
+        if ingest.poll() is None:
+            os.killpg(ingest.pid, signal.SIGKILL)
+
+    for t in TABLES:
+        first = reports[0][f"bronze/{t}"]
+        assert first["compact"]["executed"], f"bronze/{t}: the first run compacted nothing: {first}"
+        assert reports[1][f"bronze/{t}"]["clean"]["files_deleted"] + first["clean"]["files_deleted"] > 0
+        # The log files compacted by the first run were cleaned by the time the second ran.
+        assert not before[t] & log_files(main_path(t, root)), f"bronze/{t}: compacted log files still there"
+    assert_bronze_equals_model(spark, root, expected, lsns)
+
+
+def _wait_for(condition, ingest: subprocess.Popen, log_path: Path, seconds: float = 300) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        assert ingest.poll() is None, "ingest stopped: " + log_path.read_text()[-3000:]
+        if condition():
+            return
+        time.sleep(3)
+    raise AssertionError("timed out; ingest log: " + log_path.read_text()[-3000:])
