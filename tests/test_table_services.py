@@ -64,6 +64,8 @@ def test_services_compact_and_clean_while_ingest_runs(broker, spark, tmp_path) -
     try:
         _wait_for(lambda: all(bronze_hudi_rs(root, t) for t in TABLES), ingest, log_path)
         producer.start()
+        # Something to compact: log files, appended by batches after the first.
+        _wait_for(lambda: all(log_files(main_path(t, root)) for t in TABLES), ingest, log_path)
         before = {t: log_files(main_path(t, root)) for t in TABLES}
         reports = []
         for _ in range(2):
