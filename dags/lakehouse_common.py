@@ -50,7 +50,7 @@ def spark_task(spark_job: SparkJob, outlets: list[Asset] | None = None, doc_md: 
     """The task (local) or task group (emr: add the step, wait for it) that runs `spark_job`."""
     target = os.environ.get("LAKEHOUSE_TARGET", "local")
     if target == "local":
-        return BashOperator(task_id=spark_job.name, bash_command=spark_job.local_bash(), env=spark_job.env,
+        return BashOperator(task_id=spark_job.name, bash_command=spark_job.local_bash(), env=spark_job.local_env(),
                             append_env=True, outlets=outlets or [], doc_md=doc_md)
     if target != "emr":
         raise ValueError(f"LAKEHOUSE_TARGET={target!r}: expected local or emr")

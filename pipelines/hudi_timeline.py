@@ -63,6 +63,13 @@ def _between(spark: SparkSession, path: str, since: str | None, until: str) -> l
     return found
 
 
+def earliest_retained(spark: SparkSession, path: str) -> str | None:
+    """The last clean's "earliest commit to retain": time travel to an older instant fails; None if never cleaned."""
+    active = _active(spark, path)
+    clean = active.getCleanerTimeline().filterCompletedInstants().lastInstant()
+    return active.readCleanMetadata(clean.get()).getEarliestCommitToRetain() or None if clean.isPresent() else None
+
+
 def instants_between(spark: SparkSession, path: str, since: str | None, until: str) -> list[str]:
     """Instant times of the commits that completed in (since, until]: the `_hoodie_commit_time`s of a window."""
     return [instant.requestedTime() for instant in _between(spark, path, since, until)]

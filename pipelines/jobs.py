@@ -71,6 +71,17 @@ class SparkJob:
         return [str(submit), "--name", f"lakehouse-{self.name}", *self._conf("local"),
                 str(PROJECT_ROOT / "pipelines" / "cli.py"), *self.args]
 
+    def local_env(self) -> dict[str, str]:
+        """The job's environment on the local target: its own, plus where .venv's Spark is.
+
+        spark-submit finds SPARK_HOME with whatever `python3` is first on PATH, which in an
+        Airflow worker is Airflow's environment, without pyspark.
+        """
+        homes = sorted((PROJECT_ROOT / ".venv" / "lib").glob("python3*/site-packages/pyspark"))
+        if not homes:
+            raise RuntimeError(f"no pyspark in {PROJECT_ROOT / '.venv'}: run `make setup`")
+        return {**self.env, "SPARK_HOME": str(homes[-1]), "LAKEHOUSE_TARGET": "local"}
+
     def local_bash(self) -> str:
         return shlex.join(self.local_command())
 

@@ -30,7 +30,7 @@ import hudi_configs
 from pipelines import contract
 from pipelines.bronze import BATCH_ID_META
 from pipelines.gold import DAILY, DAILY_KEY, LTV
-from pipelines.hudi_timeline import checkpoint, instant_of_batch, meta_at
+from pipelines.hudi_timeline import checkpoint, earliest_retained, instant_of_batch, meta_at
 from pipelines.settings import changelog_path, gold_path, main_path, quarantine_path, silver_path
 from pipelines.table_stats import exists
 
@@ -82,6 +82,10 @@ def _bronze_at_silver_checkpoint(spark: SparkSession, root: str, table: str) -> 
     batch = meta_at(spark, changelog_path(table, root), consumed, BATCH_ID_META) if consumed else None
     instant = instant_of_batch(spark, main_path(table, root), BATCH_ID_META, int(batch)) if batch else None
     if instant is None:
+        return None
+    if (retained := earliest_retained(spark, main_path(table, root))) and instant < retained:
+        log.warning("silver/%s is further behind bronze than bronze's retention (it consumed batch %s, whose "
+                    "version of bronze is cleaned): row count against bronze not checked", table, batch)
         return None
     return spark.read.format("hudi").options(**hudi_configs.section("reads", "scan")) \
         .option("as.of.instant", instant).load(main_path(table, root)).count()
