@@ -15,6 +15,8 @@ export AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS="${AIRFLOW_USER:-admin}:admin"
 # What the DAGs' Spark tasks receive (see dags/lakehouse_common.py).
 export LAKEHOUSE_ROOT="${LAKEHOUSE_ROOT:-$project/lake}"
 export LAKEHOUSE_TARGET="${LAKEHOUSE_TARGET:-local}"
+# standalone starts its components as `airflow ...` from PATH.
+export PATH="$project/.venv-airflow/bin:$PATH"
 mkdir -p "$AIRFLOW_HOME"
 "$project/.venv-airflow/bin/airflow" standalone > "$AIRFLOW_HOME/standalone.log" 2>&1 &
 airflow_pid=$!

@@ -86,6 +86,7 @@ def test_browser_logs_in_and_finds_the_dags(airflow_ui, tmp_path: Path) -> None:
             browser.get(f"{url}/dags")
             try:
                 WebDriverWait(browser, 20).until(lambda b: all(d in b.page_source for d in DAG_IDS))
+                browser.save_screenshot(str(tmp_path / "dags.png"))  # kept for a look: pytest's tmp_path
                 break
             except Exception:
                 if time.monotonic() > deadline:
