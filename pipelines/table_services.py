@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from pyspark.sql import SparkSession
@@ -125,7 +125,7 @@ class _Client:
         return {"instants_archived": before - self.meta.reloadActiveTimeline().countInstants()}
 
 
-def run_services(spark: SparkSession, root: str, tables: Iterator[str] | None = None,
+def run_services(spark: SparkSession, root: str, tables: Sequence[str] | None = None,
                  services: tuple[str, ...] = SERVICES) -> dict[str, dict[str, object]]:
     """Run `services` on the named tables (all by default); returns what each did, per table.
 
