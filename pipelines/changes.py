@@ -196,12 +196,12 @@ def read_changes(spark: SparkSession, table: str, since: str | None = None, root
         w = window(spark, changelog_path(name, root), since or None)
         changes = bronze_changes(spark, name, w, root)
         if changes is None:
-            return ChangeSet(_empty(spark, key), w.until or "")
+            return ChangeSet(_empty(spark, w.path, key), w.until or "")
         rows = changes.select("*", F.when(F.col("_deleted"), "delete").otherwise("upsert").alias("_change"))
         return ChangeSet(rows.drop("_deleted"), w.until or "", snapshot=w.full or w.since is None)
     w = window(spark, table_path(layer, name, root), since or None)
     if w.empty:
-        return ChangeSet(_empty(spark, key), w.until or "")
+        return ChangeSet(_empty(spark, w.path, key), w.until or "")
     if w.full or w.since is None:
         data = spark.read.format("hudi").load(w.path)
         data = data.drop(*[c for c in data.columns if c.startswith("_hoodie")])
@@ -216,5 +216,9 @@ def read_changes(spark: SparkSession, table: str, since: str | None = None, root
     return ChangeSet(live.unionByName(gone, allowMissingColumns=True), w.until or "")
 
 
-def _empty(spark: SparkSession, key: tuple[str, ...]) -> DataFrame:
+def _empty(spark: SparkSession, path: str, key: tuple[str, ...]) -> DataFrame:
+    """No changes, with the key columns typed as the table has them (bigint before the table exists)."""
+    if exists(path):
+        keys = spark.read.format("hudi").load(path).select(*key).limit(0)
+        return keys.withColumn("_change", F.lit(None).cast("string"))
     return spark.createDataFrame([], ", ".join(f"{k} long" for k in key) + ", _change string")

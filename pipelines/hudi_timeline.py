@@ -42,19 +42,16 @@ def earliest_checkpoint(spark: SparkSession, path: str) -> str | None:
     if not first.isPresent():
         return None
     floor = first.get().getCompletionTime()
-    clean = active.getCleanerTimeline().filterCompletedInstants().lastInstant()
-    if clean.isPresent():
-        retain = active.readCleanMetadata(clean.get()).getEarliestCommitToRetain()
-        instants = commits.getInstants().iterator()
-        while retain and instants.hasNext():
-            instant = instants.next()
-            if instant.requestedTime() < retain:
-                floor = max(floor, instant.getCompletionTime())
+    retain = _earliest_retained(active)
+    instants = commits.getInstants().iterator()
+    while retain and instants.hasNext():
+        instant = instants.next()
+        if instant.requestedTime() < retain:
+            floor = max(floor, instant.getCompletionTime())
     return floor
 
 
-def _between(spark: SparkSession, path: str, since: str | None, until: str) -> list:  # -> [JavaObject]
-    timeline = _completed(spark, path)
+def _between(timeline, since: str | None, until: str) -> list:  # HoodieTimeline -> [HoodieInstant]
     found, instants = [], timeline.getInstants().iterator()
     while instants.hasNext():
         instant = instants.next()
@@ -63,34 +60,37 @@ def _between(spark: SparkSession, path: str, since: str | None, until: str) -> l
     return found
 
 
-def earliest_retained(spark: SparkSession, path: str) -> str | None:
-    """The last clean's "earliest commit to retain": time travel to an older instant fails; None if never cleaned."""
-    active = _active(spark, path)
+def _earliest_retained(active) -> str | None:  # active: JavaObject (HoodieActiveTimeline)
     clean = active.getCleanerTimeline().filterCompletedInstants().lastInstant()
     return active.readCleanMetadata(clean.get()).getEarliestCommitToRetain() or None if clean.isPresent() else None
 
 
+def earliest_retained(spark: SparkSession, path: str) -> str | None:
+    """The last clean's "earliest commit to retain": time travel to an older instant fails; None if never cleaned."""
+    return _earliest_retained(_active(spark, path))
+
+
 def instants_between(spark: SparkSession, path: str, since: str | None, until: str) -> list[str]:
     """Instant times of the commits that completed in (since, until]: the `_hoodie_commit_time`s of a window."""
-    return [instant.requestedTime() for instant in _between(spark, path, since, until)]
+    return [instant.requestedTime() for instant in _between(_completed(spark, path), since, until)]
 
 
 def partitions_written(spark: SparkSession, path: str, since: str, until: str) -> set[str]:
     """Partition paths that the commits completed in (since, until] wrote to (from their commit metadata)."""
     timeline = _completed(spark, path)
-    return {str(p) for instant in _between(spark, path, since, until)
+    return {str(p) for instant in _between(timeline, since, until)
             for p in timeline.readCommitMetadata(instant).getPartitionToWriteStats().keySet()}
 
 
 def instant_as_of(spark: SparkSession, path: str, completion: str) -> str | None:
     """Instant time of the newest commit completed at or before `completion` (time travel to a checkpoint)."""
-    return max((i.requestedTime() for i in _between(spark, path, None, completion)), default=None)
+    return max((i.requestedTime() for i in _between(_completed(spark, path), None, completion)), default=None)
 
 
 def meta_at(spark: SparkSession, path: str, completion: str, key: str) -> str | None:
     """Commit metadata `key` of the newest commit completed at or before `completion`."""
     timeline = _completed(spark, path)
-    done = _between(spark, path, None, completion)
+    done = _between(timeline, None, completion)
     return timeline.readCommitMetadata(done[-1]).getExtraMetadata().get(key) if done else None
 
 
