@@ -93,10 +93,12 @@ def etl() -> None:
 @click.option("--table", "tables", multiple=True, metavar="NAME",
               help="A table as `status` names it (bronze/orders, silver/_quarantine/customers, ...); repeatable  "
                    "[default: every table]")
-@click.option("--only", type=click.Choice(["compact", "clean", "archive"]), multiple=True,
-              help="Run only these services; repeatable  [default: compact, clean, archive]")
+@click.option("--only", type=click.Choice(["compact", "expire", "cluster", "clean", "archive"]), multiple=True,
+              help="Run only these services, in the default's order; repeatable  "
+                   "[default: compact, expire, cluster, clean, archive]")
 def services(tables: tuple[str, ...], only: tuple[str, ...]) -> None:
-    """Compaction (merge-on-read tables, only when there are log files), cleaning and archival.
+    """Compaction (merge-on-read tables, when they have log files), expiry of consumed old days
+    and clustering of small files (bronze's change logs), cleaning and archival.
 
     Safe beside running writers when they run with LAKEHOUSE_TABLE_SERVICES=external (see
     hudi_configs/table_services.toml). Prints one JSON line per table: what each service did.
@@ -108,7 +110,7 @@ def services(tables: tuple[str, ...], only: tuple[str, ...]) -> None:
 
     try:
         report = run_services(get_spark("lakehouse-services"), settings.lake_root(), tables or None,
-                              only or SERVICES)
+                              tuple(s for s in SERVICES if s in only) if only else SERVICES)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from exc
     except Exception as exc:  # Spark/Hudi failures: name them and exit 1

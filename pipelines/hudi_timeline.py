@@ -8,6 +8,9 @@ from pyspark.sql import DataFrame, SparkSession
 
 # Commit metadata keys are stored under this prefix (see bronze.BATCH_ID_META).
 CHECKPOINT_META = "_lakehouse.checkpoint"
+# On a commit that dropped partitions (table_services expiry): no checkpoint older than this
+# completion time can be read incrementally any more, the files it would need are gone.
+READABLE_FROM_META = "_lakehouse.readable_from"
 
 
 def _active(spark: SparkSession, path: str):  # -> JavaObject (HoodieActiveTimeline)
@@ -32,9 +35,10 @@ def earliest_checkpoint(spark: SparkSession, path: str) -> str | None:
 
     A read from checkpoint C needs every commit completed after C, on the active timeline
     (older ones are archived) and with its files (the cleaner may have deleted the files
-    of commits older than the last clean's "earliest commit to retain"). Hence: the
-    completion time of the first active commit, or of the newest commit older than that
-    earliest commit to retain, whichever is later.
+    of commits older than the last clean's "earliest commit to retain"; expiry drops whole
+    partitions). Hence the latest of: the completion time of the first active commit, of
+    the newest commit older than that earliest commit to retain, and the newest expiry's
+    READABLE_FROM_META.
     """
     active = _active(spark, path)
     commits = active.getCommitsTimeline().filterCompletedInstants()
@@ -42,6 +46,11 @@ def earliest_checkpoint(spark: SparkSession, path: str) -> str | None:
     if not first.isPresent():
         return None
     floor = first.get().getCompletionTime()
+    replaces = commits.getCompletedReplaceTimeline().getReverseOrderedInstants().iterator()
+    while replaces.hasNext():
+        if readable := commits.readCommitMetadata(replaces.next()).getExtraMetadata().get(READABLE_FROM_META):
+            floor = max(floor, readable)
+            break
     retain = _earliest_retained(active)
     instants = commits.getInstants().iterator()
     while retain and instants.hasNext():

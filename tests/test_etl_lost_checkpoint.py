@@ -21,6 +21,7 @@ from pipelines.settings import changelog_path, gold_path, silver_path
 from tests.lake import assert_lake_equals_model
 
 SHORT_RETENTION = """
+"hoodie.clean.policy" = "KEEP_LATEST_COMMITS"
 "hoodie.clean.commits.retained" = 1
 "hoodie.keep.min.commits" = 2
 "hoodie.keep.max.commits" = 3

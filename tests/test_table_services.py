@@ -29,6 +29,7 @@ from tests.model import fold_with_lsn
 # Short retention, so that the services' cleaning really deletes file slices during the test.
 OVERRIDES = """
 [bronze.table]
+"hoodie.clean.policy" = "KEEP_LATEST_COMMITS"
 "hoodie.clean.commits.retained" = 2
 "hoodie.keep.min.commits" = 4
 "hoodie.keep.max.commits" = 6

@@ -19,6 +19,7 @@ from tests.plant import BAD_STATUS
 # Short bronze retention: the file slices that compaction replaces are cleaned in the same run.
 OVERRIDES = """
 [bronze.table]
+"hoodie.clean.policy" = "KEEP_LATEST_COMMITS"
 "hoodie.clean.commits.retained" = 1
 "hoodie.keep.min.commits" = 3
 "hoodie.keep.max.commits" = 5

@@ -1,0 +1,112 @@
+"""Bronze's change logs: small files clustered, consumed past days expired, and every reader still exact.
+
+The change log is partitioned by ingest day (a UTC date). Two days are made in one test by
+ingesting under two session time zones, UTC-12 then UTC+14, whose dates always differ.
+Retention is cut to one commit and clustering allowed on the newest day (both through
+`LAKEHOUSE_HUDI_OVERRIDES`), so that the services have work to do within a test.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pyspark.sql import functions as F
+
+from pipelines.bronze import run_ingest
+from pipelines.changes import read_changes
+from pipelines.contract import TABLES
+from pipelines.etl import run_etl
+from pipelines.generator import ShopSource, WorkloadConfig, ensure_topics, produce
+from pipelines.hudi_timeline import checkpoint, earliest_checkpoint
+from pipelines.settings import changelog_path, main_path, silver_path
+from pipelines.table_services import run_services
+from tests.lake import assert_lake_equals_model
+
+OVERRIDES = """
+[bronze.changelog]
+"hoodie.clean.policy" = "KEEP_LATEST_COMMITS"
+"hoodie.clean.commits.retained" = 1
+[table_services.services]
+"hoodie.clustering.plan.strategy.daybased.skipfromlatest.partitions" = 0
+"""
+CHANGELOGS = [f"bronze/_changelog/{t}" for t in TABLES]
+
+
+def _ingest_on_day(spark, zone: str, **kwargs) -> None:
+    """Ingest with the session's time zone set to `zone`: the ingest day is its date there."""
+    spark.conf.set("spark.sql.session.timeZone", zone)
+    try:
+        run_ingest(once=True, spark=spark, **kwargs)
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", "UTC")
+
+
+def _disk_files(path: str) -> dict[str, int]:
+    """Parquet files per day directory of a change log, replaced or not."""
+    return {d.name: len(list(d.glob("*.parquet"))) for d in sorted(Path(path).glob("_ingest_date=*"))}
+
+
+def _live_files(spark, path: str) -> dict[str, int]:
+    """Files per day that a snapshot read of a change log opens."""
+    rows = spark.read.format("hudi").load(path).groupBy("_ingest_date") \
+        .agg(F.countDistinct("_hoodie_file_name").alias("n")).collect()
+    return {f"_ingest_date={r['_ingest_date']}": r["n"] for r in rows}
+
+
+@pytest.mark.slow
+def test_changelog_days_are_clustered_and_expired_without_losing_a_change(
+        spark, broker, tmp_path, monkeypatch) -> None:
+    overrides = tmp_path / "overrides.toml"
+    overrides.write_text(OVERRIDES)
+    monkeypatch.setenv("LAKEHOUSE_HUDI_OVERRIDES", str(overrides))
+    root = str(tmp_path / "lake")
+    source = ShopSource(83)
+    cfg = WorkloadConfig(seed=83, customers=60, orders=200, changes=200, delete_fraction=0.1)
+    ensure_topics(broker.bootstrap)
+
+    # Day one, in small batches: many small files. Silver consumes it; an outside consumer
+    # of bronze's changes takes a checkpoint and then stays away.
+    produce(source.snapshot(cfg) + source.changes(cfg), broker.bootstrap)
+    _ingest_on_day(spark, "Etc/GMT+12", root=root, bootstrap=broker.bootstrap, max_offsets_per_trigger=150)
+    run_etl(spark, root)
+    stale = read_changes(spark, "bronze/orders", None, root).checkpoint
+
+    # Day two, also in small batches; silver has not read it yet.
+    produce(source.changes(cfg), broker.bootstrap)
+    _ingest_on_day(spark, "Etc/GMT-14", root=root, bootstrap=broker.bootstrap, max_offsets_per_trigger=150)
+    orders_log = changelog_path("orders", root)
+    day_one, day_two = sorted(_disk_files(orders_log))
+    before = _live_files(spark, orders_log)
+    assert before[day_one] > 1 and before[day_two] > 1, before
+
+    report = run_services(spark, root, CHANGELOGS, ("expire", "cluster", "clean"))
+    for name in CHANGELOGS:
+        assert report[name]["cluster"]["executed"], (name, report[name])
+        assert report[name]["expire"]["expired"] == [day_one], (name, report[name])
+    assert _disk_files(orders_log).get(day_one, 0) == 0, "the expired day's files were not cleaned"
+    after = _live_files(spark, orders_log)
+    assert day_one not in after and after[day_two] == 1, f"not expired and clustered: {before} -> {after}"
+
+    # Silver reads its window across the clustering commit: every change once, none lost.
+    run_etl(spark, root)
+    assert_lake_equals_model(spark, root, source.state)
+    for table in TABLES:
+        mark = checkpoint(spark, silver_path(table, root))[changelog_path(table, root)]
+        assert mark >= earliest_checkpoint(spark, changelog_path(table, root)), f"silver/{table} lost its checkpoint"
+
+    # The outside consumer's checkpoint needs the dropped day: it is told it gets the whole table.
+    assert stale < earliest_checkpoint(spark, orders_log)
+    change_set = read_changes(spark, "bronze/orders", stale, root)
+    assert change_set.snapshot
+    live = {r["id"] for r in spark.read.format("hudi").load(main_path("orders", root)).select("id").collect()}
+    upserts = {r["id"] for r in change_set.rows.filter("_change = 'upsert'").select("id").collect()}
+    assert upserts == live
+
+    # A second run finds nothing to do; ingest and etl go on, exact.
+    again = run_services(spark, root, CHANGELOGS, ("expire", "cluster"))
+    assert all(not again[n]["cluster"]["executed"] and not again[n]["expire"]["expired"] for n in CHANGELOGS), again
+    produce(source.changes(cfg), broker.bootstrap)
+    _ingest_on_day(spark, "Etc/GMT-14", root=root, bootstrap=broker.bootstrap)
+    run_etl(spark, root)
+    assert_lake_equals_model(spark, root, source.state)
