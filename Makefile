@@ -15,7 +15,7 @@ DEMO_PORT ?= 19092
 DEMO_ENV := LAKEHOUSE_ROOT=$(CURDIR)/$(DEMO)/lake LAKEHOUSE_SOURCE_STATE=$(CURDIR)/$(DEMO)/shop_state.json \
             KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:$(DEMO_PORT)
 
-.PHONY: setup demo test test-fast lint kafka-up kafka-down airflow clean help
+.PHONY: setup demo test test-fast lint package kafka-up kafka-down airflow clean help
 
 help:  ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -71,6 +71,9 @@ lint: setup  ## ruff
 
 airflow: setup  ## Airflow standalone with the DAGs on http://127.0.0.1:8080 (AIRFLOW_PORT); prints the login
 	dags/airflow_local.sh
+
+package: setup  ## The EMR target's code bundle in dist/emr (copy it to the Variable lakehouse_code_uri)
+	$(BIN)/lakehouse package --out dist/emr
 
 kafka-up: setup  ## Start a local Kafka broker (KRaft) on 127.0.0.1:9092, data in .kafka/
 	$(BIN)/lakehouse kafka up --port 9092 --data-dir .kafka

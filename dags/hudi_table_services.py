@@ -7,12 +7,17 @@ see `hudi_configs/table_services.toml`):
 
 - **compact** each bronze merge-on-read table: a plan is made only when there are log
   files to compact, then every pending plan is executed;
+- **expire and cluster** bronze's change logs (insert-only, one or two small files per
+  ingest batch: the one place where small files pile up): past days that silver has
+  consumed and that are older than the retention are dropped, the other past days'
+  small files are rewritten into large ones;
 - **clean and archive** every table of each layer: file slices older than the retention
   are deleted, failed writes rolled back, old instants archived.
 
-Retention (`hoodie.clean.*`, `hoodie.keep.*` in `hudi_configs/*.toml`) is what keeps an
-incremental reader's checkpoint readable; a reader whose checkpoint was cleaned anyway
-notices and rebuilds from a full read.
+Retention is by hours (`hoodie.clean.*`, `hoodie.keep.*` in `hudi_configs/*.toml`; the
+arithmetic is in `table_services.toml`): 12 h for the change logs, 36 h for silver and
+gold, against a worst reader lag of about 3 h in normal operation. A reader whose
+checkpoint is gone anyway notices and rebuilds from a full read.
 """
 
 from __future__ import annotations
@@ -49,8 +54,13 @@ with DAG(
 ):
     compactions = [spark_task(job(f"compact_bronze_{t}", "services", "--only", "compact", "--table", f"bronze/{t}"),
                               doc_md=f"Compaction of bronze/{t}, when it has log files.") for t in TABLES]
+    changelogs = spark_task(job("expire_cluster_changelogs", "services", "--only", "expire", "--only", "cluster",
+                                *_tables([f"bronze/_changelog/{t}" for t in TABLES])),
+                            doc_md="Drop consumed days past the retention from bronze's change logs; "
+                                   "cluster the small files of the other past days.")
     cleanups = [spark_task(job(f"clean_archive_{layer}", "services", "--only", "clean", "--only", "archive",
                                *_tables(names)), doc_md=f"Cleaning and archival of every {layer} table.")
                 for layer, names in LAYERS.items()]
-    # Clean bronze after its compactions: the compacted file slices go in the same run.
-    compactions >> cleanups[0]
+    # Clean bronze after its compactions and the change-log upkeep: what they replaced goes
+    # in the same run once it is past the retention.
+    [*compactions, changelogs] >> cleanups[0]

@@ -45,6 +45,7 @@ from pyspark.storagelevel import StorageLevel
 import hudi_configs
 from pipelines import contract
 from pipelines.settings import (
+    INGEST_TRIGGER_SECONDS,
     changelog_path,
     dead_letter_path,
     ingest_checkpoint_path,
@@ -395,7 +396,7 @@ class BronzeBatchWriter:
 # --------------------------------------------------------------------------- the stream
 
 def run_ingest(*, once: bool, root: str | None = None, bootstrap: str | None = None,
-               trigger_seconds: float = 10.0, max_offsets_per_trigger: int | None = None,
+               trigger_seconds: float = INGEST_TRIGGER_SECONDS, max_offsets_per_trigger: int | None = None,
                spark: SparkSession | None = None) -> None:
     """Run the ingest stream: until caught up with what was on the topics at start (`once`), or forever.
 

@@ -53,7 +53,8 @@ def _require_kafka(bootstrap: str) -> None:
 @main.command()
 @click.option("--once", is_flag=True,
               help="Consume what is on the topics at start, commit it to bronze, exit 0.")
-@click.option("--trigger-seconds", type=click.FloatRange(min=0), default=10.0, show_default=True,
+@click.option("--trigger-seconds", type=click.FloatRange(min=0), default=settings.INGEST_TRIGGER_SECONDS,
+              show_default=True,
               help="Micro-batch interval when running continuously.")
 @click.option("--max-offsets-per-trigger", type=click.IntRange(min=1), default=None,
               help="Cap on Kafka records per micro-batch  [default: no cap]")
@@ -175,6 +176,21 @@ def changes(table: str, since: str | None, checkpoint_file: Path | None) -> None
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+@main.command()
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("dist/emr"),
+              show_default=True, help="Folder to write the bundle into.")
+def package(out: Path) -> None:
+    """Build the EMR target's code bundle: lakehouse.zip, cli.py, requirements.txt, bootstrap.sh.
+
+    Copy the folder to the s3:// prefix named by the Airflow Variable `lakehouse_code_uri`, and
+    give the cluster `bootstrap.sh <that prefix>` as a bootstrap action.
+    """
+    from pipelines.package import build
+
+    for path in build(out):
+        click.echo(f"{path} ({path.stat().st_size:,} bytes)")
 
 
 @main.command()

@@ -12,6 +12,9 @@ from pathlib import Path
 from pipelines.contract import TABLES
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+# The ingest stream's micro-batch interval: with the etl schedule, it sets how many commits a
+# retention window holds (hudi_configs/table_services.toml, "Retention").
+INGEST_TRIGGER_SECONDS = 10.0
 
 
 def lake_root() -> str:

@@ -1,0 +1,41 @@
+"""The EMR code bundle stands on its own: its packages and TOML files load from the zip alone."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+
+from pipelines.package import build
+
+# Run with -S (no site-packages, so not the checkout's editable install): only the zip is on the path.
+PROBE = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import hudi_configs, pipelines.jobs
+assert hudi_configs.__file__.startswith(sys.argv[1]), hudi_configs.__file__
+options = hudi_configs.writer("bronze", "changelog")
+assert options["hoodie.clean.policy"] == "KEEP_LATEST_BY_HOURS"
+step = pipelines.jobs.SparkJob("etl", ("etl",)).emr_step("s3://code/lakehouse")
+print(" ".join(step["HadoopJarStep"]["Args"]))
+"""
+
+
+def test_bundle_loads_from_the_zip_and_pins_what_the_cluster_lacks(tmp_path) -> None:
+    files = {p.name: p for p in build(tmp_path)}
+    assert set(files) == {"lakehouse.zip", "cli.py", "requirements.txt", "bootstrap.sh"}
+    names = zipfile.ZipFile(files["lakehouse.zip"]).namelist()
+    assert {"pipelines/cli.py", "hudi_configs/__init__.py", "hudi_configs/bronze.toml"} <= set(names)
+    assert not [n for n in names if "__pycache__" in n or n.startswith("tests/")]
+
+    probe = subprocess.run([sys.executable, "-S", "-c", PROBE, str(files["lakehouse.zip"])],
+                           capture_output=True, text=True, timeout=60)
+    assert probe.returncode == 0, probe.stderr
+    assert "--py-files s3://code/lakehouse/lakehouse.zip s3://code/lakehouse/cli.py etl" in probe.stdout
+    assert "spark.pyspark.python=/usr/bin/python3.11" in probe.stdout
+
+    pins = files["requirements.txt"].read_text().split()
+    assert all("==" in p for p in pins) and not [p for p in pins if p.startswith("pyspark")], pins
+    assert {p.split("==")[0] for p in pins} >= {"kafka-python", "great-expectations", "click"}
+    assert subprocess.run(["bash", "-n", str(files["bootstrap.sh"])]).returncode == 0
+    assert "python3.11 -m pip install" in files["bootstrap.sh"].read_text()
