@@ -44,6 +44,8 @@ from pyspark.storagelevel import StorageLevel
 
 import hudi_configs
 from pipelines import contract
+from pipelines.erasure_registry import dead_letters_without_erased, read_registry, without_erased
+from pipelines.gdpr_request import erasure_key
 from pipelines.settings import (
     INGEST_TRIGGER_SECONDS,
     changelog_path,
@@ -312,12 +314,13 @@ class BronzeBatchWriter:
             report.records = sum(n for *_, n in offsets)
             commit_meta = {BATCH_ID_META: str(batch_id), OFFSETS_META: json.dumps(
                 {f"{t}/{p}": o + 1 for t, p, o, _ in offsets}, sort_keys=True)}
+            erased = self._erased()
             parsed = {t: parse_events(batch.filter(F.col("topic") == contract.topic(t)), t).persist(
                 StorageLevel.MEMORY_AND_DISK) for t in contract.TABLES}
             try:
-                self._write_dead_letters(parsed, batch_id, commit_meta, report)
+                self._write_dead_letters(parsed, batch_id, commit_meta, report, erased)
                 for table, events in parsed.items():
-                    self._apply(table, events, commit_meta, report)
+                    self._apply(table, events, commit_meta, report, erased)
             finally:
                 for events in parsed.values():
                     events.unpersist()
@@ -326,6 +329,11 @@ class BronzeBatchWriter:
         report.seconds = time.monotonic() - started
         log.info(report.line())
 
+    def _erased(self) -> tuple[DataFrame, str] | None:
+        """The erasure registry and the key of its pseudonyms, read once per batch; None before any erasure."""
+        registry = read_registry(self.spark, self.root)
+        return None if registry is None else (registry.localCheckpoint(), erasure_key())
+
     @staticmethod
     def _end_offsets(batch: DataFrame) -> list[tuple[str, int, int, int]]:
         """(topic, partition, last offset, records) of the batch: what it consumed."""
@@ -333,11 +341,13 @@ class BronzeBatchWriter:
         return [(r["topic"], r["partition"], r["o"], r["n"]) for r in rows.collect()]
 
     def _write_dead_letters(self, parsed: dict[str, DataFrame], batch_id: int, meta: dict[str, str],
-                            report: BatchReport) -> None:
+                            report: BatchReport, erased: tuple[DataFrame, str] | None) -> None:
         rows = None
         for events in parsed.values():
             d = dead_letters(events, batch_id)
             rows = d if rows is None else rows.unionByName(d)
+        if erased is not None:  # a malformed record of an erased customer is not kept either
+            rows = dead_letters_without_erased(rows, *erased)
         rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
         try:
             n = rows.count()
@@ -348,7 +358,8 @@ class BronzeBatchWriter:
         finally:
             rows.unpersist()
 
-    def _apply(self, table: str, events: DataFrame, meta: dict[str, str], report: BatchReport) -> None:
+    def _apply(self, table: str, events: DataFrame, meta: dict[str, str], report: BatchReport,
+               erased: tuple[DataFrame, str] | None) -> None:
         counts = report.counts.setdefault(table, {})
         kinds = {r["kind"]: r["count"] for r in events.groupBy("kind").count().collect()}
         for kind in ("tombstone", "ignored", "truncate", "dead"):
@@ -359,6 +370,8 @@ class BronzeBatchWriter:
         main, ledger = main_path(table, self.root), ledger_path(table, self.root)
         main_state = read_state(self.spark, main)
         changes = _change_rows(events, table)
+        if erased is not None:  # events of erased customers and their orders never reach the lake again
+            changes = without_erased(changes, table, *erased)
         synthetic = truncate_deletes(events, main_state, table) if kinds.get("truncate") else None
         if synthetic is not None:
             changes = changes.unionByName(synthetic)

@@ -19,6 +19,8 @@ import hudi_configs
 from pipelines import contract
 from pipelines.bronze import DELETED_FLAG, KEY
 from pipelines.changes import bronze_changes, window
+from pipelines.erasure_registry import read_registry, without_erased
+from pipelines.gdpr_request import erasure_key
 from pipelines.gold import gold_cycle
 from pipelines.hudi_timeline import checkpoint, write_with_checkpoint
 from pipelines.settings import changelog_path, lake_root, quarantine_path, silver_path
@@ -47,6 +49,8 @@ def silver_cycle(spark: SparkSession, table: str, root: str) -> dict[str, int]:
     changes = bronze_changes(spark, table, w, root)
     if changes is None:
         return {}
+    if (registry := read_registry(spark, root)) is not None:  # a change read before an erasure swept it
+        changes = without_erased(changes, table, registry.localCheckpoint(), erasure_key())
     changes = changes.persist()
     cleaned = CLEANERS[table](changes.filter(~F.col("_deleted"))).persist()
     try:

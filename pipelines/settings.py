@@ -88,3 +88,13 @@ def source_state_file() -> Path:
     able to prove that nothing under the lake root does.
     """
     return Path(os.environ.get("LAKEHOUSE_SOURCE_STATE") or PROJECT_ROOT / ".source" / "shop_state.json")
+
+
+def gdpr_path(root: str | None = None) -> str:
+    """`$LAKEHOUSE_ROOT/_gdpr`: the erasure registry, certificates and audit log (no personal data)."""
+    return f"{(root or lake_root()).rstrip('/')}/_gdpr"
+
+
+def erasure_key_file() -> Path:
+    """Key of the ids' pseudonyms when LAKEHOUSE_ERASURE_KEY is unset: outside the lake, like the source state."""
+    return Path(os.environ.get("LAKEHOUSE_ERASURE_KEY_FILE") or PROJECT_ROOT / ".secrets" / "erasure.key")

@@ -1,0 +1,579 @@
+"""`lakehouse gdpr erase`: a customer's data out of every table, every retained version and every file.
+
+Contract section 4. One run does, in order (each step timed for the certificate):
+
+1. register: the customers' and their orders' pseudonyms (keyed hashes, pipelines.gdpr_request)
+   go into the registry `_gdpr/erased`. From then on ingest drops their events (a replayed
+   insert cannot bring them back) and silver drops their changes;
+2. wait for the bronze writes that were in flight when the registry changed (they may
+   have read it before);
+3. sweep: every row of the customer and of their orders is deleted from bronze main, the
+   delete ledgers, the change logs, the dead letters, silver and quarantine (upserts with
+   `_hoodie_is_deleted`, so Hudi's own ordering rules apply); gold follows through its
+   usual incremental cycle, which reads silver's change feed: customer_ltv loses the row,
+   daily_revenue is recomputed for the days of their orders;
+4. purge: what still holds the data in older versions goes. Savepoints that pin such
+   versions are deleted (and re-created at the new latest commit); merge-on-read tables
+   are compacted until no log file predates the sweep (a pending plan first); copy-on-write
+   tables with a change feed are clustered, because the sweep's own commit wrote the
+   deleted rows' before-images into `.cdc` files of the newest slice; an empty marker
+   commit records from when on incremental reads stay possible (older checkpoints get a
+   full read, hudi_timeline.READABLE_FROM_META); then every table is cleaned down to the
+   newest versions, and metadata tables holding keys (record index) are rebuilt from the
+   cleaned files;
+5. Kafka: tombstones for the erased keys on the source topics, which are set to log
+   compaction, so the broker drops the raw events too;
+6. verify (pipelines.lake_scan and reads): snapshot, time travel to every retained
+   instant, incremental and change-feed reads find nothing, and a scan of every file under
+   the lake root, decoded, finds neither the ids nor the e-mail or name;
+7. certificate (`_gdpr/certificates/<reference>.json`) and one line in `_gdpr/audit.jsonl`,
+   with pseudonyms, counts, instants and timings, never the personal data.
+
+Erasure is a writer of every table. Beside a running ingest stream it needs the stream in
+multi-writer mode (LAKEHOUSE_TABLE_SERVICES=external, as in the Airflow deployment): its
+writes then run under optimistic concurrency control and the tables' locks.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import ClassVar
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+import hudi_configs
+from pipelines import contract, gold
+from pipelines.bronze import DELETED_FLAG
+from pipelines.erasure_registry import (
+    dead_letter_hashes,
+    read_registry,
+    registry_path,
+)
+from pipelines.gdpr_request import ErasureRequest, erasure_key, subject_hash
+from pipelines.hudi_timeline import READABLE_FROM_META, earliest_checkpoint, latest_completion
+from pipelines.lake_scan import ScanReport, Subject, scan_lake
+from pipelines.settings import (
+    dead_letter_path,
+    gdpr_path,
+    gold_path,
+    kafka_bootstrap,
+    lake_root,
+    silver_path,
+)
+from pipelines.table_services import LakeTable, _Client, lake_tables
+from pipelines.table_stats import exists
+
+log = logging.getLogger(__name__)
+
+REGISTRY_OPTIONS = "registry"
+# Tables whose rows hold a customer (key `id`) or an order (key `id`), by name in lake_tables().
+CUSTOMER_TABLES = ("bronze/customers", "bronze/_deletes/customers", "bronze/_changelog/customers",
+                   "silver/customers", "silver/_quarantine/customers")
+ORDER_TABLES = ("bronze/orders", "bronze/_deletes/orders", "bronze/_changelog/orders",
+                "silver/orders", "silver/_quarantine/orders")
+GOLD_BY_CUSTOMER = (f"gold/{gold.STATE}", f"gold/{gold.LTV}")
+# Texts shorter than this are not searched: they would be found everywhere.
+MIN_TEXT = 4
+
+
+# ---------------------------------------------------------------- the registry
+
+
+def _register(spark: SparkSession, root: str, request: ErasureRequest, orders: list[int], key: str) -> int:
+    """Add the request's pseudonyms to the registry (an upsert: a repeated request adds nothing)."""
+    rows = ([(subject_hash("customer", c, key), "customer") for c in request.customer_ids]
+            + [(subject_hash("order", o, key), "order") for o in orders])
+    df = spark.createDataFrame(rows, "subject string, kind string") \
+        .withColumn("request", F.lit(subject_hash("customer", 0, key + request.reference))) \
+        .withColumn("registered_at", F.current_timestamp())
+    df.write.format("hudi").options(**hudi_configs.writer("gdpr", REGISTRY_OPTIONS)) \
+        .mode("append").save(registry_path(root))
+    return len(rows)
+
+
+# ---------------------------------------------------------------- what the lake holds of the subject
+
+
+@dataclass
+class Found:
+    customers: set[int]
+    orders: set[int]
+    texts: set[str]
+    shared_texts: int  # e-mails/names also held by another customer: checked by ids only
+
+
+def _read(spark: SparkSession, path: str) -> DataFrame:
+    return spark.read.format("hudi").options(**hudi_configs.section("reads", "scan")).load(path)
+
+
+def find_subject(spark: SparkSession, root: str, customer_ids: tuple[int, ...]) -> Found:
+    """The customers' rows and orders anywhere in bronze and silver, and their e-mails and names."""
+    tables = {t.name: t for t in lake_tables(root)}
+    ids = list(customer_ids)
+    customers, orders, texts = set(), set(), set()
+    others: list[DataFrame] = []
+    for name in CUSTOMER_TABLES:
+        if not exists(path := tables[name].path):
+            continue
+        df = _read(spark, path)
+        mine = df.filter(F.col("id").isin(ids))
+        customers |= {r[0] for r in mine.select("id").distinct().collect()}
+        if "email" in df.columns:
+            for r in mine.select("email", "full_name").distinct().collect():
+                texts |= {v.strip() for v in r if v and len(v.strip()) >= MIN_TEXT}
+            others.append(df.filter(~F.col("id").isin(ids)).select("email", "full_name"))
+    for name in ORDER_TABLES:
+        if exists(path := tables[name].path) and "customer_id" in (df := _read(spark, path)).columns:
+            orders |= {r[0] for r in df.filter(F.col("customer_id").isin(ids)).select("id").distinct().collect()}
+    shared = _shared(others, texts)
+    return Found(customers, orders, texts - shared, len(shared))
+
+
+def _shared(others: list[DataFrame], texts: set[str]) -> set[str]:
+    """Texts that also occur in another customer's e-mail or name: finding them proves nothing."""
+    if not others or not texts:
+        return set()
+    union = others[0]
+    for df in others[1:]:
+        union = union.unionByName(df)
+    values = F.lower(F.concat_ws("\n", "email", "full_name"))
+    hits = union.select(*[F.max(values.contains(t.lower()).cast("int")).alias(f"t{i}")
+                          for i, t in enumerate(sorted(texts))]).first()
+    return {t for i, t in enumerate(sorted(texts)) if hits[f"t{i}"]}
+
+
+# ---------------------------------------------------------------- sweep
+
+
+def _predicate(name: str, customers: list[int], orders: list[int], key: str) -> Column | None:
+    if name in CUSTOMER_TABLES:
+        return F.col("id").isin(customers) if customers else None
+    if name in ORDER_TABLES:
+        return F.col("id").isin(orders) if orders else None
+    if name in GOLD_BY_CUSTOMER:
+        return F.col("customer_id").isin(customers) if customers else None
+    return None
+
+
+def _delete_rows(spark: SparkSession, table: LakeTable, rows: DataFrame) -> None:
+    """Delete the rows through the table's own writer options (key, partition, index, lock).
+
+    Tables whose rows carry `_hoodie_is_deleted` get an upsert of the rows flagged, at their
+    own ordering value, as every other delete of theirs; the others (change logs, ledgers,
+    dead letters) a delete of their keys.
+    """
+    data = rows.drop(*[c for c in rows.columns if c.startswith("_hoodie_") and c != DELETED_FLAG])
+    if DELETED_FLAG in data.columns:
+        data, operation = data.withColumn(DELETED_FLAG, F.lit(True)), "upsert"
+    else:
+        operation = "delete"
+    options = {**table.options, "hoodie.datasource.write.operation": operation}
+    data.write.format("hudi").options(**options).mode("append").save(table.path)
+
+
+def sweep(spark: SparkSession, root: str, customers: list[int], orders: list[int], key: str,
+          registry: DataFrame) -> dict[str, dict[str, object]]:
+    """Delete the subject's rows from every table that holds rows of it; then let gold follow silver."""
+    touched: dict[str, dict[str, object]] = {}
+    for table in lake_tables(root):
+        if not exists(table.path):
+            continue
+        if table.path == dead_letter_path(root):
+            df = _read(spark, table.path)
+            mine = df.withColumn("_h", dead_letter_hashes(df, key)).join(
+                F.broadcast(registry.select("subject")), F.array_contains(F.col("_h"), F.col("subject")),
+                "left_semi").drop("_h")
+        else:
+            predicate = _predicate(table.name, customers, orders, key)
+            if predicate is None:
+                continue
+            mine = _read(spark, table.path).filter(predicate)
+        mine = mine.localCheckpoint()
+        n = mine.count()
+        if n:
+            _delete_rows(spark, table, mine)
+            touched[table.name] = {"rows_removed": n, "instant": latest_completion(spark, table.path)}
+            log.info("%s: %d rows deleted", table.name, n)
+    if any(name.startswith("silver/") and not name.startswith("silver/_") for name in touched):
+        before = {t: latest_completion(spark, gold_path(t, root)) for t in (gold.STATE, gold.LTV, gold.DAILY)}
+        gold.gold_cycle(spark, root, silver_path("customers", root), silver_path("orders", root))
+        for t, was in before.items():
+            now = latest_completion(spark, gold_path(t, root))
+            if now != was:
+                touched[f"gold/{t}"] = {"recomputed": True, "instant": now}
+    return touched
+
+
+# ---------------------------------------------------------------- purge of older versions
+
+
+class _Purger(_Client):
+    """The services client with the settings of an erasure: keep only the newest version of everything."""
+
+    OVERRIDES: ClassVar[dict[str, str]] = {
+        "hoodie.clean.policy": "KEEP_LATEST_COMMITS",
+        "hoodie.clean.commits.retained": "1",
+        "hoodie.cleaner.commits.retained": "1",
+    }
+
+    def __init__(self, spark: SparkSession, table: LakeTable) -> None:
+        super().__init__(spark, LakeTable(table.name, table.path, {**table.options, **self.OVERRIDES}))
+
+    def savepoints(self) -> list[str]:
+        found, it = [], self.meta.reloadActiveTimeline().getSavePointTimeline().filterCompletedInstants() \
+            .getInstants().iterator()
+        while it.hasNext():
+            found.append(it.next().requestedTime())
+        return found
+
+    def compact_all(self, after: str) -> list[str]:
+        """Compact until a compaction planned after `after` (the sweep) has run: no log file predates it."""
+        done: list[str] = []
+        for _ in range(4):
+            report = self.compact()
+            done += report["executed"]
+            if any(instant > after for instant in done) or report["planned"] is None:
+                break
+        return done
+
+    def slices_written_since(self, since: str) -> list[str]:
+        """File ids whose newest file slice a commit started at or after `since` wrote."""
+        hudi = self._jvm.org.apache.hudi
+        view = hudi.common.table.view.HoodieTableFileSystemView.fileListingBasedFileSystemView(
+            self._context, self.meta, self.meta.reloadActiveTimeline().getCommitsTimeline().filterCompletedInstants())
+        found = []
+        for partition in hudi.common.fs.FSUtils.getAllPartitionPaths(
+                self._context, self.meta.getStorage(), self._table.path, False):
+            slices = view.getLatestFileSlices(partition).iterator()
+            while slices.hasNext():
+                piece = slices.next()
+                if piece.getBaseInstantTime() >= since:
+                    found.append(piece.getFileId())
+        view.close()
+        return found
+
+    def metadata_partitions(self) -> set[str]:
+        return set(self.meta.getTableConfig().getMetadataPartitions())
+
+    def marker(self, readable_from: str) -> str:
+        """An empty replace commit saying that no incremental read may start before `readable_from`."""
+        jvm = self._jvm
+        self.meta.reloadActiveTimeline()
+        action = jvm.org.apache.hudi.common.table.timeline.HoodieTimeline.REPLACE_COMMIT_ACTION
+        self.client.setOperationType(jvm.org.apache.hudi.common.model.WriteOperationType.CLUSTER)
+        instant = self.client.startCommit(action, self.meta)
+        requested = self.meta.createNewInstant(
+            jvm.org.apache.hudi.common.table.timeline.HoodieInstant.State.REQUESTED, action, instant)
+        self.meta.reloadActiveTimeline().transitionReplaceRequestedToInflight(
+            requested, jvm.org.apache.hudi.common.util.Option.empty())
+        extra = jvm.java.util.HashMap()
+        extra.put(READABLE_FROM_META, readable_from)
+        extra.put("_lakehouse.erasure", "purge")
+        empty = self._spark.sparkContext._jsc.emptyRDD()
+        self.client.commit(instant, empty, jvm.org.apache.hudi.common.util.Option.of(extra), action,
+                           jvm.java.util.HashMap())
+        return instant
+
+
+def purge(spark: SparkSession, root: str, names: set[str], sweep_started: str,
+          progress: Callable[[str], None]) -> dict[str, dict[str, object]]:
+    """Remove every older version of the named tables that may still hold the subject."""
+    report: dict[str, dict[str, object]] = {}
+    for table in [t for t in lake_tables(root) if t.name in names and exists(t.path)]:
+        progress(f"purging {table.name}")
+        done: dict[str, object] = {}
+        with _Purger(spark, table) as client:
+            if savepoints := client.savepoints():
+                for instant in savepoints:
+                    client.client.deleteSavepoint(instant)
+                done["savepoints_deleted"] = savepoints
+            if table.merge_on_read:
+                done["compactions"] = client.compact_all(sweep_started)
+            if table.options.get("hoodie.table.cdc.enabled") == "true":
+                # The change-feed files of the erasure's own commits hold the deleted rows'
+                # before-images, in the newest slice: write those file groups once more.
+                done["rewritten_file_groups"] = _rewrite(spark, table, client.slices_written_since(sweep_started))
+            readable_from = latest_completion(spark, table.path)
+            done["marker"] = client.marker(readable_from)
+            cleans = []
+            for _ in range(10):  # a writer's commit in flight holds the cleaner back: wait for it
+                cleaned = client.clean()
+                cleans.append(cleaned)
+                if (cleaned.get("earliest_retained") or "") >= done["marker"]:
+                    break
+                time.sleep(3)
+            done["cleans"] = cleans
+            if savepoints:
+                client.client.savepoint("lakehouse-gdpr", "re-created after an erasure")
+                done["savepoint_recreated"] = latest_completion(spark, table.path)
+            # The record index (and column stats, on tables written before they were turned
+            # off) keep deleted keys and values in the metadata table's logs and HFiles.
+            rebuild = client.metadata_partitions() - {"files"}
+        if rebuild:
+            _rebuild_metadata(spark, table)
+            done["metadata_table_rebuilt"] = sorted(rebuild)
+        report[table.name] = done
+    return report
+
+
+def _rewrite(spark: SparkSession, table: LakeTable, file_ids: list[str]) -> int:
+    """Upsert the rows of these file groups unchanged: each gets a new slice, the old one goes with the clean."""
+    if not file_ids:
+        return 0
+    rows = _read(spark, table.path).filter(F.split("_hoodie_file_name", "_")[0].isin(file_ids))
+    rows = rows.drop(*[c for c in rows.columns if c.startswith("_hoodie_") and c != DELETED_FLAG]).localCheckpoint()
+    if rows.isEmpty():
+        return 0
+    rows.write.format("hudi").options(**{**table.options, "hoodie.datasource.write.operation": "upsert"}) \
+        .mode("append").save(table.path)
+    return len(file_ids)
+
+
+def _rebuild_metadata(spark: SparkSession, table: LakeTable) -> None:
+    """Drop the metadata table (its logs and HFiles keep deleted keys) and build it again from the files."""
+    with _Purger(spark, table) as client:
+        jvm = client._jvm
+        util = jvm.org.apache.hudi.metadata.HoodieTableMetadataUtil
+        util.deleteMetadataTable(client.meta, client._context, False)
+        writer = jvm.org.apache.hudi.metadata.SparkHoodieBackedTableMetadataWriter.create(
+            client.meta.getStorageConf(), client._config, client._context)
+        writer.close()
+
+
+# ---------------------------------------------------------------- Kafka
+
+
+def kafka_tombstones(bootstrap: str, customers: list[int], orders: list[int]) -> dict[str, object]:
+    """Tombstones for the erased keys, and log compaction on the source topics, so Kafka drops the raw events."""
+    from kafka import KafkaProducer
+    from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient
+
+    configs = hudi_configs.section("gdpr", "kafka_topics")
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="lakehouse-gdpr")
+    try:
+        admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, contract.topic(t), configs=configs)
+                             for t in contract.TABLES])
+    finally:
+        admin.close()
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    try:
+        for table, ids in (("customers", customers), ("orders", orders)):
+            for i in ids:
+                producer.send(contract.topic(table), key=json.dumps({"id": i}).encode(), value=None)
+        producer.flush(60)
+    finally:
+        producer.close()
+    return {"tombstones": len(customers) + len(orders), "topics": [contract.topic(t) for t in contract.TABLES],
+            "topic_config": configs}
+
+
+# ---------------------------------------------------------------- verification
+
+
+def _holds(name: str, df: DataFrame, customers: list[int], orders: list[int], texts: list[str], key: str,
+           registry: DataFrame | None) -> Column | None:
+    """Rows of `df` (a read of table `name`) that hold the subject."""
+    checks = []
+    if (p := _predicate(name, customers, orders, key)) is not None:
+        checks.append(p)
+    if "customer_id" in df.columns and customers:
+        checks.append(F.col("customer_id").isin(customers))
+    strings = [c for c, t in df.dtypes if t == "string"]
+    if texts and strings:
+        blob = F.lower(F.concat_ws("\n", *strings))
+        checks += [blob.contains(t.lower()) for t in texts]
+    if not checks:
+        return None
+    out = checks[0]
+    for c in checks[1:]:
+        out = out | c
+    return out
+
+
+def verify(spark: SparkSession, root: str, customers: list[int], orders: list[int], texts: list[str], key: str,
+           progress: Callable[[str], None]) -> dict[str, object]:
+    """Every read the lake serves, and every file under its root, checked for the subject."""
+    registry = read_registry(spark, root)
+    failures: list[str] = []
+    reads = 0
+    for table in lake_tables(root):
+        if not exists(table.path):
+            continue
+        progress(f"verifying {table.name}")
+        jobs: list[tuple[str, DataFrame]] = [("snapshot", _read(spark, table.path))]
+        for instant in _retained_instants(spark, table.path):
+            jobs.append((f"time travel to {instant}", spark.read.format("hudi").options(
+                **hudi_configs.section("reads", "scan")).option("as.of.instant", instant).load(table.path)))
+        # Incremental and change-feed reads from the oldest checkpoint a consumer can still hold.
+        since = earliest_checkpoint(spark, table.path) or "000"
+        if since < (latest := latest_completion(spark, table.path) or ""):
+            jobs.append(("incremental read of the retained timeline", spark.read.format("hudi")
+                         .options(**hudi_configs.section("reads", "incremental"))
+                         .option("hoodie.datasource.read.begin.instanttime", since)
+                         .option("hoodie.datasource.read.end.instanttime", latest)
+                         .load(table.path)))
+            if table.options.get("hoodie.table.cdc.enabled") == "true":
+                jobs.append(("change feed of the retained timeline", spark.read.format("hudi")
+                             .options(**hudi_configs.section("reads", "incremental"))
+                             .option("hoodie.datasource.query.incremental.format", "cdc")
+                             .option("hoodie.datasource.read.begin.instanttime", since)
+                             .option("hoodie.datasource.read.end.instanttime", latest)
+                             .load(table.path)))
+        for what, df in jobs:
+            reads += 1
+            if table.path == dead_letter_path(root) and registry is not None:
+                hits = df.withColumn("_h", dead_letter_hashes(df, key)).join(
+                    F.broadcast(registry.select("subject")), F.array_contains(F.col("_h"), F.col("subject")),
+                    "left_semi").count()
+            elif what.startswith("change feed"):
+                blob = F.lower(F.concat_ws("\n", F.col("before"), F.col("after")))
+                ids = [rf'"(id|customer_id)"\s*:\s*{i}\b' for i in customers] if table.name.split("/")[-1] in (
+                    "customers", gold.STATE.lstrip("_"), gold.STATE, gold.LTV) else []
+                ids += [rf'"id"\s*:\s*{i}\b' for i in orders] if table.name.endswith("orders") else []
+                ids += [rf'"customer_id"\s*:\s*{i}\b' for i in customers]
+                cond = F.lit(False)
+                for pattern in ids:
+                    cond = cond | F.col("_blob").rlike(pattern)
+                for t in texts:
+                    cond = cond | F.col("_blob").contains(t.lower())
+                hits = df.withColumn("_blob", blob).filter(cond).count()
+            else:
+                cond = _holds(table.name, df, customers, orders, texts, key, registry)
+                hits = df.filter(cond).count() if cond is not None else 0
+            if hits:
+                failures.append(f"{table.name}: {what} returns {hits} row(s) of the subject")
+    progress("scanning every file under the lake root")
+    scan = scan_lake(spark, root, Subject(frozenset(customers), frozenset(orders), frozenset(texts)))
+    failures += [f"{f.path} ({f.table}): {f.what}" for f in scan.findings]
+    return {"passed": not failures, "reads_checked": reads, "failures": failures, "scan": _scan_summary(scan)}
+
+
+def _retained_instants(spark: SparkSession, path: str) -> list[str]:
+    """Instants time travel can still answer: completed commits at or after the last clean's horizon."""
+    from pipelines.hudi_timeline import _completed, earliest_retained
+
+    retain = earliest_retained(spark, path) or ""
+    found, it = [], _completed(spark, path).getInstants().iterator()
+    while it.hasNext():
+        instant = it.next()
+        if instant.requestedTime() >= retain:
+            found.append(instant.requestedTime())
+    return found
+
+
+def _scan_summary(scan: ScanReport) -> dict[str, object]:
+    return {"files": scan.files, "decoded": scan.decoded, "records": scan.records,
+            "findings": len(scan.findings), "seconds": round(scan.seconds, 1)}
+
+
+# ---------------------------------------------------------------- the run
+
+
+@dataclass
+class _Clock:
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @contextmanager
+    def step(self, name: str):
+        started = time.monotonic()
+        log.info("erasure: %s", name)
+        try:
+            yield
+        finally:
+            self.timings[name] = round(time.monotonic() - started, 2)
+
+
+def erase(request: ErasureRequest, spark: SparkSession | None = None, root: str | None = None,
+          bootstrap: str | None = None, progress: Callable[[str], None] = log.info) -> dict[str, object]:
+    """Erase and verify; returns the certificate (also written under `_gdpr/`)."""
+    from pipelines.spark import get_spark
+
+    spark = spark or get_spark("lakehouse-gdpr")
+    root = root or lake_root()
+    key = erasure_key()
+    clock = _Clock()
+    started = datetime.now(UTC)
+    with clock.step("find"):
+        found = find_subject(spark, root, request.customer_ids)
+    customers, orders = list(request.customer_ids), sorted(found.orders)
+    progress(f"found {len(found.customers)} of {len(customers)} customer(s) and {len(orders)} order(s)")
+    with clock.step("register"):
+        _register(spark, root, request, orders, key)
+        sweep_started = datetime.now().strftime("%Y%m%d%H%M%S%f")[:17]
+        registry = read_registry(spark, root)
+    with clock.step("sweep"):
+        touched = sweep(spark, root, customers, orders, key, registry)
+    kafka: dict[str, object] = {}
+    with clock.step("kafka"):
+        try:
+            kafka = kafka_tombstones(bootstrap or kafka_bootstrap(), customers, orders)
+        except Exception as exc:  # the lake is erased regardless; the certificate says what Kafka still holds
+            kafka = {"error": f"{type(exc).__name__}: {exc}"}
+    texts = sorted(found.texts)
+    # What held the subject keeps older versions of it: purge those tables (gold included,
+    # recomputed from silver); then verify. Whatever verification still finds (a run cut
+    # short before, a write that raced the sweep) gets a purge of every table and a second sweep.
+    purged: dict[str, dict[str, object]] = {}
+    if touched:
+        with clock.step("purge"):
+            purged = purge(spark, root, set(touched), sweep_started, progress)
+    with clock.step("verify"):
+        result = verify(spark, root, customers, orders, texts, key, progress)
+    if not result["passed"]:
+        log.warning("erasure: verification found the subject (%s); purging every table",
+                    "; ".join(result["failures"][:5]))
+        with clock.step("sweep again"):
+            touched |= sweep(spark, root, customers, orders, key, registry)
+        with clock.step("purge everything"):
+            purged |= purge(spark, root, {t.name for t in lake_tables(root)}, sweep_started, progress)
+        with clock.step("verify again"):
+            result = verify(spark, root, customers, orders, texts, key, progress)
+    nothing = not found.customers and not found.orders and not touched
+    certificate = {
+        "reference": request.reference,
+        "requested_by": request.requested_by,
+        "status": ("nothing left to erase" if nothing else "erased") if result["passed"] else "NOT VERIFIED",
+        "verified": result["passed"],
+        "started_at": started.isoformat(),
+        "finished_at": datetime.now(UTC).isoformat(),
+        "subjects": {"customers": [subject_hash("customer", c, key) for c in customers],
+                     "orders": len(orders), "duplicates_in_request": request.duplicates,
+                     "found_in_lake": len(found.customers),
+                     "texts_checked": len(found.texts), "texts_shared_with_other_customers": found.shared_texts},
+        "tables": touched,
+        "purge": purged,
+        "kafka": kafka,
+        "verification": result,
+        "timings_s": clock.timings,
+    }
+    _write_certificate(root, certificate)
+    return certificate
+
+
+def certificate_path(root: str, reference: str) -> str:
+    return f"{gdpr_path(root)}/certificates/{reference.replace('/', '_')}.json"
+
+
+def _write_certificate(root: str, certificate: dict[str, object]) -> None:
+    """The certificate, and one line of the audit log (local lake roots: plain files)."""
+    path = Path(certificate_path(root, str(certificate["reference"])))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(certificate, indent=2, sort_keys=True, default=str)
+    if path.exists():  # a repeated request keeps every run's certificate
+        path = path.with_name(f"{path.stem}.{datetime.now(UTC).strftime('%Y%m%dT%H%M%S')}.json")
+    path.write_text(text)
+    audit = {k: certificate[k] for k in ("reference", "requested_by", "status", "verified", "started_at",
+                                         "finished_at")}
+    audit |= {"subjects": certificate["subjects"]["customers"], "certificate": str(path),
+              "rows_removed": sum(int(t.get("rows_removed", 0)) for t in certificate["tables"].values())}
+    with (path.parent.parent / "audit.jsonl").open("a") as fh:
+        fh.write(json.dumps(audit, sort_keys=True, default=str) + "\n")
+    certificate["certificate"] = str(path)
