@@ -13,6 +13,7 @@ MVN    := mvn -q -B -f jvm/pom.xml
 DEMO   := .demo
 DEMO_PORT ?= 19092
 DEMO_ENV := LAKEHOUSE_ROOT=$(CURDIR)/$(DEMO)/lake LAKEHOUSE_SOURCE_STATE=$(CURDIR)/$(DEMO)/shop_state.json \
+            LAKEHOUSE_ERASURE_KEY_FILE=$(CURDIR)/$(DEMO)/erasure.key \
             KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:$(DEMO_PORT)
 
 .PHONY: setup demo test test-fast lint package kafka-up kafka-down airflow clean help
@@ -42,7 +43,7 @@ $(AF_VENV)/.installed: dags/requirements.txt pyproject.toml
 	$(MVN) -P kafka dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(CURDIR)/.jvm/kafka
 	touch $@
 
-demo: setup  ## End to end on the embedded local default: Kafka, a workload, ingest, etl (silver, gold), stats, gold samples, quality
+demo: setup  ## End to end on the embedded local default: Kafka, a workload, ingest, etl (silver, gold), stats, gold samples, quality, an erasure
 	rm -rf $(DEMO) && mkdir -p $(DEMO)
 	$(BIN)/lakehouse kafka up --port $(DEMO_PORT) --data-dir $(DEMO)/kafka
 	( set -e; trap '$(BIN)/lakehouse kafka down --data-dir $(DEMO)/kafka' EXIT; \
@@ -56,7 +57,8 @@ demo: setup  ## End to end on the embedded local default: Kafka, a workload, ing
 	  $(DEMO_ENV) $(BIN)/lakehouse show gold/customer_ltv --limit 5; \
 	  $(DEMO_ENV) $(BIN)/lakehouse show gold/daily_revenue --limit 5; \
 	  $(DEMO_ENV) $(BIN)/lakehouse quality; \
-	  $(DEMO_ENV) $(BIN)/lakehouse dead-letters list --limit 5 )
+	  $(DEMO_ENV) $(BIN)/lakehouse dead-letters list --limit 5; \
+	  $(DEMO_ENV) $(BIN)/lakehouse gdpr erase --customer-id 7 --reference DEMO-ERASURE-1 --requested-by demo )
 
 test: setup  ## The whole test suite (starts its own Kafka brokers; real Spark, Hudi and Airflow)
 	$(BIN)/pytest

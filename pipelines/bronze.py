@@ -44,8 +44,9 @@ from pyspark.storagelevel import StorageLevel
 
 import hudi_configs
 from pipelines import contract
-from pipelines.erasure_registry import dead_letters_without_erased, read_registry, without_erased
+from pipelines.erasure_registry import dead_letters_without_erased, read_registry, registry_path, without_erased
 from pipelines.gdpr_request import erasure_key
+from pipelines.hudi_timeline import latest_completion
 from pipelines.settings import (
     INGEST_TRIGGER_SECONDS,
     changelog_path,
@@ -71,6 +72,9 @@ DEAD_LETTER_COLUMNS = ("position", "kafka_topic", "kafka_partition", "kafka_offs
 # Commit metadata (Hudi adds every write option starting with the commit-metadata prefix, "_").
 BATCH_ID_META = "_lakehouse.batch_id"
 OFFSETS_META = "_lakehouse.kafka_end_offsets"
+# The erasure registry's version (completion time of its newest commit) the batch filtered
+# with: an erasure finds the batches that may have read an older one (pipelines.gdpr).
+REGISTRY_META = "_lakehouse.erasure_registry"
 
 
 # --------------------------------------------------------------------------- parsing
@@ -315,6 +319,8 @@ class BronzeBatchWriter:
             commit_meta = {BATCH_ID_META: str(batch_id), OFFSETS_META: json.dumps(
                 {f"{t}/{p}": o + 1 for t, p, o, _ in offsets}, sort_keys=True)}
             erased = self._erased()
+            if erased:
+                commit_meta[REGISTRY_META] = erased[2]
             parsed = {t: parse_events(batch.filter(F.col("topic") == contract.topic(t)), t).persist(
                 StorageLevel.MEMORY_AND_DISK) for t in contract.TABLES}
             try:
@@ -329,10 +335,15 @@ class BronzeBatchWriter:
         report.seconds = time.monotonic() - started
         log.info(report.line())
 
-    def _erased(self) -> tuple[DataFrame, str] | None:
-        """The erasure registry and the key of its pseudonyms, read once per batch; None before any erasure."""
-        registry = read_registry(self.spark, self.root)
-        return None if registry is None else (registry.localCheckpoint(), erasure_key())
+    def _erased(self) -> tuple[DataFrame, str, str] | None:
+        """The erasure registry, the key of its pseudonyms and the registry's version, read once per batch.
+
+        None before the first erasure.
+        """
+        path = registry_path(self.root)
+        version = latest_completion(self.spark, path) if table_exists(self.spark, path) else None
+        registry = read_registry(self.spark, self.root) if version else None
+        return None if registry is None else (registry.localCheckpoint(), erasure_key(), version)
 
     @staticmethod
     def _end_offsets(batch: DataFrame) -> list[tuple[str, int, int, int]]:
@@ -341,13 +352,13 @@ class BronzeBatchWriter:
         return [(r["topic"], r["partition"], r["o"], r["n"]) for r in rows.collect()]
 
     def _write_dead_letters(self, parsed: dict[str, DataFrame], batch_id: int, meta: dict[str, str],
-                            report: BatchReport, erased: tuple[DataFrame, str] | None) -> None:
+                            report: BatchReport, erased: tuple[DataFrame, str, str] | None) -> None:
         rows = None
         for events in parsed.values():
             d = dead_letters(events, batch_id)
             rows = d if rows is None else rows.unionByName(d)
         if erased is not None:  # a malformed record of an erased customer is not kept either
-            rows = dead_letters_without_erased(rows, *erased)
+            rows = dead_letters_without_erased(rows, *erased[:2])
         rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
         try:
             n = rows.count()
@@ -359,7 +370,7 @@ class BronzeBatchWriter:
             rows.unpersist()
 
     def _apply(self, table: str, events: DataFrame, meta: dict[str, str], report: BatchReport,
-               erased: tuple[DataFrame, str] | None) -> None:
+               erased: tuple[DataFrame, str, str] | None) -> None:
         counts = report.counts.setdefault(table, {})
         kinds = {r["kind"]: r["count"] for r in events.groupBy("kind").count().collect()}
         for kind in ("tombstone", "ignored", "truncate", "dead"):
@@ -371,7 +382,7 @@ class BronzeBatchWriter:
         main_state = read_state(self.spark, main)
         changes = _change_rows(events, table)
         if erased is not None:  # events of erased customers and their orders never reach the lake again
-            changes = without_erased(changes, table, *erased)
+            changes = without_erased(changes, table, *erased[:2])
         synthetic = truncate_deletes(events, main_state, table) if kinds.get("truncate") else None
         if synthetic is not None:
             changes = changes.unionByName(synthetic)

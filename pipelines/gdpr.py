@@ -51,14 +51,20 @@ from pyspark.sql import functions as F
 
 import hudi_configs
 from pipelines import contract, gold
-from pipelines.bronze import DELETED_FLAG
+from pipelines.bronze import BATCH_ID_META, DELETED_FLAG, REGISTRY_META
 from pipelines.erasure_registry import (
     dead_letter_hashes,
     read_registry,
     registry_path,
 )
 from pipelines.gdpr_request import ErasureRequest, erasure_key, subject_hash
-from pipelines.hudi_timeline import READABLE_FROM_META, earliest_checkpoint, latest_completion
+from pipelines.hudi_timeline import (
+    READABLE_FROM_META,
+    earliest_checkpoint,
+    extra_meta_after,
+    latest_completion,
+    pending_writes,
+)
 from pipelines.lake_scan import ScanReport, Subject, scan_lake
 from pipelines.settings import (
     dead_letter_path,
@@ -97,6 +103,46 @@ def _register(spark: SparkSession, root: str, request: ErasureRequest, orders: l
     df.write.format("hudi").options(**hudi_configs.writer("gdpr", REGISTRY_OPTIONS)) \
         .mode("append").save(registry_path(root))
     return len(rows)
+
+
+# ---------------------------------------------------------------- the ingest stream, beside the erasure
+
+
+def _bronze_paths(root: str) -> list[str]:
+    return [t.path for t in lake_tables(root) if t.name.startswith("bronze/") and exists(t.path)]
+
+
+def wait_for_bronze_writes(spark: SparkSession, root: str, timeout: float = 180) -> list[str]:
+    """Wait until the bronze writes in flight now have ended; returns those still pending at the timeout.
+
+    A batch in flight may have read the registry before this erasure added to it. A write
+    left in flight by a killed job never ends (the next clean rolls it back): after the
+    timeout the erasure goes on, and the stale-write check below still covers anything
+    that commits later.
+    """
+    waiting = {path: set(pending_writes(spark, path)) for path in _bronze_paths(root)}
+    deadline = time.monotonic() + timeout
+    while True:
+        waiting = {p: w & set(pending_writes(spark, p)) for p, w in waiting.items()}
+        left = [f"{p}@{i}" for p, w in waiting.items() for i in sorted(w)]
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(1)
+
+
+def stale_bronze_writes(spark: SparkSession, root: str, since: str, registered: str) -> int:
+    """Ingest commits completed after `since` that filtered with a registry older than `registered`."""
+    stale = 0
+    for path in _bronze_paths(root):
+        for meta in extra_meta_after(spark, path, since, (BATCH_ID_META, REGISTRY_META)):
+            if BATCH_ID_META in meta and (meta.get(REGISTRY_META) or "") < registered:
+                stale += 1
+    return stale
+
+
+def _now_instant() -> str:
+    """Now as a Hudi instant time (local time, the timeline's default zone), comparable with completion times."""
+    return datetime.now().strftime("%Y%m%d%H%M%S%f")[:17]
 
 
 # ---------------------------------------------------------------- what the lake holds of the subject
@@ -507,8 +553,11 @@ def erase(request: ErasureRequest, spark: SparkSession | None = None, root: str 
     progress(f"found {len(found.customers)} of {len(customers)} customer(s) and {len(orders)} order(s)")
     with clock.step("register"):
         _register(spark, root, request, orders, key)
-        sweep_started = datetime.now().strftime("%Y%m%d%H%M%S%f")[:17]
+        registered = latest_completion(spark, registry_path(root)) or ""
         registry = read_registry(spark, root)
+        sweep_started = _now_instant()
+    with clock.step("wait for bronze writes"):
+        wait_for_bronze_writes(spark, root)
     with clock.step("sweep"):
         touched = sweep(spark, root, customers, orders, key, registry)
     kafka: dict[str, object] = {}
@@ -519,22 +568,35 @@ def erase(request: ErasureRequest, spark: SparkSession | None = None, root: str 
             kafka = {"error": f"{type(exc).__name__}: {exc}"}
     texts = sorted(found.texts)
     # What held the subject keeps older versions of it: purge those tables (gold included,
-    # recomputed from silver); then verify. Whatever verification still finds (a run cut
-    # short before, a write that raced the sweep) gets a purge of every table and a second sweep.
+    # recomputed from silver); then verify.
     purged: dict[str, dict[str, object]] = {}
     if touched:
         with clock.step("purge"):
             purged = purge(spark, root, set(touched), sweep_started, progress)
     with clock.step("verify"):
         result = verify(spark, root, customers, orders, texts, key, progress)
-    if not result["passed"]:
-        log.warning("erasure: verification found the subject (%s); purging every table",
-                    "; ".join(result["failures"][:5]))
-        with clock.step("sweep again"):
-            touched |= sweep(spark, root, customers, orders, key, registry)
-        with clock.step("purge everything"):
+    # Anything found now (a run cut short earlier), or an ingest batch that filtered with the
+    # registry as it was before this request and committed after the sweep began, gets another
+    # sweep and a purge of every table.
+    swept_from = sweep_started
+    for attempt in range(1, 4):
+        with clock.step(f"wait for bronze writes {attempt}"):
+            wait_for_bronze_writes(spark, root)
+            stale = stale_bronze_writes(spark, root, swept_from, registered)
+        if result["passed"] and not stale:
+            break
+        log.warning("erasure: %s; sweeping and purging every table again",
+                    f"{stale} ingest commit(s) raced the sweep" if stale else
+                    "verification found the subject: " + "; ".join(result["failures"][:5]))
+        swept_from = _now_instant()
+        with clock.step(f"sweep again {attempt}"):
+            for name, done in sweep(spark, root, customers, orders, key, registry).items():
+                was = touched.get(name, {})
+                removed = int(was.get("rows_removed", 0)) + int(done.get("rows_removed", 0))
+                touched[name] = {**was, **done, "rows_removed": removed}
+        with clock.step(f"purge everything {attempt}"):
             purged |= purge(spark, root, {t.name for t in lake_tables(root)}, sweep_started, progress)
-        with clock.step("verify again"):
+        with clock.step(f"verify again {attempt}"):
             result = verify(spark, root, customers, orders, texts, key, progress)
     nothing = not found.customers and not found.orders and not touched
     certificate = {

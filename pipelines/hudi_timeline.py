@@ -115,6 +115,25 @@ def instant_of_batch(spark: SparkSession, path: str, key: str, batch: int) -> st
     return found
 
 
+def pending_writes(spark: SparkSession, path: str) -> list[str]:
+    """Requested times of the writes in flight (requested or inflight commits, compaction plans excluded)."""
+    pending = _active(spark, path).getCommitsTimeline().filterPendingExcludingCompaction().getInstants().iterator()
+    found = []
+    while pending.hasNext():
+        found.append(pending.next().requestedTime())
+    return found
+
+
+def extra_meta_after(spark: SparkSession, path: str, completion: str, keys: tuple[str, ...]) -> list[dict[str, str]]:
+    """Commit metadata `keys` of every commit completed after `completion` (absent keys left out)."""
+    timeline = _completed(spark, path)
+    found = []
+    for instant in _between(timeline, completion, "9" * 17):
+        extra = timeline.readCommitMetadata(instant).getExtraMetadata()
+        found.append({k: extra.get(k) for k in keys if extra.containsKey(k)})
+    return found
+
+
 def checkpoint(spark: SparkSession, path: str) -> dict[str, str]:
     """The `_lakehouse.checkpoint` of the newest commit that has one, {} if none.
 

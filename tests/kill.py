@@ -54,3 +54,23 @@ def run_until(cmd: list[str], env: dict[str, str], log_path: Path, point: Callab
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def wait_while_running(condition: Callable[[], bool], job: subprocess.Popen, log_path: Path,
+                       seconds: float = 300) -> None:
+    """Poll `condition` until it holds; fail at once, with the job's log, if the job stops first."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        assert job.poll() is None, "the job stopped: " + log_path.read_text()[-3000:]
+        if condition():
+            return
+        time.sleep(3)
+    raise AssertionError("timed out; the job's log: " + log_path.read_text()[-3000:])
+
+
+def bronze_as_model(root: str) -> dict:
+    """bronze's live rows in the model's shape (contract columns only), read with hudi-rs."""
+    from pipelines.contract import COLUMNS, TABLES
+    from tests.lake import bronze_hudi_rs
+
+    return {t: {k: {c: v[c] for c in COLUMNS[t]} for k, v in bronze_hudi_rs(root, t).items()} for t in TABLES}

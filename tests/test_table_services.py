@@ -14,15 +14,14 @@ import signal
 import subprocess
 import sys
 import threading
-import time
-from pathlib import Path
 
 import pytest
 
-from pipelines.contract import COLUMNS, TABLES
+from pipelines.contract import TABLES
 from pipelines.generator import ShopSource, WorkloadConfig, ensure_topics, produce
 from pipelines.settings import main_path
 from tests.hudi_files import log_files
+from tests.kill import bronze_as_model, wait_while_running
 from tests.lake import assert_bronze_equals_model, bronze_hudi_rs
 from tests.model import fold_with_lsn
 
@@ -63,10 +62,10 @@ def test_services_compact_and_clean_while_ingest_runs(broker, spark, tmp_path) -
                                   env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
     producer = threading.Thread(target=keep_producing, daemon=True)
     try:
-        _wait_for(lambda: all(bronze_hudi_rs(root, t) for t in TABLES), ingest, log_path)
+        wait_while_running(lambda: all(bronze_hudi_rs(root, t) for t in TABLES), ingest, log_path)
         producer.start()
         # Something to compact: log files, appended by batches after the first.
-        _wait_for(lambda: all(log_files(main_path(t, root)) for t in TABLES), ingest, log_path)
+        wait_while_running(lambda: all(log_files(main_path(t, root)) for t in TABLES), ingest, log_path)
         before = {t: log_files(main_path(t, root)) for t in TABLES}
         reports = []
         for _ in range(2):
@@ -78,8 +77,7 @@ def test_services_compact_and_clean_while_ingest_runs(broker, spark, tmp_path) -
         stop.set()
         producer.join()
         expected, lsns = fold_with_lsn(sent)
-        _wait_for(lambda: {t: {k: {c: v[c] for c in COLUMNS[t]} for k, v in bronze_hudi_rs(root, t).items()}
-                           for t in TABLES} == expected, ingest, log_path)
+        wait_while_running(lambda: bronze_as_model(root) == expected, ingest, log_path)
         ingest.send_signal(signal.SIGTERM)
         assert ingest.wait(timeout=120) == 0, log_path.read_text()[-3000:]
     finally:
@@ -95,12 +93,3 @@ def test_services_compact_and_clean_while_ingest_runs(broker, spark, tmp_path) -
         assert not before[t] & log_files(main_path(t, root)), f"bronze/{t}: compacted log files still there"
     assert_bronze_equals_model(spark, root, expected, lsns)
 
-
-def _wait_for(condition, ingest: subprocess.Popen, log_path: Path, seconds: float = 300) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        assert ingest.poll() is None, "ingest stopped: " + log_path.read_text()[-3000:]
-        if condition():
-            return
-        time.sleep(3)
-    raise AssertionError("timed out; ingest log: " + log_path.read_text()[-3000:])

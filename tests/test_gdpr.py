@@ -1,0 +1,406 @@
+"""GDPR erasure (contract section 4) on lakes built by the real pipeline: real Kafka, Spark, Hudi.
+
+The independent model says what the lake must hold after an erasure: the source folded as
+usual (tests/model.py), minus the erased customers, their orders, and every order id that
+ever belonged to them (the registry blocks those ids for good). Tables are read back with
+Spark and with hudi-rs; `lake_scan` decodes every file under the root.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kafka import KafkaConsumer
+from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient
+from pyspark.sql import SparkSession
+
+from pipelines.bronze import run_ingest
+from pipelines.contract import TABLES, topic
+from pipelines.etl import run_etl
+from pipelines.gdpr import erase
+from pipelines.gdpr_request import parse_request
+from pipelines.generator import Message, ShopSource, WorkloadConfig, ensure_topics, produce
+from pipelines.lake_scan import Subject, scan_lake
+from pipelines.table_services import lake_tables
+from pipelines.table_stats import exists, read_table
+from tests.kill import bronze_as_model, wait_while_running
+from tests.lake import assert_bronze_equals_model, assert_lake_equals_model, bronze_hudi_rs
+from tests.model import Rows, expected_silver, fold_with_lsn, row_event, unwrap
+
+
+def erased_model(sent: list[Message], customers: set[int], orders: set[int]) -> tuple[Rows, dict]:
+    """The model's state and LSNs without the erased customers and orders."""
+    state, lsns = fold_with_lsn(sent)
+    gone = {"customers": set(customers),
+            "orders": orders | {k for k, v in state["orders"].items() if v["customer_id"] in customers}}
+    return ({t: {k: v for k, v in state[t].items() if k not in gone[t]} for t in TABLES},
+            {t: {k: v for k, v in lsns[t].items() if k not in gone[t]} for t in TABLES})
+
+
+def orders_of(sent: list[Message], customers: set[int]) -> set[int]:
+    """Every order id the source ever gave the customers."""
+    found = set()
+    for m in sent:
+        event = row_event(unwrap(m)[1])
+        if m.topic == topic("orders") and event and event[3].get("customer_id") in customers:
+            found.add(event[1])
+    return found
+
+
+def texts_of(sent: list[Message], customers: set[int]) -> set[str]:
+    """Every e-mail and name the source ever had for the customers and for nobody else.
+
+    A name another customer also has (the generator draws names from short lists) proves
+    nothing when found: the erasure, too, checks those by ids only.
+    """
+    mine, others = set(), []
+    for m in sent:
+        event = row_event(unwrap(m)[1])
+        if m.topic == topic("customers") and event and event[0] != "d":
+            values = {event[3]["email"].strip(), event[3]["full_name"].strip()}
+            if event[1] in customers:
+                mine |= values
+            else:
+                others += [v.lower() for v in values]
+    return {t for t in mine if len(t) >= 4 and not any(t.lower() in o for o in others)}
+
+
+def snapshot(spark: SparkSession, root: str) -> dict[str, set[tuple]]:
+    """Every non-gold table's rows (without Hudi's meta columns), as sets."""
+    out = {}
+    for table in lake_tables(root):
+        if table.name.startswith("gold/") or not exists(table.path):
+            continue
+        df = spark.read.format("hudi").load(table.path)
+        df = df.select(*sorted(c for c in df.columns if not c.startswith("_hoodie_") or c == "_hoodie_is_deleted"))
+        out[table.name] = {tuple((c, _plain(r[c])) for c in df.columns) for r in df.collect()}
+    return out
+
+
+def _plain(value: Any) -> Any:
+    return bytes(value) if isinstance(value, bytearray) else value
+
+
+def of_subject(name: str, row: tuple, customers: set[int], orders: set[int], texts: set[str]) -> bool:
+    """Independent of pipelines.gdpr: does a snapshot row belong to the erased customers?"""
+    r = dict(row)
+    if r.get("customer_id") in customers:
+        return True
+    if "customers" in name and r.get("id") in customers:
+        return True
+    if "orders" in name and r.get("id") in orders:
+        return True
+    blob = " ".join(v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v) for v in r.values()).lower()
+    if any(t.lower() in blob for t in texts):
+        return True
+    ids = [int(i) for i in re.findall(r'"(?:id|customer_id)"\s*:\s*(\d+)', blob)]
+    return name == "bronze/_dead_letters" and any(i in customers | orders for i in ids)
+
+
+def dead_letter(customer: dict[str, Any]) -> Message:
+    """A record of the customer that is not valid JSON: it lands in the dead letters, with their e-mail."""
+    image = {c: customer[c] for c in ("id", "email", "full_name")}
+    value = json.dumps({"op": "u", "after": image})[:-2]  # cut short: not JSON any more
+    return Message(topic("customers"), json.dumps({"id": customer["id"]}).encode(), value.encode())
+
+
+def raw_events_before_tombstones(bootstrap: str, keys: set[int]) -> int:
+    """Records of `keys` on the customers topic older than the key's newest tombstone."""
+    consumer = KafkaConsumer(topic("customers"), bootstrap_servers=bootstrap, auto_offset_reset="earliest",
+                             consumer_timeout_ms=5000)
+    seen: dict[int, list] = {}
+    for m in consumer:
+        if (k := json.loads(m.key)["id"]) in keys:
+            seen.setdefault(k, []).append((m.partition, m.offset, m.value is None))
+    consumer.close()
+    stale = 0
+    for records in seen.values():
+        tombstones = [o for _, o, is_null in records if is_null]
+        stale += sum(1 for _, o, is_null in records if tombstones and o < max(tombstones) and not is_null)
+    return stale
+
+
+def test_erasure_leaves_nothing_and_changes_nobody_else(spark, broker, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("LAKEHOUSE_ERASURE_KEY_FILE", str(tmp_path / "erasure.key"))
+    # Segments close after 2 s instead of an hour, so that the broker compacts within the test.
+    (tmp_path / "overrides.toml").write_text('[gdpr.kafka_topics]\n"segment.ms" = "2000"\n')
+    monkeypatch.setenv("LAKEHOUSE_HUDI_OVERRIDES", str(tmp_path / "overrides.toml"))
+    root = str(tmp_path / "lake")
+    source = ShopSource(77)
+    cfg = WorkloadConfig(seed=77, customers=80, orders=260, changes=600, invalid_fraction=0.15)
+    ensure_topics(broker.bootstrap)
+    sent = source.snapshot(cfg) + source.changes(cfg)
+    state = fold_with_lsn(sent)[0]
+    with_orders = sorted({o["customer_id"] for o in state["orders"].values()} & state["customers"].keys())
+    quarantined = sorted(expected_silver(state)[1]["customers"])
+    victims = {with_orders[0], quarantined[0]}
+    sent.append(dead_letter(state["customers"][with_orders[0]]))
+    produce(sent, broker.bootstrap)
+    run_ingest(once=True, root=root, bootstrap=broker.bootstrap, spark=spark)
+    run_etl(spark, root)
+
+    orders, texts = orders_of(sent, victims), texts_of(sent, victims)
+    assert orders and texts
+    before = snapshot(spark, root)
+    assert any(of_subject("bronze/_dead_letters", r, victims, orders, texts) for r in before["bronze/_dead_letters"])
+
+    certificate = erase(parse_request([*victims, with_orders[0]], "REQ-2026-001", "dpo@shop.example"),
+                        spark=spark, root=root, bootstrap=broker.bootstrap)
+    assert certificate["verified"], certificate["verification"]["failures"]
+    assert certificate["status"] == "erased"
+    assert certificate["subjects"]["duplicates_in_request"] == 1
+    assert certificate["verification"]["scan"]["findings"] == 0
+
+    # Every other row of every table is exactly as before; gold equals the contract without them.
+    after = snapshot(spark, root)
+    for name, rows in before.items():
+        kept = {r for r in rows if not of_subject(name, r, victims, orders, texts)}
+        assert after.get(name, set()) == kept, f"{name}: rows of other customers changed"
+    expected, lsns = erased_model(sent, victims, orders)
+    assert_bronze_equals_model(spark, root, expected, lsns)
+    assert_lake_equals_model(spark, root, expected)
+    for table in lake_tables(root):  # the independent reader sees none of them either
+        if exists(table.path):
+            rows = read_table(table.path).to_pylist()
+            assert not [r for r in rows if of_subject(table.name, tuple(r.items()), victims, orders, texts)], \
+                f"hudi-rs finds the subject in {table.name}"
+
+    # Neither the certificate nor the audit log repeats the personal data.
+    gdpr_dir = Path(root) / "_gdpr"
+    for path in (Path(certificate["certificate"]), gdpr_dir / "audit.jsonl"):
+        text = path.read_text()
+        assert not [t for t in texts if t.lower() in text.lower()], f"{path.name} holds an e-mail or name"
+        assert not re.search(r'"(id|customer_id|customer_ids|email|full_name)"', text)
+    assert all(re.fullmatch(r"[0-9a-f]{64}", h) for h in certificate["subjects"]["customers"])
+
+    # Kafka: compacted topics, and a tombstone for each erased key.
+    admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
+    try:
+        described = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic(t)) for t in TABLES])
+    finally:
+        admin.close()
+    (per_topic,) = described.values()
+    assert set(per_topic) == {topic(t) for t in TABLES}
+    for name, configs in per_topic.items():
+        policy = configs["cleanup.policy"]
+        assert (policy.get("value") if isinstance(policy, dict) else policy) == "compact", (name, policy)
+    consumer = KafkaConsumer(topic("customers"), bootstrap_servers=broker.bootstrap, auto_offset_reset="earliest",
+                             consumer_timeout_ms=5000)
+    tombstoned = {json.loads(m.key)["id"] for m in consumer if m.value is None}
+    consumer.close()
+    assert victims <= tombstoned
+
+    # The source goes on, replays included (also of the erased customers): nothing comes back.
+    more = source.changes(cfg)
+    produce(more, broker.bootstrap)
+    sent += more
+    run_ingest(once=True, root=root, bootstrap=broker.bootstrap, spark=spark)
+    run_etl(spark, root)
+    expected, lsns = erased_model(sent, victims, orders)
+    assert_bronze_equals_model(spark, root, expected, lsns)
+    assert_lake_equals_model(spark, root, expected)
+    texts = texts_of(sent, victims)  # a new customer may have been given one of their names meanwhile
+    # The segment holding their raw events closed with the next records: the broker compacts it.
+    deadline = time.monotonic() + 180
+    while raw_events_before_tombstones(broker.bootstrap, victims) and time.monotonic() < deadline:
+        time.sleep(5)
+    assert raw_events_before_tombstones(broker.bootstrap, victims) == 0, "Kafka still holds their raw events"
+    assert scan_lake(spark, root, Subject(frozenset(victims), frozenset(orders), frozenset(texts))).clean
+
+    # A second request for the same customers: nothing left, and proven so.
+    again = erase(parse_request(sorted(victims), "REQ-2026-001b", "dpo@shop.example"),
+                  spark=spark, root=root, bootstrap=broker.bootstrap)
+    assert again["verified"] and again["status"] == "nothing left to erase", again["status"]
+    assert sum(int(t.get("rows_removed", 0)) for t in again["tables"].values()) == 0
+    assert len((gdpr_dir / "audit.jsonl").read_text().splitlines()) == 2
+
+
+def _client(spark: SparkSession, root: str, name: str):
+    from pipelines.table_services import _Client
+
+    return _Client(spark, {t.name: t for t in lake_tables(root)}[name])
+
+
+def test_erasure_with_a_savepoint_and_a_pending_compaction(spark, broker, tmp_path, monkeypatch) -> None:
+    """Savepoints pin old file slices and the cleaner keeps files a pending compaction needs: neither may hide data."""
+    from pipelines.hudi_timeline import earliest_retained
+    from tests.hudi_files import log_files, pending_compactions
+
+    monkeypatch.setenv("LAKEHOUSE_ERASURE_KEY_FILE", str(tmp_path / "erasure.key"))
+    monkeypatch.setenv("LAKEHOUSE_TABLE_SERVICES", "external")  # no inline compaction: log files stay
+    root = str(tmp_path / "lake")
+    source = ShopSource(78)
+    cfg = WorkloadConfig(seed=78, customers=50, orders=150, changes=300, delete_fraction=0.0)
+    ensure_topics(broker.bootstrap)
+    sent = source.snapshot(cfg) + source.changes(cfg)
+    produce(sent, broker.bootstrap)
+    run_ingest(once=True, root=root, bootstrap=broker.bootstrap, spark=spark)
+    run_etl(spark, root)
+    state = fold_with_lsn(sent)[0]
+    victim = sorted({o["customer_id"] for o in state["orders"].values()} & state["customers"].keys())[0]
+    # The victim changes in the next batch: their old row stays in a base file, the new one in a log file.
+    more = source.update("customers", victim, {"full_name": "Zelda Erasable"}) + source.changes(cfg)
+    produce(more, broker.bootstrap)
+    sent += more
+    run_ingest(once=True, root=root, bootstrap=broker.bootstrap, spark=spark)
+    run_etl(spark, root)
+    assert log_files(f"{root}/bronze/customers")
+
+    saved = {}
+    for name in ("bronze/customers", "silver/customers", "gold/customer_ltv"):
+        with _client(spark, root, name) as c:
+            c.client.savepoint("test", "before an erasure")
+            saved[name] = c.meta.reloadActiveTimeline().getSavePointTimeline().countInstants()
+    for name in ("bronze/customers", "bronze/orders"):
+        with _client(spark, root, name) as c:
+            assert c.client.scheduleCompaction(c._jvm.org.apache.hudi.common.util.Option.empty()).isPresent()
+    assert pending_compactions(f"{root}/bronze/customers")
+    # A batch after the plan: its log files belong to the slice the pending compaction opens.
+    extra = source.update("customers", victim, {"full_name": "Zelda Erasable-Again"})
+    produce(extra, broker.bootstrap)
+    sent += extra
+    run_ingest(once=True, root=root, bootstrap=broker.bootstrap, spark=spark)
+
+    orders, texts = orders_of(sent, {victim}), texts_of(sent, {victim})
+    assert {"Zelda Erasable", "Zelda Erasable-Again"} <= texts
+    assert not scan_lake(spark, root, Subject(frozenset({victim}), frozenset(orders), frozenset(texts))).clean
+
+    certificate = erase(parse_request([victim], "REQ-SAVEPOINT", "dpo"), spark=spark, root=root,
+                        bootstrap=broker.bootstrap)
+    assert certificate["verified"], certificate["verification"]["failures"]
+    purge = certificate["purge"]
+    assert purge["bronze/customers"]["savepoints_deleted"] and purge["silver/customers"]["savepoints_deleted"]
+    assert len(purge["bronze/customers"]["compactions"]) >= 2  # the pending plan, then one after the sweep
+    assert not pending_compactions(f"{root}/bronze/customers")
+    for name, count in saved.items():  # the restore point is kept, at the erased state
+        with _client(spark, root, name) as c:
+            savepoints = c.meta.reloadActiveTimeline().getSavePointTimeline().filterCompletedInstants()
+            assert savepoints.countInstants() == count
+            assert savepoints.lastInstant().get().requestedTime() >= earliest_retained(spark, c._table.path)
+    assert scan_lake(spark, root, Subject(frozenset({victim}), frozenset(orders), frozenset(texts))).clean
+    for path in Path(root).rglob("*"):  # and not even a raw byte of the new names
+        if path.is_file():
+            assert b"Zelda Erasable" not in path.read_bytes(), path
+    expected, lsns = erased_model(sent, {victim}, orders)
+    assert_bronze_equals_model(spark, root, expected, lsns)
+    run_etl(spark, root)
+    assert_lake_equals_model(spark, root, expected)
+
+
+def _lakehouse(env: dict[str, str], *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pipelines.cli", *args], env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _timelines(root: str) -> dict[str, int]:
+    return {p.parent.parent.name: len(list(p.glob("*"))) for p in Path(root).rglob(".hoodie/timeline")}
+
+
+def test_bad_requests_get_a_clear_outcome_and_delete_nothing(spark, broker, tmp_path) -> None:
+    root = str(tmp_path / "lake")
+    env = {**os.environ, "LAKEHOUSE_ROOT": root, "KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap,
+           "LAKEHOUSE_ERASURE_KEY_FILE": str(tmp_path / "erasure.key")}
+    source = ShopSource(79)
+    cfg = WorkloadConfig(seed=79, customers=40, orders=120, changes=200)
+    ensure_topics(broker.bootstrap)
+    sent = source.snapshot(cfg) + source.changes(cfg)
+    produce(sent, broker.bootstrap)
+    run_ingest(once=True, root=root, bootstrap=broker.bootstrap, spark=spark)
+    run_etl(spark, root)
+    before, timelines = snapshot(spark, root), _timelines(root)
+
+    for args, says in (
+        ([], "no customer id given"),
+        (["--customer-ids", ""], "not a customer id"),
+        (["--customer-id", "12a"], "#1 ('12a')"),
+        (["--customer-id", "-3"], "not a customer id"),
+        (["--customer-ids", ",".join(str(i) for i in range(1, 1002))], "at most 1000"),
+    ):
+        done = _lakehouse(env, "gdpr", "erase", *args, "--reference", "REQ-BAD")
+        assert done.returncode == 2, (args, done.stderr[-2000:])
+        assert says in done.stderr, (says, done.stderr[-2000:])
+    done = _lakehouse(env, "gdpr", "erase", "--customer-id", "1", "--reference", "bad reference!")
+    assert done.returncode == 2 and "reference 'bad reference!'" in done.stderr
+    assert not (Path(root) / "_gdpr").exists() and _timelines(root) == timelines, "a rejected request wrote something"
+
+    # An id the lake never saw (the source's ids are small): verified, nothing removed, nobody touched.
+    done = _lakehouse(env, "gdpr", "erase", "--customer-id", "987654321", "--customer-id", "987654321",
+                      "--reference", "REQ-UNKNOWN", "--requested-by", "dpo@shop.example")
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout.splitlines()[-1])
+    assert summary["status"] == "nothing left to erase" and summary["verified"] and summary["rows_removed"] == 0
+    certificate = json.loads(Path(summary["certificate"]).read_text())
+    assert certificate["subjects"]["duplicates_in_request"] == 1
+    assert snapshot(spark, root) == before
+    assert_lake_equals_model(spark, root, fold_with_lsn(sent)[0])
+
+
+@pytest.mark.slow
+def test_erasure_while_ingest_runs(spark, broker, tmp_path, monkeypatch) -> None:
+    """The stream keeps going beside the erasure, the source keeps changing the customer: nothing comes back."""
+    root = str(tmp_path / "lake")
+    env = {**os.environ, "LAKEHOUSE_ROOT": root, "KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap,
+           "LAKEHOUSE_TABLE_SERVICES": "external", "LAKEHOUSE_ERASURE_KEY_FILE": str(tmp_path / "erasure.key")}
+    for k in ("LAKEHOUSE_TABLE_SERVICES", "LAKEHOUSE_ERASURE_KEY_FILE"):
+        monkeypatch.setenv(k, env[k])
+    source = ShopSource(80)
+    cfg = WorkloadConfig(seed=80, customers=60, orders=200, changes=300, delete_fraction=0.0)
+    ensure_topics(broker.bootstrap)
+    sent = source.snapshot(cfg) + source.changes(cfg)
+    produce(sent, broker.bootstrap)
+    state = fold_with_lsn(sent)[0]
+    victim = sorted({o["customer_id"] for o in state["orders"].values()} & state["customers"].keys())[0]
+
+    stop = threading.Event()
+
+    def keep_changing() -> None:  # the source keeps updating everyone, the erased customer too
+        while not stop.wait(2):
+            batch = source.changes(WorkloadConfig(seed=80, customers=60, orders=200, changes=30,
+                                                  delete_fraction=0.0))
+            batch += source.update("customers", victim, {"full_name": f"Quentin Resurrected {len(sent)}"})
+            produce(batch, broker.bootstrap)
+            sent.extend(batch)
+
+    log_path = tmp_path / "ingest.log"
+    with log_path.open("w") as log_file:
+        ingest = subprocess.Popen([sys.executable, "-m", "pipelines.cli", "ingest", "--trigger-seconds", "2"],
+                                  env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+    producer = threading.Thread(target=keep_changing, daemon=True)
+    try:
+        wait_while_running(lambda: all(bronze_hudi_rs(root, t) for t in TABLES), ingest, log_path)
+        run_etl(spark, root)
+        producer.start()
+        done = _lakehouse(env, "gdpr", "erase", "--customer-id", str(victim), "--reference", "REQ-LIVE")
+        assert done.returncode == 0, done.stderr[-4000:]
+        assert json.loads(done.stdout.splitlines()[-1])["verified"]
+        assert ingest.poll() is None, "ingest died beside the erasure: " + log_path.read_text()[-3000:]
+        time.sleep(10)  # more changes of the erased customer arrive after the erasure
+        stop.set()
+        producer.join()
+        orders = orders_of(sent, {victim})
+        expected, lsns = erased_model(sent, {victim}, orders)
+        wait_while_running(lambda: bronze_as_model(root) == expected, ingest, log_path)
+        ingest.send_signal(signal.SIGTERM)
+        assert ingest.wait(timeout=120) == 0, log_path.read_text()[-3000:]
+    finally:
+        stop.set()
+        if ingest.poll() is None:
+            os.killpg(ingest.pid, signal.SIGKILL)
+    assert_bronze_equals_model(spark, root, expected, lsns)
+    run_etl(spark, root)
+    assert_lake_equals_model(spark, root, expected)
+    texts = texts_of(sent, {victim})
+    assert any("Resurrected" in t for t in texts)
+    report = scan_lake(spark, root, Subject(frozenset({victim}), frozenset(orders), frozenset(texts)))
+    assert report.clean, report.findings[:5]
+
