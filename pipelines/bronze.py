@@ -307,6 +307,7 @@ class BronzeBatchWriter:
     def __init__(self, spark: SparkSession, root: str) -> None:
         self.spark = spark
         self.root = root
+        self._registry: tuple[DataFrame, str, str] | None = None
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
@@ -336,14 +337,17 @@ class BronzeBatchWriter:
         log.info(report.line())
 
     def _erased(self) -> tuple[DataFrame, str, str] | None:
-        """The erasure registry, the key of its pseudonyms and the registry's version, read once per batch.
+        """The erasure registry, the key of its pseudonyms and the registry's version; None before any erasure.
 
-        None before the first erasure.
+        Looked up every batch (an erasure may have added to it), read again only when it changed.
         """
         path = registry_path(self.root)
         version = latest_completion(self.spark, path) if table_exists(self.spark, path) else None
-        registry = read_registry(self.spark, self.root) if version else None
-        return None if registry is None else (registry.localCheckpoint(), erasure_key(), version)
+        if version is None:
+            return None
+        if self._registry is None or self._registry[2] != version:
+            self._registry = (read_registry(self.spark, self.root).localCheckpoint(), erasure_key(), version)
+        return self._registry
 
     @staticmethod
     def _end_offsets(batch: DataFrame) -> list[tuple[str, int, int, int]]:

@@ -307,9 +307,6 @@ def dead_letters_replay(positions: tuple[str, ...], replay_all: bool, bootstrap:
     click.echo(f"replayed {len(wanted)} dead letters to {brokers}")
 
 
-if __name__ == "__main__":
-    main()
-
 
 @main.group()
 def gdpr() -> None:
@@ -358,3 +355,7 @@ def erase(customer_id: tuple[str, ...], customer_ids: str | None, reference: str
         failures = certificate["verification"]["failures"]
         raise click.ClickException(f"erasure {reference} NOT verified: {len(failures)} finding(s), e.g. "
                                    + "; ".join(failures[:5]))
+
+
+if __name__ == "__main__":
+    main()

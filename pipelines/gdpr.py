@@ -286,7 +286,8 @@ class _Purger(_Client):
         for _ in range(4):
             report = self.compact()
             done += report["executed"]
-            if any(instant > after for instant in done) or report["planned"] is None:
+            # Done once a plan made after the sweep ran, or when nothing had log files to compact.
+            if any(instant > after for instant in done) or not (report["planned"] or report["executed"]):
                 break
         return done
 
@@ -481,10 +482,7 @@ def verify(spark: SparkSession, root: str, customers: list[int], orders: list[in
                     "left_semi").count()
             elif what.startswith("change feed"):
                 blob = F.lower(F.concat_ws("\n", F.col("before"), F.col("after")))
-                ids = [rf'"(id|customer_id)"\s*:\s*{i}\b' for i in customers] if table.name.split("/")[-1] in (
-                    "customers", gold.STATE.lstrip("_"), gold.STATE, gold.LTV) else []
-                ids += [rf'"id"\s*:\s*{i}\b' for i in orders] if table.name.endswith("orders") else []
-                ids += [rf'"customer_id"\s*:\s*{i}\b' for i in customers]
+                ids = _image_patterns(table.name, customers, orders)
                 cond = F.lit(False)
                 for pattern in ids:
                     cond = cond | F.col("_blob").rlike(pattern)
@@ -500,6 +498,23 @@ def verify(spark: SparkSession, root: str, customers: list[int], orders: list[in
     scan = scan_lake(spark, root, Subject(frozenset(customers), frozenset(orders), frozenset(texts)))
     failures += [f"{f.path} ({f.table}): {f.what}" for f in scan.findings]
     return {"passed": not failures, "reads_checked": reads, "failures": failures, "scan": _scan_summary(scan)}
+
+
+def _image_patterns(name: str, customers: list[int], orders: list[int]) -> list[str]:
+    """Regexes for the subject's ids in a change-feed image (JSON) of table `name`.
+
+    Which field means what depends on the table: `id` is a customer in the customers tables,
+    an order in the orders tables and in the order list of gold's state rows.
+    """
+    def field(column: str, ids: list[int]) -> list[str]:
+        return [rf'"{column}"\s*:\s*{i}\b' for i in ids]
+
+    patterns = field("customer_id", customers)
+    if name in CUSTOMER_TABLES:
+        patterns += field("id", customers)
+    if name in ORDER_TABLES or name == f"gold/{gold.STATE}":
+        patterns += field("id", orders)
+    return patterns
 
 
 def _retained_instants(spark: SparkSession, path: str) -> list[str]:
@@ -579,12 +594,14 @@ def erase(request: ErasureRequest, spark: SparkSession | None = None, root: str 
     # registry as it was before this request and committed after the sweep began, gets another
     # sweep and a purge of every table.
     swept_from = sweep_started
+    retries: list[dict[str, object]] = []  # why each further sweep ran: for the certificate
     for attempt in range(1, 4):
         with clock.step(f"wait for bronze writes {attempt}"):
             wait_for_bronze_writes(spark, root)
             stale = stale_bronze_writes(spark, root, swept_from, registered)
         if result["passed"] and not stale:
             break
+        retries.append({"stale_ingest_commits": stale, "findings": result["failures"][:50]})
         log.warning("erasure: %s; sweeping and purging every table again",
                     f"{stale} ingest commit(s) raced the sweep" if stale else
                     "verification found the subject: " + "; ".join(result["failures"][:5]))
@@ -614,6 +631,7 @@ def erase(request: ErasureRequest, spark: SparkSession | None = None, root: str 
         "purge": purged,
         "kafka": kafka,
         "verification": result,
+        "further_sweeps": retries,
         "timings_s": clock.timings,
     }
     _write_certificate(root, certificate)

@@ -6,8 +6,10 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -74,3 +76,27 @@ def bronze_as_model(root: str) -> dict:
     from tests.lake import bronze_hudi_rs
 
     return {t: {k: {c: v[c] for c in COLUMNS[t]} for k, v in bronze_hudi_rs(root, t).items()} for t in TABLES}
+
+
+@contextmanager
+def running_ingest(env: dict[str, str], log_path: Path, trigger_seconds: float = 2) -> Iterator[subprocess.Popen]:
+    """`lakehouse ingest` running continuously, from its first commit to both bronze tables until SIGTERM.
+
+    Leaving the block stops it the way a scheduler does (SIGTERM) and expects a clean exit;
+    a failure inside the block kills its whole process group instead.
+    """
+    from pipelines.contract import TABLES
+    from tests.lake import bronze_hudi_rs
+
+    with log_path.open("w") as log_file:
+        job = subprocess.Popen([sys.executable, "-m", "pipelines.cli", "ingest", "--trigger-seconds",
+                                str(trigger_seconds)], env=env, stdout=log_file, stderr=subprocess.STDOUT,
+                               start_new_session=True)
+    try:
+        wait_while_running(lambda: all(bronze_hudi_rs(env["LAKEHOUSE_ROOT"], t) for t in TABLES), job, log_path)
+        yield job
+        job.send_signal(signal.SIGTERM)
+        assert job.wait(timeout=120) == 0, log_path.read_text()[-3000:]
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import threading
@@ -33,8 +32,8 @@ from pipelines.generator import Message, ShopSource, WorkloadConfig, ensure_topi
 from pipelines.lake_scan import Subject, scan_lake
 from pipelines.table_services import lake_tables
 from pipelines.table_stats import exists, read_table
-from tests.kill import bronze_as_model, wait_while_running
-from tests.lake import assert_bronze_equals_model, assert_lake_equals_model, bronze_hudi_rs
+from tests.kill import bronze_as_model, running_ingest, wait_while_running
+from tests.lake import assert_bronze_equals_model, assert_lake_equals_model
 from tests.model import Rows, expected_silver, fold_with_lsn, row_event, unwrap
 
 
@@ -160,6 +159,7 @@ def test_erasure_leaves_nothing_and_changes_nobody_else(spark, broker, tmp_path,
     assert certificate["status"] == "erased"
     assert certificate["subjects"]["duplicates_in_request"] == 1
     assert certificate["verification"]["scan"]["findings"] == 0
+    assert not certificate["further_sweeps"], "the targeted purge left something behind"
 
     # Every other row of every table is exactly as before; gold equals the contract without them.
     after = snapshot(spark, root)
@@ -221,6 +221,7 @@ def test_erasure_leaves_nothing_and_changes_nobody_else(spark, broker, tmp_path,
     again = erase(parse_request(sorted(victims), "REQ-2026-001b", "dpo@shop.example"),
                   spark=spark, root=root, bootstrap=broker.bootstrap)
     assert again["verified"] and again["status"] == "nothing left to erase", again["status"]
+    assert not again["further_sweeps"]
     assert sum(int(t.get("rows_removed", 0)) for t in again["tables"].values()) == 0
     assert len((gdpr_dir / "audit.jsonl").read_text().splitlines()) == 2
 
@@ -278,6 +279,7 @@ def test_erasure_with_a_savepoint_and_a_pending_compaction(spark, broker, tmp_pa
     certificate = erase(parse_request([victim], "REQ-SAVEPOINT", "dpo"), spark=spark, root=root,
                         bootstrap=broker.bootstrap)
     assert certificate["verified"], certificate["verification"]["failures"]
+    assert not certificate["further_sweeps"], "the targeted purge left something behind"
     purge = certificate["purge"]
     assert purge["bronze/customers"]["savepoints_deleted"] and purge["silver/customers"]["savepoints_deleted"]
     assert len(purge["bronze/customers"]["compactions"]) >= 2  # the pending plan, then one after the sweep
@@ -372,30 +374,23 @@ def test_erasure_while_ingest_runs(spark, broker, tmp_path, monkeypatch) -> None
             sent.extend(batch)
 
     log_path = tmp_path / "ingest.log"
-    with log_path.open("w") as log_file:
-        ingest = subprocess.Popen([sys.executable, "-m", "pipelines.cli", "ingest", "--trigger-seconds", "2"],
-                                  env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
     producer = threading.Thread(target=keep_changing, daemon=True)
     try:
-        wait_while_running(lambda: all(bronze_hudi_rs(root, t) for t in TABLES), ingest, log_path)
-        run_etl(spark, root)
-        producer.start()
-        done = _lakehouse(env, "gdpr", "erase", "--customer-id", str(victim), "--reference", "REQ-LIVE")
-        assert done.returncode == 0, done.stderr[-4000:]
-        assert json.loads(done.stdout.splitlines()[-1])["verified"]
-        assert ingest.poll() is None, "ingest died beside the erasure: " + log_path.read_text()[-3000:]
-        time.sleep(10)  # more changes of the erased customer arrive after the erasure
-        stop.set()
-        producer.join()
-        orders = orders_of(sent, {victim})
-        expected, lsns = erased_model(sent, {victim}, orders)
-        wait_while_running(lambda: bronze_as_model(root) == expected, ingest, log_path)
-        ingest.send_signal(signal.SIGTERM)
-        assert ingest.wait(timeout=120) == 0, log_path.read_text()[-3000:]
+        with running_ingest(env, log_path) as ingest:
+            run_etl(spark, root)
+            producer.start()
+            done = _lakehouse(env, "gdpr", "erase", "--customer-id", str(victim), "--reference", "REQ-LIVE")
+            assert done.returncode == 0, done.stderr[-4000:]
+            assert json.loads(done.stdout.splitlines()[-1])["verified"]
+            assert ingest.poll() is None, "ingest died beside the erasure: " + log_path.read_text()[-3000:]
+            time.sleep(10)  # more changes of the erased customer arrive after the erasure
+            stop.set()
+            producer.join()
+            orders = orders_of(sent, {victim})
+            expected, lsns = erased_model(sent, {victim}, orders)
+            wait_while_running(lambda: bronze_as_model(root) == expected, ingest, log_path)
     finally:
         stop.set()
-        if ingest.poll() is None:
-            os.killpg(ingest.pid, signal.SIGKILL)
     assert_bronze_equals_model(spark, root, expected, lsns)
     run_etl(spark, root)
     assert_lake_equals_model(spark, root, expected)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -21,8 +20,8 @@ from pipelines.contract import TABLES
 from pipelines.generator import ShopSource, WorkloadConfig, ensure_topics, produce
 from pipelines.settings import main_path
 from tests.hudi_files import log_files
-from tests.kill import bronze_as_model, wait_while_running
-from tests.lake import assert_bronze_equals_model, bronze_hudi_rs
+from tests.kill import bronze_as_model, running_ingest, wait_while_running
+from tests.lake import assert_bronze_equals_model
 from tests.model import fold_with_lsn
 
 # Short retention, so that the services' cleaning really deletes file slices during the test.
@@ -57,33 +56,26 @@ def test_services_compact_and_clean_while_ingest_runs(broker, spark, tmp_path) -
             sent.extend(batch)
 
     log_path = tmp_path / "ingest.log"
-    with log_path.open("w") as log_file:
-        ingest = subprocess.Popen([sys.executable, "-m", "pipelines.cli", "ingest", "--trigger-seconds", "2"],
-                                  env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
     producer = threading.Thread(target=keep_producing, daemon=True)
     try:
-        wait_while_running(lambda: all(bronze_hudi_rs(root, t) for t in TABLES), ingest, log_path)
-        producer.start()
-        # Something to compact: log files, appended by batches after the first.
-        wait_while_running(lambda: all(log_files(main_path(t, root)) for t in TABLES), ingest, log_path)
-        before = {t: log_files(main_path(t, root)) for t in TABLES}
-        reports = []
-        for _ in range(2):
-            done = subprocess.run([sys.executable, "-m", "pipelines.cli", "services"], env=env,
-                                  capture_output=True, text=True, timeout=900)
-            assert done.returncode == 0, done.stderr[-3000:]
-            reports.append({r["table"]: r for r in map(json.loads, done.stdout.splitlines())})
-            assert ingest.poll() is None, "ingest died beside the services: " + log_path.read_text()[-3000:]
-        stop.set()
-        producer.join()
-        expected, lsns = fold_with_lsn(sent)
-        wait_while_running(lambda: bronze_as_model(root) == expected, ingest, log_path)
-        ingest.send_signal(signal.SIGTERM)
-        assert ingest.wait(timeout=120) == 0, log_path.read_text()[-3000:]
+        with running_ingest(env, log_path) as ingest:
+            producer.start()
+            # Something to compact: log files, appended by batches after the first.
+            wait_while_running(lambda: all(log_files(main_path(t, root)) for t in TABLES), ingest, log_path)
+            before = {t: log_files(main_path(t, root)) for t in TABLES}
+            reports = []
+            for _ in range(2):
+                done = subprocess.run([sys.executable, "-m", "pipelines.cli", "services"], env=env,
+                                      capture_output=True, text=True, timeout=900)
+                assert done.returncode == 0, done.stderr[-3000:]
+                reports.append({r["table"]: r for r in map(json.loads, done.stdout.splitlines())})
+                assert ingest.poll() is None, "ingest died beside the services: " + log_path.read_text()[-3000:]
+            stop.set()
+            producer.join()
+            expected, lsns = fold_with_lsn(sent)
+            wait_while_running(lambda: bronze_as_model(root) == expected, ingest, log_path)
     finally:
         stop.set()
-        if ingest.poll() is None:
-            os.killpg(ingest.pid, signal.SIGKILL)
 
     for t in TABLES:
         first = reports[0][f"bronze/{t}"]
