@@ -6,7 +6,7 @@ import sys
 
 from conftest import DAGS
 
-EXPECTED = {"lakehouse_incremental_etl", "hudi_table_services", "data_quality"}
+EXPECTED = {"lakehouse_incremental_etl", "hudi_table_services", "data_quality", "gdpr_erasure"}
 
 
 def _dagbag():
