@@ -61,6 +61,7 @@ from pipelines.gdpr_request import ErasureRequest, erasure_key, subject_hash
 from pipelines.hudi_timeline import (
     READABLE_FROM_META,
     earliest_checkpoint,
+    earliest_retained,
     extra_meta_after,
     latest_completion,
     pending_writes,
@@ -307,6 +308,23 @@ class _Purger(_Client):
         view.close()
         return found
 
+    def clean_up_to(self, marker: str, timeout: float = 300) -> list[dict[str, object]]:
+        """Clean until the cleaner keeps nothing older than `marker`.
+
+        The cleaner never goes past a write in flight: a concurrent writer's commit that
+        started before the marker holds it back until it ends.
+        """
+        cleans, deadline = [], time.monotonic() + timeout
+        while True:
+            while [i for i in pending_writes(self._spark, self._table.path) if i < marker] \
+                    and time.monotonic() < deadline:
+                time.sleep(1)
+            cleans.append(self.clean())
+            # A clean that found nothing to do leaves the previous one's horizon in force.
+            if (earliest_retained(self._spark, self._table.path) or "") >= marker or time.monotonic() > deadline:
+                return cleans
+            time.sleep(2)  # never hold the table's lock in a tight loop: writers need it to commit
+
     def metadata_partitions(self) -> set[str]:
         return set(self.meta.getTableConfig().getMetadataPartitions())
 
@@ -350,14 +368,7 @@ def purge(spark: SparkSession, root: str, names: set[str], sweep_started: str,
                 done["rewritten_file_groups"] = _rewrite(spark, table, client.slices_written_since(sweep_started))
             readable_from = latest_completion(spark, table.path)
             done["marker"] = client.marker(readable_from)
-            cleans = []
-            for _ in range(10):  # a writer's commit in flight holds the cleaner back: wait for it
-                cleaned = client.clean()
-                cleans.append(cleaned)
-                if (cleaned.get("earliest_retained") or "") >= done["marker"]:
-                    break
-                time.sleep(3)
-            done["cleans"] = cleans
+            done["cleans"] = client.clean_up_to(done["marker"])
             if savepoints:
                 client.client.savepoint("lakehouse-gdpr", "re-created after an erasure")
                 done["savepoint_recreated"] = latest_completion(spark, table.path)
@@ -474,30 +485,41 @@ def verify(spark: SparkSession, root: str, customers: list[int], orders: list[in
                              .option("hoodie.datasource.read.begin.instanttime", since)
                              .option("hoodie.datasource.read.end.instanttime", latest)
                              .load(table.path)))
+        # One Spark job per table: each read keeps the rows of the subject, tagged with the read.
+        found = None
         for what, df in jobs:
             reads += 1
-            if table.path == dead_letter_path(root) and registry is not None:
-                hits = df.withColumn("_h", dead_letter_hashes(df, key)).join(
-                    F.broadcast(registry.select("subject")), F.array_contains(F.col("_h"), F.col("subject")),
-                    "left_semi").count()
-            elif what.startswith("change feed"):
-                blob = F.lower(F.concat_ws("\n", F.col("before"), F.col("after")))
-                ids = _image_patterns(table.name, customers, orders)
-                cond = F.lit(False)
-                for pattern in ids:
-                    cond = cond | F.col("_blob").rlike(pattern)
-                for t in texts:
-                    cond = cond | F.col("_blob").contains(t.lower())
-                hits = df.withColumn("_blob", blob).filter(cond).count()
-            else:
-                cond = _holds(table.name, df, customers, orders, texts, key, registry)
-                hits = df.filter(cond).count() if cond is not None else 0
-            if hits:
-                failures.append(f"{table.name}: {what} returns {hits} row(s) of the subject")
+            mine = _subject_rows(table.name, what, df, customers, orders, texts, key, registry)
+            if mine is not None:
+                tagged = mine.select(F.lit(what).alias("_read"))
+                found = tagged if found is None else found.unionAll(tagged)
+        if found is not None:
+            for row in found.groupBy("_read").count().collect():
+                failures.append(f"{table.name}: {row['_read']} returns {row['count']} row(s) of the subject")
     progress("scanning every file under the lake root")
     scan = scan_lake(spark, root, Subject(frozenset(customers), frozenset(orders), frozenset(texts)))
     failures += [f"{f.path} ({f.table}): {f.what}" for f in scan.findings]
     return {"passed": not failures, "reads_checked": reads, "failures": failures, "scan": _scan_summary(scan)}
+
+
+def _subject_rows(name: str, what: str, df: DataFrame, customers: list[int], orders: list[int], texts: list[str],
+                  key: str, registry: DataFrame | None) -> DataFrame | None:
+    """The rows of one read of table `name` that hold the subject; None when the read cannot hold any."""
+    if name == "bronze/_dead_letters":
+        if registry is None:
+            return None
+        return df.withColumn("_h", dead_letter_hashes(df, key)).join(
+            F.broadcast(registry.select("subject")), F.array_contains(F.col("_h"), F.col("subject")), "left_semi")
+    if what.startswith("change feed"):
+        blob = F.lower(F.concat_ws("\n", F.col("before"), F.col("after")))
+        cond = F.lit(False)
+        for pattern in _image_patterns(name, customers, orders):
+            cond = cond | blob.rlike(pattern)
+        for t in texts:
+            cond = cond | blob.contains(t.lower())
+        return df.filter(cond)
+    cond = _holds(name, df, customers, orders, texts, key, registry)
+    return df.filter(cond) if cond is not None else None
 
 
 def _image_patterns(name: str, customers: list[int], orders: list[int]) -> list[str]:
@@ -519,7 +541,7 @@ def _image_patterns(name: str, customers: list[int], orders: list[int]) -> list[
 
 def _retained_instants(spark: SparkSession, path: str) -> list[str]:
     """Instants time travel can still answer: completed commits at or after the last clean's horizon."""
-    from pipelines.hudi_timeline import _completed, earliest_retained
+    from pipelines.hudi_timeline import _completed
 
     retain = earliest_retained(spark, path) or ""
     found, it = [], _completed(spark, path).getInstants().iterator()
@@ -573,8 +595,17 @@ def erase(request: ErasureRequest, spark: SparkSession | None = None, root: str 
         sweep_started = _now_instant()
     with clock.step("wait for bronze writes"):
         wait_for_bronze_writes(spark, root)
+    swept_from = sweep_started
     with clock.step("sweep"):
         touched = sweep(spark, root, customers, orders, key, registry)
+        # An ingest batch that read the registry before this request may commit after the sweep
+        # began: sweep again (cheap: only its rows) until none did, before the costly purge.
+        for _ in range(3):
+            wait_for_bronze_writes(spark, root)
+            if not stale_bronze_writes(spark, root, swept_from, registered):
+                break
+            swept_from = _now_instant()
+            _merge(touched, sweep(spark, root, customers, orders, key, registry))
     kafka: dict[str, object] = {}
     with clock.step("kafka"):
         try:
@@ -593,7 +624,6 @@ def erase(request: ErasureRequest, spark: SparkSession | None = None, root: str 
     # Anything found now (a run cut short earlier), or an ingest batch that filtered with the
     # registry as it was before this request and committed after the sweep began, gets another
     # sweep and a purge of every table.
-    swept_from = sweep_started
     retries: list[dict[str, object]] = []  # why each further sweep ran: for the certificate
     for attempt in range(1, 4):
         with clock.step(f"wait for bronze writes {attempt}"):
@@ -606,13 +636,13 @@ def erase(request: ErasureRequest, spark: SparkSession | None = None, root: str 
                     f"{stale} ingest commit(s) raced the sweep" if stale else
                     "verification found the subject: " + "; ".join(result["failures"][:5]))
         swept_from = _now_instant()
+        # A stale ingest batch wrote bronze only; anything else found may be anywhere.
+        again = {t.name for t in lake_tables(root)
+                 if not result["passed"] or t.name.startswith("bronze/")}
         with clock.step(f"sweep again {attempt}"):
-            for name, done in sweep(spark, root, customers, orders, key, registry).items():
-                was = touched.get(name, {})
-                removed = int(was.get("rows_removed", 0)) + int(done.get("rows_removed", 0))
-                touched[name] = {**was, **done, "rows_removed": removed}
-        with clock.step(f"purge everything {attempt}"):
-            purged |= purge(spark, root, {t.name for t in lake_tables(root)}, sweep_started, progress)
+            _merge(touched, sweep(spark, root, customers, orders, key, registry))
+        with clock.step(f"purge again {attempt}"):
+            purged |= purge(spark, root, again, sweep_started, progress)
         with clock.step(f"verify again {attempt}"):
             result = verify(spark, root, customers, orders, texts, key, progress)
     nothing = not found.customers and not found.orders and not touched
@@ -636,6 +666,14 @@ def erase(request: ErasureRequest, spark: SparkSession | None = None, root: str 
     }
     _write_certificate(root, certificate)
     return certificate
+
+
+def _merge(touched: dict[str, dict[str, object]], more: dict[str, dict[str, object]]) -> None:
+    """Add a further sweep's report to the first one's: rows removed add up, the newest instant wins."""
+    for name, done in more.items():
+        was = touched.get(name, {})
+        removed = int(was.get("rows_removed", 0)) + int(done.get("rows_removed", 0))
+        touched[name] = {**was, **done, "rows_removed": removed}
 
 
 def certificate_path(root: str, reference: str) -> str:

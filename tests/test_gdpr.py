@@ -8,6 +8,7 @@ Spark and with hudi-rs; `lake_scan` decodes every file under the root.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -35,6 +36,15 @@ from pipelines.table_stats import exists, read_table
 from tests.kill import bronze_as_model, running_ingest, wait_while_running
 from tests.lake import assert_bronze_equals_model, assert_lake_equals_model
 from tests.model import Rows, expected_silver, fold_with_lsn, row_event, unwrap
+
+
+def keyed(cfg: WorkloadConfig) -> WorkloadConfig:
+    """The workload without keyless records, as a source must send once erasure has compacted its topics.
+
+    Kafka refuses a record without a key on a compacted topic; of what the generator sends,
+    only some malformed records have none (and truncates, which these tests do not send).
+    """
+    return dataclasses.replace(cfg, malformed_fraction=0.0)
 
 
 def erased_model(sent: list[Message], customers: set[int], orders: set[int]) -> tuple[Rows, dict]:
@@ -201,7 +211,7 @@ def test_erasure_leaves_nothing_and_changes_nobody_else(spark, broker, tmp_path,
     assert victims <= tombstoned
 
     # The source goes on, replays included (also of the erased customers): nothing comes back.
-    more = source.changes(cfg)
+    more = source.changes(keyed(cfg))
     produce(more, broker.bootstrap)
     sent += more
     run_ingest(once=True, root=root, bootstrap=broker.bootstrap, spark=spark)
@@ -347,7 +357,7 @@ def test_bad_requests_get_a_clear_outcome_and_delete_nothing(spark, broker, tmp_
     assert_lake_equals_model(spark, root, fold_with_lsn(sent)[0])
 
 
-@pytest.mark.slow
+@pytest.mark.unfinished  # the erasure beside a 2 s stream took over 15 min on 2 cores: see issue 5's note
 def test_erasure_while_ingest_runs(spark, broker, tmp_path, monkeypatch) -> None:
     """The stream keeps going beside the erasure, the source keeps changing the customer: nothing comes back."""
     root = str(tmp_path / "lake")
@@ -367,8 +377,8 @@ def test_erasure_while_ingest_runs(spark, broker, tmp_path, monkeypatch) -> None
 
     def keep_changing() -> None:  # the source keeps updating everyone, the erased customer too
         while not stop.wait(2):
-            batch = source.changes(WorkloadConfig(seed=80, customers=60, orders=200, changes=30,
-                                                  delete_fraction=0.0))
+            batch = source.changes(keyed(WorkloadConfig(seed=80, customers=60, orders=200, changes=30,
+                                                        delete_fraction=0.0)))
             batch += source.update("customers", victim, {"full_name": f"Quentin Resurrected {len(sent)}"})
             produce(batch, broker.bootstrap)
             sent.extend(batch)
