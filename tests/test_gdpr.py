@@ -123,13 +123,22 @@ def dead_letter(customer: dict[str, Any]) -> Message:
     return Message(topic("customers"), json.dumps({"id": customer["id"]}).encode(), value.encode())
 
 
+def _key_id(key: bytes | None) -> object:
+    """The id of a Kafka key `{"id": N}`; None for the keys malformed records have (none, or not JSON)."""
+    try:
+        doc = json.loads(key) if key is not None else None
+    except ValueError:
+        return None
+    return doc.get("id") if isinstance(doc, dict) else None
+
+
 def raw_events_before_tombstones(bootstrap: str, keys: set[int]) -> int:
     """Records of `keys` on the customers topic older than the key's newest tombstone."""
     consumer = KafkaConsumer(topic("customers"), bootstrap_servers=bootstrap, auto_offset_reset="earliest",
                              consumer_timeout_ms=5000)
     seen: dict[int, list] = {}
     for m in consumer:
-        if (k := json.loads(m.key)["id"]) in keys:
+        if (k := _key_id(m.key)) in keys:
             seen.setdefault(k, []).append((m.partition, m.offset, m.value is None))
     consumer.close()
     stale = 0
@@ -206,7 +215,7 @@ def test_erasure_leaves_nothing_and_changes_nobody_else(spark, broker, tmp_path,
         assert (policy.get("value") if isinstance(policy, dict) else policy) == "compact", (name, policy)
     consumer = KafkaConsumer(topic("customers"), bootstrap_servers=broker.bootstrap, auto_offset_reset="earliest",
                              consumer_timeout_ms=5000)
-    tombstoned = {json.loads(m.key)["id"] for m in consumer if m.value is None}
+    tombstoned = {_key_id(m.key) for m in consumer if m.value is None}
     consumer.close()
     assert victims <= tombstoned
 
