@@ -14,9 +14,11 @@ Contract section 4. One run does, in order (each step timed for the certificate)
    daily_revenue is recomputed for the days of their orders;
 4. purge: what still holds the data in older versions goes. Savepoints that pin such
    versions are deleted (and re-created at the new latest commit); merge-on-read tables
-   are compacted until no log file predates the sweep (a pending plan first); copy-on-write
-   tables with a change feed are clustered, because the sweep's own commit wrote the
-   deleted rows' before-images into `.cdc` files of the newest slice; an empty marker
+   are compacted until no log file predates the sweep (a pending plan first); in copy-on-write
+   tables with a change feed, the file groups the erasure's commits wrote are written once
+   more, unchanged, because those commits' `.cdc` files hold the deleted rows' before-images
+   in the newest slice (Hudi 1.0.2's clustering plans nothing for a non-partitioned table,
+   so it cannot do this); an empty marker
    commit records from when on incremental reads stay possible (older checkpoints get a
    full read, hudi_timeline.READABLE_FROM_META); then every table is cleaned down to the
    newest versions, and metadata tables holding keys (record index) are rebuilt from the
