@@ -47,12 +47,18 @@ def without_erased(changes: DataFrame, table: str, registry: DataFrame | None, k
 
 def dead_letters_without_erased(rows: DataFrame, registry: DataFrame | None, key: str) -> DataFrame:
     """Dead letters minus records whose Kafka key or envelope names an erased customer or order."""
-    if registry is None:
-        return rows
+    return rows if registry is None else _by_erased(rows, registry, key, "left_anti")
+
+
+def dead_letters_of_erased(rows: DataFrame, registry: DataFrame, key: str) -> DataFrame:
+    """The dead letters whose Kafka key or envelope names an erased customer or order."""
+    return _by_erased(rows, registry, key, "left_semi")
+
+
+def _by_erased(rows: DataFrame, registry: DataFrame, key: str, how: str) -> DataFrame:
     erased = F.broadcast(registry.select("subject").distinct())
-    hashes = dead_letter_hashes(rows, key)
-    return rows.withColumn("_h", hashes).join(
-        erased, F.arrays_overlap(F.col("_h"), F.array(erased["subject"])), "left_anti").drop("_h")
+    return rows.withColumn("_h", dead_letter_hashes(rows, key)).join(
+        erased, F.array_contains(F.col("_h"), erased["subject"]), how).drop("_h")
 
 
 def dead_letter_hashes(rows: DataFrame, key: str) -> Column:

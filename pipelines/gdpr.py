@@ -55,7 +55,7 @@ import hudi_configs
 from pipelines import contract, gold
 from pipelines.bronze import BATCH_ID_META, DELETED_FLAG, REGISTRY_META
 from pipelines.erasure_registry import (
-    dead_letter_hashes,
+    dead_letters_of_erased,
     read_registry,
     registry_path,
 )
@@ -236,10 +236,7 @@ def sweep(spark: SparkSession, root: str, customers: list[int], orders: list[int
         if not exists(table.path):
             continue
         if table.path == dead_letter_path(root):
-            df = _read(spark, table.path)
-            mine = df.withColumn("_h", dead_letter_hashes(df, key)).join(
-                F.broadcast(registry.select("subject")), F.array_contains(F.col("_h"), F.col("subject")),
-                "left_semi").drop("_h")
+            mine = dead_letters_of_erased(_read(spark, table.path), registry, key)
         else:
             predicate = _predicate(table.name, customers, orders, key)
             if predicate is None:
@@ -510,8 +507,7 @@ def _subject_rows(name: str, what: str, df: DataFrame, customers: list[int], ord
     if name == "bronze/_dead_letters":
         if registry is None:
             return None
-        return df.withColumn("_h", dead_letter_hashes(df, key)).join(
-            F.broadcast(registry.select("subject")), F.array_contains(F.col("_h"), F.col("subject")), "left_semi")
+        return dead_letters_of_erased(df, registry, key)
     if what.startswith("change feed"):
         blob = F.lower(F.concat_ws("\n", F.col("before"), F.col("after")))
         cond = F.lit(False)
