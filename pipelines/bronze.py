@@ -34,6 +34,8 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -291,14 +293,27 @@ def read_state(spark: SparkSession, path: str) -> DataFrame:
 
 @dataclass
 class BatchReport:
+    """What a batch did and where its time went (the phases are what tuning starts from)."""
+
     batch_id: int
     seconds: float = 0.0
     records: int = 0
     counts: dict[str, dict[str, int]] = field(default_factory=dict)
+    phases: dict[str, float] = field(default_factory=dict)
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        started = time.monotonic()
+        try:
+            yield
+        finally:
+            self.phases[name] = self.phases.get(name, 0.0) + time.monotonic() - started
 
     def line(self) -> str:
         parts = [f"{t}: " + " ".join(f"{k}={v}" for k, v in sorted(c.items())) for t, c in self.counts.items()]
-        return f"batch {self.batch_id}: {self.records} records in {self.seconds:.1f}s | " + " | ".join(parts)
+        timing = " ".join(f"{k}={v:.1f}" for k, v in self.phases.items())
+        return (f"batch {self.batch_id}: {self.records} records in {self.seconds:.1f}s | " + " | ".join(parts)
+                + f" | seconds: {timing}")
 
 
 class BronzeBatchWriter:
@@ -315,17 +330,20 @@ class BronzeBatchWriter:
         batch = batch.persist(StorageLevel.MEMORY_AND_DISK)
         report = BatchReport(batch_id)
         try:
-            offsets = self._end_offsets(batch)
+            with report.phase("read"):
+                offsets = self._end_offsets(batch)
             report.records = sum(n for *_, n in offsets)
             commit_meta = {BATCH_ID_META: str(batch_id), OFFSETS_META: json.dumps(
                 {f"{t}/{p}": o + 1 for t, p, o, _ in offsets}, sort_keys=True)}
-            erased = self._erased()
+            with report.phase("registry"):
+                erased = self._erased()
             if erased:
                 commit_meta[REGISTRY_META] = erased[2]
             parsed = {t: parse_events(batch.filter(F.col("topic") == contract.topic(t)), t).persist(
                 StorageLevel.MEMORY_AND_DISK) for t in contract.TABLES}
             try:
-                self._write_dead_letters(parsed, batch_id, commit_meta, report, erased)
+                with report.phase("parse+dead_letters"):
+                    self._write_dead_letters(parsed, batch_id, commit_meta, report, erased)
                 for table, events in parsed.items():
                     self._apply(table, events, commit_meta, report, erased)
             finally:
@@ -393,7 +411,8 @@ class BronzeBatchWriter:
         planned = plan(newest_per_key(changes), main_state, read_state(self.spark, ledger)).persist(
             StorageLevel.MEMORY_AND_DISK)
         try:
-            tally = planned.groupBy("to_main", "to_ledger", "_op").count().collect()
+            with report.phase(f"{table}.plan"):
+                tally = planned.groupBy("to_main", "to_ledger", "_op").count().collect()
             for r in tally:
                 outcome = ("stale" if not (r["to_main"] or r["to_ledger"])
                            else "delete" if r["_op"] == "d" else "upsert")
@@ -401,22 +420,23 @@ class BronzeBatchWriter:
             # One instant for the batch's three writes: a key's change-log row and its bronze
             # row say the same about when it was ingested.
             now = F.lit(datetime.now(UTC)).cast("timestamp").alias("_ingested_at")
+            def save(rows: DataFrame, part: str, name: str, path: str) -> None:
+                with report.phase(f"{table}.{part}"):
+                    rows.write.format("hudi").options(**hudi_options(part, name, **meta)).mode("append").save(path)
+
             if any(r["to_main"] or r["to_ledger"] for r in tally):
-                planned.filter("to_main OR to_ledger").select(
+                save(planned.filter("to_main OR to_ledger").select(
                     *contract.COLUMNS[table], *[c for c in META_COLUMNS if c != "_ingested_at"], now,
                     F.date_format(now, "yyyy-MM-dd").alias("_ingest_date"),
-                ).write.format("hudi").options(**hudi_options("changelog", f"bronze_changelog_{table}", **meta)) \
-                    .mode("append").save(changelog_path(table, self.root))
+                ), "changelog", f"bronze_changelog_{table}", changelog_path(table, self.root))
             if any(r["to_ledger"] for r in tally):
-                planned.filter("to_ledger").select(*[c for c in LEDGER_COLUMNS if c != "_ingested_at"], now) \
-                    .write.format("hudi").options(**hudi_options("ledger", f"bronze_deletes_{table}", **meta)) \
-                    .mode("append").save(ledger)
+                save(planned.filter("to_ledger").select(*[c for c in LEDGER_COLUMNS if c != "_ingested_at"], now),
+                     "ledger", f"bronze_deletes_{table}", ledger)
             if any(r["to_main"] for r in tally):
-                planned.filter("to_main").select(
+                save(planned.filter("to_main").select(
                     *contract.COLUMNS[table], *[c for c in META_COLUMNS if c != "_ingested_at"], now,
                     (F.col("_op") == "d").alias(DELETED_FLAG),
-                ).write.format("hudi").options(**hudi_options("table", f"bronze_{table}", **meta)) \
-                    .mode("append").save(main)
+                ), "table", f"bronze_{table}", main)
         finally:
             planned.unpersist()
 
