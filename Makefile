@@ -16,7 +16,7 @@ DEMO_ENV := LAKEHOUSE_ROOT=$(CURDIR)/$(DEMO)/lake LAKEHOUSE_SOURCE_STATE=$(CURDI
             LAKEHOUSE_ERASURE_KEY_FILE=$(CURDIR)/$(DEMO)/erasure.key \
             KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:$(DEMO_PORT)
 
-.PHONY: setup demo test test-fast lint package kafka-up kafka-down airflow clean help
+.PHONY: setup demo test test-fast bench lint package kafka-up kafka-down airflow clean help
 
 help:  ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -26,7 +26,7 @@ setup: $(VENV)/.installed .jvm/.resolved $(AF_VENV)/.installed  ## Create .venv 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev,bench]'
 	touch $@
 
 $(AF_VENV)/.installed: dags/requirements.txt pyproject.toml
@@ -67,6 +67,9 @@ test: setup  ## The whole test suite (starts its own Kafka brokers; real Spark, 
 test-fast: setup  ## Tests without the slow crash tests
 	$(BIN)/pytest -m "not slow and not unfinished"
 	$(AF_BIN)/pytest --confcutdir=tests/dags tests/dags -m "not slow"
+
+bench: setup  ## Benchmarks (ingest vs plain Hudi and Parquet, freshness, etl, erasure, reads): tables on stdout, JSON and PNG in .bench/
+	$(BIN)/lakehouse bench all $(BENCH_ARGS)
 
 lint: setup  ## ruff
 	$(BIN)/ruff check .

@@ -15,6 +15,7 @@ from pathlib import Path
 import click
 
 from pipelines import settings
+from pipelines.bench.cli import bench
 from pipelines.generator import generate
 from pipelines.kafka_local import kafka
 
@@ -35,6 +36,7 @@ def main(verbose: bool) -> None:
 
 main.add_command(generate)
 main.add_command(kafka)
+main.add_command(bench)
 
 
 def _require_kafka(bootstrap: str) -> None:

@@ -1,0 +1,123 @@
+"""`lakehouse bench ...`: each benchmark as a command; `all` is what `make bench` runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from pipelines import settings
+
+SEED = click.option("--seed", type=int, default=7, show_default=True, help="Generator seed (same seed, same data).")
+
+
+@click.group()
+def bench() -> None:
+    """Benchmarks: figures printed, saved as JSON and plotted to PNG in LAKEHOUSE_BENCH_DIR (default .bench/)."""
+
+
+@bench.command()
+@click.option("--events", type=click.IntRange(min=1000), default=1_000_000, show_default=True,
+              help="Backlog size in change events (60% snapshot, 20% updates, 5% deletes).")
+@click.option("--contender", "contenders", multiple=True,
+              type=click.Choice(["lakehouse", "lakehouse_before_tuning", "hudi_sink", "parquet"]),
+              help="Run only these; repeatable  [default: all four]")
+@click.option("--overrides", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="A LAKEHOUSE_HUDI_OVERRIDES file for the Hudi writers (tuning experiments).")
+@SEED
+def ingest(events: int, contenders: tuple[str, ...], overrides: Path | None, seed: int) -> None:
+    """Catch-up throughput: the lakehouse job vs Hudi's own streaming sink vs plain Parquet appends, same backlog."""
+    from pipelines.bench import ingest as b
+
+    click.echo(b.report(b.run(events, seed, contenders or b.CONTENDERS, overrides)))
+
+
+@bench.command()
+@click.option("--minutes", type=click.FloatRange(min=0.25), default=5.0, show_default=True,
+              help="How long the generator produces at the steady rate.")
+@click.option("--rate", type=click.FloatRange(min=1), default=100.0, show_default=True,
+              help="Kafka records per second, the contract's noise included.")
+@click.option("--trigger-seconds", type=click.FloatRange(min=0), default=settings.INGEST_TRIGGER_SECONDS,
+              show_default=True,
+              help="The ingest stream's micro-batch interval.")
+@SEED
+def freshness(minutes: float, rate: float, trigger_seconds: float, seed: int) -> None:
+    """Delay from an event's source time to its visibility in bronze (p50/p95/p99), and lag over time."""
+    from pipelines.bench import freshness as b
+
+    click.echo(b.report(b.run(minutes, rate, trigger_seconds, seed)))
+
+
+@bench.command()
+@click.option("--events", type=click.IntRange(min=1000), default=300_000, show_default=True,
+              help="Backlog the lake is built from.")
+@SEED
+def etl(events: int, seed: int) -> None:
+    """Incremental etl cycle after 0.1%, 1% and 10% of the rows changed, against a full rebuild."""
+    from pipelines.bench import etl as b
+
+    click.echo(b.report(b.run(events, seed)))
+
+
+@bench.command()
+@click.option("--events", "sizes", type=click.IntRange(min=1000), multiple=True,
+              help="Backlog sizes of the lakes; repeatable  [default: 20000 and 200000]")
+@SEED
+def erasure(sizes: tuple[int, ...], seed: int) -> None:
+    """Wall time of erasing one customer, at two lake sizes, with the certificate's phases."""
+    from pipelines.bench import erasure as b
+
+    click.echo(b.report(b.run(sizes or b.SIZES, seed)))
+
+
+@bench.command()
+@click.option("--events", type=click.IntRange(min=1000), default=200_000, show_default=True, help="Backlog size.")
+@click.option("--batches", type=click.IntRange(min=2), default=40, show_default=True,
+              help="Micro-batches the backlog is ingested in (log files per file group).")
+@SEED
+def reads(events: int, batches: int, seed: int) -> None:
+    """Bronze snapshot query time with many log files, before and after compaction."""
+    from pipelines.bench import reads as b
+
+    click.echo(b.report(b.run(events, batches, seed)))
+
+
+@bench.command(name="all")
+@click.option("--events", type=click.IntRange(min=1000), default=1_000_000, show_default=True,
+              help="Backlog size of the ingest benchmark.")
+@click.option("--minutes", type=click.FloatRange(min=0.25), default=5.0, show_default=True,
+              help="Length of the freshness run.")
+@click.pass_context
+def run_all(ctx: click.Context, events: int, minutes: float) -> None:
+    """Every benchmark with its defaults, one after the other (about an hour on 2 cores)."""
+    ctx.invoke(ingest, events=events, contenders=(), overrides=None, seed=7)
+    ctx.invoke(freshness, minutes=minutes, rate=100.0, trigger_seconds=settings.INGEST_TRIGGER_SECONDS, seed=7)
+    ctx.invoke(etl, events=300_000, seed=7)
+    ctx.invoke(erasure, sizes=(), seed=7)
+    ctx.invoke(reads, events=200_000, batches=40, seed=7)
+
+
+@bench.command(name="parquet-sink")
+@click.option("--root", required=True, help="Folder the Parquet files are appended to.")
+@click.option("--bootstrap", required=True, help="Kafka brokers.")
+def parquet_sink(root: str, bootstrap: str) -> None:
+    """The Parquet upper bound's writer (run by `bench ingest`): consume the topics once into Parquet appends."""
+    from pipelines.bench.parquet_sink import run_parquet_sink
+    from pipelines.spark import get_spark
+
+    run_parquet_sink(get_spark("lakehouse-bench-parquet"), root, bootstrap)
+
+
+@bench.command(name="hudi-sink")
+@click.option("--root", required=True, help="Folder of the two Hudi tables (<root>/customers, <root>/orders).")
+@click.option("--bootstrap", required=True, help="Kafka brokers.")
+def hudi_sink(root: str, bootstrap: str) -> None:
+    """The plain-Hudi reference's writer (run by `bench ingest`): Hudi's streaming sink consumes the topics once.
+
+    It stands in for HoodieStreamer, whose bundle Maven Central does not serve here for Hudi 1.0.x
+    (`pipelines.bench.hudi_sink`).
+    """
+    from pipelines.bench.hudi_sink import run_hudi_sink
+    from pipelines.spark import get_spark
+
+    run_hudi_sink(get_spark("lakehouse-bench-hudi-sink"), root, bootstrap)

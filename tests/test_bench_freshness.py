@@ -1,0 +1,56 @@
+"""The freshness benchmark on a short real run: its figures must add up, whatever the machine's speed.
+
+No timing threshold: only what holds on any machine. Each applied change is counted once,
+the snapshot not at all, every key's last change of the steady phase is among them (bronze
+itself says which one that was), delays lie within the run, and the lag ends at zero.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipelines.bench import freshness
+from pipelines.contract import TABLES, topic
+from pipelines.settings import changelog_path, ledger_path, main_path
+from pipelines.table_stats import exists, read_table
+
+
+@pytest.mark.slow
+def test_freshness_figures_add_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LAKEHOUSE_BENCH_DIR", str(tmp_path))
+    figures = freshness.run(minutes=0.6, rate=20, trigger_seconds=5, seed=11)
+
+    root = str(tmp_path / "freshness" / "lake")
+    start = {tp: span[0] for tp, span in figures["steady_offsets"].items()}
+    end = {tp: span[1] for tp, span in figures["steady_offsets"].items()}
+    assert figures["kafka_records"] == sum(end.values()) - sum(start.values()) == 720
+
+    changes = freshness.visibility(root, start, end)
+    positions = {(c.table, c.partition, c.offset) for c in changes}
+    assert 0 < figures["events"] == len(changes) == len(positions) <= figures["kafka_records"]
+    # The change logs hold the snapshot and the counted changes, nothing else.
+    snapshot = freshness.SNAPSHOT.customers + freshness.SNAPSHOT.orders
+    assert sum(read_table(changelog_path(t, root), ["_lsn"]).num_rows for t in TABLES) == snapshot + len(changes)
+    # Per key, the live row or the delete ledger holds the Kafka position of the last change applied.
+    for t in TABLES:
+        for path in (main_path(t, root), ledger_path(t, root)):
+            if not exists(path):
+                continue
+            held = {(t, r["_kafka_partition"], r["_kafka_offset"])
+                    for r in read_table(path, ["_kafka_partition", "_kafka_offset"]).to_pylist()}
+            steady = {p for p in held if start[f"{topic(t)}/{p[1]}"] <= p[2] < end[f"{topic(t)}/{p[1]}"]}
+            assert steady, path
+            assert steady <= positions, f"{path}: last changes not counted: {sorted(steady - positions)[:5]}"
+
+    run_length = figures["caught_up_seconds"]
+    assert all(0 < c.delay < run_length for c in changes)
+    d = figures["delay_seconds"]
+    assert 0 < d["min"] <= d["p50"] <= d["p95"] <= d["p99"] <= d["max"] < run_length
+    assert figures["batches"]["records"] == figures["kafka_records"]  # the steady phase's batches, all of them
+    lag = figures["lag"]
+    assert lag[-1]["total"] == 0 and any(s["total"] > 0 for s in lag if s["t"] >= 0)
+    assert all(s["total"] == s["customers"] + s["orders"] >= 0 for s in lag)
+    assert (tmp_path / "freshness.png").stat().st_size > 10_000
+    assert (tmp_path / "freshness.json").exists()
