@@ -132,8 +132,8 @@ def parse_events(raw: DataFrame, table: str) -> DataFrame:
     """Kafka records of one table's topic -> one row per record, classified.
 
     `kind` is `row` (a change with its image), `truncate`, `tombstone`, `ignored` (op=m)
-    or `dead` (with `reason`). Every input record yields exactly one output row, so
-    nothing is dropped without a trace.
+    or `dead` (with `reason` and the raw `value`). Every input record yields exactly one
+    output row, so nothing is dropped without a trace.
     """
     text = F.col("value").cast("string")
     parsed = F.from_json(text, value_schema(table),
@@ -185,8 +185,11 @@ def parse_events(raw: DataFrame, table: str) -> DataFrame:
                op.alias("_op"), lsn.alias("_lsn"), F.timestamp_millis(e["source"]["ts_ms"]).alias("_source_ts"),
                e["source"]["txId"].alias("_tx_id")]
     columns += [image[c].alias(c) for c in contract.COLUMNS[table]]
+    # The raw value is kept for dead letters only: the batch's parsed rows stay cached while
+    # every table is written, and a wrapped envelope's value is mostly its schema (kilobytes).
     return df.withColumn("_c", classified).select(
-        "kafka_topic", "kafka_partition", "kafka_offset", "kafka_timestamp", "key", "value", *columns)
+        "kafka_topic", "kafka_partition", "kafka_offset", "kafka_timestamp", "key",
+        F.when(F.col("_c.kind") == "dead", F.col("value")).alias("value"), *columns)
 
 
 def dead_letters(events: DataFrame, batch_id: int) -> DataFrame:

@@ -59,7 +59,7 @@ def _require_kafka(bootstrap: str) -> None:
               show_default=True,
               help="Micro-batch interval when running continuously.")
 @click.option("--max-offsets-per-trigger", type=click.IntRange(min=1), default=None,
-              help="Cap on Kafka records per micro-batch  [default: no cap]")
+              help="Cap on Kafka records per micro-batch  [default: bronze.toml [kafka] maxOffsetsPerTrigger]")
 @click.option("--bootstrap", default=None, help="Kafka brokers  [default: $KAFKA_BOOTSTRAP_SERVERS]")
 def ingest(once: bool, trigger_seconds: float, max_offsets_per_trigger: int | None, bootstrap: str | None) -> None:
     """Stream both source topics into the bronze Hudi tables (until stopped, or --once)."""

@@ -377,12 +377,16 @@ def test_erasure_while_ingest_runs(spark, broker, tmp_path, monkeypatch) -> None
 
     log_path = tmp_path / "ingest.log"
     producer = threading.Thread(target=keep_changing, daemon=True)
+    erase_log = tmp_path / "erase.log"
     try:
-        with running_ingest(env, log_path) as ingest:
+        with running_ingest(env, log_path, trigger_seconds=5) as ingest:
             run_etl(spark, root)
             producer.start()
-            done = _lakehouse(env, "gdpr", "erase", "--customer-id", str(victim), "--reference", "REQ-LIVE")
-            assert done.returncode == 0, done.stderr[-4000:]
+            with erase_log.open("w") as err:  # a file, not a pipe: a slow or stuck erasure shows how far it got
+                done = subprocess.run([sys.executable, "-m", "pipelines.cli", "gdpr", "erase", "--customer-id",
+                                       str(victim), "--reference", "REQ-LIVE"], env=env, stdout=subprocess.PIPE,
+                                      stderr=err, text=True, timeout=1500)
+            assert done.returncode == 0, erase_log.read_text()[-4000:]
             assert json.loads(done.stdout.splitlines()[-1])["verified"]
             assert ingest.poll() is None, "ingest died beside the erasure: " + log_path.read_text()[-3000:]
             time.sleep(10)  # more changes of the erased customer arrive after the erasure
