@@ -500,6 +500,8 @@ def verify(spark: SparkSession, root: str, customers: list[int], orders: list[in
     progress("scanning every file under the lake root")
     scan = scan_lake(spark, root, Subject(frozenset(customers), frozenset(orders), frozenset(texts)))
     failures += [f"{f.path} ({f.table}): {f.what}" for f in scan.findings]
+    if failures:  # the reason for a further round, in the log too: a run cut short leaves no certificate
+        log.warning("verification: %d failure(s), first: %s", len(failures), "; ".join(failures[:5]))
     return {"passed": not failures, "reads_checked": reads, "failures": failures, "scan": _scan_summary(scan),
             "time_travel_covered_by_a_later_read": skipped}
 
