@@ -69,7 +69,7 @@ class LakeTable:
 
     @property
     def append_only(self) -> bool:
-        return self.options.get("hoodie.datasource.write.operation") == "insert"
+        return self.options.get("hoodie.datasource.write.operation") in ("insert", "bulk_insert")
 
 
 def lake_tables(root: str) -> list[LakeTable]:
