@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -294,6 +295,9 @@ def read_state(spark: SparkSession, path: str) -> DataFrame:
         .select(KEY, "_lsn")
 
 
+_BATCH_LINE = re.compile(r"batch (\d+): (\d+) records in ([\d.]+)s")
+
+
 @dataclass
 class BatchReport:
     """What a batch did and where its time went (the phases are what tuning starts from)."""
@@ -311,6 +315,16 @@ class BatchReport:
             yield
         finally:
             self.phases[name] = self.phases.get(name, 0.0) + time.monotonic() - started
+
+    @classmethod
+    def parse(cls, line: str) -> BatchReport | None:
+        """The batch id, records, seconds and phases of a logged `line()`; None for any other log line."""
+        found = _BATCH_LINE.search(line)
+        if not found:
+            return None
+        timing = line.rsplit("| seconds: ", 1)[1].split() if "| seconds: " in line else []
+        return cls(int(found[1]), float(found[3]), int(found[2]),
+                   phases={k: float(v) for k, _, v in (item.partition("=") for item in timing)})
 
     def line(self) -> str:
         parts = [f"{t}: " + " ".join(f"{k}={v}" for k, v in sorted(c.items())) for t, c in self.counts.items()]
@@ -446,6 +460,13 @@ class BronzeBatchWriter:
 
 # --------------------------------------------------------------------------- the stream
 
+def kafka_stream(spark: SparkSession, bootstrap: str, tables: tuple[str, ...] = contract.TABLES) -> DataFrame:
+    """The source topics of `tables` as a stream, with bronze.toml's Kafka options (also the benchmarks' readers)."""
+    return (spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap)
+            .option("subscribe", ",".join(contract.topic(t) for t in tables))
+            .options(**hudi_configs.section("bronze", "kafka")))
+
+
 def run_ingest(*, once: bool, root: str | None = None, bootstrap: str | None = None,
                trigger_seconds: float = INGEST_TRIGGER_SECONDS, max_offsets_per_trigger: int | None = None,
                spark: SparkSession | None = None) -> None:
@@ -459,10 +480,7 @@ def run_ingest(*, once: bool, root: str | None = None, bootstrap: str | None = N
 
     root = root or lake_root()
     spark = spark or get_spark("lakehouse-ingest")
-    reader = (spark.readStream.format("kafka")
-              .option("kafka.bootstrap.servers", bootstrap or kafka_bootstrap())
-              .option("subscribe", ",".join(contract.topic(t) for t in contract.TABLES))
-              .options(**hudi_configs.section("bronze", "kafka")))
+    reader = kafka_stream(spark, bootstrap or kafka_bootstrap())
     if max_offsets_per_trigger:
         reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
     writer = (reader.load().writeStream.queryName("bronze_ingest")

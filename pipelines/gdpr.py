@@ -66,6 +66,7 @@ from pipelines.hudi_timeline import (
     earliest_retained,
     extra_meta_after,
     latest_completion,
+    meta_client,
     pending_writes,
 )
 from pipelines.lake_scan import ScanReport, Subject, scan_lake
@@ -569,9 +570,8 @@ def _time_travel_instants(spark: SparkSession, table: LakeTable) -> tuple[list[s
     if table.options.get("hoodie.datasource.write.table.type") != "COPY_ON_WRITE" or len(instants) < 2:
         return instants, 0
     hudi = spark.sparkContext._jvm.org.apache.hudi
-    conf = hudi.storage.hadoop.HadoopStorageConfiguration(spark.sparkContext._jsc.hadoopConfiguration())
-    meta = hudi.common.table.HoodieTableMetaClient.builder().setConf(conf).setBasePath(table.path).build()
-    context = hudi.common.engine.HoodieLocalEngineContext(conf)
+    meta = meta_client(spark, table.path)
+    context = hudi.common.engine.HoodieLocalEngineContext(meta.getStorageConf())
     view = hudi.common.table.view.HoodieTableFileSystemView.fileListingBasedFileSystemView(
         context, meta, meta.getActiveTimeline().getCommitsTimeline().filterCompletedInstants())
     try:

@@ -13,11 +13,15 @@ CHECKPOINT_META = "_lakehouse.checkpoint"
 READABLE_FROM_META = "_lakehouse.readable_from"
 
 
+def meta_client(spark: SparkSession, path: str):  # -> JavaObject (HoodieTableMetaClient)
+    """Hudi's handle on the table at `path`, with the session's Hadoop configuration."""
+    hudi = spark.sparkContext._jvm.org.apache.hudi
+    conf = hudi.storage.hadoop.HadoopStorageConfiguration(spark.sparkContext._jsc.hadoopConfiguration())
+    return hudi.common.table.HoodieTableMetaClient.builder().setConf(conf).setBasePath(path).build()
+
+
 def _active(spark: SparkSession, path: str):  # -> JavaObject (HoodieActiveTimeline)
-    jvm = spark.sparkContext._jvm
-    conf = jvm.org.apache.hudi.storage.hadoop.HadoopStorageConfiguration(spark.sparkContext._jsc.hadoopConfiguration())
-    client = jvm.org.apache.hudi.common.table.HoodieTableMetaClient.builder().setConf(conf).setBasePath(path).build()
-    return client.getActiveTimeline()
+    return meta_client(spark, path).getActiveTimeline()
 
 
 def _completed(spark: SparkSession, path: str):  # -> JavaObject (HoodieTimeline)

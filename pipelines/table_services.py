@@ -37,7 +37,7 @@ import hudi_configs
 from pipelines import contract, gold
 from pipelines.bronze import hudi_options
 from pipelines.etl import silver_options
-from pipelines.hudi_timeline import READABLE_FROM_META, checkpoint
+from pipelines.hudi_timeline import READABLE_FROM_META, checkpoint, meta_client
 from pipelines.settings import (
     changelog_path,
     dead_letter_path,
@@ -102,8 +102,7 @@ class _Client:
         self._spark = spark
         self._table = table
         hudi = jvm.org.apache.hudi
-        conf = hudi.storage.hadoop.HadoopStorageConfiguration(spark.sparkContext._jsc.hadoopConfiguration())
-        self.meta = hudi.common.table.HoodieTableMetaClient.builder().setConf(conf).setBasePath(table.path).build()
+        self.meta = meta_client(spark, table.path)
         props = jvm.java.util.Properties()
         for key, value in hudi_configs.services(table.options).items():
             props.setProperty(key, value)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import time
@@ -69,7 +70,7 @@ def broker(name: str) -> Iterator[KafkaBroker]:
     data = bench_dir() / name / "kafka"
     if data.exists():
         KafkaBroker(data).stop()
-        subprocess.run(["rm", "-rf", str(data)], check=True)
+        shutil.rmtree(data)
     node = KafkaBroker(data, port=free_port())
     node.start()
     try:

@@ -16,7 +16,6 @@ from typing import Any
 from pipelines import contract
 from pipelines.bench.common import bench_dir, broker, lakehouse, produce_backlog, save, say, table
 from pipelines.bench.plots import grouped_bars
-from pipelines.generator import WorkloadConfig
 
 FRACTIONS = (0.001, 0.01, 0.1)
 
@@ -85,5 +84,3 @@ def report(figures: dict[str, Any]) -> str:
                  "files read": full["files_read"], "time vs rebuild": 1.0, "rows vs rebuild": 1.0})
     return table(rows, ["changed", "cycle s", "rows read", "files read", "time vs rebuild", "rows vs rebuild"])
 
-
-__all__ = ["FRACTIONS", "WorkloadConfig", "report", "run"]

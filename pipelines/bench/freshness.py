@@ -53,6 +53,7 @@ from hudi import HudiTableBuilder
 from kafka import KafkaConsumer, TopicPartition
 
 from pipelines.bench.common import DELETE_FRACTION, bench_dir, broker, save, say, table
+from pipelines.bronze import BatchReport
 from pipelines.contract import TABLES, topic
 from pipelines.generator import Message, ShopSource, WorkloadConfig, produce
 from pipelines.settings import changelog_path, ingest_checkpoint_path, ledger_path, main_path
@@ -67,7 +68,6 @@ _SAMPLE_SECONDS = 1.0
 _SETTLE_TIMEOUT = 900.0  # JVM start plus the snapshot's batch, or the catch-up, on a busy machine
 # The writer runs with TZ=UTC, so a timeline in Hudi's default zone (LOCAL) holds UTC times.
 WRITER_TZ = "UTC"
-_BATCH_LINE = re.compile(r"batch (\d+): (\d+) records in ([\d.]+)s")
 
 Offsets = dict[str, int]  # "topic/partition" -> next offset
 
@@ -245,8 +245,8 @@ def steady_messages(source: ShopSource, records: int, seed: int) -> list[Message
 
 def batch_summary(log: Path, after: int | None) -> dict[str, Any]:
     """Batches after `after` as the ingest job logged them (its own wall time per batch)."""
-    batches = [(int(b), int(n), float(s)) for b, n, s in _BATCH_LINE.findall(log.read_text(errors="replace"))
-               if after is None or int(b) > after]
+    reports = filter(None, map(BatchReport.parse, log.read_text(errors="replace").splitlines()))
+    batches = [(r.batch_id, r.records, r.seconds) for r in reports if after is None or r.batch_id > after]
     seconds = np.array([s for *_, s in batches]) if batches else np.zeros(1)
     records = sum(n for _, n, _ in batches)
     return {"count": len(batches), "records": records, "records_mean": round(records / max(1, len(batches)), 1),

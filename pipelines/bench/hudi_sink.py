@@ -45,9 +45,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-import hudi_configs
 from pipelines import contract
-from pipelines.bronze import DELETED_FLAG, META_COLUMNS, _change_rows, hudi_options, parse_events
+from pipelines.bronze import DELETED_FLAG, META_COLUMNS, _change_rows, hudi_options, kafka_stream, parse_events
 
 # What the streaming sink needs on top of bronze main's options. Async compaction would
 # replace the configured inline compaction only if that were off (LAKEHOUSE_TABLE_SERVICES
@@ -86,9 +85,7 @@ def sink_rows(raw: DataFrame, table: str) -> DataFrame:
 
 def start(spark: SparkSession, base_path: str, bootstrap: str, table: str) -> StreamingQuery:
     """The streaming query of one table: its topic from earliest, once (availableNow), into Hudi."""
-    raw = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap)
-           .option("subscribe", contract.topic(table))
-           .options(**hudi_configs.section("bronze", "kafka")).load())
+    raw = kafka_stream(spark, bootstrap, (table,)).load()
     return (sink_rows(raw, table).writeStream.format("hudi").queryName(f"hudi_sink_{table}")
             .options(**sink_options(base_path, table)).outputMode("append")
             .trigger(availableNow=True).start())

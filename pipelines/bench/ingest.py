@@ -29,13 +29,14 @@ import hudi_configs
 from pipelines import contract
 from pipelines.bench.common import Backlog, bench_dir, broker, lakehouse, produce_backlog, save, say, table
 from pipelines.bench.plots import bar_chart
-from pipelines.table_stats import read_table
+from pipelines.bronze import BatchReport
+from pipelines.table_stats import table_stats
 
 CONTENDERS = ("lakehouse", "lakehouse_before_tuning", "hudi_sink", "parquet")
 
 
 def _live_rows(path: str) -> int:
-    return read_table(path, ["_hoodie_record_key"]).num_rows
+    return table_stats(path).rows
 
 
 BEFORE_TUNING = Path(hudi_configs.__file__).parent / "bench_before_tuning.toml"
@@ -44,11 +45,9 @@ BEFORE_TUNING = Path(hudi_configs.__file__).parent / "bench_before_tuning.toml"
 def _phases(log: Path) -> dict[str, float]:
     """Seconds per phase, summed over the batches of the job's log (BatchReport lines)."""
     total: dict[str, float] = {}
-    for line in log.read_text(errors="replace").splitlines():
-        if " records in " in line and "| seconds: " in line:
-            for item in line.rsplit("| seconds: ", 1)[1].split():
-                name, _, value = item.partition("=")
-                total[name] = round(total.get(name, 0.0) + float(value), 1)
+    for report in filter(None, map(BatchReport.parse, log.read_text(errors="replace").splitlines())):
+        for name, seconds in report.phases.items():
+            total[name] = round(total.get(name, 0.0) + seconds, 1)
     return total
 
 

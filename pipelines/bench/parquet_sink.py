@@ -10,9 +10,8 @@ from __future__ import annotations
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-import hudi_configs
 from pipelines import contract
-from pipelines.bronze import _change_rows, dead_letters, parse_events
+from pipelines.bronze import _change_rows, dead_letters, kafka_stream, parse_events
 
 
 def append_batch(root: str):
@@ -36,9 +35,7 @@ def append_batch(root: str):
 
 def run_parquet_sink(spark: SparkSession, root: str, bootstrap: str) -> None:
     """Consume what is on the topics now (availableNow), like `lakehouse ingest --once`."""
-    reader = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap)
-              .option("subscribe", ",".join(contract.topic(t) for t in contract.TABLES))
-              .options(**hudi_configs.section("bronze", "kafka")))
-    query = (reader.load().writeStream.queryName("parquet_sink").foreachBatch(append_batch(root))
-             .option("checkpointLocation", f"{root}/_checkpoint").trigger(availableNow=True).start())
+    query = (kafka_stream(spark, bootstrap).load().writeStream.queryName("parquet_sink")
+             .foreachBatch(append_batch(root)).option("checkpointLocation", f"{root}/_checkpoint")
+             .trigger(availableNow=True).start())
     query.awaitTermination()
