@@ -61,11 +61,11 @@ demo: setup  ## End to end on the embedded local default: Kafka, a workload, ing
 	  $(DEMO_ENV) $(BIN)/lakehouse gdpr erase --customer-id 7 --reference DEMO-ERASURE-1 --requested-by demo )
 
 test: setup  ## The whole test suite (starts its own Kafka brokers; real Spark, Hudi and Airflow)
-	$(BIN)/pytest -m "not unfinished"
+	$(BIN)/pytest
 	$(AF_BIN)/pytest --confcutdir=tests/dags tests/dags
 
 test-fast: setup  ## Tests without the slow crash tests
-	$(BIN)/pytest -m "not slow and not unfinished"
+	$(BIN)/pytest -m "not slow"
 	$(AF_BIN)/pytest --confcutdir=tests/dags tests/dags -m "not slow"
 
 bench: setup  ## Benchmarks (ingest vs plain Hudi and Parquet, freshness, etl, erasure, reads): tables on stdout, JSON and PNG in .bench/

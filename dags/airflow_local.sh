@@ -18,6 +18,12 @@ export LAKEHOUSE_TARGET="${LAKEHOUSE_TARGET:-local}"
 # standalone starts its components as `airflow ...` from PATH.
 export PATH="$project/.venv-airflow/bin:$PATH"
 mkdir -p "$AIRFLOW_HOME"
+# The pool the lake-writing jobs share (dags/lakehouse_common.py): without it their tasks never start.
+"$project/.venv-airflow/bin/airflow" db migrate > "$AIRFLOW_HOME/migrate.log" 2>&1 \
+  || { echo "airflow db migrate failed; its log:" >&2; tail -50 "$AIRFLOW_HOME/migrate.log" >&2; exit 1; }
+"$project/.venv-airflow/bin/python" -c 'import sys; sys.path.insert(0, sys.argv[1]); import lakehouse_common as c; c.ensure_pool()' \
+  "$project/dags" > "$AIRFLOW_HOME/pool.log" 2>&1 \
+  || { echo "creating the lakehouse pool failed; its log:" >&2; tail -20 "$AIRFLOW_HOME/pool.log" >&2; exit 1; }
 "$project/.venv-airflow/bin/airflow" standalone > "$AIRFLOW_HOME/standalone.log" 2>&1 &
 airflow_pid=$!
 trap 'kill -TERM $airflow_pid 2>/dev/null; wait $airflow_pid 2>/dev/null' EXIT INT TERM

@@ -29,6 +29,21 @@ DEFAULT_ARGS = {
 }
 
 
+# The jobs that write the lake beside the stream (etl, table services, quality's Data Docs,
+# erasure) take the one slot of this pool in turn: an erasure never interleaves with an etl
+# cycle, nor with a compaction or clean of the tables it purges. `dags/airflow_local.sh`
+# creates it (ensure_pool); any other deployment once: airflow pools set lakehouse_lake 1 "...".
+LAKE_POOL = "lakehouse_lake"
+LAKE_POOL_DESCRIPTION = "Lakehouse jobs writing the lake beside the stream: one at a time"
+
+
+def ensure_pool() -> None:
+    """Create LAKE_POOL (one slot) in the Airflow database, or set it back to one slot."""
+    from airflow.models.pool import Pool
+
+    Pool.create_or_update_pool(LAKE_POOL, 1, LAKE_POOL_DESCRIPTION, include_deferred=False)
+
+
 def job(name: str, *args: str) -> SparkJob:
     """A `lakehouse` command as a Spark job, with the deployment's environment.
 
@@ -51,7 +66,7 @@ def spark_task(spark_job: SparkJob, outlets: list[Asset] | None = None, doc_md: 
     target = os.environ.get("LAKEHOUSE_TARGET", "local")
     if target == "local":
         return BashOperator(task_id=spark_job.name, bash_command=spark_job.local_bash(), env=spark_job.local_env(),
-                            append_env=True, outlets=outlets or [], doc_md=doc_md)
+                            append_env=True, outlets=outlets or [], doc_md=doc_md, pool=LAKE_POOL)
     if target != "emr":
         raise ValueError(f"LAKEHOUSE_TARGET={target!r}: expected local or emr")
     from airflow.providers.amazon.aws.operators.emr import EmrAddStepsOperator
@@ -59,12 +74,13 @@ def spark_task(spark_job: SparkJob, outlets: list[Asset] | None = None, doc_md: 
 
     cluster = "{{ var.value.lakehouse_emr_cluster_id }}"
     # Adding a step is not retried: a retry after a timeout would add the step twice
-    # (apache/airflow#28704); the sensor retries.
+    # (apache/airflow#28704); the sensor retries. The sensor pokes (it holds the pool's slot
+    # until the step ends; rescheduling would free it for another job's step meanwhile).
     with TaskGroup(spark_job.name, tooltip=doc_md) as group:
         EmrAddStepsOperator(task_id="add_step", job_flow_id=cluster, aws_conn_id="aws_default",
                             steps=[spark_job.emr_step("{{ var.value.lakehouse_code_uri }}")], doc_md=doc_md,
-                            retries=0) >> \
+                            retries=0, pool=LAKE_POOL) >> \
             EmrStepSensor(task_id="wait_for_step", job_flow_id=cluster, aws_conn_id="aws_default",
                           step_id=f"{{{{ ti.xcom_pull(task_ids='{spark_job.name}.add_step')[0] }}}}",
-                          poke_interval=60, mode="reschedule", outlets=outlets or [])
+                          poke_interval=60, mode="poke", pool=LAKE_POOL, outlets=outlets or [])
     return group

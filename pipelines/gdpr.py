@@ -24,7 +24,8 @@ Contract section 4. One run does, in order (each step timed for the certificate)
    newest versions, and metadata tables holding keys (record index) are rebuilt from the
    cleaned files;
 5. Kafka: tombstones for the erased keys on the source topics, which are set to log
-   compaction, so the broker drops the raw events too;
+   compaction, so the broker drops the raw events too; the values Great Expectations kept
+   of failed checks are redacted and the Data Docs rebuilt (pipelines.quality);
 6. verify (pipelines.lake_scan and reads): snapshot, time travel to every retained
    instant, incremental and change-feed reads find nothing, and a scan of every file under
    the lake root, decoded, finds neither the ids nor the e-mail or name;
@@ -70,6 +71,7 @@ from pipelines.hudi_timeline import (
     pending_writes,
 )
 from pipelines.lake_scan import ScanReport, Subject, scan_lake
+from pipelines.quality import redact_subject
 from pipelines.settings import (
     dead_letter_path,
     gdpr_path,
@@ -169,7 +171,6 @@ def find_subject(spark: SparkSession, root: str, customer_ids: tuple[int, ...]) 
     tables = {t.name: t for t in lake_tables(root)}
     ids = list(customer_ids)
     customers, orders, texts = set(), set(), set()
-    others: list[DataFrame] = []
     for name in CUSTOMER_TABLES:
         if not exists(path := tables[name].path):
             continue
@@ -179,25 +180,34 @@ def find_subject(spark: SparkSession, root: str, customer_ids: tuple[int, ...]) 
         if "email" in df.columns:
             for r in mine.select("email", "full_name").distinct().collect():
                 texts |= {v.strip() for v in r if v and len(v.strip()) >= MIN_TEXT}
-            others.append(df.filter(~F.col("id").isin(ids)).select("email", "full_name"))
     for name in ORDER_TABLES:
         if exists(path := tables[name].path) and "customer_id" in (df := _read(spark, path)).columns:
             orders |= {r[0] for r in df.filter(F.col("customer_id").isin(ids)).select("id").distinct().collect()}
-    shared = _shared(others, texts)
+    shared = shared_texts(spark, root, ids, texts)
     return Found(customers, orders, texts - shared, len(shared))
 
 
-def _shared(others: list[DataFrame], texts: set[str]) -> set[str]:
-    """Texts that also occur in another customer's e-mail or name: finding them proves nothing."""
-    if not others or not texts:
+def shared_texts(spark: SparkSession, root: str, customer_ids: list[int], texts: set[str]) -> set[str]:
+    """Texts that occur in another customer's e-mail or name: finding them proves nothing.
+
+    Asked again at verification, not only when the subject is found: the source keeps
+    creating customers, and a new one may carry the erased customer's name.
+    """
+    if not texts:
+        return set()
+    others = [df.filter(~F.col("id").isin(customer_ids)).select("email", "full_name")
+              for t in lake_tables(root)
+              if t.name in CUSTOMER_TABLES and exists(t.path) and "email" in (df := _read(spark, t.path)).columns]
+    if not others:
         return set()
     union = others[0]
     for df in others[1:]:
         union = union.unionByName(df)
     values = F.lower(F.concat_ws("\n", "email", "full_name"))
+    ordered = sorted(texts)
     hits = union.select(*[F.max(values.contains(t.lower()).cast("int")).alias(f"t{i}")
-                          for i, t in enumerate(sorted(texts))]).first()
-    return {t for i, t in enumerate(sorted(texts)) if hits[f"t{i}"]}
+                          for i, t in enumerate(ordered)]).first()
+    return {t for i, t in enumerate(ordered) if hits[f"t{i}"]}
 
 
 # ---------------------------------------------------------------- sweep
@@ -319,9 +329,12 @@ class _Purger(_Client):
             while [i for i in pending_writes(self._spark, self._table.path) if i < marker] \
                     and time.monotonic() < deadline:
                 time.sleep(1)
-            cleans.append(self.clean())
-            # A clean that found nothing to do leaves the previous one's horizon in force.
-            if (earliest_retained(self._spark, self._table.path) or "") >= marker or time.monotonic() > deadline:
+            cleans.append(done := self.clean())
+            # Hudi 1.0.2 records no clean when its plan is empty: then nothing older is left
+            # (keeping one commit, the plan covers every slice the newest ones replaced).
+            if "earliest_retained" not in done \
+                    or (earliest_retained(self._spark, self._table.path) or "") >= marker \
+                    or time.monotonic() > deadline:
                 return cleans
             time.sleep(2)  # never hold the table's lock in a tight loop: writers need it to commit
 
@@ -460,6 +473,9 @@ def verify(spark: SparkSession, root: str, customers: list[int], orders: list[in
            progress: Callable[[str], None]) -> dict[str, object]:
     """Every read the lake serves, and every file under its root, checked for the subject."""
     registry = read_registry(spark, root)
+    # A customer created since the subject was found may share a name: it is theirs, not the subject's.
+    shared = shared_texts(spark, root, customers, set(texts))
+    texts = sorted(set(texts) - shared)
     failures: list[str] = []
     reads = skipped = 0
     for table in lake_tables(root):
@@ -504,7 +520,7 @@ def verify(spark: SparkSession, root: str, customers: list[int], orders: list[in
     if failures:  # the reason for a further round, in the log too: a run cut short leaves no certificate
         log.warning("verification: %d failure(s), first: %s", len(failures), "; ".join(failures[:5]))
     return {"passed": not failures, "reads_checked": reads, "failures": failures, "scan": _scan_summary(scan),
-            "time_travel_covered_by_a_later_read": skipped}
+            "time_travel_covered_by_a_later_read": skipped, "texts_now_shared_with_other_customers": len(shared)}
 
 
 def _subject_rows(name: str, what: str, df: DataFrame, customers: list[int], orders: list[int], texts: list[str],
@@ -659,6 +675,8 @@ def erase(request: ErasureRequest, spark: SparkSession | None = None, root: str 
     if touched:
         with clock.step("purge"):
             purged = purge(spark, root, set(touched), sweep_started, progress)
+    with clock.step("quality results"):
+        quality = redact_subject(root, set(texts), set(customers), set(orders))
     with clock.step("verify"):
         result = verify(spark, root, customers, orders, texts, key, progress)
     # Anything found now (a run cut short earlier), or an ingest batch that filtered with the
@@ -700,6 +718,7 @@ def erase(request: ErasureRequest, spark: SparkSession | None = None, root: str 
         "tables": touched,
         "purge": purged,
         "kafka": kafka,
+        "quality_results": quality,
         "verification": result,
         "further_sweeps": retries,
         "timings_s": clock.timings,

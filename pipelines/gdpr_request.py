@@ -82,13 +82,21 @@ def parse_request(customer_ids: Iterable[object] | object, reference: object, re
 
 
 def erasure_key(key_file: Path | None = None) -> str:
-    """The secret of the pseudonymising hash: LAKEHOUSE_ERASURE_KEY, else a key file made on first use.
+    """The secret of the pseudonymising hash, from the first of:
+
+    - LAKEHOUSE_ERASURE_KEY: the key itself;
+    - LAKEHOUSE_ERASURE_KEY_SECRET: an AWS Secrets Manager secret (name or ARN) holding it.
+      This is how EMR jobs get it: a step's driver runs on any node of the cluster, where a
+      key file would not be, and step arguments are visible in the EMR console;
+    - a key file (LAKEHOUSE_ERASURE_KEY_FILE), made on first use.
 
     Every job that hashes (ingest, etl, erasure) must see the same key: with another one,
     the registry no longer recognises erased customers.
     """
     if key := os.environ.get("LAKEHOUSE_ERASURE_KEY"):
         return key
+    if secret := os.environ.get("LAKEHOUSE_ERASURE_KEY_SECRET"):
+        return _secret_value(secret)
     from pipelines.settings import erasure_key_file
 
     path = key_file or erasure_key_file()
@@ -98,6 +106,24 @@ def erasure_key(key_file: Path | None = None) -> str:
         with os.fdopen(fd, "w") as fh:
             fh.write(secrets.token_hex(32))
     return path.read_text().strip()
+
+
+def _secret_value(secret: str) -> str:
+    """The string of an AWS Secrets Manager secret; never made here: every job must find the same one."""
+    import boto3
+
+    # An ARN names its region; a name uses the environment's (AWS_REGION, the profile).
+    region = secret.split(":")[3] if secret.startswith("arn:") and secret.count(":") >= 6 else None
+    try:
+        value = boto3.client("secretsmanager", region_name=region).get_secret_value(SecretId=secret)
+    except Exception as exc:
+        raise RuntimeError(f"LAKEHOUSE_ERASURE_KEY_SECRET={secret}: cannot read the erasure key from AWS Secrets "
+                           f"Manager ({type(exc).__name__}: {exc})") from exc
+    key = (value.get("SecretString") or "").strip()
+    if len(key) < 32:
+        raise RuntimeError(f"LAKEHOUSE_ERASURE_KEY_SECRET={secret}: the secret's string is {len(key)} characters; "
+                           "the erasure key must be at least 32 (e.g. `openssl rand -hex 32`)")
+    return key
 
 
 def subject_hash(kind: str, value: int, key: str) -> str:

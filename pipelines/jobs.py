@@ -20,9 +20,10 @@ import hudi_configs
 from pipelines.settings import PROJECT_ROOT, jvm_dir
 
 # Environment variables every job receives (on EMR as YARN application-master and executor env).
-# The erasure key travels as a file path only: step arguments are visible in the EMR console.
+# The erasure key travels as a file path or a secret's name only, never itself: step arguments
+# are visible in the EMR console.
 JOB_ENV = ("LAKEHOUSE_ROOT", "KAFKA_BOOTSTRAP_SERVERS", "LAKEHOUSE_TABLE_SERVICES", "LAKEHOUSE_HUDI_OVERRIDES",
-           "LAKEHOUSE_ERASURE_KEY_FILE")
+           "LAKEHOUSE_ERASURE_KEY_FILE", "LAKEHOUSE_ERASURE_KEY_SECRET")
 
 
 def spark_conf(for_target: str | None = None) -> dict[str, str]:

@@ -14,11 +14,14 @@ not as bronze holds now, which the running ingest keeps moving.
 
 from __future__ import annotations
 
+import json
 import logging
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import great_expectations as gx
 import great_expectations.expectations as gxe
@@ -214,3 +217,58 @@ def run_quality(spark: SparkSession, root: str, layers: tuple[str, ...] = LAYERS
 
 def data_docs_index(root: str) -> Path:
     return Path(quality_root(root)) / "data_docs" / "index.html"
+
+
+# ---------------------------------------------------------------- erasure (pipelines.gdpr)
+
+ERASED = "[erased]"
+# Where a result keeps the values that broke an expectation.
+_UNEXPECTED = ("partial_unexpected_list", "partial_unexpected_counts", "partial_unexpected_index_list",
+               "unexpected_list", "unexpected_index_list")
+
+
+def redact_subject(root: str, texts: set[str], customers: set[int], orders: set[int]) -> dict[str, int]:
+    """Replace an erased customer's values in the stored validation results, then build the Data Docs again.
+
+    A failed expectation keeps a few of the values that broke it: an e-mail that did not
+    match, a duplicated id. The results stay (they are the history of the checks), with those
+    values replaced by a marker; the Data Docs are HTML rendered from them, so they are
+    rebuilt rather than edited. Ids are replaced only in the values of an id column (`id`
+    of the suite's customers or orders, `customer_id`): elsewhere a number is not an id.
+    """
+    base = Path(quality_root(root))
+    store = base / "gx" / "uncommitted" / "validations"
+    lowered = [t.lower() for t in texts]
+    redacted = 0
+    for path in sorted(store.rglob("*.json")) if store.is_dir() else []:
+        original = json.loads(path.read_text())
+        result = _scrub(original, lowered, set())  # a copy: `original` stays as read
+        suite = str(result.get("suite_name", "")).split("__")[0]
+        for check in result.get("results", []):
+            column = (check.get("expectation_config") or {}).get("kwargs", {}).get("column")
+            ids = (customers if column == "customer_id" or (column == "id" and "customers" in suite)
+                   else orders if column == "id" and "orders" in suite else set())
+            detail = check.get("result") or {}
+            for key in _UNEXPECTED:
+                if key in detail:
+                    detail[key] = _scrub(detail[key], lowered, ids)
+        if result != original:
+            path.write_text(json.dumps(result, indent=2))
+            redacted += 1
+    if redacted:
+        shutil.rmtree(base / "data_docs", ignore_errors=True)
+        gx.get_context(mode="file", project_root_dir=str(base)).build_data_docs()
+    return {"validation_results_redacted": redacted, "data_docs_rebuilt": int(bool(redacted))}
+
+
+def _scrub(value: Any, texts: list[str], ids: set[int]) -> Any:
+    """`value` with every string holding one of `texts`, and every number in `ids`, replaced by ERASED."""
+    if isinstance(value, str):
+        return ERASED if any(t in value.lower() for t in texts) else value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return ERASED if value in ids else value
+    if isinstance(value, dict):
+        return {k: _scrub(v, texts, ids) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_scrub(v, texts, ids) for v in value]
+    return value

@@ -1,4 +1,4 @@
-"""Reading the lake back, twice: with Spark and with hudi-rs (no JVM), and comparing to the model."""
+"""Lakes built by the pipeline, read back twice (Spark and hudi-rs, no JVM) and compared to the model."""
 
 from __future__ import annotations
 
@@ -7,10 +7,21 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
+from pipelines.bronze import run_ingest
 from pipelines.contract import COLUMNS, TABLES
+from pipelines.generator import ShopSource, WorkloadConfig, ensure_topics, produce
 from pipelines.settings import dead_letter_path, ledger_path, main_path, quarantine_path, silver_path
 from pipelines.table_stats import exists, read_table
 from tests.model import Rows, expected_silver
+
+
+def ingested_lake(spark: SparkSession, bootstrap: str, root: str, cfg: WorkloadConfig) -> ShopSource:
+    """A snapshot and changes of `cfg` produced to Kafka and ingested once into bronze; the source, to go on."""
+    source = ShopSource(cfg.seed)
+    ensure_topics(bootstrap)
+    produce(source.snapshot(cfg) + source.changes(cfg), bootstrap)
+    run_ingest(once=True, root=root, bootstrap=bootstrap, spark=spark)
+    return source
 
 
 def _keyed(rows: list[dict[str, Any]], table: str) -> dict[int, dict[str, Any]]:

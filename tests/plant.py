@@ -2,6 +2,8 @@
 
 One counted silver order gets the status 'teleported', which the cleaning rules never let
 through; gold's per-day counts still agree, so only silver's status expectation can catch it.
+`plant_bad_emails` gives silver customers e-mails the rules would have quarantined: the
+failed expectation then keeps them in its results, which an erasure must redact.
 """
 
 from __future__ import annotations
@@ -31,6 +33,22 @@ def plant_bad_status(spark: SparkSession, root: str) -> int:
         .withColumn("_hoodie_is_deleted", F.lit(False))
     planted.write.format("hudi").options(**silver_options("silver_orders")).mode("append").save(orders)
     return victim.first()["id"]
+
+
+def plant_bad_emails(spark: SparkSession, root: str, n: int) -> list[tuple[int, str]]:
+    """Give the first `n` silver customers an e-mail without '@' (newer `_lsn`); their (id, e-mail)."""
+    from pyspark.sql import functions as F
+
+    from pipelines.etl import silver_options
+    from pipelines.settings import silver_path
+
+    customers = silver_path("customers", root)
+    chosen = spark.read.format("hudi").load(customers).orderBy("id").limit(n)
+    planted = chosen.select(*[c for c in chosen.columns if not c.startswith("_hoodie")]) \
+        .withColumn("email", F.concat(F.lit("planted-"), F.col("id").cast("string"), F.lit(" at shop.test"))) \
+        .withColumn("_lsn", F.col("_lsn") + 1).withColumn("_hoodie_is_deleted", F.lit(False)).localCheckpoint()
+    planted.write.format("hudi").options(**silver_options("silver_customers")).mode("append").save(customers)
+    return [(r["id"], r["email"]) for r in planted.orderBy("id").collect()]
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from pipelines.changes import read_changes
 from pipelines.etl import run_etl
 from pipelines.generator import ShopSource, WorkloadConfig, ensure_topics, produce
 from pipelines.settings import CHANGE_FEED_TABLES
+from tests.lake import ingested_lake
 
 TABLES = tuple(CHANGE_FEED_TABLES)
 
@@ -61,11 +62,8 @@ def test_consumer_replicas_equal_the_tables_and_see_deletes(spark, broker, tmp_p
 
 def test_cli_changes_with_a_checkpoint_file(broker, spark, tmp_path) -> None:
     root = str(tmp_path / "lake")
-    source = ShopSource(45)
     cfg = WorkloadConfig(seed=45, customers=30, orders=60, changes=100)
-    ensure_topics(broker.bootstrap)
-    produce(source.snapshot(cfg) + source.changes(cfg), broker.bootstrap)
-    run_ingest(once=True, root=root, bootstrap=broker.bootstrap, spark=spark)
+    source = ingested_lake(spark, broker.bootstrap, root, cfg)
     env = {**os.environ, "LAKEHOUSE_ROOT": root}
     ckpt = tmp_path / "ckpt"
     cmd = [sys.executable, "-m", "pipelines.cli", "changes", "bronze/customers", "--checkpoint-file", str(ckpt)]

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from pathlib import Path
 
 from pipelines.bronze import run_ingest
 from pipelines.etl import run_etl
 from pipelines.generator import ShopSource, WorkloadConfig, ensure_topics, produce
-from pipelines.quality import data_docs_index, run_quality
-from tests.plant import BAD_STATUS, plant_bad_status
+from pipelines.quality import ERASED, data_docs_index, quality_root, redact_subject, run_quality
+from tests.lake import ingested_lake
+from tests.plant import BAD_STATUS, plant_bad_emails, plant_bad_status
 
 
 def test_suites_pass_on_the_pipeline_and_name_a_planted_violation(spark, broker, tmp_path) -> None:
@@ -39,3 +41,28 @@ def test_suites_pass_on_the_pipeline_and_name_a_planted_violation(spark, broker,
     assert "expect_column_values_to_be_in_set" in status_failure and BAD_STATUS in status_failure
     pages = [p.read_text(errors="replace") for p in data_docs_index(root).parent.rglob("*.html")]
     assert any("silver.orders" in page and BAD_STATUS in page for page in pages), "Data Docs do not name it"
+
+
+def _files_holding(root: str, text: str) -> list[str]:
+    return [str(p) for p in Path(quality_root(root)).rglob("*")
+            if p.is_file() and text.lower().encode() in p.read_bytes().lower()]
+
+
+def test_an_erasure_redacts_the_values_failed_expectations_keep(spark, broker, tmp_path) -> None:
+    """Validation results and Data Docs keep the values that broke a rule: after an erasure, only the others'."""
+    root = str(tmp_path / "lake")
+    ingested_lake(spark, broker.bootstrap, root, WorkloadConfig(seed=72, customers=30, orders=60, changes=50))
+    run_etl(spark, root)
+    (victim, victim_email), (_, other_email) = plant_bad_emails(spark, root, 2)
+    outcomes = {o.suite: o for o in run_quality(spark, root, ("silver",), timedelta(hours=1))}
+    assert victim_email in outcomes["silver/customers"].line() and other_email in outcomes["silver/customers"].line()
+    assert _files_holding(root, victim_email), "the planted failure is not in the results: nothing to redact"
+
+    done = redact_subject(root, {victim_email}, {victim}, set())
+
+    assert done == {"validation_results_redacted": 1, "data_docs_rebuilt": 1}
+    assert _files_holding(root, victim_email) == []
+    assert _files_holding(root, ERASED), "the redacted value leaves no marker"
+    assert any(p.endswith(".html") for p in _files_holding(root, other_email)), "the docs lost the other failure"
+    assert data_docs_index(root).is_file()
+    assert redact_subject(root, {victim_email}, {victim}, set())["validation_results_redacted"] == 0

@@ -43,3 +43,13 @@ def test_local_tasks_submit_the_cli_with_the_jars_and_external_table_services() 
     assert task.env["LAKEHOUSE_TABLE_SERVICES"] == "external"
     assert {a.name for a in task.outlets} == {"silver/customers", "silver/orders", "gold/customer_ltv",
                                                "gold/daily_revenue"}
+
+
+def test_lake_writing_tasks_share_the_one_slot_pool() -> None:
+    """etl, table services, quality and erasure never run beside each other (the stream is not an Airflow task)."""
+    from lakehouse_common import LAKE_POOL
+
+    for dag_id, dag in _dagbag().dags.items():
+        for task in dag.tasks:
+            if task.task_id != "validate_request":
+                assert task.pool == LAKE_POOL, f"{dag_id}.{task.task_id}: pool {task.pool}"
