@@ -121,8 +121,8 @@ def _bronze_paths(root: str) -> list[str]:
 def wait_for_bronze_writes(spark: SparkSession, root: str, timeout: float = 180) -> list[str]:
     """Wait until the bronze writes in flight now have ended; returns those still pending at the timeout.
 
-    A batch in flight may have read the registry before this erasure added to it. A write
-    left in flight by a killed job never ends (the next clean rolls it back): after the
+    A batch in flight may have read the registry before this erasure added to it. Writes
+    whose writer is dead (pending_writes: a stale heartbeat) are not waited for; after the
     timeout the erasure goes on, and the stale-write check below still covers anything
     that commits later.
     """

@@ -119,12 +119,30 @@ def instant_of_batch(spark: SparkSession, path: str, key: str, batch: int) -> st
     return found
 
 
+# A writer touches its heartbeat file every hoodie.client.heartbeat.interval_in_ms (60 s) and
+# is taken for dead after hoodie.client.heartbeat.tolerable.misses (2) more: Hudi's defaults.
+HEARTBEAT_EXPIRY_MS = 60_000 * (2 + 1)
+
+
 def pending_writes(spark: SparkSession, path: str) -> list[str]:
-    """Requested times of the writes in flight (requested or inflight commits, compaction plans excluded)."""
-    pending = _active(spark, path).getCommitsTimeline().filterPendingExcludingCompaction().getInstants().iterator()
+    """Requested times of the writes in flight whose writer is alive (compaction plans excluded).
+
+    A write is alive while its heartbeat file is fresh. A failed attempt (a conflict that Hudi
+    retried under a new instant, a killed job) stays pending on the timeline, its heartbeat
+    gone or stale, until a clean rolls it back: waiting for it would wait for nothing. (This
+    is Hudi's own test for rolling back failed writes lazily, which multi-writer mode uses.)
+    """
+    meta = meta_client(spark, path)
+    pending = meta.getActiveTimeline().getCommitsTimeline().filterPendingExcludingCompaction().getInstants().iterator()
+    jvm = spark.sparkContext._jvm
+    storage, now = meta.getStorage(), jvm.System.currentTimeMillis()
+    folder = jvm.org.apache.hudi.common.table.HoodieTableMetaClient.getHeartbeatFolderPath(path)
     found = []
     while pending.hasNext():
-        found.append(pending.next().requestedTime())
+        instant = pending.next().requestedTime()
+        beat = jvm.org.apache.hudi.storage.StoragePath(f"{folder}/{instant}")
+        if storage.exists(beat) and now - storage.getPathInfo(beat).getModificationTime() < HEARTBEAT_EXPIRY_MS:
+            found.append(instant)
     return found
 
 
