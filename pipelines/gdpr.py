@@ -609,7 +609,7 @@ def _time_travel_instants(spark: SparkSession, table: LakeTable) -> tuple[list[s
 
 
 def _scan_summary(scan: ScanReport) -> dict[str, object]:
-    return {"files": scan.files, "decoded": scan.decoded, "records": scan.records,
+    return {"files": scan.files, "decoded": scan.decoded, "vanished": scan.vanished, "records": scan.records,
             "findings": len(scan.findings), "seconds": round(scan.seconds, 1)}
 
 

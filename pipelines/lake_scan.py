@@ -105,6 +105,9 @@ class ScanReport:
     # Files per decoder; a file that failed to decode counts as "raw" (only its bytes were scanned).
     decoded: dict[str, int] = field(default_factory=lambda: dict.fromkeys(DECODERS, 0))
     records: int = 0  # decoded records looked at
+    # Files deleted between the listing and their reading (a writer's heartbeat, a cleaned
+    # slice): no longer under the root, so holding nothing.
+    vanished: int = 0
     findings: list[Finding] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -134,8 +137,8 @@ def scan_lake(spark: SparkSession, root: str, subject: Subject,
     report.files = len(files)
     report.findings.sort(key=lambda f: (f.path, f.what))
     report.seconds = time.monotonic() - started
-    log.info("scanned %d files (%s), %d records in %.1f s: %d findings", report.files, report.decoded,
-             report.records, report.seconds, len(report.findings))
+    log.info("scanned %d files (%s, %d vanished meanwhile), %d records in %.1f s: %d findings", report.files,
+             report.decoded, report.vanished, report.records, report.seconds, len(report.findings))
     return report
 
 
@@ -296,6 +299,11 @@ class _Jvm:
         found = [p for chunk in self._json(paths) for p in chunk]
         prefix = self.root + "/"
         return sorted(p[len(prefix):] if p.startswith(prefix) else p for p in found)
+
+    def exists(self, rel: str) -> bool:
+        if self._local is not None:
+            return (self._local / rel).exists()
+        return bool(self._raw.exists(self._path(rel)))
 
     def read(self, rel: str) -> bytes:
         if self._local is not None:
@@ -487,6 +495,9 @@ class _Scan:
         try:
             data = self.jvm.read(rel)
         except (OSError, Py4JJavaError) as e:
+            if not self.jvm.exists(rel):
+                self.report.vanished += 1
+                return
             self._hit(f"could not decode: could not read the file ({_error(e)})")
             data = b""
         if self._raw_has_text(data):
@@ -504,7 +515,11 @@ class _Scan:
                     raise ValueError(f"no decoder for {decoder} files")
                 used = decoder
             except Exception as e:  # Py4JJavaError, ArrowInvalid, ...: all mean the same here
-                self._hit(f"could not decode: {_error(e)}")
+                if not self.jvm.exists(rel):  # deleted while being decoded: its bytes were searched
+                    self.report.vanished += 1
+                    self._hits = {k: None for k in self._hits if not k.startswith("could not decode")}
+                else:
+                    self._hit(f"could not decode: {_error(e)}")
         self.report.decoded[used] += 1
         for what in self._hits:
             self.report.findings.append(Finding(rel, table.label, self._redact(what)))

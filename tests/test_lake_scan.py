@@ -194,3 +194,20 @@ def test_a_missing_root_is_an_error_not_a_clean_lake(spark: SparkSession, tmp_pa
     with pytest.raises(FileNotFoundError):
         scan_lake(spark, str(tmp_path / "no-such-lake"), SUBJECT)
 
+
+
+def test_a_file_deleted_during_the_scan_holds_nothing(spark: SparkSession, tmp_path: Path) -> None:
+    """A writer deletes its heartbeat, a clean its slices, while the scan runs: gone is not undecodable."""
+    root = tmp_path / "lake"
+    (root / "a").mkdir(parents=True)
+    for name in ("1.parquet", "2.parquet", "3.json"):
+        (root / "a" / name).write_bytes(b"PAR1 not parquet PAR1" if name.endswith(".parquet") else b"{}")
+
+    def delete_the_next(done: int, total: int) -> None:
+        if done == 1:
+            (root / "a" / "2.parquet").unlink()
+
+    report = scan_lake(spark, str(root), SUBJECT, progress=delete_the_next)
+    assert report.vanished == 1
+    # Still there and not Parquet: a finding, as before.
+    assert [f.path for f in report.findings] == ["a/1.parquet"], report.findings
