@@ -166,15 +166,18 @@ def _read(spark: SparkSession, path: str) -> DataFrame:
     return spark.read.format("hudi").options(**hudi_configs.section("reads", "scan")).load(path)
 
 
+def _customer_reads(spark: SparkSession, root: str) -> dict[str, DataFrame]:
+    """Reads of the customer tables that exist, by name."""
+    return {t.name: _read(spark, t.path) for t in lake_tables(root) if t.name in CUSTOMER_TABLES and exists(t.path)}
+
+
 def find_subject(spark: SparkSession, root: str, customer_ids: tuple[int, ...]) -> Found:
     """The customers' rows and orders anywhere in bronze and silver, and their e-mails and names."""
     tables = {t.name: t for t in lake_tables(root)}
     ids = list(customer_ids)
     customers, orders, texts = set(), set(), set()
-    for name in CUSTOMER_TABLES:
-        if not exists(path := tables[name].path):
-            continue
-        df = _read(spark, path)
+    reads = _customer_reads(spark, root)
+    for df in reads.values():
         mine = df.filter(F.col("id").isin(ids))
         customers |= {r[0] for r in mine.select("id").distinct().collect()}
         if "email" in df.columns:
@@ -183,22 +186,19 @@ def find_subject(spark: SparkSession, root: str, customer_ids: tuple[int, ...]) 
     for name in ORDER_TABLES:
         if exists(path := tables[name].path) and "customer_id" in (df := _read(spark, path)).columns:
             orders |= {r[0] for r in df.filter(F.col("customer_id").isin(ids)).select("id").distinct().collect()}
-    shared = shared_texts(spark, root, ids, texts)
+    shared = shared_texts(reads, ids, texts)
     return Found(customers, orders, texts - shared, len(shared))
 
 
-def shared_texts(spark: SparkSession, root: str, customer_ids: list[int], texts: set[str]) -> set[str]:
-    """Texts that occur in another customer's e-mail or name: finding them proves nothing.
+def shared_texts(reads: dict[str, DataFrame], customer_ids: list[int], texts: set[str]) -> set[str]:
+    """Texts that occur in another customer's e-mail or name (in `reads`, _customer_reads): finding them proves nothing.
 
     Asked again at verification, not only when the subject is found: the source keeps
     creating customers, and a new one may carry the erased customer's name.
     """
-    if not texts:
-        return set()
     others = [df.filter(~F.col("id").isin(customer_ids)).select("email", "full_name")
-              for t in lake_tables(root)
-              if t.name in CUSTOMER_TABLES and exists(t.path) and "email" in (df := _read(spark, t.path)).columns]
-    if not others:
+              for df in reads.values() if "email" in df.columns]
+    if not texts or not others:
         return set()
     union = others[0]
     for df in others[1:]:
@@ -474,7 +474,7 @@ def verify(spark: SparkSession, root: str, customers: list[int], orders: list[in
     """Every read the lake serves, and every file under its root, checked for the subject."""
     registry = read_registry(spark, root)
     # A customer created since the subject was found may share a name: it is theirs, not the subject's.
-    shared = shared_texts(spark, root, customers, set(texts))
+    shared = shared_texts(_customer_reads(spark, root), customers, set(texts)) if texts else set()
     texts = sorted(set(texts) - shared)
     failures: list[str] = []
     reads = skipped = 0

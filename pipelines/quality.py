@@ -181,7 +181,8 @@ def run_quality(spark: SparkSession, root: str, layers: tuple[str, ...] = LAYERS
     if site not in context.get_site_names():
         context.add_data_docs_site(site_name=site, site_config={
             "class_name": "SiteBuilder",
-            "store_backend": {"class_name": "TupleFilesystemStoreBackend", "base_directory": f"{base}/data_docs"},
+            "store_backend": {"class_name": "TupleFilesystemStoreBackend",
+                              "base_directory": str(data_docs_index(root).parent)},
             "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"}})
     # persist=False: GE would cache every frame it validates, and cached plans are what
     # Hudi's data-skipping lookups deadlock against (reads.toml [scan]).
@@ -256,7 +257,7 @@ def redact_subject(root: str, texts: set[str], customers: set[int], orders: set[
             path.write_text(json.dumps(result, indent=2))
             redacted += 1
     if redacted:
-        shutil.rmtree(base / "data_docs", ignore_errors=True)
+        shutil.rmtree(data_docs_index(root).parent, ignore_errors=True)
         gx.get_context(mode="file", project_root_dir=str(base)).build_data_docs()
     return {"validation_results_redacted": redacted, "data_docs_rebuilt": int(bool(redacted))}
 
