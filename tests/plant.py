@@ -12,42 +12,46 @@ import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
 
 # Importable without Spark (Airflow's tests check for this value in the Data Docs).
 BAD_STATUS = "teleported"
 
 
-def plant_bad_status(spark: SparkSession, root: str) -> int:
-    """Rewrite one placed/paid silver order with BAD_STATUS (a newer `_lsn`, so the upsert wins); its id."""
+def _plant(root: str, table: str, rows: DataFrame, column: str, value: Column) -> DataFrame:
+    """`rows` of silver `table` written again with `column` = `value` and a newer `_lsn` (so the upsert wins)."""
     from pyspark.sql import functions as F
 
     from pipelines.etl import silver_options
     from pipelines.settings import silver_path
 
-    orders = silver_path("orders", root)
-    counted = spark.read.format("hudi").load(orders).filter(F.col("status").isin("placed", "paid"))
-    victim = counted.orderBy("id").limit(1)
-    planted = victim.select(*[c for c in victim.columns if not c.startswith("_hoodie")]) \
-        .withColumn("status", F.lit(BAD_STATUS)).withColumn("_lsn", F.col("_lsn") + 1) \
-        .withColumn("_hoodie_is_deleted", F.lit(False))
-    planted.write.format("hudi").options(**silver_options("silver_orders")).mode("append").save(orders)
-    return victim.first()["id"]
+    planted = rows.select(*[c for c in rows.columns if not c.startswith("_hoodie")]) \
+        .withColumn(column, value).withColumn("_lsn", F.col("_lsn") + 1) \
+        .withColumn("_hoodie_is_deleted", F.lit(False)).localCheckpoint()
+    planted.write.format("hudi").options(**silver_options(f"silver_{table}")).mode("append") \
+        .save(silver_path(table, root))
+    return planted
+
+
+def plant_bad_status(spark: SparkSession, root: str) -> int:
+    """Rewrite one placed/paid silver order with BAD_STATUS; its id."""
+    from pyspark.sql import functions as F
+
+    from pipelines.settings import silver_path
+
+    counted = spark.read.format("hudi").load(silver_path("orders", root)).filter(F.col("status").isin("placed", "paid"))
+    return _plant(root, "orders", counted.orderBy("id").limit(1), "status", F.lit(BAD_STATUS)).first()["id"]
 
 
 def plant_bad_emails(spark: SparkSession, root: str, n: int) -> list[tuple[int, str]]:
-    """Give the first `n` silver customers an e-mail without '@' (newer `_lsn`); their (id, e-mail)."""
+    """Give the first `n` silver customers an e-mail without '@'; their (id, e-mail)."""
     from pyspark.sql import functions as F
 
-    from pipelines.etl import silver_options
     from pipelines.settings import silver_path
 
-    customers = silver_path("customers", root)
-    chosen = spark.read.format("hudi").load(customers).orderBy("id").limit(n)
-    planted = chosen.select(*[c for c in chosen.columns if not c.startswith("_hoodie")]) \
-        .withColumn("email", F.concat(F.lit("planted-"), F.col("id").cast("string"), F.lit(" at shop.test"))) \
-        .withColumn("_lsn", F.col("_lsn") + 1).withColumn("_hoodie_is_deleted", F.lit(False)).localCheckpoint()
-    planted.write.format("hudi").options(**silver_options("silver_customers")).mode("append").save(customers)
+    chosen = spark.read.format("hudi").load(silver_path("customers", root)).orderBy("id").limit(n)
+    planted = _plant(root, "customers", chosen, "email",
+                     F.concat(F.lit("planted-"), F.col("id").cast("string"), F.lit(" at shop.test")))
     return [(r["id"], r["email"]) for r in planted.orderBy("id").collect()]
 
 
