@@ -1,16 +1,26 @@
-"""Shared fixtures: a real Kafka broker per test, one real Spark session per test run."""
+"""Shared fixtures: one real Spark session per test run, a real Kafka broker per test, and a lake
+built once per run (ingest and etl of a generated workload) that tests copy, broker data included.
+
+A Hudi commit costs seconds of CPU on this machine whatever its size, so building the same
+lake again in every test that starts from "a lake with some history" was most of the suite's
+time; `lake` hands each such test its own copy instead (see tests/lake.py, LakeCopy).
+"""
 
 from __future__ import annotations
 
+import copy
 import os
+import shutil
 import time
 from collections.abc import Iterator
 from importlib.util import find_spec
+from pathlib import Path
 
 import pytest
 from pyspark.sql import SparkSession
 
 from pipelines.kafka_local import KafkaBroker, free_port
+from tests.lake import BASE_WORKLOAD, LakeCopy, build_base_lake
 
 # tests/dags run in Airflow's environment (`make test` runs them there, apart from these).
 collect_ignore = ["dags"] if find_spec("airflow") is None else []
@@ -38,3 +48,21 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
         yield b
     finally:
         b.stop()
+
+
+@pytest.fixture(scope="session")
+def base_lake(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> LakeCopy:
+    """The run's one generated lake (BASE_WORKLOAD ingested once, one etl cycle), its broker stopped."""
+    return build_base_lake(spark, tmp_path_factory.mktemp("base-lake"))
+
+
+@pytest.fixture
+def lake(base_lake: LakeCopy, tmp_path: Path) -> Iterator[LakeCopy]:
+    """A private copy of `base_lake`: lake, broker data (served on new ports), source and sent records."""
+    shutil.copytree(base_lake.dir, tmp_path, dirs_exist_ok=True)
+    broker = KafkaBroker(tmp_path / "kafka", port=free_port(), controller_port=free_port())
+    broker.start()
+    try:
+        yield LakeCopy(tmp_path, broker, copy.deepcopy(base_lake.source), list(base_lake.sent), BASE_WORKLOAD)
+    finally:
+        broker.stop()

@@ -3,25 +3,66 @@
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from pyspark.sql import SparkSession
 
 from pipelines.bronze import run_ingest
 from pipelines.contract import COLUMNS, TABLES
-from pipelines.generator import ShopSource, WorkloadConfig, ensure_topics, produce
+from pipelines.etl import run_etl
+from pipelines.generator import Message, ShopSource, WorkloadConfig, ensure_topics, produce
+from pipelines.kafka_local import KafkaBroker, free_port
 from pipelines.settings import dead_letter_path, ledger_path, main_path, quarantine_path, silver_path
 from pipelines.table_stats import exists, read_table
 from tests.model import Rows, expected_silver
 
+# The shared lake's workload: quarantined rows (invalid), deletes and re-inserts, orphan
+# orders, malformed records (dead letters), replays and both converter formats.
+BASE_WORKLOAD = WorkloadConfig(seed=90, customers=100, orders=300, changes=800, invalid_fraction=0.12,
+                               delete_fraction=0.08)
 
-def ingested_lake(spark: SparkSession, bootstrap: str, root: str, cfg: WorkloadConfig) -> ShopSource:
-    """A snapshot and changes of `cfg` produced to Kafka and ingested once into bronze; the source, to go on."""
-    source = ShopSource(cfg.seed)
-    ensure_topics(bootstrap)
-    produce(source.snapshot(cfg) + source.changes(cfg), bootstrap)
-    run_ingest(once=True, root=root, bootstrap=bootstrap, spark=spark)
-    return source
+
+@dataclass
+class LakeCopy:
+    """A lake built by the pipeline, with the broker holding its topics and the source that produced them."""
+
+    dir: Path  # holds lake/ and kafka/
+    broker: KafkaBroker | None  # None for the stopped original
+    source: ShopSource
+    sent: list[Message]
+    cfg: WorkloadConfig
+
+    @property
+    def root(self) -> str:
+        return str(self.dir / "lake")
+
+    @property
+    def bootstrap(self) -> str:
+        assert self.broker is not None, "the base lake's broker is stopped: use a copy (the `lake` fixture)"
+        return self.broker.bootstrap
+
+    def produce(self, messages: list[Message]) -> None:
+        """Send `messages` and remember them as sent (what the model folds)."""
+        produce(messages, self.bootstrap)
+        self.sent += messages
+
+
+def build_base_lake(spark: SparkSession, where: Path) -> LakeCopy:
+    """BASE_WORKLOAD's snapshot and changes, ingested once, then one etl cycle; the broker stopped after."""
+    broker = KafkaBroker(where / "kafka", port=free_port())
+    broker.start()
+    try:
+        source = ShopSource(BASE_WORKLOAD.seed)
+        ensure_topics(broker.bootstrap)
+        sent = source.snapshot(BASE_WORKLOAD) + source.changes(BASE_WORKLOAD)
+        produce(sent, broker.bootstrap)
+        run_ingest(once=True, root=str(where / "lake"), bootstrap=broker.bootstrap, spark=spark)
+        run_etl(spark, str(where / "lake"))
+    finally:
+        broker.stop()
+    return LakeCopy(where, None, source, sent, BASE_WORKLOAD)
 
 
 def _keyed(rows: list[dict[str, Any]], table: str) -> dict[int, dict[str, Any]]:

@@ -19,12 +19,12 @@ import pytest
 from pipelines.bronze import run_ingest
 from pipelines.contract import COLUMNS
 from pipelines.generator import Message, ShopSource, WorkloadConfig, ensure_topics, produce
-from tests.lake import assert_bronze_equals_model, dead_letters
+from tests.lake import LakeCopy, assert_bronze_equals_model, dead_letters
 from tests.model import fold_with_lsn, is_malformed
 
 
-def _ingest_and_check(spark, broker, root: str, source: ShopSource, sent: list[Message], **kw) -> None:
-    run_ingest(once=True, root=root, bootstrap=broker.bootstrap, spark=spark, **kw)
+def _ingest_and_check(spark, bootstrap: str, root: str, source: ShopSource, sent: list[Message], **kw) -> None:
+    run_ingest(once=True, root=root, bootstrap=bootstrap, spark=spark, **kw)
     expected, lsns = fold_with_lsn(sent)
     assert expected == source.state, "the model and the simulated database disagree"
     assert_bronze_equals_model(spark, root, expected, lsns)
@@ -35,7 +35,8 @@ def _ingest_and_check(spark, broker, root: str, source: ShopSource, sent: list[M
     assert all(d["reason"] and "@" in d["reason"] for d in letters), "reasons name the Kafka position"
 
 
-@pytest.mark.parametrize("seed", [3, 11, 29])
+# Two seeds: the truncate is seed 11's; every other path is reached by both.
+@pytest.mark.parametrize("seed", [3, 11])
 def test_bronze_equals_model_across_ingest_runs(seed: int, spark, broker, tmp_path) -> None:
     root = str(tmp_path / "lake")
     source = ShopSource(seed)
@@ -50,27 +51,20 @@ def test_bronze_equals_model_across_ingest_runs(seed: int, spark, broker, tmp_pa
         produce(batch, broker.bootstrap)
         sent += batch
         # Phase 1 splits the backlog into several micro-batches; the others take it in one.
-        _ingest_and_check(spark, broker, root, source, sent,
+        _ingest_and_check(spark, broker.bootstrap, root, source, sent,
                           max_offsets_per_trigger=500 if phase == 1 else None)
     # Nothing new on the topics: a further run changes nothing.
-    _ingest_and_check(spark, broker, root, source, sent)
+    _ingest_and_check(spark, broker.bootstrap, root, source, sent)
 
 
-def test_lost_checkpoint_replays_everything_and_changes_nothing(spark, broker, tmp_path) -> None:
+def test_lost_checkpoint_replays_everything_and_changes_nothing(spark, lake: LakeCopy) -> None:
     """Offsets are a convenience: bronze stays exact even when the whole stream is read again."""
     import shutil
 
     from pipelines.settings import ingest_checkpoint_path as checkpoint_path
 
-    root = str(tmp_path / "lake")
-    source = ShopSource(5)
-    cfg = WorkloadConfig(seed=5, customers=80, orders=200, changes=800)
-    ensure_topics(broker.bootstrap)
-    sent = source.snapshot(cfg) + source.changes(cfg)
-    produce(sent, broker.bootstrap)
-    _ingest_and_check(spark, broker, root, source, sent)
-    shutil.rmtree(checkpoint_path(root))
-    _ingest_and_check(spark, broker, root, source, sent)
+    shutil.rmtree(checkpoint_path(lake.root))
+    _ingest_and_check(spark, lake.bootstrap, lake.root, lake.source, lake.sent)
 
 
 def test_cli_ingest_once_and_status(broker, tmp_path) -> None:

@@ -23,12 +23,21 @@ from tests.model import fold_with_lsn, is_malformed
 pytestmark = pytest.mark.slow
 
 
+# Inline compaction every 3 delta commits instead of 5: it happens within a smaller workload.
+OVERRIDES = """
+[bronze.table]
+"hoodie.compact.inline.max.delta.commits" = 3
+"""
+
+
 def test_sigkill_at_any_point_then_restart_gives_the_model(broker, spark, tmp_path) -> None:
     root = tmp_path / "lake"
-    env = {**os.environ, "LAKEHOUSE_ROOT": str(root), "KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap}
+    (tmp_path / "overrides.toml").write_text(OVERRIDES)
+    env = {**os.environ, "LAKEHOUSE_ROOT": str(root), "KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap,
+           "LAKEHOUSE_HUDI_OVERRIDES": str(tmp_path / "overrides.toml")}
     cmd = [sys.executable, "-m", "pipelines.cli", "ingest", "--once", "--max-offsets-per-trigger", "400"]
     source = ShopSource(2027)
-    cfg = WorkloadConfig(seed=2027, customers=150, orders=400, changes=1200, malformed_fraction=0.02,
+    cfg = WorkloadConfig(seed=2027, customers=150, orders=400, changes=700, malformed_fraction=0.02,
                          replay_runs=2)
     ensure_topics(broker.bootstrap)
     sent = source.snapshot(cfg) + source.changes(cfg)
@@ -45,7 +54,7 @@ def test_sigkill_at_any_point_then_restart_gives_the_model(broker, spark, tmp_pa
         ("inside a micro-batch, later", log_line(r"batch (\d+): started", after=2), 2.5),
     ]
     killed = []
-    more_cfg = WorkloadConfig(seed=2027, changes=400, malformed_fraction=0.02, replay_runs=1)
+    more_cfg = WorkloadConfig(seed=2027, changes=250, malformed_fraction=0.02, replay_runs=1)
     for i, (name, point, delay) in enumerate(kill_points):
         if run_until(cmd, env, tmp_path / f"run{i}.log", point, delay):
             killed.append(name)

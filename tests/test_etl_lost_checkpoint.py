@@ -50,7 +50,7 @@ def test_cycles_rebuild_exactly_when_their_checkpoint_is_gone(spark, broker, tmp
             silver_cycle(spark, table, root)
     # Then bronze runs ahead of silver by many small batches (and its change log is archived).
     produce(source.changes(cfg), broker.bootstrap)
-    run_ingest(once=True, root=root, bootstrap=broker.bootstrap, spark=spark, max_offsets_per_trigger=40)
+    run_ingest(once=True, root=root, bootstrap=broker.bootstrap, spark=spark, max_offsets_per_trigger=100)
     for table in TABLES:
         readable = earliest_checkpoint(spark, silver_path(table, root))
         assert readable and readable > gold_marks[silver_path(table, root)], f"silver/{table} was not cleaned"

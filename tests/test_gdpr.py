@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from click.testing import CliRunner, Result
 from kafka import KafkaConsumer
 from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient
 from pyspark.sql import SparkSession
@@ -28,12 +29,12 @@ from pipelines.contract import TABLES, topic
 from pipelines.etl import run_etl
 from pipelines.gdpr import erase
 from pipelines.gdpr_request import parse_request
-from pipelines.generator import Message, ShopSource, WorkloadConfig, ensure_topics, produce
+from pipelines.generator import Message, WorkloadConfig
 from pipelines.lake_scan import Subject, scan_lake
 from pipelines.table_services import lake_tables
 from pipelines.table_stats import exists, read_table
 from tests.kill import bronze_as_model, running_ingest, wait_while_running
-from tests.lake import assert_bronze_equals_model, assert_lake_equals_model
+from tests.lake import LakeCopy, assert_bronze_equals_model, assert_lake_equals_model
 from tests.model import Rows, expected_silver, fold_with_lsn, row_event, unwrap
 
 
@@ -140,21 +141,54 @@ def _records(bootstrap: str, keys: set[int]) -> list[tuple[int, int, int, bool]]
     return found
 
 
-def test_erasure_leaves_nothing_and_changes_nobody_else(spark, broker, tmp_path, monkeypatch) -> None:
-    monkeypatch.setenv("LAKEHOUSE_ERASURE_KEY_FILE", str(tmp_path / "erasure.key"))
-    root = str(tmp_path / "lake")
-    source = ShopSource(77)
-    cfg = WorkloadConfig(seed=77, customers=80, orders=260, changes=600, invalid_fraction=0.15)
-    ensure_topics(broker.bootstrap)
-    sent = source.snapshot(cfg) + source.changes(cfg)
+def _cli(*args: str) -> Result:
+    """The `lakehouse` command line in this process (its Spark session is the test run's: no JVM to start)."""
+    from pipelines.cli import main
+
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+def _timelines(root: str) -> dict[str, int]:
+    return {p.parent.parent.name: len(list(p.glob("*"))) for p in Path(root).rglob(".hoodie/timeline")}
+
+
+def test_erasure_leaves_nothing_and_changes_nobody_else(spark, lake: LakeCopy, tmp_path, monkeypatch) -> None:
+    for key, value in {"LAKEHOUSE_ERASURE_KEY_FILE": str(tmp_path / "erasure.key"), "LAKEHOUSE_ROOT": lake.root,
+                       "KAFKA_BOOTSTRAP_SERVERS": lake.bootstrap}.items():
+        monkeypatch.setenv(key, value)
+    root, source, sent, cfg = lake.root, lake.source, lake.sent, lake.cfg
     state = fold_with_lsn(sent)[0]
     with_orders = sorted({o["customer_id"] for o in state["orders"].values()} & state["customers"].keys())
     quarantined = sorted(expected_silver(state)[1]["customers"])
     victims = {with_orders[0], quarantined[0]}
-    sent.append(dead_letter(state["customers"][with_orders[0]]))
-    produce(sent, broker.bootstrap)
-    run_ingest(once=True, root=root, bootstrap=broker.bootstrap, spark=spark)
-    run_etl(spark, root)
+
+    # Bad requests get a clear outcome and change nothing.
+    before, timelines = snapshot(spark, root), _timelines(root)
+    for args, says in (
+        ([], "no customer id given"),
+        (["--customer-ids", ""], "not a customer id"),
+        (["--customer-id", "12a"], "#1 ('12a')"),
+        (["--customer-id", "-3"], "not a customer id"),
+        (["--customer-ids", ",".join(str(i) for i in range(1, 1002))], "at most 1000"),
+        (["--customer-id", "1", "--reference", "bad reference!"], "reference 'bad reference!'"),
+    ):
+        done = _cli("gdpr", "erase", *args, *([] if "--reference" in args else ["--reference", "REQ-BAD"]))
+        assert done.exit_code == 2, (args, done.stderr[-2000:])
+        assert says in done.stderr, (says, done.stderr[-2000:])
+    assert not (Path(root) / "_gdpr").exists() and _timelines(root) == timelines, "a rejected request wrote something"
+    # An id the lake never saw (the source's ids are small): verified, nothing removed, nobody touched.
+    done = _cli("gdpr", "erase", "--customer-id", "987654321", "--customer-id", "987654321",
+                "--reference", "REQ-UNKNOWN", "--requested-by", "dpo@shop.example")
+    assert done.exit_code == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout.splitlines()[-1])
+    assert summary["status"] == "nothing left to erase" and summary["verified"] and summary["rows_removed"] == 0
+    assert json.loads(Path(summary["certificate"]).read_text())["subjects"]["duplicates_in_request"] == 1
+    assert snapshot(spark, root) == before
+    assert_lake_equals_model(spark, root, state)
+
+    # A dead letter that holds a victim's e-mail.
+    lake.produce([dead_letter(state["customers"][with_orders[0]])])
+    run_ingest(once=True, root=root, bootstrap=lake.bootstrap, spark=spark)
 
     orders, texts = orders_of(sent, victims), texts_of(sent, victims)
     assert orders and texts
@@ -162,7 +196,7 @@ def test_erasure_leaves_nothing_and_changes_nobody_else(spark, broker, tmp_path,
     assert any(of_subject("bronze/_dead_letters", r, victims, orders, texts) for r in before["bronze/_dead_letters"])
 
     certificate = erase(parse_request([*victims, with_orders[0]], "REQ-2026-001", "dpo@shop.example"),
-                        spark=spark, root=root, bootstrap=broker.bootstrap)
+                        spark=spark, root=root, bootstrap=lake.bootstrap)
     assert certificate["verified"], certificate["verification"]["failures"]
     assert certificate["status"] == "erased"
     assert certificate["subjects"]["duplicates_in_request"] == 1
@@ -192,7 +226,7 @@ def test_erasure_leaves_nothing_and_changes_nobody_else(spark, broker, tmp_path,
     assert all(re.fullmatch(r"[0-9a-f]{64}", h) for h in certificate["subjects"]["customers"])
 
     # Kafka: compacted topics, and a tombstone for each erased key.
-    admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
+    admin = KafkaAdminClient(bootstrap_servers=lake.bootstrap)
     try:
         described = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic(t)) for t in TABLES])
     finally:
@@ -204,13 +238,11 @@ def test_erasure_leaves_nothing_and_changes_nobody_else(spark, broker, tmp_path,
         assert (policy.get("value") if isinstance(policy, dict) else policy) == "compact", (name, policy)
     # A tombstone for each key. The broker removes the raw events only from closed segments older
     # than min.compaction.lag.ms (a day), which this test does not wait for.
-    assert {k for k, _, _, dead in _records(broker.bootstrap, victims) if dead} == victims
+    assert {k for k, _, _, dead in _records(lake.bootstrap, victims) if dead} == victims
 
     # The source goes on, replays included (also of the erased customers): nothing comes back.
-    more = source.changes(keyed(cfg))
-    produce(more, broker.bootstrap)
-    sent += more
-    run_ingest(once=True, root=root, bootstrap=broker.bootstrap, spark=spark)
+    lake.produce(source.changes(keyed(cfg)))
+    run_ingest(once=True, root=root, bootstrap=lake.bootstrap, spark=spark)
     run_etl(spark, root)
     expected, lsns = erased_model(sent, victims, orders)
     assert_bronze_equals_model(spark, root, expected, lsns)
@@ -220,11 +252,11 @@ def test_erasure_leaves_nothing_and_changes_nobody_else(spark, broker, tmp_path,
 
     # A second request for the same customers: nothing left, and proven so.
     again = erase(parse_request(sorted(victims), "REQ-2026-001b", "dpo@shop.example"),
-                  spark=spark, root=root, bootstrap=broker.bootstrap)
+                  spark=spark, root=root, bootstrap=lake.bootstrap)
     assert again["verified"] and again["status"] == "nothing left to erase", again["status"]
     assert not again["further_sweeps"]
     assert sum(int(t.get("rows_removed", 0)) for t in again["tables"].values()) == 0
-    assert len((gdpr_dir / "audit.jsonl").read_text().splitlines()) == 2
+    assert len((gdpr_dir / "audit.jsonl").read_text().splitlines()) == 3  # the unknown id's, and these two
 
 
 def _client(spark: SparkSession, root: str, name: str):
@@ -233,28 +265,20 @@ def _client(spark: SparkSession, root: str, name: str):
     return _Client(spark, {t.name: t for t in lake_tables(root)}[name])
 
 
-def test_erasure_with_a_savepoint_and_a_pending_compaction(spark, broker, tmp_path, monkeypatch) -> None:
+def test_erasure_with_a_savepoint_and_a_pending_compaction(spark, lake: LakeCopy, tmp_path, monkeypatch) -> None:
     """Savepoints pin old file slices and the cleaner keeps files a pending compaction needs: neither may hide data."""
     from pipelines.hudi_timeline import earliest_retained
     from tests.hudi_files import log_files, pending_compactions
 
     monkeypatch.setenv("LAKEHOUSE_ERASURE_KEY_FILE", str(tmp_path / "erasure.key"))
-    monkeypatch.setenv("LAKEHOUSE_TABLE_SERVICES", "external")  # no inline compaction: log files stay
-    root = str(tmp_path / "lake")
-    source = ShopSource(78)
-    cfg = WorkloadConfig(seed=78, customers=50, orders=150, changes=300, delete_fraction=0.0)
-    ensure_topics(broker.bootstrap)
-    sent = source.snapshot(cfg) + source.changes(cfg)
-    produce(sent, broker.bootstrap)
-    run_ingest(once=True, root=root, bootstrap=broker.bootstrap, spark=spark)
-    run_etl(spark, root)
+    monkeypatch.setenv("LAKEHOUSE_TABLE_SERVICES", "external")  # no inline compaction from here on: log files stay
+    root, source, sent = lake.root, lake.source, lake.sent
+    cfg = dataclasses.replace(lake.cfg, delete_fraction=0.0)  # the victim lives on
     state = fold_with_lsn(sent)[0]
     victim = sorted({o["customer_id"] for o in state["orders"].values()} & state["customers"].keys())[0]
     # The victim changes in the next batch: their old row stays in a base file, the new one in a log file.
-    more = source.update("customers", victim, {"full_name": "Zelda Erasable"}) + source.changes(cfg)
-    produce(more, broker.bootstrap)
-    sent += more
-    run_ingest(once=True, root=root, bootstrap=broker.bootstrap, spark=spark)
+    lake.produce(source.update("customers", victim, {"full_name": "Zelda Erasable"}) + source.changes(cfg))
+    run_ingest(once=True, root=root, bootstrap=lake.bootstrap, spark=spark)
     run_etl(spark, root)
     assert log_files(f"{root}/bronze/customers")
 
@@ -268,17 +292,15 @@ def test_erasure_with_a_savepoint_and_a_pending_compaction(spark, broker, tmp_pa
             assert c.client.scheduleCompaction(c._jvm.org.apache.hudi.common.util.Option.empty()).isPresent()
     assert pending_compactions(f"{root}/bronze/customers")
     # A batch after the plan: its log files belong to the slice the pending compaction opens.
-    extra = source.update("customers", victim, {"full_name": "Zelda Erasable-Again"})
-    produce(extra, broker.bootstrap)
-    sent += extra
-    run_ingest(once=True, root=root, bootstrap=broker.bootstrap, spark=spark)
+    lake.produce(source.update("customers", victim, {"full_name": "Zelda Erasable-Again"}))
+    run_ingest(once=True, root=root, bootstrap=lake.bootstrap, spark=spark)
 
     orders, texts = orders_of(sent, {victim}), texts_of(sent, {victim})
     assert {"Zelda Erasable", "Zelda Erasable-Again"} <= texts
     assert not scan_lake(spark, root, Subject(frozenset({victim}), frozenset(orders), frozenset(texts))).clean
 
     certificate = erase(parse_request([victim], "REQ-SAVEPOINT", "dpo"), spark=spark, root=root,
-                        bootstrap=broker.bootstrap)
+                        bootstrap=lake.bootstrap)
     assert certificate["verified"], certificate["verification"]["failures"]
     assert not certificate["further_sweeps"], "the targeted purge left something behind"
     purge = certificate["purge"]
@@ -300,66 +322,13 @@ def test_erasure_with_a_savepoint_and_a_pending_compaction(spark, broker, tmp_pa
     assert_lake_equals_model(spark, root, expected)
 
 
-def _lakehouse(env: dict[str, str], *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pipelines.cli", *args], env=env, capture_output=True, text=True,
-                          timeout=timeout)
-
-
-def _timelines(root: str) -> dict[str, int]:
-    return {p.parent.parent.name: len(list(p.glob("*"))) for p in Path(root).rglob(".hoodie/timeline")}
-
-
-def test_bad_requests_get_a_clear_outcome_and_delete_nothing(spark, broker, tmp_path) -> None:
-    root = str(tmp_path / "lake")
-    env = {**os.environ, "LAKEHOUSE_ROOT": root, "KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap,
-           "LAKEHOUSE_ERASURE_KEY_FILE": str(tmp_path / "erasure.key")}
-    source = ShopSource(79)
-    cfg = WorkloadConfig(seed=79, customers=40, orders=120, changes=200)
-    ensure_topics(broker.bootstrap)
-    sent = source.snapshot(cfg) + source.changes(cfg)
-    produce(sent, broker.bootstrap)
-    run_ingest(once=True, root=root, bootstrap=broker.bootstrap, spark=spark)
-    run_etl(spark, root)
-    before, timelines = snapshot(spark, root), _timelines(root)
-
-    for args, says in (
-        ([], "no customer id given"),
-        (["--customer-ids", ""], "not a customer id"),
-        (["--customer-id", "12a"], "#1 ('12a')"),
-        (["--customer-id", "-3"], "not a customer id"),
-        (["--customer-ids", ",".join(str(i) for i in range(1, 1002))], "at most 1000"),
-    ):
-        done = _lakehouse(env, "gdpr", "erase", *args, "--reference", "REQ-BAD")
-        assert done.returncode == 2, (args, done.stderr[-2000:])
-        assert says in done.stderr, (says, done.stderr[-2000:])
-    done = _lakehouse(env, "gdpr", "erase", "--customer-id", "1", "--reference", "bad reference!")
-    assert done.returncode == 2 and "reference 'bad reference!'" in done.stderr
-    assert not (Path(root) / "_gdpr").exists() and _timelines(root) == timelines, "a rejected request wrote something"
-
-    # An id the lake never saw (the source's ids are small): verified, nothing removed, nobody touched.
-    done = _lakehouse(env, "gdpr", "erase", "--customer-id", "987654321", "--customer-id", "987654321",
-                      "--reference", "REQ-UNKNOWN", "--requested-by", "dpo@shop.example")
-    assert done.returncode == 0, done.stderr[-3000:]
-    summary = json.loads(done.stdout.splitlines()[-1])
-    assert summary["status"] == "nothing left to erase" and summary["verified"] and summary["rows_removed"] == 0
-    certificate = json.loads(Path(summary["certificate"]).read_text())
-    assert certificate["subjects"]["duplicates_in_request"] == 1
-    assert snapshot(spark, root) == before
-    assert_lake_equals_model(spark, root, fold_with_lsn(sent)[0])
-
-
-def test_erasure_while_ingest_runs(spark, broker, tmp_path, monkeypatch) -> None:
+def test_erasure_while_ingest_runs(spark, lake: LakeCopy, tmp_path, monkeypatch) -> None:
     """The stream keeps going beside the erasure, the source keeps changing the customer: nothing comes back."""
-    root = str(tmp_path / "lake")
-    env = {**os.environ, "LAKEHOUSE_ROOT": root, "KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap,
+    root, source, sent = lake.root, lake.source, lake.sent
+    env = {**os.environ, "LAKEHOUSE_ROOT": root, "KAFKA_BOOTSTRAP_SERVERS": lake.bootstrap,
            "LAKEHOUSE_TABLE_SERVICES": "external", "LAKEHOUSE_ERASURE_KEY_FILE": str(tmp_path / "erasure.key")}
     for k in ("LAKEHOUSE_TABLE_SERVICES", "LAKEHOUSE_ERASURE_KEY_FILE"):
         monkeypatch.setenv(k, env[k])
-    source = ShopSource(80)
-    cfg = WorkloadConfig(seed=80, customers=60, orders=200, changes=300, delete_fraction=0.0)
-    ensure_topics(broker.bootstrap)
-    sent = source.snapshot(cfg) + source.changes(cfg)
-    produce(sent, broker.bootstrap)
     state = fold_with_lsn(sent)[0]
     victim = sorted({o["customer_id"] for o in state["orders"].values()} & state["customers"].keys())[0]
 
@@ -367,11 +336,9 @@ def test_erasure_while_ingest_runs(spark, broker, tmp_path, monkeypatch) -> None
 
     def keep_changing() -> None:  # the source keeps updating everyone, the erased customer too
         while not stop.wait(2):
-            batch = source.changes(keyed(WorkloadConfig(seed=80, customers=60, orders=200, changes=30,
-                                                        delete_fraction=0.0)))
+            batch = source.changes(keyed(WorkloadConfig(seed=80, changes=30, delete_fraction=0.0)))
             batch += source.update("customers", victim, {"full_name": f"Quentin Resurrected {len(sent)}"})
-            produce(batch, broker.bootstrap)
-            sent.extend(batch)
+            lake.produce(batch)
 
     log_path = tmp_path / "ingest.log"
     producer = threading.Thread(target=keep_changing, daemon=True)

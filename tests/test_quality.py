@@ -6,24 +6,16 @@ from datetime import timedelta
 from pathlib import Path
 
 from pipelines.bronze import run_ingest
-from pipelines.etl import run_etl
-from pipelines.generator import ShopSource, WorkloadConfig, ensure_topics, produce
 from pipelines.quality import ERASED, data_docs_index, quality_root, redact_subject, run_quality
-from tests.lake import ingested_lake
+from tests.lake import LakeCopy
 from tests.plant import BAD_STATUS, plant_bad_emails, plant_bad_status
 
 
-def test_suites_pass_on_the_pipeline_and_name_a_planted_violation(spark, broker, tmp_path) -> None:
-    root = str(tmp_path / "lake")
-    source = ShopSource(71)
-    cfg = WorkloadConfig(seed=71, customers=80, orders=240, changes=500, invalid_fraction=0.1)
-    ensure_topics(broker.bootstrap)
-    produce(source.snapshot(cfg) + source.changes(cfg), broker.bootstrap)
-    run_ingest(once=True, root=root, bootstrap=broker.bootstrap, spark=spark)
-    run_etl(spark, root)
+def test_suites_pass_on_the_pipeline_and_name_a_planted_violation(spark, lake: LakeCopy) -> None:
+    root = lake.root
     # Ingest runs ahead of the etl: the count check must compare with what silver consumed.
-    produce(source.changes(cfg), broker.bootstrap)
-    run_ingest(once=True, root=root, bootstrap=broker.bootstrap, spark=spark)
+    lake.produce(lake.source.changes(lake.cfg))
+    run_ingest(once=True, root=root, bootstrap=lake.bootstrap, spark=spark)
 
     outcomes = run_quality(spark, root)
     assert [o.line() for o in outcomes if not o.success] == []
@@ -48,11 +40,9 @@ def _files_holding(root: str, text: str) -> list[str]:
             if p.is_file() and text.lower().encode() in p.read_bytes().lower()]
 
 
-def test_an_erasure_redacts_the_values_failed_expectations_keep(spark, broker, tmp_path) -> None:
+def test_an_erasure_redacts_the_values_failed_expectations_keep(spark, lake: LakeCopy) -> None:
     """Validation results and Data Docs keep the values that broke a rule: after an erasure, only the others'."""
-    root = str(tmp_path / "lake")
-    ingested_lake(spark, broker.bootstrap, root, WorkloadConfig(seed=72, customers=30, orders=60, changes=50))
-    run_etl(spark, root)
+    root = lake.root
     (victim, victim_email), (_, other_email) = plant_bad_emails(spark, root, 2)
     outcomes = {o.suite: o for o in run_quality(spark, root, ("silver",), timedelta(hours=1))}
     assert victim_email in outcomes["silver/customers"].line() and other_email in outcomes["silver/customers"].line()

@@ -7,6 +7,8 @@ The lake tables they work on are built by the real pipeline, through the project
 from __future__ import annotations
 
 import os
+import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -44,3 +46,59 @@ def lakehouse(*args: str, env: dict[str, str] | None = None, timeout: float = 90
                           text=True, timeout=timeout)
     assert done.returncode == 0, f"lakehouse {' '.join(args)}: {done.stderr[-3000:]}"
     return done.stdout
+
+
+# Short bronze retention: the cleaning tasks of the table-services DAG have file slices to delete.
+OVERRIDES = """
+[bronze.table]
+"hoodie.clean.policy" = "KEEP_LATEST_COMMITS"
+"hoodie.clean.commits.retained" = 1
+"hoodie.keep.min.commits" = 3
+"hoodie.keep.max.commits" = 5
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _lake_env(where: Path, port: int) -> dict[str, str]:
+    return {"LAKEHOUSE_ROOT": str(where / "lake"), "KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{port}",
+            "LAKEHOUSE_SOURCE_STATE": str(where / "source.json"), "LAKEHOUSE_TABLE_SERVICES": "external",
+            "LAKEHOUSE_HUDI_OVERRIDES": str(where / "overrides.toml"), "LAKEHOUSE_TARGET": "local"}
+
+
+@pytest.fixture(scope="session")
+def built_lake(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two ingest runs of a generated workload into bronze, with table services external (no inline
+    compaction), built once per run; its broker stopped. Tests take a copy (`lake`)."""
+    where = tmp_path_factory.mktemp("dag-lake")
+    (where / "overrides.toml").write_text(OVERRIDES)
+    env = _lake_env(where, free_port())
+    kafka = ("--port", env["KAFKA_BOOTSTRAP_SERVERS"].rsplit(":", 1)[1], "--data-dir", str(where / "kafka"))
+    lakehouse("kafka", "up", *kafka, env=env)
+    try:
+        lakehouse("generate", "--seed", "5", "--customers", "150", "--orders", "400", "--changes", "800", env=env)
+        lakehouse("ingest", "--once", env=env)
+        lakehouse("generate", "--changes", "300", env=env)
+        lakehouse("ingest", "--once", env=env)
+    finally:
+        lakehouse("kafka", "down", "--data-dir", str(where / "kafka"), env=env)
+    return where
+
+
+@pytest.fixture
+def lake(built_lake: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A private copy of `built_lake` (lake, broker data on a new port, source state); the environment points at it."""
+    shutil.copytree(built_lake, tmp_path, dirs_exist_ok=True)
+    env = _lake_env(tmp_path, free_port())
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    kafka_dir = str(tmp_path / "kafka")
+    lakehouse("kafka", "up", "--port", env["KAFKA_BOOTSTRAP_SERVERS"].rsplit(":", 1)[1], "--data-dir", kafka_dir)
+    try:
+        yield tmp_path / "lake"
+    finally:
+        lakehouse("kafka", "down", "--data-dir", kafka_dir)

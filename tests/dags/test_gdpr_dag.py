@@ -16,12 +16,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import test_dag_runs
 from conftest import DAGS, lakehouse
 
 from pipelines.gdpr_request import MAX_IDS
-
-lake = test_dag_runs.lake  # the fixture: a bronze built by two ingests of a generated workload
 
 DAG_ID = "gdpr_erasure"
 GOOD = {"customer_ids": [12, 3, 12], "reference": "REQ-2026/04:17_a.b",
@@ -35,7 +32,8 @@ INJECTION = "x'; touch {canary}; echo '"
 def erasure_key_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The key of the ids' pseudonyms outside the lake, the test's own (not the checkout's .secrets/).
 
-    Autouse, so that it is set before `lake` runs ingest and etl: every job must see the same key.
+    Autouse, so that it is set before the test's first job: every job must see the same key (the
+    shared lake's ingests ran before any erasure, so they never read it).
     """
     path = tmp_path / "erasure.key"
     monkeypatch.setenv("LAKEHOUSE_ERASURE_KEY_FILE", str(path))

@@ -9,26 +9,19 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
-from conftest import DAGS
+from conftest import DAGS, free_port
 
 DAG_IDS = ("lakehouse_incremental_etl", "hudi_table_services", "data_quality")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def airflow_ui(tmp_path: Path):
-    env = {**os.environ, "AIRFLOW_HOME": str(tmp_path / "airflow"), "AIRFLOW_PORT": str(_free_port()),
+    env = {**os.environ, "AIRFLOW_HOME": str(tmp_path / "airflow"), "AIRFLOW_PORT": str(free_port()),
            "LAKEHOUSE_ROOT": str(tmp_path / "lake")}
     proc = subprocess.Popen([str(DAGS / "airflow_local.sh")], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
