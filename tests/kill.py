@@ -59,14 +59,14 @@ def run_until(cmd: list[str], env: dict[str, str], log_path: Path, point: Callab
 
 
 def wait_while_running(condition: Callable[[], bool], job: subprocess.Popen, log_path: Path,
-                       seconds: float = 300) -> None:
+                       seconds: float = 300, poll: float = 3) -> None:
     """Poll `condition` until it holds; fail at once, with the job's log, if the job stops first."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         assert job.poll() is None, "the job stopped: " + log_path.read_text()[-3000:]
         if condition():
             return
-        time.sleep(3)
+        time.sleep(poll)
     raise AssertionError("timed out; the job's log: " + log_path.read_text()[-3000:])
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from click.testing import CliRunner, Result
 from pyspark.sql import SparkSession
 
 from pipelines.bronze import run_ingest
@@ -63,6 +64,17 @@ def build_base_lake(spark: SparkSession, where: Path) -> LakeCopy:
     finally:
         broker.stop()
     return LakeCopy(where, None, source, sent, BASE_WORKLOAD)
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> Result:
+    """The `lakehouse` command line in this process: its Spark session is the test run's, no JVM to start.
+
+    For tests of what a command does; a test of the process itself (a kill, a signal, a
+    second writer) runs `python -m pipelines.cli` instead.
+    """
+    from pipelines.cli import main
+
+    return CliRunner().invoke(main, list(args), env=env, catch_exceptions=False)
 
 
 def _keyed(rows: list[dict[str, Any]], table: str) -> dict[int, dict[str, Any]]:

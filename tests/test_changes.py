@@ -7,19 +7,15 @@ deletes, each key once per read) is checked in tests/test_etl.py.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
-from tests.lake import LakeCopy
+from tests.lake import LakeCopy, run_cli
 
 
-def test_cli_changes_with_a_checkpoint_file(lake: LakeCopy, tmp_path) -> None:
-    env = {**os.environ, "LAKEHOUSE_ROOT": lake.root}
+def test_cli_changes_with_a_checkpoint_file(spark, lake: LakeCopy, tmp_path) -> None:
     ckpt = tmp_path / "ckpt"
-    cmd = [sys.executable, "-m", "pipelines.cli", "changes", "bronze/customers", "--checkpoint-file", str(ckpt)]
-    first = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    assert first.returncode == 0, first.stderr[-2000:]
+    args = ("changes", "bronze/customers", "--checkpoint-file", str(ckpt))
+    first = run_cli(*args, env={"LAKEHOUSE_ROOT": lake.root})
+    assert first.exit_code == 0, first.stderr[-2000:]
     lines = [json.loads(line) for line in first.stdout.splitlines()]
     upserts = {r["id"] for r in lines if r["_change"] == "upsert"}
     deletes = {r["id"] for r in lines if r["_change"] == "delete"}
@@ -27,6 +23,7 @@ def test_cli_changes_with_a_checkpoint_file(lake: LakeCopy, tmp_path) -> None:
     assert upserts == set(lake.source.state["customers"])
     assert len(upserts) == sum(r["_change"] == "upsert" for r in lines)
     assert deletes and not deletes & upserts
-    assert ckpt.read_text().strip()
-    second = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    assert second.returncode == 0 and second.stdout == "", second.stderr[-2000:]
+    assert "snapshot:" in first.stderr and ckpt.read_text().strip() in first.stderr
+    second = run_cli(*args, env={"LAKEHOUSE_ROOT": lake.root})
+    assert second.exit_code == 0 and second.stdout == "", second.stderr[-2000:]
+    assert "snapshot:" not in second.stderr

@@ -1,8 +1,8 @@
 """Table services beside a running ingest stream (multi-writer), on real Kafka, Spark and Hudi.
 
 The stream runs with LAKEHOUSE_TABLE_SERVICES=external, as in the Airflow deployment, and
-`lakehouse services` (what every task of the `hudi_table_services` DAG runs) compacts,
-cleans and archives the same tables twice while it writes. Nothing may fail, and bronze
+`lakehouse services` (what every task of the `hudi_table_services` DAG runs), in the test's
+process, compacts, cleans and archives the same tables twice while it writes. Nothing may fail, and bronze
 must equal the model at the end, read by Spark and by hudi-rs.
 """
 
@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import threading
 
 import pytest
@@ -21,7 +19,7 @@ from pipelines.generator import ShopSource, WorkloadConfig, ensure_topics, produ
 from pipelines.settings import main_path
 from tests.hudi_files import log_files
 from tests.kill import bronze_as_model, running_ingest, wait_while_running
-from tests.lake import assert_bronze_equals_model
+from tests.lake import assert_bronze_equals_model, run_cli
 from tests.model import fold_with_lsn
 
 # Short retention, so that the services' cleaning really deletes file slices during the test.
@@ -64,10 +62,9 @@ def test_services_compact_and_clean_while_ingest_runs(broker, spark, tmp_path) -
             wait_while_running(lambda: all(log_files(main_path(t, root)) for t in TABLES), ingest, log_path)
             before = {t: log_files(main_path(t, root)) for t in TABLES}
             reports = []
-            for _ in range(2):
-                done = subprocess.run([sys.executable, "-m", "pipelines.cli", "services"], env=env,
-                                      capture_output=True, text=True, timeout=900)
-                assert done.returncode == 0, done.stderr[-3000:]
+            for _ in range(2):  # in this process: the stream is the other writer, in its own
+                done = run_cli("services", env=env)
+                assert done.exit_code == 0, done.stderr[-3000:]
                 reports.append({r["table"]: r for r in map(json.loads, done.stdout.splitlines())})
                 assert ingest.poll() is None, "ingest died beside the services: " + log_path.read_text()[-3000:]
             stop.set()
