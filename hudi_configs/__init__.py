@@ -3,9 +3,10 @@
 Options live here, not in the code, so that an operator can read and tune one
 place, and so that the EMR target ships the same files as the local one.
 
-`LAKEHOUSE_HUDI_OVERRIDES` may name a further TOML file whose tables `[<name>.<part>]`
-are merged over `[<part>]` of `<name>.toml`: tuning a deployment (or a test's file
-sizes) without editing the project's files.
+`LAKEHOUSE_HUDI_OVERRIDES` may name further TOML files (separated by `os.pathsep`, merged
+in that order) whose tables `[<name>.<part>]` are merged over `[<part>]` of `<name>.toml`:
+tuning a deployment without editing the project's files. The test suite sizes Spark and Hudi
+for its small data this way (`test_profile.toml`), and a test may add its own file after it.
 
 `LAKEHOUSE_TABLE_SERVICES` (inline | external) and `LAKEHOUSE_TARGET` (local | emr) select
 what `writer()` adds to a table's options: see table_services.toml.
@@ -40,9 +41,14 @@ def section(name: str, part: str) -> dict[str, str]:
     if part not in doc:
         raise KeyError(f"{name}.toml has no [{part}] section (has: {', '.join(doc)})")
     options = dict(doc[part])
-    if overrides := os.environ.get("LAKEHOUSE_HUDI_OVERRIDES"):
+    for overrides in filter(None, os.environ.get("LAKEHOUSE_HUDI_OVERRIDES", "").split(os.pathsep)):
         options |= _read(Path(overrides)).get(name, {}).get(part, {})
     return {k: _as_option(v) for k, v in options.items()}
+
+
+def test_profile() -> Path:
+    """The test suite's sizing of Spark and Hudi for small data (an overrides file, see above)."""
+    return Path(__file__).with_name("test_profile.toml")
 
 
 SERVICE_MODES = ("inline", "external")

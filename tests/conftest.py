@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
+from hudi_configs import test_profile
 from pipelines.kafka_local import KafkaBroker, free_port
 from tests.lake import BASE_WORKLOAD, LakeCopy, build_base_lake
 
@@ -28,6 +29,9 @@ collect_ignore = ["dags"] if find_spec("airflow") is None else []
 # PySpark turns timestamps into naive datetimes in the process's zone: make that UTC, as the data is.
 os.environ["TZ"] = "UTC"
 time.tzset()
+# Spark and Hudi sized for test data, in this process and every job a test starts (a test that
+# adds its own overrides puts them after the profile: tests/lake.py, with_overrides).
+os.environ["LAKEHOUSE_HUDI_OVERRIDES"] = str(test_profile())
 
 
 @pytest.fixture(scope="session")

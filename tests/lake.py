@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,6 +11,7 @@ from typing import Any
 from click.testing import CliRunner, Result
 from pyspark.sql import SparkSession
 
+from hudi_configs import test_profile
 from pipelines.bronze import run_ingest
 from pipelines.contract import COLUMNS, TABLES
 from pipelines.etl import run_etl
@@ -64,6 +66,12 @@ def build_base_lake(spark: SparkSession, where: Path) -> LakeCopy:
     finally:
         broker.stop()
     return LakeCopy(where, None, source, sent, BASE_WORKLOAD)
+
+
+def with_overrides(path: Path, text: str) -> str:
+    """Write a test's own Hudi overrides to `path`; returns LAKEHOUSE_HUDI_OVERRIDES with them after the profile."""
+    path.write_text(text)
+    return os.pathsep.join([str(test_profile()), str(path)])
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> Result:

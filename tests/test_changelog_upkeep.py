@@ -21,7 +21,7 @@ from pipelines.generator import ShopSource, WorkloadConfig, ensure_topics, produ
 from pipelines.hudi_timeline import checkpoint, earliest_checkpoint
 from pipelines.settings import changelog_path, main_path, silver_path
 from pipelines.table_services import run_services
-from tests.lake import assert_lake_equals_model
+from tests.lake import assert_lake_equals_model, with_overrides
 
 OVERRIDES = """
 [bronze.changelog]
@@ -57,9 +57,7 @@ def _live_files(spark, path: str) -> dict[str, int]:
 @pytest.mark.slow
 def test_changelog_days_are_clustered_and_expired_without_losing_a_change(
         spark, broker, tmp_path, monkeypatch) -> None:
-    overrides = tmp_path / "overrides.toml"
-    overrides.write_text(OVERRIDES)
-    monkeypatch.setenv("LAKEHOUSE_HUDI_OVERRIDES", str(overrides))
+    monkeypatch.setenv("LAKEHOUSE_HUDI_OVERRIDES", with_overrides(tmp_path / "overrides.toml", OVERRIDES))
     root = str(tmp_path / "lake")
     source = ShopSource(83)
     cfg = WorkloadConfig(seed=83, customers=60, orders=200, changes=200, delete_fraction=0.1)

@@ -17,7 +17,7 @@ import pytest
 from pipelines.bronze import run_ingest
 from pipelines.generator import ShopSource, WorkloadConfig, ensure_topics, produce
 from tests.kill import inflight, log_line, run_until
-from tests.lake import assert_bronze_equals_model, dead_letters
+from tests.lake import assert_bronze_equals_model, dead_letters, with_overrides
 from tests.model import fold_with_lsn, is_malformed
 
 pytestmark = pytest.mark.slow
@@ -32,9 +32,8 @@ OVERRIDES = """
 
 def test_sigkill_at_any_point_then_restart_gives_the_model(broker, spark, tmp_path, monkeypatch) -> None:
     root = tmp_path / "lake"
-    (tmp_path / "overrides.toml").write_text(OVERRIDES)
     env = {**os.environ, "LAKEHOUSE_ROOT": str(root), "KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap,
-           "LAKEHOUSE_HUDI_OVERRIDES": str(tmp_path / "overrides.toml")}
+           "LAKEHOUSE_HUDI_OVERRIDES": with_overrides(tmp_path / "overrides.toml", OVERRIDES)}
     cmd = [sys.executable, "-m", "pipelines.cli", "ingest", "--once", "--max-offsets-per-trigger", "400"]
     source = ShopSource(2027)
     cfg = WorkloadConfig(seed=2027, customers=150, orders=400, changes=700, malformed_fraction=0.02,

@@ -18,7 +18,7 @@ from pipelines.etl import run_etl, silver_cycle
 from pipelines.generator import ShopSource, WorkloadConfig, ensure_topics, produce
 from pipelines.hudi_timeline import checkpoint, earliest_checkpoint
 from pipelines.settings import changelog_path, gold_path, silver_path
-from tests.lake import assert_lake_equals_model
+from tests.lake import assert_lake_equals_model, with_overrides
 
 SHORT_RETENTION = """
 "hoodie.clean.policy" = "KEEP_LATEST_COMMITS"
@@ -30,9 +30,8 @@ SHORT_RETENTION = """
 
 
 def test_cycles_rebuild_exactly_when_their_checkpoint_is_gone(spark, broker, tmp_path, monkeypatch, caplog) -> None:
-    overrides = tmp_path / "short-retention.toml"
-    overrides.write_text(f"[bronze.changelog]{SHORT_RETENTION}[silver.table]{SHORT_RETENTION}")
-    monkeypatch.setenv("LAKEHOUSE_HUDI_OVERRIDES", str(overrides))
+    monkeypatch.setenv("LAKEHOUSE_HUDI_OVERRIDES", with_overrides(
+        tmp_path / "short-retention.toml", f"[bronze.changelog]{SHORT_RETENTION}[silver.table]{SHORT_RETENTION}"))
     root = str(tmp_path / "lake")
     source = ShopSource(61)
     cfg = WorkloadConfig(seed=61, customers=80, orders=240, changes=300, delete_fraction=0.1)

@@ -25,7 +25,7 @@ from pipelines.generator import COUNTRIES, ShopSource, WorkloadConfig, ensure_to
 from pipelines.kafka_local import KafkaBroker, free_port
 from pipelines.metrics import ReadMeter, Reads
 from pipelines.settings import silver_path
-from tests.lake import assert_gold_equals_model
+from tests.lake import assert_gold_equals_model, with_overrides
 
 DAILY = "gold/daily_revenue"
 
@@ -102,9 +102,8 @@ KEYS_PER_DAY = (len(COUNTRIES) + 2) * len(CURRENCIES)
 
 @pytest.mark.slow
 def test_cycle_reads_grow_with_the_change_not_the_table(spark, tmp_path, monkeypatch) -> None:
-    overrides = tmp_path / "file-cap.toml"
-    overrides.write_text(f"[silver.table]{CAP}[gold.common]{CAP}")
-    monkeypatch.setenv("LAKEHOUSE_HUDI_OVERRIDES", str(overrides))
+    monkeypatch.setenv("LAKEHOUSE_HUDI_OVERRIDES",
+                       with_overrides(tmp_path / "file-cap.toml", f"[silver.table]{CAP}[gold.common]{CAP}"))
     small_full, small, _ = _cycle_reads(spark, tmp_path, 300)
     large_full, large, days = _cycle_reads(spark, tmp_path, 3000)
     print(f"\nfull cycle: small {small_full.as_dict()}\n            10x   {large_full.as_dict()}")

@@ -2,8 +2,8 @@
 
 The stream runs with LAKEHOUSE_TABLE_SERVICES=external, as in the Airflow deployment, and
 `lakehouse services` (what every task of the `hudi_table_services` DAG runs), in the test's
-process, compacts, cleans and archives the same tables twice while it writes. Nothing may fail, and bronze
-must equal the model at the end, read by Spark and by hudi-rs.
+process, compacts, cleans and archives the same tables twice while it writes. Nothing may
+fail, and bronze must equal the model at the end, read by Spark and by hudi-rs.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pipelines.generator import ShopSource, WorkloadConfig, ensure_topics, produ
 from pipelines.settings import main_path
 from tests.hudi_files import log_files
 from tests.kill import bronze_as_model, running_ingest, wait_while_running
-from tests.lake import assert_bronze_equals_model, run_cli
+from tests.lake import assert_bronze_equals_model, run_cli, with_overrides
 from tests.model import fold_with_lsn
 
 # Short retention, so that the services' cleaning really deletes file slices during the test.
@@ -35,10 +35,9 @@ OVERRIDES = """
 @pytest.mark.slow
 def test_services_compact_and_clean_while_ingest_runs(broker, spark, tmp_path) -> None:
     root = str(tmp_path / "lake")
-    overrides = tmp_path / "overrides.toml"
-    overrides.write_text(OVERRIDES)
     env = {**os.environ, "LAKEHOUSE_ROOT": root, "KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap,
-           "LAKEHOUSE_TABLE_SERVICES": "external", "LAKEHOUSE_HUDI_OVERRIDES": str(overrides)}
+           "LAKEHOUSE_TABLE_SERVICES": "external",
+           "LAKEHOUSE_HUDI_OVERRIDES": with_overrides(tmp_path / "overrides.toml", OVERRIDES)}
     source = ShopSource(61)
     cfg = WorkloadConfig(seed=61, customers=60, orders=200, changes=300, delete_fraction=0.1)
     ensure_topics(broker.bootstrap)

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from hudi_configs import test_profile
+
 PROJECT = Path(__file__).resolve().parents[2]
 DAGS = PROJECT / "dags"
 LAKEHOUSE = PROJECT / ".venv" / "bin" / "lakehouse"
@@ -29,6 +31,8 @@ os.environ.update({
     "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
     "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
     "TZ": "UTC",
+    # Spark and Hudi sized for test data, for every job the tests start (hudi_configs/test_profile.toml).
+    "LAKEHOUSE_HUDI_OVERRIDES": str(test_profile()),
 })
 sys.path[:0] = [str(DAGS), str(PROJECT)]  # the DAGs' helper module; tests.hudi_files
 
@@ -67,7 +71,8 @@ def free_port() -> int:
 def _lake_env(where: Path, port: int) -> dict[str, str]:
     return {"LAKEHOUSE_ROOT": str(where / "lake"), "KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{port}",
             "LAKEHOUSE_SOURCE_STATE": str(where / "source.json"), "LAKEHOUSE_TABLE_SERVICES": "external",
-            "LAKEHOUSE_HUDI_OVERRIDES": str(where / "overrides.toml"), "LAKEHOUSE_TARGET": "local"}
+            "LAKEHOUSE_HUDI_OVERRIDES": os.pathsep.join([str(test_profile()), str(where / "overrides.toml")]),
+            "LAKEHOUSE_TARGET": "local"}
 
 
 @pytest.fixture(scope="session")
