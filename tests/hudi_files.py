@@ -16,3 +16,9 @@ def pending_compactions(table_path: str | Path) -> list[str]:
 def log_files(table_path: str | Path) -> set[str]:
     """Names of the log files of a non-partitioned merge-on-read table."""
     return {p.name for p in Path(table_path).glob(".*.log.*")}
+
+
+def deltacommits_since(table_path: str | Path, instant: str) -> int:
+    """Delta commits requested after `instant` and completed (Hudi 1.x: `<requested>_<completed>.deltacommit`)."""
+    timeline = Path(table_path) / ".hoodie" / "timeline"
+    return sum(f.name.split("_")[0] > instant for f in timeline.glob("*_*.deltacommit"))

@@ -11,13 +11,14 @@ from __future__ import annotations
 import json
 import os
 import threading
+from datetime import UTC, datetime
 
 import pytest
 
 from pipelines.contract import TABLES
 from pipelines.generator import ShopSource, WorkloadConfig, ensure_topics, produce
 from pipelines.settings import main_path
-from tests.hudi_files import log_files
+from tests.hudi_files import deltacommits_since, log_files
 from tests.kill import bronze_as_model, running_ingest, wait_while_running
 from tests.lake import assert_bronze_equals_model, run_cli, with_overrides
 from tests.model import fold_with_lsn
@@ -61,7 +62,11 @@ def test_services_compact_and_clean_while_ingest_runs(broker, spark, tmp_path) -
             wait_while_running(lambda: all(log_files(main_path(t, root)) for t in TABLES), ingest, log_path)
             before = {t: log_files(main_path(t, root)) for t in TABLES}
             reports = []
-            for _ in range(2):  # in this process: the stream is the other writer, in its own
+            for run in range(2):  # in this process: the stream is the other writer, in its own
+                if run:  # the cleaner keeps 2 commits: the slices the first run compacted go after 3 more
+                    after = datetime.now(UTC).strftime("%Y%m%d%H%M%S%f")[:17]  # an instant, as Hudi writes them
+                    wait_while_running(lambda t0=after: all(deltacommits_since(main_path(t, root), t0) >= 3
+                                                            for t in TABLES), ingest, log_path, poll=1)
                 done = run_cli("services", env=env)
                 assert done.exit_code == 0, done.stderr[-3000:]
                 reports.append({r["table"]: r for r in map(json.loads, done.stdout.splitlines())})
