@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -18,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from hudi_configs import test_profile
+from pipelines.kafka_local import free_port
 
 PROJECT = Path(__file__).resolve().parents[2]
 DAGS = PROJECT / "dags"
@@ -62,12 +62,6 @@ OVERRIDES = """
 """
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _lake_env(where: Path, port: int) -> dict[str, str]:
     return {"LAKEHOUSE_ROOT": str(where / "lake"), "KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{port}",
             "LAKEHOUSE_SOURCE_STATE": str(where / "source.json"), "LAKEHOUSE_TABLE_SERVICES": "external",
@@ -81,8 +75,9 @@ def built_lake(tmp_path_factory: pytest.TempPathFactory) -> Path:
     compaction), built once per run; its broker stopped. Tests take a copy (`lake`)."""
     where = tmp_path_factory.mktemp("dag-lake")
     (where / "overrides.toml").write_text(OVERRIDES)
-    env = _lake_env(where, free_port())
-    kafka = ("--port", env["KAFKA_BOOTSTRAP_SERVERS"].rsplit(":", 1)[1], "--data-dir", str(where / "kafka"))
+    port = free_port()
+    env = _lake_env(where, port)
+    kafka = ("--port", str(port), "--data-dir", str(where / "kafka"))
     lakehouse("kafka", "up", *kafka, env=env)
     try:
         lakehouse("generate", "--seed", "5", "--customers", "150", "--orders", "400", "--changes", "800", env=env)
@@ -98,11 +93,11 @@ def built_lake(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def lake(built_lake: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """A private copy of `built_lake` (lake, broker data on a new port, source state); the environment points at it."""
     shutil.copytree(built_lake, tmp_path, dirs_exist_ok=True)
-    env = _lake_env(tmp_path, free_port())
-    for key, value in env.items():
+    port = free_port()
+    for key, value in _lake_env(tmp_path, port).items():
         monkeypatch.setenv(key, value)
     kafka_dir = str(tmp_path / "kafka")
-    lakehouse("kafka", "up", "--port", env["KAFKA_BOOTSTRAP_SERVERS"].rsplit(":", 1)[1], "--data-dir", kafka_dir)
+    lakehouse("kafka", "up", "--port", str(port), "--data-dir", kafka_dir)
     try:
         yield tmp_path / "lake"
     finally:
