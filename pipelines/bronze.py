@@ -1,32 +1,39 @@
 """Bronze: Debezium change events from Kafka into Hudi MERGE_ON_READ tables.
 
-Per source table there are two Hudi tables, and one dead-letter table for all:
+Per source table:
 
 - `bronze/<table>` (MOR): the live rows, one per primary key, as of the newest applied LSN.
-- `bronze/_deletes/<table>` (COW), the *delete ledger*: for each key whose last applied
-  event was a delete, that delete's LSN. A hard delete makes Hudi forget a key, and with
-  it the LSN it was deleted at; without the ledger, an older insert replayed after a
-  connector restart would bring the row back. The ledger is also how incremental readers
-  (silver) learn about deletes, since a plain Hudi incremental query has no row for them.
-- `bronze/_changelog/<table>` (COW, append-only): every change the job applied to main or
-  the ledger, one row per key and batch, upserts and deletes alike. It is what incremental
-  readers (silver, `lakehouse changes`) read: a commit adds new files only, so reading a
-  window opens that window's files, where an incremental query of the merge-on-read main
-  table merges whole file slices, about the whole table.
-- `bronze/_dead_letters` (COW): every Kafka record that is not a usable envelope, with
-  the reason, the raw key and value and its Kafka position, keyed by that position.
+- `bronze/_changelog/<table>` (COW, append-only): every change the job applied, one row per
+  key and batch, upserts and deletes alike. It is what incremental readers (silver,
+  `lakehouse changes`) read: a commit adds new files only, so reading a window opens that
+  window's files, where an incremental query of the merge-on-read main table merges whole
+  file slices. It is also the job's write-ahead log and, for the days it retains, its
+  memory of deletes.
+- `bronze/_deletes/<table>` (COW), the *delete ledger*: the newest delete per key of the
+  change-log days that table services expired. A hard delete makes Hudi forget a key, and
+  with it the LSN it was deleted at; without that memory an older insert replayed after a
+  connector restart would bring the row back. The ledger is written only when days expire
+  (`pipelines.table_services`), never by a batch.
 
-Ordering and exactly-once come from one rule applied to every micro-batch: per key,
-keep the newest event of the batch (highest `source.lsn`), then write to each table only
-what that table does not already reflect. Main gets an upsert when the event is newer
-than both the live row and the ledger's delete; a delete goes to the ledger when it is
-newer than the ledger's entry, and to main when main still holds an older row. What goes
-to either is first appended to the change log (a write-ahead log: a crash after it
-appends the same change again on the re-run, which readers fold away by LSN), then the
-ledger is written, then main. Every write is therefore idempotent and computed from
-what the tables hold, so a batch re-run after a crash at any point (Spark replays the
-same offsets from its checkpoint) writes exactly what is still missing, and a replay of
-old events changes nothing.
+and `bronze/_dead_letters` (COW) for all: every Kafka record that is not a usable
+envelope, with the reason, the raw key and value and its Kafka position, keyed by that
+position.
+
+A batch makes at most two commits per source table it changes (change log, then main) and
+one to the dead-letter store when it has malformed records. Ordering and exactly-once
+come from one rule: per key, keep the newest event of the batch (highest `source.lsn`),
+then apply it only if it is newer than everything applied for the key, live row or
+delete (main's row, the change log's deletes, the ledger). What is applied goes first
+to the change log (a crash after it appends the same change again on the re-run, which
+readers fold away by LSN), then to main, where Hudi's own ordering on `_lsn` is a second
+line of defence. Every write is computed from what the tables hold, so a batch re-run
+after a crash at any point writes exactly what is still missing, and a replay of old
+events changes nothing.
+
+Progress lives in the tables' own commits: each carries the stream's Kafka position after
+its batch (`_lakehouse.kafka_positions`). A replayed batch that main already covers is
+skipped without reading anything, and a lost Spark checkpoint resumes each topic from the
+position in its main table's newest commit (`starting_offsets`).
 """
 
 from __future__ import annotations
@@ -49,7 +56,7 @@ import hudi_configs
 from pipelines import contract
 from pipelines.erasure_registry import dead_letters_without_erased, read_registry, registry_path, without_erased
 from pipelines.gdpr_request import erasure_key
-from pipelines.hudi_timeline import latest_completion
+from pipelines.hudi_timeline import latest_completion, latest_meta
 from pipelines.settings import (
     INGEST_TRIGGER_SECONDS,
     changelog_path,
@@ -74,7 +81,9 @@ DEAD_LETTER_COLUMNS = ("position", "kafka_topic", "kafka_partition", "kafka_offs
                        "value", "reason", "batch_id", "ingested_at")
 # Commit metadata (Hudi adds every write option starting with the commit-metadata prefix, "_").
 BATCH_ID_META = "_lakehouse.batch_id"
-OFFSETS_META = "_lakehouse.kafka_end_offsets"
+# The stream's Kafka position after the batch, {"topic/partition": next offset}, for every
+# partition the stream has consumed from: where a lost checkpoint resumes.
+POSITIONS_META = "_lakehouse.kafka_positions"
 # The erasure registry's version (completion time of its newest commit) the batch filtered
 # with: an erasure finds the batches that may have read an older one (pipelines.gdpr).
 REGISTRY_META = "_lakehouse.erasure_registry"
@@ -247,26 +256,30 @@ def newest_per_key(changes: DataFrame) -> DataFrame:
         KEY, "_b._lsn", (-F.col("_b._neg_offset")).alias("_kafka_offset"), *[f"_b.{c}" for c in others])
 
 
-def plan(newest: DataFrame, main_state: DataFrame, ledger_state: DataFrame) -> DataFrame:
-    """Decide, per key, what each table still lacks: columns `to_main` and `to_ledger`.
+def plan(newest: DataFrame, main_state: DataFrame, delete_state: DataFrame) -> DataFrame:
+    """Decide, per key, what the tables still lack: columns `to_main` and `to_log`.
 
-    `main_state` and `ledger_state` are (id, _lsn) of what the tables hold. The rules
-    (module docstring) only ever move a key forward in LSN, and a table that already
-    reflects the event gets nothing.
+    `main_state` is (id, _lsn) of main's live rows, `delete_state` (id, _lsn) of the deletes
+    applied (change log and ledger; several per key allowed). An event is applied when it
+    is newer than both; a delete reaches main only while main holds an older row. The rules
+    only ever move a key forward in LSN, so a table that already reflects the event gets
+    nothing. A delete equal to the newest known one is still sent to a main that holds an
+    older row: that is a batch re-run after its change-log commit and before main's.
     """
+    deletes = delete_state.groupBy(KEY).agg(F.max("_lsn").alias("_t_lsn"))
     m = F.coalesce(F.col("_m_lsn"), F.lit(-1))
     t = F.coalesce(F.col("_t_lsn"), F.lit(-1))
     lsn = F.col("_lsn")
     is_delete = F.col("_op") == "d"
-    newest_delete = is_delete & (lsn > m) & (lsn >= t)
+    upsert = ~is_delete & (lsn > m) & (lsn > t)
     joined = (newest
               .join(main_state.select(KEY, F.col("_lsn").alias("_m_lsn")), KEY, "left")
-              .join(ledger_state.select(KEY, F.col("_lsn").alias("_t_lsn")), KEY, "left"))
+              .join(deletes, KEY, "left"))
     return joined.select(
         "*",
-        ((~is_delete & (lsn > m) & (lsn > t)) | (newest_delete & F.col("_m_lsn").isNotNull())).alias("to_main"),
-        (newest_delete & (lsn > t)).alias("to_ledger"),
-    )
+        (upsert | (is_delete & (lsn > m) & (lsn >= t) & F.col("_m_lsn").isNotNull())).alias("to_main"),
+        (upsert | (is_delete & (lsn > m) & (lsn > t))).alias("_new"),
+    ).select("*", (F.col("to_main") | F.col("_new")).alias("to_log")).drop("_new")
 
 
 # --------------------------------------------------------------------------- writing
@@ -279,20 +292,42 @@ def hudi_options(part: str, name: str, **extra: str) -> dict[str, str]:
     return opts
 
 
-def table_exists(spark: SparkSession, path: str) -> bool:
+def has_commits(spark: SparkSession, path: str) -> bool:
+    """A table with a completed commit. A first commit that never completed (a crash) leaves
+    `.hoodie/` and `hoodie.properties` but nothing to read: such a table is not there yet,
+    and its next write rolls the failed one back."""
     jvm = spark.sparkContext._jvm
     hadoop_path = jvm.org.apache.hadoop.fs.Path(f"{path}/.hoodie/hoodie.properties")
     fs = hadoop_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
-    return bool(fs.exists(hadoop_path))
+    return bool(fs.exists(hadoop_path)) and latest_completion(spark, path) is not None
+
+
+_STATE = T.StructType([T.StructField(KEY, T.LongType()), T.StructField("_lsn", T.LongType())])
 
 
 def read_state(spark: SparkSession, path: str) -> DataFrame:
-    """(id, _lsn) of a bronze or ledger table; empty if the table does not exist yet."""
-    if not table_exists(spark, path):
-        return spark.createDataFrame([], T.StructType([T.StructField(KEY, T.LongType()),
-                                                       T.StructField("_lsn", T.LongType())]))
+    """(id, _lsn) of every row of a bronze table; empty if the table has no commit yet."""
+    if not has_commits(spark, path):
+        return spark.createDataFrame([], _STATE)
     return spark.read.format("hudi").options(**hudi_configs.section("bronze", "state_read")).load(path) \
         .select(KEY, "_lsn")
+
+
+def read_deletes(spark: SparkSession, table: str, root: str) -> DataFrame:
+    """(id, _lsn) of every delete applied to `table`: the change log's and the ledger's (a key may repeat)."""
+    log_deletes = read_state(spark, changelog_path(table, root))
+    if has_commits(spark, changelog_path(table, root)):
+        log_deletes = spark.read.format("hudi").options(**hudi_configs.section("bronze", "state_read")) \
+            .load(changelog_path(table, root)).filter(F.col("_op") == "d").select(KEY, "_lsn")
+    return log_deletes.unionByName(read_state(spark, ledger_path(table, root)))
+
+
+def positions_of(spark: SparkSession, path: str) -> dict[str, int]:
+    """The Kafka position recorded by the newest ingest commit of `path` ({} if none)."""
+    if not has_commits(spark, path):
+        return {}
+    found = latest_meta(spark, path, POSITIONS_META)
+    return json.loads(found) if found else {}
 
 
 _BATCH_LINE = re.compile(r"batch (\d+): (\d+) records in ([\d.]+)s")
@@ -340,6 +375,15 @@ class BronzeBatchWriter:
         self.spark = spark
         self.root = root
         self._registry: tuple[DataFrame, str, str] | None = None
+        # The stream's position, and each table's, as its newest commit records them (read
+        # once, then kept up to date by this writer's own commits).
+        self._position: dict[str, int] | None = None
+        self._applied: dict[str, dict[str, int]] = {}
+
+    def _positions(self, path: str) -> dict[str, int]:
+        if path not in self._applied:
+            self._applied[path] = positions_of(self.spark, path)
+        return self._applied[path]
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
@@ -350,8 +394,14 @@ class BronzeBatchWriter:
             with report.phase("read"):
                 offsets = self._end_offsets(batch)
             report.records = sum(n for *_, n in offsets)
-            commit_meta = {BATCH_ID_META: str(batch_id), OFFSETS_META: json.dumps(
-                {f"{t}/{p}": o + 1 for t, p, o, _ in offsets}, sort_keys=True)}
+            ends = {f"{t}/{p}": o + 1 for t, p, o, _ in offsets}
+            if self._position is None:
+                self._position = {}
+                for path in [main_path(t, self.root) for t in contract.TABLES] + [dead_letter_path(self.root)]:
+                    for tp, o in self._positions(path).items():
+                        self._position[tp] = max(self._position.get(tp, 0), o)
+            position = {tp: max(self._position.get(tp, 0), ends.get(tp, 0)) for tp in {*self._position, *ends}}
+            commit_meta = {BATCH_ID_META: str(batch_id), POSITIONS_META: json.dumps(position, sort_keys=True)}
             with report.phase("registry"):
                 erased = self._erased()
             if erased:
@@ -360,16 +410,31 @@ class BronzeBatchWriter:
                 StorageLevel.MEMORY_AND_DISK) for t in contract.TABLES}
             try:
                 with report.phase("parse+dead_letters"):
-                    self._write_dead_letters(parsed, batch_id, commit_meta, report, erased)
+                    if not self._covered(dead_letter_path(self.root), ends):
+                        self._write_dead_letters(parsed, batch_id, commit_meta, report, erased)
                 for table, events in parsed.items():
+                    mine = {tp: o for tp, o in ends.items() if tp.startswith(contract.topic(table) + "/")}
+                    if mine and self._covered(main_path(table, self.root), mine):
+                        report.counts[table] = {"already_applied": sum(n for t, _, _, n in offsets
+                                                                       if t == contract.topic(table))}
+                        continue
                     self._apply(table, events, commit_meta, report, erased)
             finally:
                 for events in parsed.values():
                     events.unpersist()
+            self._position = position
         finally:
             batch.unpersist()
         report.seconds = time.monotonic() - started
         log.info(report.line())
+
+    def _covered(self, path: str, ends: dict[str, int]) -> bool:
+        """True when the newest commit of `path` was made at or after these end offsets: a replayed batch."""
+        applied = self._positions(path)
+        return bool(applied) and all(applied.get(tp, 0) >= o for tp, o in ends.items())
+
+    def _committed(self, path: str, meta: dict[str, str]) -> None:
+        self._applied[path] = json.loads(meta[POSITIONS_META])
 
     def _erased(self) -> tuple[DataFrame, str, str] | None:
         """The erasure registry, the key of its pseudonyms and the registry's version; None before any erasure.
@@ -377,7 +442,7 @@ class BronzeBatchWriter:
         Looked up every batch (an erasure may have added to it), read again only when it changed.
         """
         path = registry_path(self.root)
-        version = latest_completion(self.spark, path) if table_exists(self.spark, path) else None
+        version = latest_completion(self.spark, path) if has_commits(self.spark, path) else None
         if version is None:
             return None
         if self._registry is None or self._registry[2] != version:
@@ -403,8 +468,10 @@ class BronzeBatchWriter:
             n = rows.count()
             report.counts.setdefault("dead_letters", {})["written"] = n
             if n:
+                path = dead_letter_path(self.root)
                 rows.write.format("hudi").options(**hudi_options("dead_letters", "bronze_dead_letters", **meta)) \
-                    .mode("append").save(dead_letter_path(self.root))
+                    .mode("append").save(path)
+                self._committed(path, meta)
         finally:
             rows.unpersist()
 
@@ -417,7 +484,7 @@ class BronzeBatchWriter:
                 counts[kind] = kinds[kind]
         if not kinds.get("row") and not kinds.get("truncate"):
             return
-        main, ledger = main_path(table, self.root), ledger_path(table, self.root)
+        main = main_path(table, self.root)
         main_state = read_state(self.spark, main)
         changes = _change_rows(events, table)
         if erased is not None:  # events of erased customers and their orders never reach the lake again
@@ -425,35 +492,33 @@ class BronzeBatchWriter:
         synthetic = truncate_deletes(events, main_state, table) if kinds.get("truncate") else None
         if synthetic is not None:
             changes = changes.unionByName(synthetic)
-        planned = plan(newest_per_key(changes), main_state, read_state(self.spark, ledger)).persist(
+        planned = plan(newest_per_key(changes), main_state, read_deletes(self.spark, table, self.root)).persist(
             StorageLevel.MEMORY_AND_DISK)
         try:
             with report.phase(f"{table}.plan"):
-                tally = planned.groupBy("to_main", "to_ledger", "_op").count().collect()
+                tally = planned.groupBy("to_main", "to_log", "_op").count().collect()
             for r in tally:
-                outcome = ("stale" if not (r["to_main"] or r["to_ledger"])
-                           else "delete" if r["_op"] == "d" else "upsert")
+                outcome = "stale" if not r["to_log"] else "delete" if r["_op"] == "d" else "upsert"
                 counts[outcome] = counts.get(outcome, 0) + r["count"]
-            # One instant for the batch's three writes: a key's change-log row and its bronze
-            # row say the same about when it was ingested.
+            # One instant for the batch's writes: a key's change-log row and its bronze row
+            # say the same about when it was ingested.
             now = F.lit(datetime.now(UTC)).cast("timestamp").alias("_ingested_at")
+            meta_columns = [c for c in META_COLUMNS if c != "_ingested_at"]
+
             def save(rows: DataFrame, part: str, name: str, path: str) -> None:
                 with report.phase(f"{table}.{part}"):
                     rows.write.format("hudi").options(**hudi_options(part, name, **meta)).mode("append").save(path)
 
-            if any(r["to_main"] or r["to_ledger"] for r in tally):
-                save(planned.filter("to_main OR to_ledger").select(
-                    *contract.COLUMNS[table], *[c for c in META_COLUMNS if c != "_ingested_at"], now,
+            if any(r["to_log"] for r in tally):
+                save(planned.filter("to_log").select(
+                    *contract.COLUMNS[table], *meta_columns, now,
                     F.date_format(now, "yyyy-MM-dd").alias("_ingest_date"),
                 ), "changelog", f"bronze_changelog_{table}", changelog_path(table, self.root))
-            if any(r["to_ledger"] for r in tally):
-                save(planned.filter("to_ledger").select(*[c for c in LEDGER_COLUMNS if c != "_ingested_at"], now),
-                     "ledger", f"bronze_deletes_{table}", ledger)
             if any(r["to_main"] for r in tally):
                 save(planned.filter("to_main").select(
-                    *contract.COLUMNS[table], *[c for c in META_COLUMNS if c != "_ingested_at"], now,
-                    (F.col("_op") == "d").alias(DELETED_FLAG),
+                    *contract.COLUMNS[table], *meta_columns, now, (F.col("_op") == "d").alias(DELETED_FLAG),
                 ), "table", f"bronze_{table}", main)
+                self._committed(main, meta)
         finally:
             planned.unpersist()
 
@@ -467,20 +532,66 @@ def kafka_stream(spark: SparkSession, bootstrap: str, tables: tuple[str, ...] = 
             .options(**hudi_configs.section("bronze", "kafka")))
 
 
+def checkpoint_lost(spark: SparkSession, checkpoint: str) -> bool:
+    """True when the stream's checkpoint holds no offsets: a new stream, or a deleted checkpoint."""
+    jvm = spark.sparkContext._jvm
+    offsets = jvm.org.apache.hadoop.fs.Path(f"{checkpoint}/offsets")
+    fs = offsets.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    return not fs.exists(offsets) or len(fs.listStatus(offsets)) == 0
+
+
+def starting_offsets(spark: SparkSession, root: str, partitions: dict[str, list[int]]) -> str | None:
+    """Spark's `startingOffsets` for a stream without checkpoint: each topic from its main table's position.
+
+    `partitions` lists every partition of each table's topic (Spark wants all of them);
+    a partition the table has no position for starts at the earliest offset (-2). None
+    when no main table has a position: the first run of a lake starts from the earliest.
+    """
+    found: dict[str, dict[str, int]] = {}
+    for table in contract.TABLES:
+        topic = contract.topic(table)
+        applied = positions_of(spark, main_path(table, root))
+        found[topic] = {str(p): applied.get(f"{topic}/{p}", -2) for p in partitions.get(topic, [])}
+    if not any(o >= 0 for offsets in found.values() for o in offsets.values()):
+        return None
+    return json.dumps({t: o for t, o in found.items() if o}, sort_keys=True)
+
+
+def topic_partitions(bootstrap: str) -> dict[str, list[int]]:
+    """The partitions of every source topic, from the brokers."""
+    from kafka import KafkaConsumer
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, request_timeout_ms=30000)
+    try:
+        topics = consumer.topics()
+        return {t: sorted(consumer.partitions_for_topic(t) or ()) for t in map(contract.topic, contract.TABLES)
+                if t in topics}
+    finally:
+        consumer.close()
+
+
 def run_ingest(*, once: bool, root: str | None = None, bootstrap: str | None = None,
                trigger_seconds: float = INGEST_TRIGGER_SECONDS, max_offsets_per_trigger: int | None = None,
-               spark: SparkSession | None = None) -> None:
+               spark: SparkSession | None = None, stop_timeout: float = 300.0) -> None:
     """Run the ingest stream: until caught up with what was on the topics at start (`once`), or forever.
 
-    Offsets are tracked by Structured Streaming in a checkpoint under the lake root; the
-    batch id and the Kafka end offsets also go into each Hudi commit's metadata, so the
-    table itself tells what it contains.
+    Offsets are tracked by Structured Streaming in a checkpoint under the lake root; each
+    Hudi commit also records the stream's position, so a lost checkpoint resumes from the
+    tables instead of the beginning of the topics. An interrupt (SIGTERM in the CLI) lets
+    the batch in progress finish, up to `stop_timeout` seconds, then stops the stream: a
+    batch is committed whole, or abandoned and re-run whole on the next start.
     """
     from pipelines.spark import get_spark
 
     root = root or lake_root()
+    bootstrap = bootstrap or kafka_bootstrap()
     spark = spark or get_spark("lakehouse-ingest")
-    reader = kafka_stream(spark, bootstrap or kafka_bootstrap())
+    reader = kafka_stream(spark, bootstrap)
+    if checkpoint_lost(spark, ingest_checkpoint_path(root)) and \
+            (start := starting_offsets(spark, root, topic_partitions(bootstrap))):
+        log.warning("no stream checkpoint at %s: resuming from the positions in bronze's commits %s",
+                    ingest_checkpoint_path(root), start)
+        reader = reader.option("startingOffsets", start)
     if max_offsets_per_trigger:
         reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
     writer = (reader.load().writeStream.queryName("bronze_ingest")
@@ -490,6 +601,12 @@ def run_ingest(*, once: bool, root: str | None = None, bootstrap: str | None = N
     query = writer.start()
     try:
         query.awaitTermination()
+    except KeyboardInterrupt:
+        deadline = time.monotonic() + stop_timeout
+        while query.isActive and query.status["isTriggerActive"] and time.monotonic() < deadline:
+            log.info("stopping: waiting for the batch in progress to finish")
+            time.sleep(0.5)
+        raise
     finally:
         if query.isActive:
             query.stop()

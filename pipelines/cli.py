@@ -195,6 +195,24 @@ def package(out: Path) -> None:
         click.echo(f"{path} ({path.stat().st_size:,} bytes)")
 
 
+def _deleted_keys(table: str) -> int:
+    """Keys whose newest recorded change is a delete (change log and delete ledger against main)."""
+    from pipelines.settings import changelog_path, ledger_path, main_path
+    from pipelines.table_stats import exists, read_table
+
+    newest: dict[int, tuple[int, bool]] = {}
+    sources = [(main_path(table), False), (changelog_path(table), None), (ledger_path(table), True)]
+    for path, deleted in sources:
+        if not exists(path):
+            continue
+        columns = ["id", "_lsn"] + (["_op"] if deleted is None else [])
+        for r in read_table(path, columns).to_pylist():
+            is_delete = r["_op"] == "d" if deleted is None else deleted
+            if r["id"] not in newest or newest[r["id"]][0] < r["_lsn"]:
+                newest[r["id"]] = (r["_lsn"], is_delete)
+    return sum(d for _, d in newest.values())
+
+
 @main.command()
 def status() -> None:
     """Per bronze, silver and gold table: rows, commits, file groups, log files, deletes, dead letters, quarantine.
@@ -202,7 +220,7 @@ def status() -> None:
     Read with hudi-rs: no Spark needed.
     """
     from pipelines.contract import TABLES, topic
-    from pipelines.settings import dead_letter_path, ledger_path, main_path, quarantine_path, silver_path
+    from pipelines.settings import dead_letter_path, main_path, quarantine_path, silver_path
     from pipelines.table_stats import exists, read_table, table_stats
 
     dead = {}
@@ -217,7 +235,7 @@ def status() -> None:
             click.echo(f"bronze/{table:<11}  (not created yet)")
             continue
         s = table_stats(main_path(table))
-        deleted = table_stats(ledger_path(table)).rows if exists(ledger_path(table)) else 0
+        deleted = _deleted_keys(table)
         click.echo(f"bronze/{table:<11}{s.rows:>9}{s.commits:>9}{s.file_groups:>13}{s.log_files:>11}"
                    f"{deleted:>14}{dead.get(topic(table), 0):>14}")
     for table in TABLES:

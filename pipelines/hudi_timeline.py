@@ -107,6 +107,17 @@ def meta_at(spark: SparkSession, path: str, completion: str, key: str) -> str | 
     return timeline.readCommitMetadata(done[-1]).getExtraMetadata().get(key) if done else None
 
 
+def latest_meta(spark: SparkSession, path: str, key: str) -> str | None:
+    """Commit metadata `key` of the newest completed commit that has it (commits of other writers lack it)."""
+    timeline = _completed(spark, path)
+    instants = timeline.getReverseOrderedInstants().iterator()
+    while instants.hasNext():
+        value = timeline.readCommitMetadata(instants.next()).getExtraMetadata().get(key)
+        if value is not None:
+            return value
+    return None
+
+
 def instant_of_batch(spark: SparkSession, path: str, key: str, batch: int) -> str | None:
     """Instant time of the newest commit whose numeric metadata `key` is at most `batch` (time travel to it)."""
     timeline = _completed(spark, path)

@@ -11,8 +11,10 @@ of the table under optimistic concurrency control.
 - expiry (append-only tables): whole past days are dropped (Hudi delete_partition) once
   they are older than the retention and every reader of the table has consumed them. The
   commit records from when on checkpoints stay readable (hudi_timeline.READABLE_FROM_META);
-  full reads of a change log also read bronze main and the delete ledger, which keep every
-  key's newest state, so nothing is lost with the days;
+  the deletes of the days dropped are first upserted into the table's delete ledger (the
+  ingest job's memory of deletes past the change log's retention), and full reads of a
+  change log also read bronze main and the ledger, which keep every key's newest state,
+  so nothing is lost with the days;
 - clustering (append-only tables: bronze's change logs, the one place where small files
   pile up, one or two per ingest batch): past days' small files are rewritten into few
   large ones. Safe for incremental readers: clustered rows keep their `_hoodie_commit_time`
@@ -62,6 +64,8 @@ class LakeTable:
     path: str
     options: dict[str, str] = field(repr=False)
     readers: tuple[str, ...] = ()  # tables that checkpoint their reads of this one: expiry waits for them
+    # A change log's delete ledger (name, path, options): expiry moves the deletes of the days it drops there.
+    ledger: tuple[str, str, dict[str, str]] | None = field(default=None, repr=False)
 
     @property
     def merge_on_read(self) -> bool:
@@ -76,12 +80,12 @@ def lake_tables(root: str) -> list[LakeTable]:
     """Every Hudi table the pipeline writes, with the options its writer uses."""
     tables = []
     for t in contract.TABLES:
+        ledger = (f"bronze/_deletes/{t}", ledger_path(t, root), hudi_options("ledger", f"bronze_deletes_{t}"))
         tables += [LakeTable(f"bronze/{t}", main_path(t, root), hudi_options("table", f"bronze_{t}")),
-                   LakeTable(f"bronze/_deletes/{t}", ledger_path(t, root),
-                             hudi_options("ledger", f"bronze_deletes_{t}")),
+                   LakeTable(*ledger),
                    LakeTable(f"bronze/_changelog/{t}", changelog_path(t, root),
                              hudi_options("changelog", f"bronze_changelog_{t}"),
-                             readers=(silver_path(t, root), quarantine_path(t, root)))]
+                             readers=(silver_path(t, root), quarantine_path(t, root)), ledger=ledger)]
     tables.append(LakeTable("bronze/_dead_letters", dead_letter_path(root),
                             hudi_options("dead_letters", "bronze_dead_letters")))
     for t in contract.TABLES:
@@ -183,14 +187,39 @@ class _Client:
             requested = max((r for r, _ in seen), default="")
             readable_from = max((c for _, c in seen), default="")
             if requested < boundary and (consumed is None or readable_from <= consumed):
+                kept = self._keep_deletes(dropped)
                 self._delete_partitions(dropped, readable_from)
-                return {"expired": dropped, "readable_from": readable_from or None}
+                return {"expired": dropped, "readable_from": readable_from or None, "deletes_kept": kept}
         return {"expired": [], "waiting_for_readers": consumed}
 
     def _consumed(self) -> str | None:
         """The oldest checkpoint the table's readers hold on it (None: no reader has one)."""
         marks = [checkpoint(self._spark, r).get(self._table.path) for r in self._table.readers if exists(r)]
         return min((m for m in marks if m), default=None)
+
+    def _keep_deletes(self, days: list[str]) -> int:
+        """Upsert the deletes of `days` into the table's delete ledger before the days go.
+
+        A change log is the ingest job's memory of deletes for the days it retains; the
+        ledger keeps them after (an older insert replayed later must not bring a row back).
+        Upserts ordered by `_lsn`: a re-run after a crash between this and the drop adds nothing.
+        """
+        if self._table.ledger is None:
+            return 0
+        from pyspark.sql import functions as F
+
+        from pipelines.bronze import LEDGER_COLUMNS
+
+        _, path, options = self._table.ledger
+        values = [_day(d).strftime("%Y-%m-%d") for d in days]
+        deletes = (self._spark.read.format("hudi").load(self._table.path)
+                   .filter(F.col("_ingest_date").isin(values) & (F.col("_op") == "d"))
+                   .groupBy("id").agg(F.max_by(F.struct(*LEDGER_COLUMNS), F.col("_lsn")).alias("d"))
+                   .select("d.*").localCheckpoint())
+        n = deletes.count()
+        if n:
+            deletes.write.format("hudi").options(**hudi_configs.services(options)).mode("append").save(path)
+        return n
 
     def _delete_partitions(self, days: list[str], readable_from: str) -> None:
         # Through the datasource: its commit carries the write options' `_lakehouse.*` metadata.

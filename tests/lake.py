@@ -17,7 +17,7 @@ from pipelines.contract import COLUMNS, TABLES
 from pipelines.etl import run_etl
 from pipelines.generator import Message, ShopSource, WorkloadConfig, ensure_topics, produce
 from pipelines.kafka_local import KafkaBroker, free_port
-from pipelines.settings import dead_letter_path, ledger_path, main_path, quarantine_path, silver_path
+from pipelines.settings import changelog_path, dead_letter_path, ledger_path, main_path, quarantine_path, silver_path
 from pipelines.table_stats import exists, read_table
 from tests.model import Rows, expected_silver
 
@@ -120,11 +120,17 @@ def assert_bronze_equals_model(spark: SparkSession, root: str, expected: Rows,
                 f"e.g. {[(data[k], expected[table][k]) for k in sorted(wrong)[:2]]}")
             assert {k: v["_lsn"] for k, v in got.items()} == lsns[table], f"{reader} bronze/{table}: _lsn differs"
             assert {v["_op"] for v in got.values()} <= {"r", "c", "u"}
-        # The delete ledger never claims a live key is deleted after its live version.
-        if exists(ledger_path(table, root)):
-            ledger = {r["id"]: r["_lsn"] for r in read_table(ledger_path(table, root), ["id", "_lsn"]).to_pylist()}
-            live = lsns[table]
-            assert all(ledger[k] < live[k] for k in ledger.keys() & live.keys()), f"ledger ahead of bronze/{table}"
+        # No recorded delete (change log or ledger) claims a live key was deleted after its live version.
+        deletes: dict[int, int] = {}
+        for path in (changelog_path(table, root), ledger_path(table, root)):
+            if exists(path):
+                rows = read_table(path, ["id", "_lsn", "_op"]).to_pylist()
+                for r in rows:
+                    if r["_op"] == "d" or path == ledger_path(table, root):
+                        deletes[r["id"]] = max(deletes.get(r["id"], -1), r["_lsn"])
+        live = lsns[table]
+        ahead = [k for k in deletes.keys() & live.keys() if deletes[k] >= live[k]]
+        assert not ahead, f"deletes recorded after the live version of bronze/{table}: {sorted(ahead)[:10]}"
 
 
 def dead_letters(root: str) -> list[dict[str, Any]]:
@@ -184,6 +190,9 @@ def assert_lake_equals_model(spark: SparkSession, root: str, state: Rows) -> Non
                                            f"extra {sorted(got.keys() - want.keys())[:10]}")
         wrong = [k for k in want if {c: got[k][c] for c in want[k]} != want[k]]
         assert not wrong, f"silver/{table} rows differ: {[(got[k], want[k]) for k in wrong[:2]]}"
+        # The independent reader sees the same keys at the same LSNs.
+        rs = {r["id"]: r["_lsn"] for r in read_table(silver_path(table, root), ["id", "_lsn"]).to_pylist()}
+        assert rs == {k: r["_lsn"] for k, r in got.items()}, f"hudi-rs and Spark disagree on silver/{table}"
         q = {r["id"]: r["failed_rule"] for r in spark.read.format("hudi").load(quarantine_path(table, root)).collect()}
         assert q == quarantine[table], f"quarantine/{table} differs"
     assert_gold_equals_model(spark, root, state)

@@ -13,7 +13,7 @@ import pytest
 
 from pipelines.bench import freshness
 from pipelines.contract import TABLES, topic
-from pipelines.settings import changelog_path, ledger_path, main_path
+from pipelines.settings import changelog_path, main_path
 from pipelines.table_stats import exists, read_table
 
 
@@ -33,9 +33,9 @@ def test_freshness_figures_add_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     # The change logs hold the snapshot and the counted changes, nothing else.
     snapshot = freshness.SNAPSHOT.customers + freshness.SNAPSHOT.orders
     assert sum(read_table(changelog_path(t, root), ["_lsn"]).num_rows for t in TABLES) == snapshot + len(changes)
-    # Per key, the live row or the delete ledger holds the Kafka position of the last change applied.
+    # Per live key, the row holds the Kafka position of the last change applied.
     for t in TABLES:
-        for path in (main_path(t, root), ledger_path(t, root)):
+        for path in (main_path(t, root),):
             if not exists(path):
                 continue
             held = {(t, r["_kafka_partition"], r["_kafka_offset"])

@@ -8,6 +8,7 @@ and with hudi-rs.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -57,14 +58,28 @@ def test_bronze_equals_model_across_ingest_runs(seed: int, spark, broker, tmp_pa
     _ingest_and_check(spark, broker.bootstrap, root, source, sent)
 
 
-def test_lost_checkpoint_replays_everything_and_changes_nothing(spark, lake: LakeCopy) -> None:
-    """Offsets are a convenience: bronze stays exact even when the whole stream is read again."""
+def test_lost_checkpoint_resumes_from_the_commits_and_applies_nothing_twice(spark, lake: LakeCopy) -> None:
+    """The stream's position lives in bronze's own commits: without its checkpoint it resumes there."""
     import shutil
 
+    from pipelines.contract import TABLES
+    from pipelines.settings import changelog_path
     from pipelines.settings import ingest_checkpoint_path as checkpoint_path
+    from pipelines.table_stats import read_table
 
+    def logged() -> list[tuple[str, int, int]]:
+        return sorted((t, r["_kafka_partition"], r["_kafka_offset"]) for t in TABLES for r in read_table(
+            changelog_path(t, lake.root), ["_kafka_partition", "_kafka_offset"]).to_pylist())
+
+    before = logged()
     shutil.rmtree(checkpoint_path(lake.root))
+    lake.produce(lake.source.changes(WorkloadConfig(seed=5, changes=150, replay_runs=1)))
     _ingest_and_check(spark, lake.bootstrap, lake.root, lake.source, lake.sent)
+    after = logged()
+    # Every change logged before is still logged once; the run logged only changes of new records.
+    assert Counter(after) - Counter(before) == Counter(set(after) - set(before))
+    assert not Counter(before) - Counter(after)
+    assert len(after) > len(before)
 
 
 def test_cli_ingest_once_and_status(broker, tmp_path) -> None:
@@ -106,9 +121,20 @@ def test_continuous_ingest_catches_up_and_stops_on_sigterm(broker, tmp_path) -> 
                 break
             time.sleep(3)
         assert got == expected, "continuous ingest did not catch up: " + log_path.read_text()[-2000:]
+        # SIGTERM inside a batch: the batch finishes (committed whole), then the stream stops, exit 0.
+        started = log_path.read_text().count(": started")
+        produce(source.changes(WorkloadConfig(seed=18, changes=200)), broker.bootstrap)
+        while log_path.read_text().count(": started") == started and proc.poll() is None:
+            time.sleep(0.05)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=120) == 0, log_path.read_text()[-2000:]
-        assert "ingest stopped" in log_path.read_text()
+        text = log_path.read_text()
+        assert "ingest stopped" in text
+        last = re.findall(r"batch (\d+): started", text)[-1]
+        assert re.search(rf"batch {last}: \d+ records in", text), "the batch in progress did not finish"
+        pending = [p for p in root.glob("bronze/**/.hoodie/timeline/*") if "_" not in p.name and p.is_file()
+                   and not any(q.name.startswith(p.name.split(".")[0] + "_") for q in p.parent.iterdir())]
+        assert not pending, f"left in flight: {pending}"
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

@@ -1,74 +1,144 @@
-"""SIGKILL the ingest job at chosen points, restart it, and end with bronze equal to the model.
+"""SIGKILL the ingest job, restart it, and end with bronze (and silver after `etl`) equal to the model.
 
-The kill points are observed, not guessed: a `batch N: started` log line (inside a
-micro-batch), a `.inflight` instant on a Hudi timeline (during a commit to a bronze
-table, a delete ledger or the dead-letter store; during an inline compaction), the
-`batch N: ... records in` line (between batches), and the JVM start. The whole process
-group goes, as in a lost machine.
+Two tests:
+- the regression of issue 16: the first run on an empty lake killed while the first commit
+  of a table is in flight (`.hoodie/hoodie.properties` written, no completed instant); the
+  next run must treat that table as not there yet and finish the job;
+- kills at random instants: a seeded generator picks when each run dies, across a first
+  run on an empty lake and later runs, with new changes and replays produced in between.
+  Each kill is logged with what it interrupted (the instants in flight, the last batch
+  line). Set LAKEHOUSE_CRASH_SEED to replay another sequence; a failure names the seed.
+
+The whole process group goes, as in a lost machine. The last restart runs in the test's
+process (its Spark session is warm); bronze is read with Spark and hudi-rs.
 """
 
 from __future__ import annotations
 
 import os
+import random
+import re
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
 from pipelines.bronze import run_ingest
+from pipelines.etl import run_etl
 from pipelines.generator import ShopSource, WorkloadConfig, ensure_topics, produce
-from tests.kill import inflight, log_line, run_until
-from tests.lake import assert_bronze_equals_model, dead_letters, with_overrides
+from tests.kill import run_until
+from tests.lake import assert_bronze_equals_model, assert_lake_equals_model, dead_letters, with_overrides
 from tests.model import fold_with_lsn, is_malformed
 
 pytestmark = pytest.mark.slow
-
 
 # Inline compaction every 3 delta commits instead of 5: it happens within a smaller workload.
 OVERRIDES = """
 [bronze.table]
 "hoodie.compact.inline.max.delta.commits" = 3
 """
+KILLS = 20
+CRASH_SEED = int(os.environ.get("LAKEHOUSE_CRASH_SEED", "2027"))
 
 
-def test_sigkill_at_any_point_then_restart_gives_the_model(broker, spark, tmp_path, monkeypatch) -> None:
+def _env(root: Path, bootstrap: str, tmp_path: Path) -> dict[str, str]:
+    return {**os.environ, "LAKEHOUSE_ROOT": str(root), "KAFKA_BOOTSTRAP_SERVERS": bootstrap,
+            "LAKEHOUSE_HUDI_OVERRIDES": with_overrides(tmp_path / "overrides.toml", OVERRIDES)}
+
+
+def _in_flight(root: Path) -> list[str]:
+    """Instants on any timeline under the lake that are requested or inflight, not completed."""
+    found = []
+    for timeline in root.glob("**/.hoodie/timeline"):
+        names = [p.name for p in timeline.iterdir() if p.is_file()]
+        done = {n.split("_")[0] for n in names if "_" in n}
+        table = str(timeline.parent.parent.relative_to(root))
+        found += [f"{table}:{n}" for n in names if "_" not in n and n.split(".")[0] not in done]
+    return sorted(found)
+
+
+def _first_commit_in_flight(root: Path):
+    """True once some table under bronze/ has hoodie.properties and no completed instant yet."""
+    def seen(_log: str) -> bool:
+        for props in root.glob("bronze/**/.hoodie/hoodie.properties"):
+            if ".hoodie/metadata" in str(props):
+                continue
+            timeline = props.parent / "timeline"
+            names = [p.name for p in timeline.iterdir()] if timeline.is_dir() else []
+            if any(n.endswith("inflight") for n in names) and not any("_" in n for n in names):
+                return True
+        return False
+    return seen
+
+
+def test_a_first_commit_killed_in_flight_does_not_break_the_next_run(broker, spark, tmp_path, monkeypatch) -> None:
     root = tmp_path / "lake"
-    env = {**os.environ, "LAKEHOUSE_ROOT": str(root), "KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap,
-           "LAKEHOUSE_HUDI_OVERRIDES": with_overrides(tmp_path / "overrides.toml", OVERRIDES)}
-    cmd = [sys.executable, "-m", "pipelines.cli", "ingest", "--once", "--max-offsets-per-trigger", "400"]
-    source = ShopSource(2027)
-    cfg = WorkloadConfig(seed=2027, customers=150, orders=400, changes=700, malformed_fraction=0.02,
+    env = _env(root, broker.bootstrap, tmp_path)
+    source = ShopSource(41)
+    cfg = WorkloadConfig(seed=41, customers=60, orders=150, changes=200, malformed_fraction=0.03)
+    ensure_topics(broker.bootstrap)
+    sent = source.snapshot(cfg) + source.changes(cfg)
+    produce(sent, broker.bootstrap)
+    cmd = [sys.executable, "-m", "pipelines.cli", "ingest", "--once"]
+    assert run_until(cmd, env, tmp_path / "killed.log", _first_commit_in_flight(root)), "the run was not killed"
+    assert any(":" in s for s in _in_flight(root)), "nothing was in flight at the kill"
+
+    monkeypatch.setenv("LAKEHOUSE_HUDI_OVERRIDES", env["LAKEHOUSE_HUDI_OVERRIDES"])
+    run_ingest(once=True, root=str(root), bootstrap=broker.bootstrap, spark=spark)
+    expected, lsns = fold_with_lsn(sent)
+    assert_bronze_equals_model(spark, str(root), expected, lsns)
+    assert len(dead_letters(str(root))) == sum(is_malformed(m) for m in sent)
+
+
+def _kill_at(delay: float):
+    started = time.monotonic()
+    return lambda _log: time.monotonic() - started >= delay
+
+
+def test_random_sigkills_then_restart_give_the_model(broker, spark, tmp_path, monkeypatch) -> None:
+    rng = random.Random(CRASH_SEED)
+    root = tmp_path / "lake"
+    env = _env(root, broker.bootstrap, tmp_path)
+    cmd = [sys.executable, "-m", "pipelines.cli", "ingest", "--once", "--max-offsets-per-trigger", "300"]
+    source = ShopSource(CRASH_SEED)
+    cfg = WorkloadConfig(seed=CRASH_SEED, customers=120, orders=300, changes=500, malformed_fraction=0.02,
                          replay_runs=2)
+    more_cfg = WorkloadConfig(seed=CRASH_SEED, changes=150, malformed_fraction=0.02, replay_runs=1)
     ensure_topics(broker.bootstrap)
     sent = source.snapshot(cfg) + source.changes(cfg)
     produce(sent, broker.bootstrap)
 
-    kill_points = [
-        ("while the JVM starts", lambda log: True, 2.0),
-        ("inside a micro-batch", log_line(r"batch (\d+): started", after=1), 1.0),
-        ("during a delta commit to a bronze table", inflight(root, "bronze/*", "deltacommit"), 0.0),
-        ("between batches", log_line(r"batch (\d+): \d+ records in", after=0), 0.0),
-        ("during a commit to a delete ledger", inflight(root, "bronze/_deletes/*", "commit"), 0.0),
-        ("during a commit to the dead-letter store", inflight(root, "bronze/_dead_letters", "commit"), 0.0),
-        ("during an inline compaction", inflight(root, "bronze/*", "compaction"), 0.0),
-        ("inside a micro-batch, later", log_line(r"batch (\d+): started", after=2), 2.5),
-    ]
-    killed = []
-    more_cfg = WorkloadConfig(seed=2027, changes=250, malformed_fraction=0.02, replay_runs=1)
-    for i, (name, point, delay) in enumerate(kill_points):
-        if run_until(cmd, env, tmp_path / f"run{i}.log", point, delay):
-            killed.append(name)
-        # More changes, with replays of older events, arrive between crashes: every run has a backlog.
-        more = source.changes(more_cfg)
-        produce(more, broker.bootstrap)
-        sent += more
-    assert len(killed) >= 6, f"only {len(killed)} of {len(kill_points)} kills landed: {killed}"
+    journal = [f"seed {CRASH_SEED} (LAKEHOUSE_CRASH_SEED)"]
+    kills = runs = 0
+    while kills < KILLS and runs < 2 * KILLS:
+        # From the JVM's start (a first run dies before it wrote anything) to well inside its batches.
+        delay = rng.uniform(2.0, 24.0)
+        log_path = tmp_path / f"run{runs}.log"
+        killed = run_until(cmd, env, log_path, _kill_at(delay))
+        batches = re.findall(r"batch \d+: (?:started|\d+ records in [\d.]+s)", log_path.read_text(errors="replace"))
+        journal.append(f"run {runs}: {'killed' if killed else 'finished'} at {delay:.1f}s, last: "
+                       f"{batches[-1] if batches else 'no batch yet'}; in flight: {_in_flight(root) or 'nothing'}")
+        kills += killed
+        runs += 1
+        if rng.random() < 0.6:  # new changes, with replays of older events, between crashes
+            more = source.changes(more_cfg)
+            produce(more, broker.bootstrap)
+            sent += more
+    (tmp_path / "crashes.txt").write_text("\n".join(journal))
+    context = "\n".join(journal)
+    assert kills >= KILLS, f"only {kills} kills landed:\n{context}"
 
-    # The last restart in this process: its Spark session is warm, the lake is what the kills left.
     monkeypatch.setenv("LAKEHOUSE_HUDI_OVERRIDES", env["LAKEHOUSE_HUDI_OVERRIDES"])
     run_ingest(once=True, root=str(root), bootstrap=broker.bootstrap, spark=spark)
     expected, lsns = fold_with_lsn(sent)
     assert expected == source.state
-    assert_bronze_equals_model(spark, str(root), expected, lsns)
-    letters = dead_letters(str(root))
-    assert len(letters) == sum(is_malformed(m) for m in sent)
-    assert len({d["position"] for d in letters}) == len(letters)
+    try:
+        assert_bronze_equals_model(spark, str(root), expected, lsns)
+        letters = dead_letters(str(root))
+        assert len(letters) == sum(is_malformed(m) for m in sent)
+        assert len({d["position"] for d in letters}) == len(letters)
+        run_etl(spark, str(root))
+        assert_lake_equals_model(spark, str(root), source.state)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\nkills:\n{context}") from exc

@@ -12,13 +12,13 @@ runs against a private broker while the generator produces change events at a st
   polled: every row of the change log `bronze/_changelog/<table>` is one change a batch
   applied, with its `_kafka_ts`; the change-log commit that wrote it names the batch
   (`_lakehouse.batch_id`), and so does the main table's commit of the same batch. A delete
-  of a key the main table no longer held changes only the delete ledger: its commit counts.
+  of a key the main table no longer held changes only the change log: its commit counts.
   Records that changed nothing (replays of older events, changes superseded by a newer one
   of the same key in the same batch, tombstones, logical messages, malformed records) have
   no change-log row and no delay.
 - **Consumer lag** (sampled every second) = Kafka end offsets − what the lake holds: per
-  partition, the highest `_lakehouse.kafka_end_offsets` among the completed delta commits of
-  the partition's table, or the stream's own checkpoint when that is further: a batch whose
+  partition, the highest position (`_lakehouse.kafka_positions`) among the completed delta
+  commits of the partition's table, or the stream's own checkpoint when that is further: a batch whose
   records changed nothing in a table (a trailing tombstone) makes no commit there, yet is done.
 
 The rate is Kafka records per second, the contract's noise included (tombstones, replays,
@@ -53,10 +53,10 @@ from hudi import HudiTableBuilder
 from kafka import KafkaConsumer, TopicPartition
 
 from pipelines.bench.common import DELETE_FRACTION, bench_dir, broker, save, say, table
-from pipelines.bronze import BatchReport
+from pipelines.bronze import POSITIONS_META, BatchReport
 from pipelines.contract import TABLES, topic
 from pipelines.generator import Message, ShopSource, WorkloadConfig, produce
-from pipelines.settings import changelog_path, ingest_checkpoint_path, ledger_path, main_path
+from pipelines.settings import changelog_path, ingest_checkpoint_path, main_path
 from pipelines.table_stats import read_table
 
 NAME = "freshness"
@@ -126,7 +126,7 @@ class CommitLog:
                     self._commits[instant.timestamp] = Commit(
                         instant.timestamp, _instant_seconds(done[instant.timestamp], zone),
                         int(batch) if batch is not None else None,
-                        json.loads(extra.get("_lakehouse.kafka_end_offsets") or "{}"))
+                        json.loads(extra.get(POSITIONS_META) or "{}"))
         return sorted(self._commits.values(), key=lambda c: c.completed)
 
     def batch_completions(self) -> dict[int, float]:
@@ -213,7 +213,7 @@ def visibility(root: str, start: Offsets, end: Offsets) -> list[Visibility]:
     found = []
     for t in TABLES:
         batch_of = {c.requested: c.batch_id for c in CommitLog(changelog_path(t, root), "commit").refresh()}
-        visible = {**CommitLog(ledger_path(t, root), "commit").batch_completions(),
+        visible = {**CommitLog(changelog_path(t, root), "commit").batch_completions(),
                    **CommitLog(main_path(t, root), "deltacommit").batch_completions()}
         rows = read_table(changelog_path(t, root), ["_hoodie_commit_time", "_kafka_partition", "_kafka_offset",
                                                     "_kafka_ts", "_ingested_at"]).to_pylist()
@@ -357,7 +357,7 @@ def run(minutes: float, rate: float, trigger_seconds: float, seed: int) -> dict[
         "source_time": "Kafka record timestamp (producer time, when the event entered Kafka), not source.ts_ms: "
                        "the generator's clock is simulated",
         "visible": "completion time of the bronze main table's delta commit of the event's batch "
-                   "(the delete ledger's commit for a delete of a key main no longer held)",
+                   "(the change log's commit for a delete of a key main no longer held)",
         "counted": "changes bronze applied from the steady phase's records (rows of bronze/_changelog); "
                    "replays, changes superseded within their batch, tombstones and noise change nothing",
         "kafka_records": sum(end[tp] - start.get(tp, 0) for tp in end),
