@@ -314,11 +314,15 @@ def read_state(spark: SparkSession, path: str) -> DataFrame:
 
 
 def read_deletes(spark: SparkSession, table: str, root: str) -> DataFrame:
-    """(id, _lsn) of every delete applied to `table`: the change log's and the ledger's (a key may repeat)."""
+    """(id, _lsn) of every delete applied to `table`: the change log's and the ledger's (a key may repeat).
+
+    The change log is read first and at once: expiry writes a day's deletes to the ledger and
+    only then drops the day, so a ledger read after the change-log read misses nothing.
+    """
     log_deletes = read_state(spark, changelog_path(table, root))
     if has_commits(spark, changelog_path(table, root)):
         log_deletes = spark.read.format("hudi").options(**hudi_configs.section("bronze", "state_read")) \
-            .load(changelog_path(table, root)).filter(F.col("_op") == "d").select(KEY, "_lsn")
+            .load(changelog_path(table, root)).filter(F.col("_op") == "d").select(KEY, "_lsn").localCheckpoint()
     return log_deletes.unionByName(read_state(spark, ledger_path(table, root)))
 
 

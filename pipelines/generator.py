@@ -64,6 +64,7 @@ _CUSTOMER_SHARE = 0.35  # of the changes; orders change more often than customer
 # committed offset left; this much of each topic's tail is kept (and saved) for that.
 _HISTORY_TAIL = 500
 _PROGRESS_EVERY = 1000
+_ACK_EVERY = 20_000
 _MESSAGE_KEY = b'{"prefix":"audit"}'  # Debezium keys logical messages by their prefix
 
 _FIRST_NAMES = (
@@ -843,6 +844,10 @@ def produce(
                 delay = started + sent / rate - time.monotonic()
                 if delay > 0:
                     time.sleep(delay)
+            if sent % _ACK_EVERY == 0:
+                # Wait for the acknowledgements of what is buffered: a backlog of a million records
+                # queued at once outlives the producer's delivery timeout (records expire unsent).
+                producer.flush()
             if progress and (sent % _PROGRESS_EVERY == 0 or sent == total):
                 progress(sent, total)
         producer.flush()

@@ -32,6 +32,7 @@ adds no JVM beside the one it measures. Run: `lakehouse bench freshness --help`.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -58,6 +59,8 @@ from pipelines.contract import TABLES, topic
 from pipelines.generator import Message, ShopSource, WorkloadConfig, produce
 from pipelines.settings import changelog_path, ingest_checkpoint_path, main_path
 from pipelines.table_stats import read_table
+
+log = logging.getLogger(__name__)
 
 NAME = "freshness"
 SNAPSHOT = WorkloadConfig(customers=500, orders=1500, changes=0)
@@ -116,12 +119,23 @@ class CommitLog:
         new = set(done) - set(self._commits)
         if new:
             zone = self._zone()
-            timeline = HudiTableBuilder.from_base_uri(self.path).build().get_timeline()
-            listed = (timeline.get_completed_deltacommits() if self.action == "deltacommit"
-                      else timeline.get_completed_commits())
+            try:
+                timeline = HudiTableBuilder.from_base_uri(self.path).build().get_timeline()
+                listed = (timeline.get_completed_deltacommits() if self.action == "deltacommit"
+                          else timeline.get_completed_commits())
+            except Exception as exc:
+                # The writer may be writing a completed instant's file right now (not atomic on a
+                # local disk): this sample goes without it, the next refresh decodes it.
+                log.debug("%s: timeline not readable yet (%s)", self.path, exc)
+                return sorted(self._commits.values(), key=lambda c: c.completed)
             for instant in listed:
                 if instant.timestamp in new:
-                    extra = json.loads(timeline.get_instant_metadata_in_json(instant)).get("extraMetadata") or {}
+                    try:
+                        metadata = json.loads(timeline.get_instant_metadata_in_json(instant))
+                    except Exception as exc:
+                        log.debug("%s: %s not readable yet (%s)", self.path, instant.timestamp, exc)
+                        continue
+                    extra = metadata.get("extraMetadata") or {}
                     batch = extra.get("_lakehouse.batch_id")
                     self._commits[instant.timestamp] = Commit(
                         instant.timestamp, _instant_seconds(done[instant.timestamp], zone),
