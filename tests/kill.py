@@ -32,6 +32,23 @@ def inflight(root: Path, tables: str, action: str) -> Callable[[str], bool]:
     return seen
 
 
+def pending_instants(root: Path) -> list[str]:
+    """`table:instant` of every requested or inflight instant, never completed, of the tables under `root`.
+
+    Metadata tables and checksum files aside: an instant completed on a table leaves its
+    requested and inflight files behind, so only an instant without a completed file counts.
+    """
+    found = []
+    for timeline in root.glob("**/.hoodie/timeline"):
+        if "/.hoodie/metadata/" in str(timeline):
+            continue
+        names = [p.name for p in timeline.iterdir() if p.is_file() and not p.name.startswith(".")]
+        done = {n.split("_")[0] for n in names if "_" in n}
+        table = str(timeline.parent.parent.relative_to(root))
+        found += [f"{table}:{n}" for n in names if "_" not in n and n.split(".")[0] not in done]
+    return sorted(found)
+
+
 def log_line(regex: str, after: int = 0) -> Callable[[str], bool]:
     return lambda log: any(int(m.group(1)) >= after for m in re.finditer(regex, log))
 

@@ -20,6 +20,7 @@ import pytest
 from pipelines.bronze import run_ingest
 from pipelines.contract import COLUMNS
 from pipelines.generator import Message, ShopSource, WorkloadConfig, ensure_topics, produce
+from tests.kill import pending_instants
 from tests.lake import LakeCopy, assert_bronze_equals_model, dead_letters
 from tests.model import fold_with_lsn, is_malformed
 
@@ -132,9 +133,7 @@ def test_continuous_ingest_catches_up_and_stops_on_sigterm(broker, tmp_path) -> 
         assert "ingest stopped" in text
         last = re.findall(r"batch (\d+): started", text)[-1]
         assert re.search(rf"batch {last}: \d+ records in", text), "the batch in progress did not finish"
-        pending = [p for p in root.glob("bronze/**/.hoodie/timeline/*") if "_" not in p.name and p.is_file()
-                   and not any(q.name.startswith(p.name.split(".")[0] + "_") for q in p.parent.iterdir())]
-        assert not pending, f"left in flight: {pending}"
+        assert not pending_instants(root), "a commit was left in flight"
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
