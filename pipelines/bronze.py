@@ -372,6 +372,13 @@ class BatchReport:
                 + f" | seconds: {timing}")
 
 
+def _union(frames: list[DataFrame]) -> DataFrame:
+    result = frames[0]
+    for frame in frames[1:]:
+        result = result.unionByName(frame)
+    return result
+
+
 class BronzeBatchWriter:
     """The `foreachBatch` function of the ingest stream."""
 
@@ -383,6 +390,11 @@ class BronzeBatchWriter:
         # once, then kept up to date by this writer's own commits).
         self._position: dict[str, int] | None = None
         self._applied: dict[str, dict[str, int]] = {}
+        # Per table, every delete applied (id, _lsn): read from the tables once, then grown by
+        # this writer's own batches, so a batch's plan does not re-read the change log. Other
+        # writers only take deletes away from the change log: expiry moves them to the ledger
+        # (kept here all the same) and erasure removes erased keys, which never return.
+        self._deletes: dict[str, list[DataFrame]] = {}
 
     def _positions(self, path: str) -> dict[str, int]:
         if path not in self._applied:
@@ -431,6 +443,14 @@ class BronzeBatchWriter:
             batch.unpersist()
         report.seconds = time.monotonic() - started
         log.info(report.line())
+
+    def _known_deletes(self, table: str) -> DataFrame:
+        """Every delete applied to `table`, as (id, _lsn): read once, then this writer's own added."""
+        pieces = self._deletes.get(table)
+        if pieces is None or len(pieces) > 64:  # compacted now and then: a plan over few pieces
+            merged = read_deletes(self.spark, table, self.root) if pieces is None else _union(pieces)
+            pieces = self._deletes[table] = [merged.localCheckpoint()]
+        return _union(pieces)
 
     def _covered(self, path: str, ends: dict[str, int]) -> bool:
         """True when the newest commit of `path` was made at or after these end offsets: a replayed batch."""
@@ -496,8 +516,8 @@ class BronzeBatchWriter:
         synthetic = truncate_deletes(events, main_state, table) if kinds.get("truncate") else None
         if synthetic is not None:
             changes = changes.unionByName(synthetic)
-        planned = plan(newest_per_key(changes), main_state, read_deletes(self.spark, table, self.root)).persist(
-            StorageLevel.MEMORY_AND_DISK)
+        deletes = self._known_deletes(table)
+        planned = plan(newest_per_key(changes), main_state, deletes).persist(StorageLevel.MEMORY_AND_DISK)
         try:
             with report.phase(f"{table}.plan"):
                 tally = planned.groupBy("to_main", "to_log", "_op").count().collect()
@@ -518,6 +538,8 @@ class BronzeBatchWriter:
                     *contract.COLUMNS[table], *meta_columns, now,
                     F.date_format(now, "yyyy-MM-dd").alias("_ingest_date"),
                 ), "changelog", f"bronze_changelog_{table}", changelog_path(table, self.root))
+                self._deletes[table].append(
+                    planned.filter("to_log AND _op = 'd'").select(KEY, "_lsn").localCheckpoint())
             if any(r["to_main"] for r in tally):
                 save(planned.filter("to_main").select(
                     *contract.COLUMNS[table], *meta_columns, now, (F.col("_op") == "d").alias(DELETED_FLAG),
