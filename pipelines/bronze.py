@@ -38,6 +38,7 @@ position in its main table's newest commit (`starting_offsets`).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import re
@@ -245,6 +246,11 @@ def truncate_deletes(events: DataFrame, main_state: DataFrame, table: str) -> Da
              "_kafka_offset", "_kafka_ts")
 
 
+def union_all(frames: list[DataFrame]) -> DataFrame:
+    """The rows of all `frames`, matched by column name."""
+    return functools.reduce(DataFrame.unionByName, frames)
+
+
 def newest_per_key(changes: DataFrame) -> DataFrame:
     """One row per key: the highest LSN; for a re-delivered event, its first delivery.
 
@@ -275,11 +281,9 @@ def plan(newest: DataFrame, main_state: DataFrame, delete_state: DataFrame) -> D
     joined = (newest
               .join(main_state.select(KEY, F.col("_lsn").alias("_m_lsn")), KEY, "left")
               .join(deletes, KEY, "left"))
-    return joined.select(
-        "*",
-        (upsert | (is_delete & (lsn > m) & (lsn >= t) & F.col("_m_lsn").isNotNull())).alias("to_main"),
-        (upsert | (is_delete & (lsn > m) & (lsn > t))).alias("_new"),
-    ).select("*", (F.col("to_main") | F.col("_new")).alias("to_log")).drop("_new")
+    to_main = upsert | (is_delete & (lsn > m) & (lsn >= t) & F.col("_m_lsn").isNotNull())
+    new_delete = is_delete & (lsn > m) & (lsn > t)
+    return joined.select("*", to_main.alias("to_main"), (to_main | new_delete).alias("to_log"))
 
 
 # --------------------------------------------------------------------------- writing
@@ -319,10 +323,12 @@ def read_deletes(spark: SparkSession, table: str, root: str) -> DataFrame:
     The change log is read first and at once: expiry writes a day's deletes to the ledger and
     only then drops the day, so a ledger read after the change-log read misses nothing.
     """
-    log_deletes = read_state(spark, changelog_path(table, root))
-    if has_commits(spark, changelog_path(table, root)):
+    path = changelog_path(table, root)
+    if has_commits(spark, path):
         log_deletes = spark.read.format("hudi").options(**hudi_configs.section("bronze", "state_read")) \
-            .load(changelog_path(table, root)).filter(F.col("_op") == "d").select(KEY, "_lsn").localCheckpoint()
+            .load(path).filter(F.col("_op") == "d").select(KEY, "_lsn").localCheckpoint()
+    else:
+        log_deletes = spark.createDataFrame([], _STATE)
     return log_deletes.unionByName(read_state(spark, ledger_path(table, root)))
 
 
@@ -370,13 +376,6 @@ class BatchReport:
         timing = " ".join(f"{k}={v:.1f}" for k, v in self.phases.items())
         return (f"batch {self.batch_id}: {self.records} records in {self.seconds:.1f}s | " + " | ".join(parts)
                 + f" | seconds: {timing}")
-
-
-def _union(frames: list[DataFrame]) -> DataFrame:
-    result = frames[0]
-    for frame in frames[1:]:
-        result = result.unionByName(frame)
-    return result
 
 
 class BronzeBatchWriter:
@@ -448,9 +447,9 @@ class BronzeBatchWriter:
         """Every delete applied to `table`, as (id, _lsn): read once, then this writer's own added."""
         pieces = self._deletes.get(table)
         if pieces is None or len(pieces) > 64:  # compacted now and then: a plan over few pieces
-            merged = read_deletes(self.spark, table, self.root) if pieces is None else _union(pieces)
+            merged = read_deletes(self.spark, table, self.root) if pieces is None else union_all(pieces)
             pieces = self._deletes[table] = [merged.localCheckpoint()]
-        return _union(pieces)
+        return union_all(pieces)
 
     def _covered(self, path: str, ends: dict[str, int]) -> bool:
         """True when the newest commit of `path` was made at or after these end offsets: a replayed batch."""
@@ -481,10 +480,7 @@ class BronzeBatchWriter:
 
     def _write_dead_letters(self, parsed: dict[str, DataFrame], batch_id: int, meta: dict[str, str],
                             report: BatchReport, erased: tuple[DataFrame, str, str] | None) -> None:
-        rows = None
-        for events in parsed.values():
-            d = dead_letters(events, batch_id)
-            rows = d if rows is None else rows.unionByName(d)
+        rows = union_all([dead_letters(events, batch_id) for events in parsed.values()])
         if erased is not None:  # a malformed record of an erased customer is not kept either
             rows = dead_letters_without_erased(rows, *erased[:2])
         rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
@@ -629,8 +625,9 @@ def run_ingest(*, once: bool, root: str | None = None, bootstrap: str | None = N
         query.awaitTermination()
     except KeyboardInterrupt:
         deadline = time.monotonic() + stop_timeout
+        if query.isActive and query.status["isTriggerActive"]:
+            log.info("stopping: waiting up to %.0fs for the batch in progress to finish", stop_timeout)
         while query.isActive and query.status["isTriggerActive"] and time.monotonic() < deadline:
-            log.info("stopping: waiting for the batch in progress to finish")
             time.sleep(0.5)
         raise
     finally:

@@ -22,7 +22,7 @@ from pyspark.sql import functions as F
 
 import hudi_configs
 from pipelines import contract
-from pipelines.bronze import LEDGER_COLUMNS, META_COLUMNS, newest_per_key
+from pipelines.bronze import LEDGER_COLUMNS, META_COLUMNS, newest_per_key, union_all
 from pipelines.hudi_timeline import (
     earliest_checkpoint,
     instant_as_of,
@@ -119,10 +119,7 @@ def bronze_changes(spark: SparkSession, table: str, w: Window, root: str) -> Dat
             deletes = spark.read.format("hudi").load(ledger).select(*LEDGER_COLUMNS, F.lit("d").alias("_op"))
             frames.append(deletes.select(*[F.col(c) if c in deletes.columns else F.lit(None).alias(c)
                                            for c in columns]))
-    union = frames[0]
-    for frame in frames[1:]:
-        union = union.unionByName(frame)
-    return newest_per_key(union).select(*columns, (F.col("_op") == "d").alias("_deleted"))
+    return newest_per_key(union_all(frames)).select(*columns, (F.col("_op") == "d").alias("_deleted"))
 
 
 @dataclass(frozen=True)

@@ -34,10 +34,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 
 import hudi_configs
 from pipelines import contract, gold
-from pipelines.bronze import hudi_options
+from pipelines.bronze import LEDGER_COLUMNS, hudi_options
 from pipelines.etl import silver_options
 from pipelines.hudi_timeline import READABLE_FROM_META, checkpoint, meta_client
 from pipelines.settings import (
@@ -206,10 +207,6 @@ class _Client:
         """
         if self._table.ledger is None:
             return 0
-        from pyspark.sql import functions as F
-
-        from pipelines.bronze import LEDGER_COLUMNS
-
         _, path, options = self._table.ledger
         values = [_day(d).strftime("%Y-%m-%d") for d in days]
         deletes = (self._spark.read.format("hudi").load(self._table.path)
