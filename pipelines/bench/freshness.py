@@ -54,7 +54,7 @@ from hudi import HudiTableBuilder
 from kafka import KafkaConsumer, TopicPartition
 
 from pipelines.bench.common import DELETE_FRACTION, bench_dir, broker, save, say, table
-from pipelines.bronze import POSITIONS_META, BatchReport
+from pipelines.bronze import BATCH_ID_META, POSITIONS_META, BatchReport
 from pipelines.contract import TABLES, topic
 from pipelines.generator import Message, ShopSource, WorkloadConfig, produce
 from pipelines.settings import changelog_path, ingest_checkpoint_path, main_path
@@ -136,7 +136,7 @@ class CommitLog:
                         log.debug("%s: %s not readable yet (%s)", self.path, instant.timestamp, exc)
                         continue
                     extra = metadata.get("extraMetadata") or {}
-                    batch = extra.get("_lakehouse.batch_id")
+                    batch = extra.get(BATCH_ID_META)
                     self._commits[instant.timestamp] = Commit(
                         instant.timestamp, _instant_seconds(done[instant.timestamp], zone),
                         int(batch) if batch is not None else None,
