@@ -55,7 +55,10 @@ def log_line(regex: str, after: int = 0) -> Callable[[str], bool]:
 
 def run_until(cmd: list[str], env: dict[str, str], log_path: Path, point: Callable[[str], bool],
                delay: float = 0.0, timeout: float = 300.0) -> bool:
-    """Run the job; SIGKILL its process group once `point` holds (after `delay`). True if killed."""
+    """Run the job; SIGKILL its process group once `point` holds (after `delay`). True if killed.
+
+    A run that ends before that must exit 0.
+    """
     with log_path.open("w") as log_file:
         proc = subprocess.Popen(cmd, env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + timeout
@@ -68,6 +71,8 @@ def run_until(cmd: list[str], env: dict[str, str], log_path: Path, point: Callab
                 return True
             time.sleep(0.02)
         assert proc.poll() is not None, "ingest did not finish in time"
+        # A run that was not killed ends as operators see it: exit 0.
+        assert proc.returncode == 0, f"exit {proc.returncode}: " + log_path.read_text(errors="replace")[-3000:]
         return False
     finally:
         if proc.poll() is None:

@@ -20,12 +20,12 @@ from pipelines.table_stats import exists, read_table
 @pytest.mark.slow
 def test_freshness_figures_add_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LAKEHOUSE_BENCH_DIR", str(tmp_path))
-    figures = freshness.run(minutes=0.6, rate=20, trigger_seconds=5, seed=11)
+    figures = freshness.run(minutes=0.4, rate=20, trigger_seconds=5, seed=11)
 
     root = str(tmp_path / "freshness" / "lake")
     start = {tp: span[0] for tp, span in figures["steady_offsets"].items()}
     end = {tp: span[1] for tp, span in figures["steady_offsets"].items()}
-    assert figures["kafka_records"] == sum(end.values()) - sum(start.values()) == 720
+    assert figures["kafka_records"] == sum(end.values()) - sum(start.values()) == 480
 
     changes = freshness.visibility(root, start, end)
     positions = {(c.table, c.partition, c.offset) for c in changes}

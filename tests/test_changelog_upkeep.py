@@ -67,7 +67,7 @@ def test_changelog_days_are_clustered_and_expired_without_losing_a_change(
     # of bronze's changes takes a checkpoint and then stays away.
     day_one_records = source.snapshot(cfg) + source.changes(cfg)
     produce(day_one_records, broker.bootstrap)
-    _ingest_on_day(spark, "Etc/GMT+12", root=root, bootstrap=broker.bootstrap, max_offsets_per_trigger=150)
+    _ingest_on_day(spark, "Etc/GMT+12", root=root, bootstrap=broker.bootstrap, max_offsets_per_trigger=300)
     run_etl(spark, root)
     stale = read_changes(spark, "bronze/orders", None, root).checkpoint
 

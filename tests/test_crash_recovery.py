@@ -110,10 +110,11 @@ def test_random_sigkills_then_restart_give_the_model(broker, spark, tmp_path, mo
     journal = [f"seed {CRASH_SEED} (LAKEHOUSE_CRASH_SEED)"]
     kills = runs = 0
     while kills < KILLS and runs < 2 * KILLS:
-        # A quarter of the kills while the JVM starts; the others anywhere in the first half
-        # 25 s of batches (a first batch after a start takes about 20 s).
+        # A quarter of the kills while the JVM starts; the others anywhere in the first 20 s of
+        # batches: a first batch after a start takes about 20 s (its phases, the commit of each
+        # table, inline compaction, cleaning and archival), later ones about 10 s.
         after_start = rng.random() < 0.25
-        delay = rng.uniform(0.5, 6.0) if after_start else rng.uniform(0.0, 25.0)
+        delay = rng.uniform(0.5, 6.0) if after_start else rng.uniform(0.0, 20.0)
         log_path = tmp_path / f"run{runs}.log"
         killed = run_until(cmd, env, log_path, _kill_at(delay, after_start))
         batches = re.findall(r"batch \d+: (?:started|\d+ records in [\d.]+s)", log_path.read_text(errors="replace"))

@@ -42,7 +42,7 @@ def test_cycles_rebuild_exactly_when_their_checkpoint_is_gone(spark, broker, tmp
     gold_marks = checkpoint(spark, gold_path("_customer_orders", root))  # what gold has consumed of silver
 
     # Silver keeps up with bronze for a while (and is cleaned), gold does not run at all.
-    for _ in range(3):
+    for _ in range(2):
         produce(source.changes(cfg), broker.bootstrap)
         run_ingest(once=True, root=root, bootstrap=broker.bootstrap, spark=spark)
         for table in TABLES:
