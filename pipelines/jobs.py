@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import hudi_configs
+from pipelines import jvm_archive
 from pipelines.settings import PROJECT_ROOT, jvm_dir
 
 # Environment variables every job receives (on EMR as YARN application-master and executor env).
@@ -42,8 +43,9 @@ def spark_conf(for_target: str | None = None) -> dict[str, str]:
         # ClassCastException (GenericData$Record -> HoodieDeleteRecord). Local mode: one JVM.
         conf["spark.driver.extraClassPath"] = os.pathsep.join(str(j) for j in jars)
         log_config = Path(hudi_configs.__file__).with_name("log4j2.properties")
-        conf["spark.driver.extraJavaOptions"] = (
-            f"{conf.get('spark.driver.extraJavaOptions', '')} -Dlog4j2.configurationFile={log_config}").strip()
+        conf["spark.driver.extraJavaOptions"] = " ".join(filter(None, (
+            conf.get("spark.driver.extraJavaOptions"), f"-Dlog4j2.configurationFile={log_config}",
+            jvm_archive.java_options())))
     return conf
 
 
