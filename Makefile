@@ -21,7 +21,7 @@ DEMO_ENV := LAKEHOUSE_ROOT=$(CURDIR)/$(DEMO)/lake LAKEHOUSE_SOURCE_STATE=$(CURDI
 help:  ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
-setup: $(VENV)/.installed .jvm/.resolved $(AF_VENV)/.installed  ## Create .venv and .venv-airflow, resolve the jars
+setup: $(VENV)/.installed .jvm/.resolved .jvm/spark.jsa $(AF_VENV)/.installed  ## Create .venv and .venv-airflow, resolve the jars, archive the driver JVM's classes
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -43,6 +43,11 @@ $(AF_VENV)/.installed: dags/requirements.txt pyproject.toml
 	$(MVN) -P kafka dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(CURDIR)/.jvm/kafka
 	touch $@
 
+# The driver JVM's classes, parsed and verified once (pipelines/jvm_archive.py): each local
+# Spark JVM then starts sooner. Made again whenever the jars change.
+.jvm/spark.jsa: .jvm/.resolved $(VENV)/.installed
+	$(BIN)/python -m pipelines.jvm_archive
+
 demo: setup  ## End to end on the embedded local default: Kafka, a workload, ingest, etl (silver, gold), stats, gold samples, quality, an erasure
 	rm -rf $(DEMO) && mkdir -p $(DEMO)
 	$(BIN)/lakehouse kafka up --port $(DEMO_PORT) --data-dir $(DEMO)/kafka
@@ -60,9 +65,21 @@ demo: setup  ## End to end on the embedded local default: Kafka, a workload, ing
 	  $(DEMO_ENV) $(BIN)/lakehouse dead-letters list --limit 5; \
 	  $(DEMO_ENV) $(BIN)/lakehouse gdpr erase --customer-id 7 --reference DEMO-ERASURE-1 --requested-by demo )
 
+# Hudi's commit path is one driver thread: one test process kept the two cores 52 to 70% busy.
+# So the Spark suite runs in two processes (pytest-xdist, each with its own Spark session), and
+# the Airflow suite beside them (no shared state: own brokers, ports and temp folders), its
+# output kept in $(AF_TEST_LOG) and printed when both are done.
+AF_TEST_LOG := .test-airflow.log
 test: setup  ## The whole test suite (starts its own Kafka brokers; real Spark, Hudi and Airflow)
-	$(BIN)/pytest
-	$(AF_BIN)/pytest --confcutdir=tests/dags tests/dags
+	@rm -f $(AF_TEST_LOG); \
+	PYTEST_DEBUG_TEMPROOT=$$(mktemp -d) $(AF_BIN)/pytest --confcutdir=tests/dags tests/dags > $(AF_TEST_LOG) 2>&1 & \
+	airflow=$$!; \
+	$(BIN)/pytest -n 2 --dist worksteal; spark_rc=$$?; \
+	wait $$airflow; airflow_rc=$$?; \
+	echo "== the Airflow suite (tests/dags, in .venv-airflow), run beside the Spark suite:"; \
+	cat $(AF_TEST_LOG); \
+	echo "== Spark suite exit $$spark_rc, Airflow suite exit $$airflow_rc"; \
+	[ $$spark_rc -eq 0 ] && [ $$airflow_rc -eq 0 ]
 
 test-fast: setup  ## Tests without the slow crash tests
 	$(BIN)/pytest -m "not slow"

@@ -14,10 +14,10 @@ from pyspark.sql import SparkSession
 from pipelines.jobs import spark_conf
 
 
-def get_spark(app_name: str = "lakehouse") -> SparkSession:
-    """The process's SparkSession (created on first call with the target's options)."""
+def get_spark(app_name: str = "lakehouse", conf: dict[str, str] | None = None) -> SparkSession:
+    """The process's SparkSession (created on first call with the target's options, then `conf`)."""
     builder = SparkSession.builder.appName(app_name)
-    for key, value in spark_conf().items():
+    for key, value in {**spark_conf(), **(conf or {})}.items():
         builder = builder.config(key, value)
     # The local driver JVM inherits this process's stdout, and libraries inside it (JOL in the
     # Hudi bundle) print there. Start it with stdout on stderr: stdout is the CLI's output.
