@@ -39,29 +39,20 @@ def java_options() -> str:
     return f"-XX:SharedArchiveFile={path} {_QUIET}" if path.is_file() else ""
 
 
-def _session(dump: Path):
-    """The local session every job gets (pipelines.spark), its JVM writing the archive to `dump` at exit."""
-    from pyspark.sql import SparkSession
-
-    from pipelines.jobs import spark_conf
-
-    conf = spark_conf("local")
-    # Quiet: the dump lists every class it cannot keep (generated or signed ones), by design.
-    conf["spark.driver.extraJavaOptions"] += f" -XX:ArchiveClassesAtExit={dump} {_QUIET}"
-    builder = SparkSession.builder.appName("lakehouse-jvm-archive")
-    for key, value in conf.items():
-        builder = builder.config(key, value)
-    return builder.getOrCreate()
-
-
 def _warm_up(where: Path, dump: Path) -> None:
     """A small bronze (merge-on-read, bucket index) and silver (copy-on-write, record index, CDC) upsert and read."""
     from pyspark.sql import functions as F
 
     from pipelines.bronze import hudi_options
     from pipelines.etl import silver_options
+    from pipelines.jobs import spark_conf
+    from pipelines.spark import get_spark
 
-    spark = _session(dump)
+    # The session every local job gets, its JVM writing the archive at exit. Quiet: the dump
+    # names every class it cannot keep (generated or signed ones), by design.
+    options = spark_conf()["spark.driver.extraJavaOptions"]
+    spark = get_spark("lakehouse-jvm-archive",
+                      {"spark.driver.extraJavaOptions": f"{options} -XX:ArchiveClassesAtExit={dump} {_QUIET}"})
     rows = spark.range(200).select(F.col("id"), F.concat(F.lit("x"), F.col("id").cast("string")).alias("email"),
                                    F.col("id").alias("_lsn"), F.lit(False).alias("_hoodie_is_deleted"))
     for options, path in ((hudi_options("table", "warm_bronze"), where / "bronze"),
@@ -99,11 +90,10 @@ def build(target: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m pipelines.jvm_archive", description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=None, help=f"archive file (default {archive_path()})")
-    args = parser.parse_args(argv)
-    build(args.out or archive_path())
-    print(f"JVM class archive: {args.out or archive_path()}", file=sys.stderr)
+    argparse.ArgumentParser(prog="python -m pipelines.jvm_archive", description=__doc__.splitlines()[0],
+                            epilog=f"Writes {archive_path()} (LAKEHOUSE_JVM_DIR moves it).").parse_args(argv)
+    build(archive_path())
+    print(f"JVM class archive: {archive_path()}", file=sys.stderr)
 
 
 if __name__ == "__main__":
