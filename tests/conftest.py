@@ -39,7 +39,7 @@ def spark() -> Iterator[SparkSession]:
     from pipelines.spark import get_spark
 
     # This JVM runs the whole suite, so C2's faster code repays its compile time here (with the
-    # profile's C1-only flag, the erasure tests ran 35-40% longer); that flag is for the
+    # profile's C1-only flag, the erasure tests ran 19-40% longer); that flag is for the
     # short-lived JVMs of the jobs the tests start.
     session = get_spark("lakehouse-tests", {"spark.driver.defaultJavaOptions": ""})
     yield session
