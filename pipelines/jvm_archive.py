@@ -50,9 +50,9 @@ def _warm_up(where: Path, dump: Path) -> None:
 
     # The session every local job gets, its JVM writing the archive at exit. Quiet: the dump
     # names every class it cannot keep (generated or signed ones), by design.
-    options = spark_conf()["spark.driver.extraJavaOptions"]
+    java = spark_conf()["spark.driver.extraJavaOptions"]
     spark = get_spark("lakehouse-jvm-archive",
-                      {"spark.driver.extraJavaOptions": f"{options} -XX:ArchiveClassesAtExit={dump} {_QUIET}"})
+                      {"spark.driver.extraJavaOptions": f"{java} -XX:ArchiveClassesAtExit={dump} {_QUIET}"})
     rows = spark.range(200).select(F.col("id"), F.concat(F.lit("x"), F.col("id").cast("string")).alias("email"),
                                    F.col("id").alias("_lsn"), F.lit(False).alias("_hoodie_is_deleted"))
     for options, path in ((hudi_options("table", "warm_bronze"), where / "bronze"),
