@@ -82,6 +82,22 @@ def reads(events: int, batches: int, seed: int) -> None:
     click.echo(b.report(b.run(events, batches, seed)))
 
 
+@bench.command()
+@click.option("--rows", "sizes", type=click.IntRange(min=1000), multiple=True,
+              help="Live rows of the bronze tables (customers and orders together); repeatable  "
+                   "[default: 100000 and 2000000]")
+@click.option("--changes", type=click.IntRange(min=100), default=10_000, show_default=True,
+              help="Change events in the measured batch.")
+@SEED
+def scale(sizes: tuple[int, ...], changes: int, seed: int) -> None:
+    """The same batch of changes against bronze tables of two sizes: batch time must follow the batch, not the table."""
+    from pipelines.bench import scale as b
+
+    if len(set(sizes)) == 1:
+        raise click.BadParameter("give two different sizes (or none for the defaults)", param_hint="--rows")
+    click.echo(b.report(b.run(sizes or b.SIZES, changes, seed)))
+
+
 @bench.command(name="all")
 @click.option("--events", type=click.IntRange(min=1000), default=1_000_000, show_default=True,
               help="Backlog size of the ingest benchmark.")
@@ -91,6 +107,7 @@ def reads(events: int, batches: int, seed: int) -> None:
 def run_all(ctx: click.Context, events: int, minutes: float) -> None:
     """Every benchmark with its defaults, one after the other (about an hour on 2 cores)."""
     ctx.invoke(ingest, events=events, contenders=(), overrides=None, seed=7)
+    ctx.invoke(scale, sizes=(), changes=10_000, seed=7)
     ctx.invoke(freshness, minutes=minutes, rate=100.0, trigger_seconds=settings.INGEST_TRIGGER_SECONDS, seed=7)
     ctx.invoke(etl, events=300_000, seed=7)
     ctx.invoke(erasure, sizes=(), seed=7)
