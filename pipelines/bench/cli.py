@@ -8,6 +8,9 @@ import click
 
 from pipelines import settings
 
+# Kept here (not imported from pipelines.bench.commits) so that `--help` starts no Spark import.
+_COMMIT_VARIANTS = ("project", "timeline_server_off", "direct_markers", "no_auto_clean", "no_auto_archive",
+                    "no_metadata_table")
 SEED = click.option("--seed", type=int, default=7, show_default=True, help="Generator seed (same seed, same data).")
 
 
@@ -96,6 +99,22 @@ def scale(sizes: tuple[int, ...], changes: int, seed: int) -> None:
     if len(set(sizes)) == 1:
         raise click.BadParameter("give two different sizes (or none for the defaults)", param_hint="--rows")
     click.echo(b.report(b.run(sizes or b.SIZES, changes, seed)))
+
+
+@bench.command()
+@click.option("--rows", type=click.IntRange(min=1), default=2_000, show_default=True, help="Rows per commit.")
+@click.option("--warm-up", type=click.IntRange(min=0), default=3, show_default=True,
+              help="Commits before the measured ones (JIT, first commit of a table).")
+@click.option("--commits", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Measured commits per variant; the median is the figure.")
+@click.option("--variant", "variants", multiple=True, type=click.Choice(list(_COMMIT_VARIANTS)),
+              help="Run only these; repeatable  [default: all]")
+def commits(rows: int, warm_up: int, commits: int, variants: tuple[str, ...]) -> None:
+    """The fixed cost of one bronze commit (main and change log), with one writer option changed at a time."""
+    from pipelines.bench import commits as b
+
+    chosen = variants or tuple(_COMMIT_VARIANTS)
+    click.echo(b.report(b.run(rows, warm_up, commits, chosen if "project" in chosen else ("project", *chosen))))
 
 
 @bench.command(name="all")
