@@ -50,6 +50,7 @@ import logging
 import re
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -446,12 +447,34 @@ class BatchReport:
                 + f" | seconds: {timing}")
 
 
+def _run_together(jobs: list[Callable[[], None]], *, parallel: bool = True) -> None:
+    """Run `jobs` in threads of their own; when all are done, raise the first failure.
+
+    Each source table's commits (change log, then main) and the dead letters' are independent
+    Hudi tables, and most of a commit's time is single-threaded driver work (timeline, metadata
+    table, markers; `lakehouse bench commits`): one table's commit path runs while the other's
+    tasks use the cores. A crash leaves some of them committed and others not, which the re-run
+    handles table by table (each commit records the positions it covers).
+    """
+    if len(jobs) <= 1 or not parallel:
+        for job in jobs:
+            job()
+        return
+    with ThreadPoolExecutor(max_workers=len(jobs), thread_name_prefix="bronze-table") as pool:
+        futures = [pool.submit(job) for job in jobs]
+    errors = [e for f in futures if (e := f.exception()) is not None]
+    if errors:
+        raise errors[0]
+
+
 class BronzeBatchWriter:
     """The `foreachBatch` function of the ingest stream."""
 
-    def __init__(self, spark: SparkSession, root: str) -> None:
+    def __init__(self, spark: SparkSession, root: str, *, parallel: bool = True) -> None:
         self.spark = spark
         self.root = root
+        # The tables' commits side by side (`_run_together`); False only for a benchmark's reference.
+        self.parallel = parallel
         self._registry: tuple[DataFrame, str, str] | None = None
         # The stream's position, and each table's, as its newest commit records them (read
         # once, then kept up to date by this writer's own commits).
@@ -491,16 +514,19 @@ class BronzeBatchWriter:
             parsed = {t: parse_events(batch.filter(F.col("topic") == contract.topic(t)), t).persist(
                 StorageLevel.MEMORY_AND_DISK) for t in contract.TABLES}
             try:
-                with report.phase("parse+dead_letters"):
-                    if not self._covered(dead_letter_path(self.root), ends):
-                        self._write_dead_letters(parsed, batch_id, commit_meta, report, erased)
+                jobs: list[Callable[[], None]] = []
+                if not self._covered(dead_letter_path(self.root), ends):
+                    jobs.append(functools.partial(self._write_dead_letters, parsed, batch_id, commit_meta, report,
+                                                  erased))
                 for table, events in parsed.items():
                     mine = {tp: o for tp, o in ends.items() if tp.startswith(contract.topic(table) + "/")}
                     if mine and self._covered(main_path(table, self.root), mine):
                         report.counts[table] = {"already_applied": sum(n for t, _, _, n in offsets
                                                                        if t == contract.topic(table))}
                         continue
-                    self._apply(table, events, commit_meta, report, erased)
+                    jobs.append(functools.partial(self._apply, table, events, commit_meta, report, erased))
+                with report.phase("tables"):
+                    _run_together(jobs, parallel=self.parallel)
             finally:
                 for events in parsed.values():
                     events.unpersist()
@@ -553,13 +579,14 @@ class BronzeBatchWriter:
             rows = dead_letters_without_erased(rows, *erased[:2])
         rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
         try:
-            n = rows.count()
-            report.counts.setdefault("dead_letters", {})["written"] = n
-            if n:
-                path = dead_letter_path(self.root)
-                rows.write.format("hudi").options(**hudi_options("dead_letters", "bronze_dead_letters", **meta)) \
-                    .mode("append").save(path)
-                self._committed(path, meta)
+            with report.phase("dead_letters"):
+                n = rows.count()
+                report.counts.setdefault("dead_letters", {})["written"] = n
+                if n:
+                    path = dead_letter_path(self.root)
+                    rows.write.format("hudi").options(**hudi_options("dead_letters", "bronze_dead_letters", **meta)) \
+                        .mode("append").save(path)
+                    self._committed(path, meta)
         finally:
             rows.unpersist()
 

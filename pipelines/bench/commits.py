@@ -10,6 +10,7 @@ changed at a time:
   the executors ask it for the file system view and markers);
 - `direct_markers`: marker files written by the tasks, not through the timeline server;
 - `no_auto_clean` / `no_auto_archive`: the clean and archival checks every commit runs;
+- `clean_every_10_commits`: the clean planned every 10th commit instead of every commit;
 - `no_metadata_table`: the metadata table's own commit (shown for its cost only: the project
   keeps it on, erasure must purge it and readers list files through it).
 
@@ -36,6 +37,7 @@ VARIANTS: dict[str, dict[str, str]] = {
     "timeline_server_off": {"hoodie.embed.timeline.server": "false"},
     "direct_markers": {"hoodie.write.markers.type": "DIRECT"},
     "no_auto_clean": {"hoodie.clean.automatic": "false"},
+    "clean_every_10_commits": {"hoodie.clean.max.commits": "10"},
     "no_auto_archive": {"hoodie.archive.automatic": "false"},
     "no_metadata_table": {"hoodie.metadata.enable": "false"},
 }
@@ -57,38 +59,41 @@ def _rows(spark: SparkSession, rows: int, commit: int) -> DataFrame:
     )
 
 
-def _time_commits(spark: SparkSession, part: str, variant: str, rows: int, warm_up: int, commits: int) -> list[float]:
+def _options(part: str, variant: str) -> dict[str, str]:
     section, name = PARTS[part]
-    path = str(bench_dir() / "commits" / f"{part}-{variant}")
-    options = {**hudi_configs.writer("bronze", section), "hoodie.table.name": name,
-               "hoodie.datasource.write.recordkey.field": hudi_configs.section("bronze", section).get(
-                   "hoodie.datasource.write.recordkey.field", "id"), **VARIANTS[variant]}
-    seconds = []
-    for i in range(warm_up + commits):
-        frame = _rows(spark, rows, i)
-        if part == "changelog":
-            frame = frame.drop("_hoodie_is_deleted")
-        started = time.monotonic()
-        frame.write.format("hudi").options(**options).mode("append").save(path)
-        if i >= warm_up:
-            seconds.append(time.monotonic() - started)
-    return seconds
+    return {**hudi_configs.writer("bronze", section), "hoodie.table.name": name,
+            "hoodie.datasource.write.recordkey.field": hudi_configs.section("bronze", section).get(
+                "hoodie.datasource.write.recordkey.field", "id"), **VARIANTS[variant]}
 
 
 def run(rows: int, warm_up: int, commits: int, variants: tuple[str, ...]) -> dict[str, Any]:
-    """Median commit time per table kind and variant, measured in this process."""
+    """Median commit time per table kind and variant, measured in this process.
+
+    The variants take turns, commit by commit, so that none gains from a JVM the others warmed up.
+    """
     from pipelines.spark import get_spark
 
     spark = get_spark("lakehouse-bench-commits")
     shutil.rmtree(bench_dir() / "commits", ignore_errors=True)
+    times: dict[tuple[str, str], list[float]] = {(p, v): [] for p in PARTS for v in variants}
+    for i in range(warm_up + commits):
+        say(f"round {i + 1} of {warm_up + commits} ({'warm-up' if i < warm_up else 'measured'}): "
+            f"one commit of {rows:,} rows per table kind and variant")
+        for part in PARTS:
+            frame = _rows(spark, rows, i)
+            if part == "changelog":
+                frame = frame.drop("_hoodie_is_deleted")
+            for variant in variants:
+                path = str(bench_dir() / "commits" / f"{part}-{variant}")
+                started = time.monotonic()
+                frame.write.format("hudi").options(**_options(part, variant)).mode("append").save(path)
+                if i >= warm_up:
+                    times[part, variant].append(time.monotonic() - started)
     results: dict[str, dict[str, Any]] = {}
-    for part in PARTS:
-        for variant in variants:
-            say(f"{part} / {variant}: {warm_up} + {commits} commits of {rows:,} rows")
-            times = _time_commits(spark, part, variant, rows, warm_up, commits)
-            results.setdefault(part, {})[variant] = {
-                "median_s": round(statistics.median(times), 3), "min_s": round(min(times), 3),
-                "max_s": round(max(times), 3)}
+    for (part, variant), seconds in times.items():
+        results.setdefault(part, {})[variant] = {
+            "median_s": round(statistics.median(seconds), 3), "min_s": round(min(seconds), 3),
+            "max_s": round(max(seconds), 3)}
     figures = {"rows_per_commit": rows, "warm_up": warm_up, "commits": commits, "results": results}
     save("commits", figures)
     grouped_bars(bench_dir() / "commits.png", f"One commit of {rows:,} rows (median)", list(variants),

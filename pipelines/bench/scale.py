@@ -119,7 +119,7 @@ def _one_size(spark, rows: int, changes: int, seed: int, reports: _Reports) -> d
                           log=work / "build.log", timeout=4 * 3600)
         say(f"{rows:,} rows: bronze built in {build:.0f}s")
         marks = [_end_offsets(node.bootstrap)]
-        for count in (WARM_UP, changes, changes):
+        for count in (WARM_UP, changes, changes, changes):
             _changes(source, node.bootstrap, count, seed)
             marks.append(_end_offsets(node.bootstrap))
         writer = BronzeBatchWriter(spark, root)
@@ -127,13 +127,17 @@ def _one_size(spark, rows: int, changes: int, seed: int, reports: _Reports) -> d
         say(f"{rows:,} rows: warm-up batch {warm_up['seconds']}s (reads the tables once)")
         measured = _batch(spark, writer, node.bootstrap, marks[1], marks[2], 1_000_001, reports)
         say(f"{rows:,} rows: measured batch {measured['seconds']}s")
-        fresh = _batch(spark, BronzeBatchWriter(spark, root), node.bootstrap, marks[2], marks[3], 1_000_002,
+        writer.parallel = False
+        sequential = _batch(spark, writer, node.bootstrap, marks[2], marks[3], 1_000_002, reports)
+        say(f"{rows:,} rows: the same size of batch, tables one after the other {sequential['seconds']}s")
+        fresh = _batch(spark, BronzeBatchWriter(spark, root), node.bootstrap, marks[3], marks[4], 1_000_003,
                        reports)
         say(f"{rows:,} rows: the same size of batch on a new writer {fresh['seconds']}s")
         live = {t: table_stats(f"{root}/bronze/{t}").rows for t in contract.TABLES}
         expected = {t: len(source.state[t]) for t in contract.TABLES}
     return {"rows": rows, "build_seconds": round(build, 1), "warm_up": warm_up, "measured": measured,
-            "new_writer": fresh, "live_rows": live, "live_rows_match_source": live == expected}
+            "tables_one_after_the_other": sequential, "new_writer": fresh, "live_rows": live,
+            "live_rows_match_source": live == expected}
 
 
 def run(sizes: tuple[int, ...], changes: int, seed: int) -> dict[str, Any]:
@@ -162,11 +166,13 @@ def run(sizes: tuple[int, ...], changes: int, seed: int) -> dict[str, Any]:
 def report(figures: dict[str, Any]) -> str:
     rows = [{"bronze rows": f"{r['rows']:,}", "build s": r["build_seconds"],
              "batch s (running stream)": r["measured"]["seconds"],
+             "batch s (tables one after the other)": r["tables_one_after_the_other"]["seconds"],
              "batch s (new writer)": r["new_writer"]["seconds"],
              "of which reading the tables": round(sum(v for k, v in r["new_writer"]["phases_s"].items()
                                                       if k.endswith("load_state")), 1),
              "rows match source": "yes" if r["live_rows_match_source"] else "NO"} for r in figures["sizes"]]
-    columns = ["bronze rows", "build s", "batch s (running stream)", "batch s (new writer)",
+    columns = ["bronze rows", "build s", "batch s (running stream)", "batch s (tables one after the other)",
+               "batch s (new writer)",
                "of which reading the tables", "rows match source"]
     return (table(rows, columns) + f"\nratio largest/smallest: running stream {figures['ratio_measured']} "
             f"(goal <= 1.3), new writer {figures['ratio_new_writer']}")
