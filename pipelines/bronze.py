@@ -20,7 +20,8 @@ envelope, with the reason, the raw key and value and its Kafka position, keyed b
 position.
 
 A batch makes at most two commits per source table it changes (change log, then main) and
-one to the dead-letter store when it has malformed records. Ordering and exactly-once
+one to the dead-letter store when it has malformed records; the tables' commits run side by
+side (`_run_together`). Ordering and exactly-once
 come from one rule: per key, keep the newest event of the batch (highest `source.lsn`),
 then apply it only if it is newer than everything applied for the key, live row or
 delete (main's row, the change log's deletes, the ledger). What is applied goes first
