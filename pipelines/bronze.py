@@ -494,11 +494,16 @@ class BronzeBatchWriter:
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
         log.info("batch %d: started", batch_id)
-        batch = batch.persist(StorageLevel.MEMORY_AND_DISK)
         report = BatchReport(batch_id)
+        # Each table's records parsed once and cached while its tables are written; the raw batch
+        # is not cached (a wrapped envelope is kilobytes of schema, parsed away here).
+        parsed = {t: parse_events(batch.filter(F.col("topic") == contract.topic(t)), t).persist(
+            StorageLevel.MEMORY_AND_DISK) for t in contract.TABLES}
         try:
-            with report.phase("read"):
-                offsets = self._end_offsets(batch)
+            with report.phase("read+parse"):
+                offsets = self._end_offsets(union_all([
+                    events.select(F.col("kafka_topic").alias("topic"), F.col("kafka_partition").alias("partition"),
+                                  F.col("kafka_offset").alias("offset")) for events in parsed.values()]))
             report.records = sum(n for *_, n in offsets)
             ends = {f"{t}/{p}": o + 1 for t, p, o, _ in offsets}
             if self._position is None:
@@ -512,28 +517,22 @@ class BronzeBatchWriter:
                 erased = self._erased()
             if erased:
                 commit_meta[REGISTRY_META] = erased[2]
-            parsed = {t: parse_events(batch.filter(F.col("topic") == contract.topic(t)), t).persist(
-                StorageLevel.MEMORY_AND_DISK) for t in contract.TABLES}
-            try:
-                jobs: list[Callable[[], None]] = []
-                if not self._covered(dead_letter_path(self.root), ends):
-                    jobs.append(functools.partial(self._write_dead_letters, parsed, batch_id, commit_meta, report,
-                                                  erased))
-                for table, events in parsed.items():
-                    mine = {tp: o for tp, o in ends.items() if tp.startswith(contract.topic(table) + "/")}
-                    if mine and self._covered(main_path(table, self.root), mine):
-                        report.counts[table] = {"already_applied": sum(n for t, _, _, n in offsets
-                                                                       if t == contract.topic(table))}
-                        continue
-                    jobs.append(functools.partial(self._apply, table, events, commit_meta, report, erased))
-                with report.phase("tables"):
-                    _run_together(jobs, parallel=self.parallel)
-            finally:
-                for events in parsed.values():
-                    events.unpersist()
+            jobs: list[Callable[[], None]] = []
+            if not self._covered(dead_letter_path(self.root), ends):
+                jobs.append(functools.partial(self._write_dead_letters, parsed, batch_id, commit_meta, report, erased))
+            for table, events in parsed.items():
+                mine = {tp: o for tp, o in ends.items() if tp.startswith(contract.topic(table) + "/")}
+                if mine and self._covered(main_path(table, self.root), mine):
+                    report.counts[table] = {"already_applied": sum(n for t, _, _, n in offsets
+                                                                   if t == contract.topic(table))}
+                    continue
+                jobs.append(functools.partial(self._apply, table, events, commit_meta, report, erased))
+            with report.phase("tables"):
+                _run_together(jobs, parallel=self.parallel)
             self._position = position
         finally:
-            batch.unpersist()
+            for events in parsed.values():
+                events.unpersist()
         report.seconds = time.monotonic() - started
         log.info(report.line())
 
