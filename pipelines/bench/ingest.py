@@ -1,7 +1,7 @@
 """Ingest throughput: one backlog, four writers, in one run on the same broker.
 
-- `lakehouse`: `lakehouse ingest --once`, the project's job (bronze main, delete ledger,
-  change log and dead letters per batch).
+- `lakehouse`: `lakehouse ingest --once`, the project's job (per batch: each table's change
+  log and main, and the dead letters).
 - `lakehouse_before_tuning`: the same job with the writer options it had before the tuning
   of issue 6 (`hudi_configs/bench_before_tuning.toml`): before/after in every run.
 - `hudi_sink`: plain Hudi, Hudi's own Structured Streaming sink (`writeStream.format("hudi")`)
