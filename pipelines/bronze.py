@@ -574,7 +574,14 @@ class BronzeBatchWriter:
 
     def _write_dead_letters(self, parsed: dict[str, DataFrame], batch_id: int, meta: dict[str, str],
                             report: BatchReport, erased: tuple[DataFrame, str, str] | None) -> None:
+        path = dead_letter_path(self.root)
         rows = union_all([dead_letters(events, batch_id) for events in parsed.values()])
+        # The store is written with inserts (no index lookup, whose cost grows with the store):
+        # what an earlier commit already holds, a batch re-run after a crash, is left out here.
+        held = [(F.col("kafka_topic") == tp.rsplit("/", 1)[0]) & (F.col("kafka_partition") == int(tp.rsplit("/", 1)[1]))
+                & (F.col("kafka_offset") < o) for tp, o in self._positions(path).items()]
+        if held:
+            rows = rows.filter(~functools.reduce(lambda a, b: a | b, held))
         if erased is not None:  # a malformed record of an erased customer is not kept either
             rows = dead_letters_without_erased(rows, *erased[:2])
         rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
@@ -583,7 +590,6 @@ class BronzeBatchWriter:
                 n = rows.count()
                 report.counts.setdefault("dead_letters", {})["written"] = n
                 if n:
-                    path = dead_letter_path(self.root)
                     rows.write.format("hudi").options(**hudi_options("dead_letters", "bronze_dead_letters", **meta)) \
                         .mode("append").save(path)
                     self._committed(path, meta)
