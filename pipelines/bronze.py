@@ -59,6 +59,7 @@ from datetime import UTC, datetime
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
+from pyspark.sql.streaming import StreamingQuery
 from pyspark.storagelevel import StorageLevel
 
 import hudi_configs
@@ -76,6 +77,7 @@ from pipelines.settings import (
     ledger_path,
     main_path,
 )
+from pipelines.stream import STOP_REQUEST, StreamLease
 
 log = logging.getLogger(__name__)
 
@@ -710,7 +712,9 @@ def run_ingest(*, once: bool, root: str | None = None, bootstrap: str | None = N
     Hudi commit also records the stream's position, so a lost checkpoint resumes from the
     tables instead of the beginning of the topics. An interrupt (SIGTERM in the CLI) lets
     the batch in progress finish, up to `stop_timeout` seconds, then stops the stream: a
-    batch is committed whole, or abandoned and re-run whole on the next start.
+    batch is committed whole, or abandoned and re-run whole on the next start. A stop
+    request (`lakehouse stream stop`, pipelines.stream) does the same and the run returns.
+    The stream's heartbeat beside its checkpoint keeps a second copy from starting.
     """
     from pipelines.spark import get_spark
 
@@ -729,16 +733,32 @@ def run_ingest(*, once: bool, root: str | None = None, bootstrap: str | None = N
               .foreachBatch(BronzeBatchWriter(spark, root))
               .option("checkpointLocation", ingest_checkpoint_path(root)))
     writer = writer.trigger(availableNow=True) if once else writer.trigger(processingTime=f"{trigger_seconds} seconds")
+    # One writer per checkpoint: wait for a previous stream's heartbeat to go stale, or fail.
+    lease = StreamLease(root)
+    lease.claim()
     query = writer.start()
+    honoured = False
     try:
-        query.awaitTermination()
+        while not query.awaitTermination(lease.lim.heartbeat_seconds):
+            lease.beat(query.lastProgress, query.status["isTriggerActive"])
+            if lease.stop_requested():
+                log.info("stop requested (%s): stopping after the batch in progress", STOP_REQUEST)
+                _let_batch_finish(query, stop_timeout)
+                honoured = True
+                break
     except KeyboardInterrupt:
-        deadline = time.monotonic() + stop_timeout
-        if query.isActive and query.status["isTriggerActive"]:
-            log.info("stopping: waiting up to %.0fs for the batch in progress to finish", stop_timeout)
-        while query.isActive and query.status["isTriggerActive"] and time.monotonic() < deadline:
-            time.sleep(0.5)
+        _let_batch_finish(query, stop_timeout)
         raise
     finally:
         if query.isActive:
             query.stop()
+        lease.release(stop_request_honoured=honoured)
+
+
+def _let_batch_finish(query: StreamingQuery, timeout: float) -> None:
+    """Wait up to `timeout` for the batch in progress to commit: a batch is committed whole, or re-run whole."""
+    deadline = time.monotonic() + timeout
+    if query.isActive and query.status["isTriggerActive"]:
+        log.info("stopping: waiting up to %.0fs for the batch in progress to finish", timeout)
+    while query.isActive and query.status["isTriggerActive"] and time.monotonic() < deadline:
+        time.sleep(0.5)

@@ -6,6 +6,8 @@ malformed records and a truncate in between), read back with Spark and with hudi
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import re
 import signal
@@ -80,50 +82,128 @@ def test_lost_checkpoint_resumes_from_the_commits_and_applies_nothing_twice(spar
     assert len(after) > len(before)
 
 
-def test_continuous_ingest_catches_up_and_stops_on_sigterm(broker, tmp_path) -> None:
-    """The contract's entry point as operators and Airflow call it: the stream keeps going, data
-    produced while it runs shows up in bronze, SIGTERM stops it cleanly, `status` reports it."""
+# The supervisor's limits for a test-sized stream: heartbeats every second, a stop request
+# that waits for a batch of a few seconds.
+STREAM_LIMITS = """
+[stream.health]
+heartbeat_seconds = 1
+dead_after_seconds = 20
+[stream.supervisor]
+start_timeout_seconds = 180
+stop_timeout_seconds = 120
+kill_timeout_seconds = 30
+"""
+
+
+def test_supervised_stream_restarts_upgrades_and_stops_exactly_once(spark, broker, tmp_path) -> None:
+    """The bronze stream as the `bronze_ingest_stream` DAG runs it on the local target (`lakehouse
+    stream ACTION`): two `ensure` start one stream; a second writer is refused; a SIGKILLed
+    stream is restarted by `ensure`; `upgrade` (a stop request mid-batch) lets the batch commit
+    and starts again from the same checkpoint; SIGTERM mid-batch does the same; bronze ends
+    equal to the model, dead letters exactly once, nothing in flight."""
     from tests.lake import bronze_hudi_rs
 
     root = tmp_path / "lake"
-    env = {**os.environ, "LAKEHOUSE_ROOT": str(root), "KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap}
+    overrides = tmp_path / "stream.toml"
+    overrides.write_text(STREAM_LIMITS)
+    env = {**os.environ, "LAKEHOUSE_ROOT": str(root), "KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap,
+           "LAKEHOUSE_RUN_DIR": str(tmp_path / "run"),
+           "LAKEHOUSE_HUDI_OVERRIDES": os.pathsep.join([os.environ["LAKEHOUSE_HUDI_OVERRIDES"], str(overrides)])}
     lakehouse = [sys.executable, "-m", "pipelines.cli"]
-    source = ShopSource(17)
-    cfg = WorkloadConfig(seed=17, customers=40, orders=100, changes=300)
-    ensure_topics(broker.bootstrap)
-    log_path = tmp_path / "ingest.log"
-    with log_path.open("w") as log_file:
-        proc = subprocess.Popen([*lakehouse, "ingest", "--trigger-seconds", "2"],
-                                env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        sent = source.snapshot(cfg) + source.changes(cfg)
-        produce(sent, broker.bootstrap)
+    log_path = tmp_path / "run" / "bronze-stream" / "stream.log"
+
+    def stream(action: str, expect: str) -> str:
+        done = subprocess.run([*lakehouse, "stream", action, "--trigger-seconds", "2"], env=env,
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0 and expect in done.stdout, f"stream {action}: {done.stdout}{done.stderr}"
+        return done.stdout
+
+    def pid() -> int:
+        return json.loads((tmp_path / "run" / "bronze-stream" / "stream.pid").read_text())["pid"]
+
+    def caught_up(sent: list[Message]) -> None:
         expected, _ = fold_with_lsn(sent)
         deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and proc.poll() is None:
+        while time.monotonic() < deadline:
             got = {t: {k: {c: v[c] for c in COLUMNS[t]} for k, v in bronze_hudi_rs(str(root), t).items()}
                    for t in expected}
             if got == expected:
-                break
-            time.sleep(3)
-        assert got == expected, "continuous ingest did not catch up: " + log_path.read_text()[-2000:]
-        # SIGTERM inside a batch: the batch finishes (committed whole), then the stream stops, exit 0.
+                return
+            time.sleep(2)
+        raise AssertionError("the stream did not catch up: " + log_path.read_text()[-3000:])
+
+    def mid_batch(more: list[Message]) -> None:
+        """Produce `more` and return once the stream has started a batch after it."""
         started = log_path.read_text().count(": started")
-        produce(source.changes(WorkloadConfig(seed=18, changes=200)), broker.bootstrap)
-        while log_path.read_text().count(": started") == started and proc.poll() is None:
+        produce(more, broker.bootstrap)
+        sent.extend(more)
+        deadline = time.monotonic() + 120
+        while log_path.read_text().count(": started") == started:
+            assert time.monotonic() < deadline, "no batch started: " + log_path.read_text()[-2000:]
             time.sleep(0.05)
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=120) == 0, log_path.read_text()[-2000:]
+
+    def last_batch_finished() -> None:
         text = log_path.read_text()
-        assert "ingest stopped" in text and "batch 0: " in text
         last = re.findall(r"batch (\d+): started", text)[-1]
         assert re.search(rf"batch {last}: \d+ records in", text), "the batch in progress did not finish"
         assert not pending_instants(root), "a commit was left in flight"
-        status = subprocess.run([*lakehouse, "status"], env=env, capture_output=True, text=True, check=True).stdout
-        assert "bronze/customers" in status and "bronze/orders" in status
+
+    source = ShopSource(17)
+    ensure_topics(broker.bootstrap)
+    sent = source.snapshot(WorkloadConfig(seed=17, customers=40, orders=100)) + \
+        source.changes(WorkloadConfig(seed=17, changes=300))
+    produce(sent, broker.bootstrap)
+    try:
+        stream("ensure", "started")
+        first = pid()
+        stream("ensure", "running")
+        assert pid() == first, "a second ensure started another stream"
+        second = subprocess.run([*lakehouse, "ingest", "--once"], env=env, capture_output=True, text=True,
+                                timeout=300)
+        assert second.returncode == 1 and "another ingest stream" in second.stderr, second.stderr[-2000:]
+        caught_up(sent)
+
+        os.killpg(first, signal.SIGKILL)
+        more = source.changes(WorkloadConfig(seed=18, changes=200, replay_runs=1))
+        produce(more, broker.bootstrap)
+        sent += more
+        stream("ensure", "dead")
+        assert pid() != first
+        caught_up(sent)
+
+        mid_batch(source.changes(WorkloadConfig(seed=19, changes=200)))
+        before = pid()
+        stream("upgrade", "stream stopped after its batch")
+        assert pid() != before
+        assert "stop requested" in log_path.read_text()
+        last_batch_finished()
+        caught_up(sent)
+
+        # SIGTERM, as `kill` or a scheduler sends it: the batch in progress commits, exit clean.
+        mid_batch(source.changes(WorkloadConfig(seed=20, changes=200)))
+        os.kill(pid(), signal.SIGTERM)
+        deadline = time.monotonic() + 120
+        while "stopped:" not in stream("status", ":"):
+            assert time.monotonic() < deadline, log_path.read_text()[-2000:]
+            time.sleep(0.5)
+        assert "ingest stopped" in log_path.read_text()
+        last_batch_finished()
+        stream("stop", "no stream running")
+
+        stream("start", "stream started")
+        caught_up(sent)
+        stream("stop", "stream stopped after its batch")
+        stream("status", "stopped")
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            os.killpg(pid(), signal.SIGKILL)
+    expected, lsns = fold_with_lsn(sent)
+    assert_bronze_equals_model(spark, str(root), expected, lsns)
+    letters = dead_letters(str(root))
+    assert Counter(d["value"] for d in letters) == Counter(m.value for m in sent if is_malformed(m)), \
+        "every malformed record is a dead letter, exactly once"
+    status = subprocess.run([*lakehouse, "status"], env=env, capture_output=True, text=True, check=True).stdout
+    assert "bronze/customers" in status and "bronze/orders" in status
 
 
 def test_cli_ingest_names_an_unreachable_broker(tmp_path) -> None:

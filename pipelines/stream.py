@@ -1,0 +1,260 @@
+"""The bronze stream as a service: its heartbeat, the stop request it obeys, one writer per checkpoint.
+
+A stream that runs for weeks needs an outside judge: is it alive, is it moving, may another
+copy start? Spark's checkpoint says none of that (an idle stream writes nothing), so the job
+writes a small heartbeat beside its checkpoint (`_checkpoints/ingest.heartbeat.json`) every
+few seconds: who runs it (host, pid), when its last trigger completed, whether a batch is in
+progress and since when. Supervisors (`lakehouse stream`, the `bronze_ingest_stream` DAG,
+locally or on EMR) judge health from it with the limits of hudi_configs/stream.toml, and ask
+the stream to stop by writing `_checkpoints/ingest.stop`, which the job polls between
+batches: the batch in progress commits whole, then the stream ends with exit 0. That works
+where a signal cannot reach the driver (an EMR step in cluster mode).
+
+The heartbeat is also the lease that keeps one writer per checkpoint: a stream that finds a
+live heartbeat of another owner waits for it to go stale (dead_after_seconds) and gives up
+if it does not. A heartbeat of a process on this host that is gone (pid and its start time
+no longer match) is stale at once, so a restart after a crash does not wait.
+
+Pure Python (no Spark): Airflow's environment imports it. Files are local paths or S3
+objects (boto3, which honours AWS_ENDPOINT_URL for a local store).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import hudi_configs
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT = "_checkpoints/ingest.heartbeat.json"
+STOP_REQUEST = "_checkpoints/ingest.stop"
+
+
+@dataclass(frozen=True)
+class Limits:
+    heartbeat_seconds: float
+    dead_after_seconds: float
+    stalled_after_seconds: float
+    start_timeout_seconds: float
+    stop_timeout_seconds: float
+    kill_timeout_seconds: float
+
+
+def limits() -> Limits:
+    """hudi_configs/stream.toml, with the deployment's overrides (LAKEHOUSE_HUDI_OVERRIDES)."""
+    values = hudi_configs.section("stream", "health") | hudi_configs.section("stream", "supervisor")
+    return Limits(**{k: float(v) for k, v in values.items()})
+
+
+class ControlFiles:
+    """The stream's two small files under the lake root, on a local disk or S3."""
+
+    def __init__(self, root: str, s3: Any = None) -> None:
+        self.root = root.rstrip("/")
+        scheme, _, rest = self.root.partition("://")
+        if not rest:
+            self._bucket = None
+            return
+        if scheme not in ("s3", "s3a"):
+            raise ValueError(f"lake root {root!r}: the stream's control files need a local path or s3://")
+        self._bucket, _, self._prefix = rest.partition("/")
+        if s3 is None:
+            import boto3
+
+            s3 = boto3.client("s3")
+        self._s3 = s3
+
+    def _key(self, name: str) -> str:
+        return f"{self._prefix}/{name}" if self._prefix else name
+
+    def read(self, name: str) -> bytes | None:
+        if self._bucket is None:
+            path = Path(self.root, name)
+            return path.read_bytes() if path.exists() else None
+        try:
+            return self._s3.get_object(Bucket=self._bucket, Key=self._key(name))["Body"].read()
+        except self._s3.exceptions.NoSuchKey:
+            return None
+
+    def write(self, name: str, data: bytes) -> None:
+        if self._bucket is None:  # a reader never sees half a file: write aside, then rename
+            path = Path(self.root, name)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            tmp.write_bytes(data)
+            tmp.replace(path)
+        else:
+            self._s3.put_object(Bucket=self._bucket, Key=self._key(name), Body=data)
+
+    def delete(self, name: str) -> None:
+        if self._bucket is None:
+            Path(self.root, name).unlink(missing_ok=True)
+        else:
+            self._s3.delete_object(Bucket=self._bucket, Key=self._key(name))
+
+    def heartbeat(self) -> Heartbeat | None:
+        data = self.read(HEARTBEAT)
+        return Heartbeat(**json.loads(data)) if data else None
+
+    def stop_requested(self) -> bool:
+        return self.read(STOP_REQUEST) is not None
+
+    def request_stop(self, by: str) -> None:
+        self.write(STOP_REQUEST, json.dumps({"by": by, "at": time.time()}).encode())
+
+    def clear_stop(self) -> None:
+        self.delete(STOP_REQUEST)
+
+
+def process_started(pid: int) -> float | None:
+    """When process `pid` started (clock ticks since boot, Linux), None when there is no such process.
+
+    With the pid it names one process for good: a pid reused by a later process has another
+    start time.
+    """
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    except OSError:  # no /proc: all we can tell is whether the pid exists
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        return 0.0
+    # Fields after the command name (which may hold spaces): state (3rd), ..., starttime (22nd).
+    fields = stat.rsplit(")", 1)[1].split()
+    if fields[0] in ("Z", "X"):  # exited, not yet reaped (an orphan whose new parent never waits)
+        return None
+    return float(fields[19])
+
+
+@dataclass
+class Heartbeat:
+    owner: str
+    host: str
+    pid: int
+    pid_started: float | None
+    started_at: float
+    written_at: float
+    state: str  # running | stopped
+    batch: int | None = None  # the newest trigger Spark reported
+    last_progress_at: float | None = None  # when that trigger completed (epoch seconds)
+    trigger_since: float | None = None  # a batch in progress since (epoch seconds), None between batches
+
+
+@dataclass(frozen=True)
+class Health:
+    state: str  # absent | stopped | healthy | stalled | dead
+    why: str
+
+    @property
+    def live(self) -> bool:
+        """A process that may still write: another copy must not start beside it."""
+        return self.state in ("healthy", "stalled")
+
+
+def judge(hb: Heartbeat | None, lim: Limits, now: float | None = None) -> Health:
+    """Health of the stream from its heartbeat (see the module docstring for the rules)."""
+    now = time.time() if now is None else now
+    if hb is None:
+        return Health("absent", "no heartbeat: the stream never ran on this lake")
+    who = f"pid {hb.pid} on {hb.host}"
+    if hb.state == "stopped":
+        return Health("stopped", f"{who} stopped {now - hb.written_at:.0f} s ago")
+    if hb.host == socket.gethostname() and process_started(hb.pid) != hb.pid_started:
+        return Health("dead", f"{who} is gone (last heartbeat {now - hb.written_at:.0f} s ago)")
+    if now - hb.written_at > lim.dead_after_seconds:
+        return Health("dead", f"{who}: no heartbeat for {now - hb.written_at:.0f} s "
+                              f"(limit {lim.dead_after_seconds:.0f} s)")
+    if hb.trigger_since is not None and now - hb.trigger_since > lim.stalled_after_seconds:
+        return Health("stalled", f"{who}: batch {hb.batch} running for {now - hb.trigger_since:.0f} s "
+                                 f"(limit {lim.stalled_after_seconds:.0f} s)")
+    last = hb.last_progress_at or hb.started_at
+    if hb.trigger_since is None and now - last > lim.stalled_after_seconds:
+        return Health("stalled", f"{who}: no trigger completed for {now - last:.0f} s "
+                                 f"(limit {lim.stalled_after_seconds:.0f} s)")
+    batch = "no batch yet" if hb.batch is None else f"batch {hb.batch}"
+    busy = f", a batch running for {now - hb.trigger_since:.0f} s" if hb.trigger_since is not None else ""
+    return Health("healthy", f"{who}: {batch}, last trigger {now - last:.0f} s ago{busy}")
+
+
+class AnotherStreamRunning(RuntimeError):
+    pass
+
+
+class StreamLease:
+    """The running job's side: claim the checkpoint, beat, obey a stop request, release."""
+
+    def __init__(self, root: str, lim: Limits | None = None) -> None:
+        self.files = ControlFiles(root)
+        self.lim = lim or limits()
+        pid = os.getpid()
+        now = time.time()
+        self.hb = Heartbeat(owner=uuid.uuid4().hex, host=socket.gethostname(), pid=pid,
+                            pid_started=process_started(pid), started_at=now, written_at=now, state="running")
+
+    def claim(self) -> None:
+        """Become the checkpoint's one writer, waiting for a previous owner's heartbeat to go stale."""
+        deadline = time.monotonic() + self.lim.dead_after_seconds + self.lim.heartbeat_seconds
+        while True:
+            other = self.files.heartbeat()
+            health = judge(other, self.lim)
+            if not health.live:
+                break
+            # On this host the owner's process is known to be there: no point waiting.
+            if other.host == self.hb.host or time.monotonic() > deadline:
+                raise AnotherStreamRunning(f"another ingest stream writes this lake's checkpoint: {health.why}; "
+                                           "stop it first (`lakehouse stream stop`)")
+            log.warning("waiting for the previous stream's heartbeat to go stale: %s", health.why)
+            time.sleep(self.lim.heartbeat_seconds)
+        self._write()
+        # Two claims racing: the one whose heartbeat was overwritten gives way.
+        time.sleep(0.2)
+        now = self.files.heartbeat()
+        if now is None or now.owner != self.hb.owner:
+            raise AnotherStreamRunning("another ingest stream claimed this lake's checkpoint at the same time")
+
+    def beat(self, progress: dict | None, trigger_active: bool) -> None:
+        now = time.time()
+        if progress:
+            self.hb.batch = progress.get("batchId")
+            self.hb.last_progress_at = _epoch(progress.get("timestamp")) or self.hb.last_progress_at
+        if not trigger_active:
+            self.hb.trigger_since = None
+        elif self.hb.trigger_since is None:
+            self.hb.trigger_since = now
+        self._write(now)
+
+    def stop_requested(self) -> bool:
+        return self.files.stop_requested()
+
+    def release(self, stop_request_honoured: bool = False) -> None:
+        if stop_request_honoured:
+            self.files.clear_stop()
+        current = self.files.heartbeat()
+        if current is None or current.owner == self.hb.owner:
+            self.hb.state, self.hb.trigger_since = "stopped", None
+            self._write()
+
+    def _write(self, now: float | None = None) -> None:
+        self.hb.written_at = time.time() if now is None else now
+        self.files.write(HEARTBEAT, json.dumps(asdict(self.hb)).encode())
+
+
+def _epoch(timestamp: str | None) -> float | None:
+    """Spark's progress timestamp ("2026-11-25T10:00:00.123Z") as epoch seconds."""
+    if not timestamp:
+        return None
+    from datetime import datetime
+
+    return datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
