@@ -12,13 +12,14 @@ Nothing here imports Spark.
 from __future__ import annotations
 
 import os
+import shlex
 from datetime import datetime, timedelta
 
 from airflow.providers.standard.operators.bash import BashOperator
 from airflow.sdk import Asset, TaskGroup
 
 from pipelines.jobs import JOB_ENV, SparkJob
-from pipelines.settings import lake_root, table_path
+from pipelines.settings import PROJECT_ROOT, lake_root, table_path
 
 START = datetime(2026, 1, 1)
 DEFAULT_ARGS = {
@@ -63,12 +64,9 @@ def _uri(path: str) -> str:
 
 def spark_task(spark_job: SparkJob, outlets: list[Asset] | None = None, doc_md: str | None = None):
     """The task (local) or task group (emr: add the step, wait for it) that runs `spark_job`."""
-    target = os.environ.get("LAKEHOUSE_TARGET", "local")
-    if target == "local":
+    if _target() == "local":
         return BashOperator(task_id=spark_job.name, bash_command=spark_job.local_bash(), env=spark_job.local_env(),
                             append_env=True, outlets=outlets or [], doc_md=doc_md, pool=LAKE_POOL)
-    if target != "emr":
-        raise ValueError(f"LAKEHOUSE_TARGET={target!r}: expected local or emr")
     from airflow.providers.amazon.aws.operators.emr import EmrAddStepsOperator
     from airflow.providers.amazon.aws.sensors.emr import EmrStepSensor
 
@@ -84,3 +82,45 @@ def spark_task(spark_job: SparkJob, outlets: list[Asset] | None = None, doc_md: 
                           step_id=f"{{{{ ti.xcom_pull(task_ids='{spark_job.name}.add_step')[0] }}}}",
                           poke_interval=60, mode="poke", pool=LAKE_POOL, outlets=outlets or [])
     return group
+
+
+def _target() -> str:
+    target = os.environ.get("LAKEHOUSE_TARGET", "local")
+    if target not in ("local", "emr"):
+        raise ValueError(f"LAKEHOUSE_TARGET={target!r}: expected local or emr")
+    return target
+
+
+def stream_task(doc_md: str):
+    """The task that runs `params.action` on the bronze stream of the configured target.
+
+    Not in LAKE_POOL: the stream writes bronze beside every other job, and a stop may wait
+    minutes for the batch in progress.
+    """
+    action = "{{ params.action }}"
+    timing = {"retries": 1, "execution_timeout": timedelta(minutes=30), "doc_md": doc_md}
+    if _target() == "local":
+        env = {k: os.environ[k] for k in JOB_ENV if os.environ.get(k)}
+        lakehouse = shlex.quote(str(PROJECT_ROOT / ".venv" / "bin" / "lakehouse"))
+        return BashOperator(task_id="supervise", bash_command=f"{lakehouse} stream {action}", env=env,
+                            append_env=True, **timing)
+    from airflow.providers.standard.operators.python import PythonOperator
+
+    return PythonOperator(task_id="supervise", python_callable=supervise_emr_stream,
+                          op_kwargs={"action": action, "cluster_id": "{{ var.value.lakehouse_emr_cluster_id }}",
+                                     "code_uri": "{{ var.value.lakehouse_code_uri }}"}, **timing)
+
+
+def supervise_emr_stream(action: str, cluster_id: str, code_uri: str) -> str:
+    """`action` on the stream's EMR step, through the `aws_default` connection (EMR API and S3)."""
+    from airflow.providers.amazon.aws.hooks.emr import EmrHook
+    from airflow.providers.amazon.aws.hooks.s3 import S3Hook
+
+    from pipelines.stream_emr import EmrStream
+
+    env = {k: os.environ[k] for k in JOB_ENV if os.environ.get(k)}
+    stream = EmrStream(EmrHook(aws_conn_id="aws_default").conn, S3Hook(aws_conn_id="aws_default").get_conn(),
+                       cluster_id, code_uri, lake_root(), env)
+    result = stream.run(action)
+    print(result)
+    return result

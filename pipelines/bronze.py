@@ -737,14 +737,12 @@ def run_ingest(*, once: bool, root: str | None = None, bootstrap: str | None = N
     lease = StreamLease(root)
     lease.claim()
     query = writer.start()
-    honoured = False
     try:
         while not query.awaitTermination(lease.lim.heartbeat_seconds):
             lease.beat(query.lastProgress, query.status["isTriggerActive"])
             if lease.stop_requested():
                 log.info("stop requested (%s): stopping after the batch in progress", STOP_REQUEST)
                 _let_batch_finish(query, stop_timeout)
-                honoured = True
                 break
     except KeyboardInterrupt:
         _let_batch_finish(query, stop_timeout)
@@ -752,7 +750,7 @@ def run_ingest(*, once: bool, root: str | None = None, bootstrap: str | None = N
     finally:
         if query.isActive:
             query.stop()
-        lease.release(stop_request_honoured=honoured)
+        lease.release()
 
 
 def _let_batch_finish(query: StreamingQuery, timeout: float) -> None:

@@ -8,7 +8,9 @@ progress and since when. Supervisors (`lakehouse stream`, the `bronze_ingest_str
 locally or on EMR) judge health from it with the limits of hudi_configs/stream.toml, and ask
 the stream to stop by writing `_checkpoints/ingest.stop`, which the job polls between
 batches: the batch in progress commits whole, then the stream ends with exit 0. That works
-where a signal cannot reach the driver (an EMR step in cluster mode).
+where a signal cannot reach the driver (an EMR step in cluster mode). The request stays
+after the stream has stopped: it holds the stream stopped, so that a scheduled `ensure`
+does not start it again until an operator runs `start`, `restart` or `upgrade`.
 
 The heartbeat is also the lease that keeps one writer per checkpoint: a stream that finds a
 live heartbeat of another owner waits for it to go stale (dead_after_seconds) and gives up
@@ -105,8 +107,10 @@ class ControlFiles:
         data = self.read(HEARTBEAT)
         return Heartbeat(**json.loads(data)) if data else None
 
-    def stop_requested(self) -> bool:
-        return self.read(STOP_REQUEST) is not None
+    def stop_request(self) -> dict | None:
+        """The standing stop request, {"by", "at"}: it also holds the stream stopped (`ensure` leaves it)."""
+        data = self.read(STOP_REQUEST)
+        return json.loads(data) if data else None
 
     def request_stop(self, by: str) -> None:
         self.write(STOP_REQUEST, json.dumps({"by": by, "at": time.time()}).encode())
@@ -236,11 +240,11 @@ class StreamLease:
         self._write(now)
 
     def stop_requested(self) -> bool:
-        return self.files.stop_requested()
+        """A stop request made since this stream started (an older one was for a stream before it)."""
+        request = self.files.stop_request()
+        return request is not None and request["at"] >= self.hb.started_at
 
-    def release(self, stop_request_honoured: bool = False) -> None:
-        if stop_request_honoured:
-            self.files.clear_stop()
+    def release(self) -> None:
         current = self.files.heartbeat()
         if current is None or current.owner == self.hb.owner:
             self.hb.state, self.hb.trigger_since = "stopped", None

@@ -97,6 +97,9 @@ class LocalStream:
         health = self.health()
         if health.state == "healthy":
             return f"running: {health.why}"
+        if (held := self.files.stop_request()) and not health.live and not self.pid():
+            return (f"held: stopped by {held['by']} at {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(held['at']))}"
+                    " UTC; `start`, `restart` or `upgrade` runs it again")
         if health.live or self.pid():  # stalled, or a process whose heartbeat is missing or stale
             return f"restarted ({health.state}: {health.why}): {self._stop()}; {self._start()}"
         return f"started ({health.state}: {health.why}): {self._start()}"
@@ -128,10 +131,9 @@ class LocalStream:
     def _stop(self) -> str:
         """Stop request, then SIGTERM, then SIGKILL, each after its timeout; the batch in progress commits whole."""
         pid = self.pid()
-        if pid is None and not self.health().live:
-            self.files.clear_stop()
-            return "no stream running"
         self.files.request_stop("lakehouse stream stop")
+        if pid is None and not self.health().live:
+            return "no stream running"
         if self._wait_gone(pid, self.lim.stop_timeout_seconds):
             return "stream stopped after its batch"
         if pid is not None:
@@ -140,7 +142,6 @@ class LocalStream:
                 return "stream stopped by SIGTERM"
             os.killpg(pid, signal.SIGKILL)
             if self._wait_gone(pid, self.lim.kill_timeout_seconds):
-                self.files.clear_stop()
                 return "stream killed (SIGKILL): its batch in progress is re-run on the next start"
         raise SupervisorError(f"the stream did not stop: {self.health().why}")
 
@@ -173,7 +174,8 @@ def stream(action: str, run_dir: Path | None, trigger_seconds: float) -> None:
     status   health from the stream's heartbeat (exit 0 whatever it is)
     ensure   start one if none runs, restart one that died or stalled, else nothing
     start    start one (fails if one runs)
-    stop     stop request (the batch in progress commits), then SIGTERM, then SIGKILL
+    stop     stop request (the batch in progress commits), then SIGTERM, then SIGKILL;
+             the stream stays stopped (`ensure` leaves it) until start, restart or upgrade
     restart  stop, then start from the same checkpoint
     upgrade  the same, so that the code installed now runs (after `git pull` or a new wheel)
 

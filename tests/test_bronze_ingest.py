@@ -193,6 +193,7 @@ def test_supervised_stream_restarts_upgrades_and_stops_exactly_once(spark, broke
         stream("start", "stream started")
         caught_up(sent)
         stream("stop", "stream stopped after its batch")
+        stream("ensure", "held")  # a stopped stream stays stopped until an operator starts it
         stream("status", "stopped")
     finally:
         with contextlib.suppress(FileNotFoundError, ProcessLookupError):
