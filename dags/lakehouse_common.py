@@ -100,7 +100,7 @@ def stream_task(doc_md: str):
     action = "{{ params.action }}"
     timing = {"retries": 1, "execution_timeout": timedelta(minutes=30), "doc_md": doc_md}
     if _target() == "local":
-        env = {k: os.environ[k] for k in JOB_ENV if os.environ.get(k)}
+        env = _stream_env()
         lakehouse = shlex.quote(str(PROJECT_ROOT / ".venv" / "bin" / "lakehouse"))
         return BashOperator(task_id="supervise", bash_command=f"{lakehouse} stream {action}", env=env,
                             append_env=True, **timing)
@@ -111,6 +111,11 @@ def stream_task(doc_md: str):
                                      "code_uri": "{{ var.value.lakehouse_code_uri }}"}, **timing)
 
 
+def _stream_env() -> dict[str, str]:
+    """The deployment's job environment; the stream writes beside the table-services DAG's jobs."""
+    return job("bronze-stream").env
+
+
 def supervise_emr_stream(action: str, cluster_id: str, code_uri: str) -> str:
     """`action` on the stream's EMR step, through the `aws_default` connection (EMR API and S3)."""
     from airflow.providers.amazon.aws.hooks.emr import EmrHook
@@ -118,9 +123,8 @@ def supervise_emr_stream(action: str, cluster_id: str, code_uri: str) -> str:
 
     from pipelines.stream_emr import EmrStream
 
-    env = {k: os.environ[k] for k in JOB_ENV if os.environ.get(k)}
     stream = EmrStream(EmrHook(aws_conn_id="aws_default").conn, S3Hook(aws_conn_id="aws_default").get_conn(),
-                       cluster_id, code_uri, lake_root(), env)
+                       cluster_id, code_uri, lake_root(), _stream_env())
     result = stream.run(action)
     print(result)
     return result
