@@ -18,6 +18,7 @@ from pipelines import settings
 from pipelines.bench.cli import bench
 from pipelines.generator import generate
 from pipelines.kafka_local import kafka
+from pipelines.pg_source import source
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -37,6 +38,7 @@ def main(verbose: bool) -> None:
 main.add_command(generate)
 main.add_command(kafka)
 main.add_command(bench)
+main.add_command(source)
 
 
 def _require_kafka(bootstrap: str) -> None:

@@ -219,6 +219,7 @@ class PostgresCluster:
         os.chmod(self.data_dir, 0o700)
         if as_pg:
             shutil.chown(self.data_dir, PG_USER, PG_USER)
+            os.chmod(self.data_dir.parent, 0o755)  # our own folder, beside the server's log
             blocked = [p for p in self.data_dir.parents if not os.stat(p).st_mode & 0o001]
             if blocked:
                 raise SourceError(f"the `{PG_USER}` user cannot reach {self.data_dir}: {blocked[0]} is not "
@@ -413,6 +414,8 @@ class RealSource:
     def up(self) -> tuple[PostgresCluster, ConnectWorker]:
         _require_kafka(self.bootstrap)
         self.home.mkdir(parents=True, exist_ok=True)
+        if os.geteuid() == 0:
+            os.chmod(self.home, 0o755)  # the `postgres` user runs the cluster below it
         (self.home / "source.json").write_text(json.dumps(
             {"pg_port": self.pg_port, "rest_port": self.rest_port, "bootstrap": self.bootstrap,
              "schemas_enable": self.schemas_enable}))
@@ -430,6 +433,14 @@ class RealSource:
         self.postgres.stop()
 
 
+DEFAULT_HOME = PROJECT_ROOT / ".pg-source"
+
+
+def default_dsn() -> str | None:
+    """The DSN of the source `make source-up` runs, None if there is none."""
+    return RealSource(DEFAULT_HOME).postgres.dsn if (DEFAULT_HOME / "source.json").exists() else None
+
+
 def _require_kafka(bootstrap: str) -> None:
     """Connect only logs (and retries) when Kafka is away: say so at once instead."""
     port = bootstrap.split(",")[0].strip().rpartition(":")[2]
@@ -439,7 +450,7 @@ def _require_kafka(bootstrap: str) -> None:
 
 
 HOME_OPTION = click.option(
-    "--home", type=click.Path(file_okay=False, path_type=Path), default=PROJECT_ROOT / ".pg-source",
+    "--home", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_HOME,
     show_default=True, help="Folder of the source's state: the PostgreSQL cluster, Connect's configs, offsets, logs.")
 
 
