@@ -39,28 +39,8 @@ PG_BIN_DEFAULT = "/usr/lib/postgresql/15/bin"
 CONNECTOR = "shop-source"
 SLOT = "shop_debezium"
 PUBLICATION = "shop_publication"
-# The contract's section 1: created by `source up`, REPLICA IDENTITY DEFAULT stated, as the contract does.
-SHOP_DDL = """
-CREATE TABLE IF NOT EXISTS customers (
-  id          bigint PRIMARY KEY,
-  email       text        NOT NULL,
-  full_name   text        NOT NULL,
-  country     char(2)     NOT NULL,
-  created_at  timestamptz NOT NULL,
-  updated_at  timestamptz NOT NULL
-);
-CREATE TABLE IF NOT EXISTS orders (
-  id          bigint PRIMARY KEY,
-  customer_id bigint      NOT NULL,
-  status      text        NOT NULL,
-  amount      numeric(12,2) NOT NULL,
-  currency    char(3)     NOT NULL,
-  created_at  timestamptz NOT NULL,
-  updated_at  timestamptz NOT NULL
-);
-ALTER TABLE customers REPLICA IDENTITY DEFAULT;
-ALTER TABLE orders REPLICA IDENTITY DEFAULT;
-"""
+# The contract's section 1, one file for `source up` and for docker/compose.yaml's postgres.
+SHOP_DDL_FILE = PROJECT_ROOT / "docker" / "shop.sql"
 # Connect's own log: its INFO lines are how a stuck connector explains itself; the per-record
 # chatter is turned down.
 CONNECT_LOG4J = """\
@@ -232,7 +212,7 @@ class PostgresCluster:
             if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE,)).fetchone():
                 conn.execute(f"CREATE DATABASE {DATABASE}")
         with self.connect() as conn:
-            conn.execute(SHOP_DDL)
+            conn.execute(SHOP_DDL_FILE.read_text())
 
 
 @dataclass

@@ -2,12 +2,14 @@
 silver -> gold, checked against the database's own state read with SQL.
 
 The generator's workload is played as SQL transactions (pipelines/sql_sink.py) in three phases:
-1. snapshot rows exist before Connect starts (Debezium reads them, op=r), then changes; ingest;
-   Connect stopped with SIGTERM, which commits its offsets;
+1. snapshot rows exist before Connect starts (Debezium reads them, op=r), then changes; Connect
+   stopped with SIGTERM, which commits its offsets;
 2. Connect again, `ALTER TABLE customers ADD COLUMN` and rows that set it, changes, a TRUNCATE of
    orders, changes; then Connect is SIGKILLed: it never flushed offsets in this phase (the flush
    interval is longer than the test), so the next start re-delivers all of phase 2 after phase 1;
-3. Connect again (the replays), more changes; ingest and etl.
+3. Connect again (the replays), more changes; then one `ingest --once` and one `etl` (a first
+   ingest after phase 1 cost a table creation's commits and showed nothing the generator's
+   tests do not: the replays of phase 2 all come after it).
 
 The e2e runs the `schemas.enable=true` converter: its records change shape mid-stream (a new
 `schema` with the added column) and carry the most; the bare envelope is covered by the captured
@@ -99,7 +101,6 @@ def test_real_source_end_to_end(spark: SparkSession, broker: KafkaBroker, tmp_pa
         real.up()
         lsn = sim.lsn
         play(sim.changes(WORKLOAD), dsn, broker.bootstrap, lsn)
-        run_ingest(once=True, root=root, bootstrap=broker.bootstrap, spark=spark)
         real.connect.stop()
 
         # Phase 2: a new column mid-stream, changes, a truncate; then SIGKILL before any offset flush.
