@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kafka import KafkaConsumer, TopicPartition
+from kafka.errors import KafkaError
 
 from pipelines.contract import COLUMNS, PRIMARY_KEY, table_of_topic, topic
 from pipelines.generator import Message
@@ -143,7 +144,10 @@ def _wal_insert_lsn(conn: Any) -> int:
 
 def end_offsets(bootstrap: str, topics: Iterable[str]) -> dict[TopicPartition, int]:
     """Where each partition of `topics` ends now (missing topics: nothing), to wait from there."""
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    try:
+        consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    except KafkaError as exc:
+        raise RuntimeError(f"cannot reach Kafka at {bootstrap}: {exc}") from exc
     try:
         parts = [TopicPartition(t, p) for t in topics for p in consumer.partitions_for_topic(t) or ()]
         return consumer.end_offsets(parts) if parts else {}
