@@ -970,7 +970,6 @@ def generate(
     except (ValueError, KeyError) as exc:
         raise click.ClickException(f"cannot continue from state file {path}: {exc!r}") from exc
     before = source.stats.copy()
-    start_lsn = source.lsn
     messages = [] if resumed else source.snapshot(cfg)
     messages += source.changes(cfg)
     run_stats = source.stats - before
@@ -978,7 +977,7 @@ def generate(
         click.echo(f"dry run: would produce {len(messages)} records ({_summary(run_stats)})")
         return
     if sink == "sql":
-        summary = _play_sql(messages, dsn, brokers, start_lsn)
+        summary = _play_sql(messages, dsn, brokers)
         _save(source, path)
         click.echo(f"played {summary} on {dsn or 'the real source'}, delivered by Debezium to {brokers}; state {path}")
         return
@@ -1002,7 +1001,7 @@ def _save(source: ShopSource, path: Path) -> None:
     os.replace(partial, path)
 
 
-def _play_sql(messages: list[Message], dsn: str | None, brokers: str, start_lsn: int) -> str:
+def _play_sql(messages: list[Message], dsn: str | None, brokers: str) -> str:
     """The changes as SQL on the real source, then wait until Debezium put the last one on Kafka."""
     from pipelines import pg_source, sql_sink
 
@@ -1012,7 +1011,7 @@ def _play_sql(messages: list[Message], dsn: str | None, brokers: str, start_lsn:
                                    "or --dsn / LAKEHOUSE_SOURCE_DSN")
     try:
         since = sql_sink.end_offsets(brokers, [topic(table) for table in TABLES])
-        run = sql_sink.apply(messages, dsn, start_lsn)
+        run = sql_sink.apply(messages, dsn)
         if run.last_table is not None and run.last_lsn is not None:
             sql_sink.wait_published(brokers, run.last_table, run.last_lsn, since)
     except (RuntimeError, TimeoutError, KafkaError) as exc:

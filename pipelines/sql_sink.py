@@ -58,14 +58,14 @@ def _fit(table: str, column: str, value: Any) -> Any:
     return value.strip()
 
 
-def statements(messages: Iterable[Message], after_lsn: int = -1) -> Iterator[Statement]:
+def statements(messages: Iterable[Message]) -> Iterator[Statement]:
     """The database changes among the generator's records, as SQL, in order.
 
     Replays are told apart by their LSN: the generator's LSNs grow with every commit, so a record
-    at or below the newest one played, or at or below `after_lsn` (the simulation's LSN before
-    this run), is a re-delivery (snapshot records share one LSN).
+    at or below the newest one played is a re-delivery (snapshot records share one LSN). The
+    generator replays only after a change of the same run, so a run's first record is never one.
     """
-    newest = after_lsn
+    newest = -1
     for message in messages:
         if message.value is None:
             continue  # a tombstone: Debezium sends its own after each delete
@@ -107,7 +107,7 @@ def _statement(table: str, op: str, image: dict[str, Any] | None) -> Statement:
                      (*values[1:], values[0]), image[PRIMARY_KEY])
 
 
-def apply(messages: Iterable[Message], dsn: str, after_lsn: int = -1) -> SqlRun:
+def apply(messages: Iterable[Message], dsn: str) -> SqlRun:
     """Play the changes among `messages` on the database at `dsn`, one transaction per change.
 
     Each statement must touch exactly the rows the generator's change names (one; a truncate any):
@@ -116,7 +116,7 @@ def apply(messages: Iterable[Message], dsn: str, after_lsn: int = -1) -> SqlRun:
     import psycopg
 
     run = SqlRun()
-    batch = list(statements(messages, after_lsn))
+    batch = list(statements(messages))
     try:
         with psycopg.connect(dsn, autocommit=False) as conn:
             conn.execute("SET TIME ZONE 'UTC'")

@@ -77,10 +77,10 @@ def topic_records(bootstrap: str) -> list[tuple[Message, int, int]]:
         consumer.close()
 
 
-def play(sim_messages: list[Message], dsn: str, bootstrap: str, after_lsn: int) -> None:
+def play(sim_messages: list[Message], dsn: str, bootstrap: str) -> None:
     """The generator's changes as SQL, then wait until Debezium delivered the last one."""
     since = sql_sink.end_offsets(bootstrap, [topic(t) for t in TABLES])
-    run = sql_sink.apply(sim_messages, dsn, after_lsn)
+    run = sql_sink.apply(sim_messages, dsn)
     assert run.last_table is not None and run.last_lsn is not None
     sql_sink.wait_published(bootstrap, run.last_table, run.last_lsn, since)
 
@@ -96,11 +96,9 @@ def test_real_source_end_to_end(spark: SparkSession, broker: KafkaBroker, tmp_pa
         postgres = real.postgres.start()
         dsn = postgres.dsn
         # Phase 1: rows before Connect starts (its snapshot), then changes.
-        lsn = sim.lsn
-        assert sql_sink.apply(sim.snapshot(WORKLOAD), dsn, lsn).stats["c"] == WORKLOAD.customers + WORKLOAD.orders
+        assert sql_sink.apply(sim.snapshot(WORKLOAD), dsn).stats["c"] == WORKLOAD.customers + WORKLOAD.orders
         real.up()
-        lsn = sim.lsn
-        play(sim.changes(WORKLOAD), dsn, broker.bootstrap, lsn)
+        play(sim.changes(WORKLOAD), dsn, broker.bootstrap)
         real.connect.stop()
 
         # Phase 2: a new column mid-stream, changes, a truncate; then SIGKILL before any offset flush.
@@ -108,15 +106,13 @@ def test_real_source_end_to_end(spark: SparkSession, broker: KafkaBroker, tmp_pa
         with postgres.connect() as conn:
             conn.execute("ALTER TABLE customers ADD COLUMN loyalty_tier text")
             conn.execute("UPDATE customers SET loyalty_tier = 'gold' WHERE id % 3 = 0")
-        lsn = sim.lsn
         phase2 = sim.changes(WORKLOAD) + sim.truncate("orders", WORKLOAD) + sim.changes(WORKLOAD)
-        play(phase2, dsn, broker.bootstrap, lsn)
+        play(phase2, dsn, broker.bootstrap)
         real.connect.kill()
 
         # Phase 3: Connect re-delivers phase 2, then more changes.
         real.up()
-        lsn = sim.lsn
-        play(sim.changes(WORKLOAD), dsn, broker.bootstrap, lsn)
+        play(sim.changes(WORKLOAD), dsn, broker.bootstrap)
         run_ingest(once=True, root=root, bootstrap=broker.bootstrap, spark=spark)
         run_etl(spark, root)
 

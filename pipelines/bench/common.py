@@ -113,14 +113,14 @@ def broker(name: str, sinks: tuple[str, ...] = SINKS) -> Iterator[KafkaBroker]:
         node.stop()
 
 
-def _send(messages: list[Message], bootstrap: str, after_lsn: int) -> int:
+def _send(messages: list[Message], bootstrap: str) -> int:
     """The generator's records to Kafka: produced as they are, or, beside a real source, their
     changes as SQL that Debezium delivers (counted as statements played)."""
     dsn = _DATABASES.get(bootstrap)
     if dsn is None:
         return produce(messages, bootstrap)
     since = sql_sink.end_offsets(bootstrap, [topic(t) for t in TABLES])
-    run = sql_sink.apply(messages, dsn, after_lsn)
+    run = sql_sink.apply(messages, dsn)
     if run.last_table is not None and run.last_lsn is not None:
         sql_sink.wait_published(bootstrap, run.last_table, run.last_lsn, since)
     return run.stats.total()
@@ -163,17 +163,15 @@ def produce_backlog(bootstrap: str, events: int, seed: int = 7, source: ShopSour
     done = 0
     with click.progressbar(length=events, label=f"producing {events:,} events", file=sys.stderr) as bar:
         if fresh:
-            lsn = source.lsn
             messages = source.snapshot(cfg)
-            done += _send(messages, bootstrap, lsn)
+            done += _send(messages, bootstrap)
             bar.update(cfg.customers + cfg.orders)
         else:
             changes = events
         left = changes
         while left > 0:
             step = min(_CHUNK, left)
-            lsn = source.lsn
-            done += _send(source.changes(WorkloadConfig(**{**cfg.__dict__, "changes": step})), bootstrap, lsn)
+            done += _send(source.changes(WorkloadConfig(**{**cfg.__dict__, "changes": step})), bootstrap)
             bar.update(step)
             left -= step
     kinds = dict(source.stats - before)
