@@ -15,7 +15,7 @@ DEMO_PORT ?= 19092
 DEMO_ENV := LAKEHOUSE_ROOT=$(CURDIR)/$(DEMO)/lake LAKEHOUSE_SOURCE_STATE=$(CURDIR)/$(DEMO)/shop_state.json \
             LAKEHOUSE_ERASURE_KEY_FILE=$(CURDIR)/$(DEMO)/erasure.key \
             KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:$(DEMO_PORT)
-DEMO_PG_ENV := $(DEMO_ENV) LAKEHOUSE_SOURCE_DSN=postgresql://postgres@127.0.0.1:$(DEMO_PG_PORT)/shop
+DEMO_PG_ENV = $(DEMO_ENV) LAKEHOUSE_SOURCE_DSN=postgresql://postgres@127.0.0.1:$(DEMO_PG_PORT)/shop
 
 .PHONY: demo-generator demo-postgres
 .PHONY: setup demo test test-fast bench lint package kafka-up kafka-down airflow clean help postgres source-up source-down

@@ -979,7 +979,7 @@ def generate(
     if sink == "sql":
         summary = _play_sql(messages, dsn, brokers)
         _save(source, path)
-        click.echo(f"played {summary} on {dsn or 'the real source'}, delivered by Debezium to {brokers}; state {path}")
+        click.echo(f"{summary}, delivered by Debezium to {brokers}; state {path}")
         return
     try:
         ensure_topics(brokers, partitions)
@@ -1016,4 +1016,5 @@ def _play_sql(messages: list[Message], dsn: str | None, brokers: str) -> str:
             sql_sink.wait_published(brokers, run.last_table, run.last_lsn, since)
     except (RuntimeError, TimeoutError, KafkaError) as exc:
         raise click.ClickException(str(exc)) from exc
-    return " ".join(f"{op}={run.stats[op]}" for op in ("c", "u", "d", "t") if run.stats[op]) or "no changes"
+    counts = " ".join(f"{op}={run.stats[op]}" for op in ("c", "u", "d", "t") if run.stats[op]) or "no changes"
+    return f"played {counts} on {dsn}"

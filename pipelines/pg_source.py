@@ -167,6 +167,8 @@ class PostgresCluster:
         if not (self.data_dir / "PG_VERSION").exists():
             self._init(as_pg)
         if not self.is_running():
+            # TCP on 127.0.0.1 only (no socket folder to own); a throwaway cluster trades durability
+            # for speed (fsync, synchronous commit off): a crashed machine means a new source.
             options = (f"-c wal_level=logical -c listen_addresses={HOST} -p {self.port} "
                        "-c unix_socket_directories='' -c fsync=off -c synchronous_commit=off")
             self.log_path.touch()
