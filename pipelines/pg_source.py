@@ -503,7 +503,9 @@ def status(home: Path) -> None:
             slot = slot_status(real.pg_port)
         except SourceError as exc:
             click.echo(str(exc))
-    if slot is None:
+    if not postgres.is_running():
+        click.echo(f"replication slot {SLOT}: unknown (PostgreSQL not running)")
+    elif slot is None:
         click.echo(f"replication slot {SLOT}: none")
     else:
         click.echo(f"replication slot {SLOT}: {'active' if slot['active'] else 'inactive'}, "
