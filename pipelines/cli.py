@@ -14,11 +14,10 @@ from pathlib import Path
 
 import click
 
-from pipelines import settings
+from pipelines import pg_source, settings
 from pipelines.bench.cli import bench
 from pipelines.generator import generate
 from pipelines.kafka_local import kafka
-from pipelines.pg_source import source
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -36,9 +35,9 @@ def main(verbose: bool) -> None:
 
 
 main.add_command(generate)
+main.add_command(pg_source.source)
 main.add_command(kafka)
 main.add_command(bench)
-main.add_command(source)
 
 
 def _require_kafka(bootstrap: str) -> None:
