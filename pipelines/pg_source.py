@@ -65,7 +65,7 @@ def pg_bin() -> Path:
 
 
 def postgres_available() -> bool:
-    """Whether this machine can run the real source's database (`make demo` picks the source by it)."""
+    """Whether this machine has the real source's database (`make demo` asks the same of the Makefile's PG_BIN)."""
     return (pg_bin() / "initdb").is_file() and (pg_bin() / "pg_ctl").is_file()
 
 
