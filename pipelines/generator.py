@@ -921,6 +921,11 @@ _DEFAULTS = WorkloadConfig()
               help="Saved simulation  [default: $LAKEHOUSE_SOURCE_STATE or .source/shop_state.json]")
 @click.option("--bootstrap", default=None,
               help="Kafka brokers  [default: $KAFKA_BOOTSTRAP_SERVERS or 127.0.0.1:9092]")
+@click.option("--sink", type=click.Choice(["kafka", "sql"]), default="kafka", show_default=True,
+              help="kafka: produce the simulated connector's records; sql: play the changes as SQL transactions "
+                   "on the real source's database (`make source-up`) and wait until Debezium delivered them.")
+@click.option("--dsn", default=None,
+              help="Database of --sink sql  [default: $LAKEHOUSE_SOURCE_DSN or that of `lakehouse source status`]")
 @click.option("--dry-run", is_flag=True, help="Generate and print the stats; produce and save nothing.")
 def generate(
     seed: int,
@@ -934,6 +939,8 @@ def generate(
     partitions: int,
     state_file: Path | None,
     bootstrap: str | None,
+    sink: str,
+    dsn: str | None,
     dry_run: bool,
 ) -> None:
     """Play the upstream `shop` database: produce Debezium change events to Kafka.
@@ -941,6 +948,10 @@ def generate(
     The first run produces the initial snapshot and then CHANGES change events; later runs load the
     saved simulation and produce only further changes, continuing its LSNs, ids and clock. The state
     is saved only after Kafka acknowledged every record, so a failed run is simply repeated.
+
+    With --sink sql the same changes are real INSERT, UPDATE, DELETE and TRUNCATE transactions on
+    PostgreSQL, and Debezium makes the records (tombstones and replays included); the state file
+    still follows the simulation, so that later runs continue it.
     """
     path = state_file or settings.source_state_file()
     brokers = bootstrap or settings.kafka_bootstrap()
@@ -965,6 +976,11 @@ def generate(
     if dry_run:
         click.echo(f"dry run: would produce {len(messages)} records ({_summary(run_stats)})")
         return
+    if sink == "sql":
+        summary = _play_sql(messages, dsn, brokers)
+        _save(source, path)
+        click.echo(f"{summary}, delivered by Debezium to {brokers}; state {path}")
+        return
     try:
         ensure_topics(brokers, partitions)
         with click.progressbar(length=len(messages), label="producing", file=sys.stderr) as bar:
@@ -973,9 +989,32 @@ def generate(
             )
     except KafkaUnavailableError as exc:
         raise click.ClickException(str(exc)) from exc
+    _save(source, path)
+    verb = "continued" if resumed else "snapshot +"
+    click.echo(f"{verb} {sent} records to {brokers} ({_summary(run_stats)}); lsn={source.lsn}; state {path}")
+
+
+def _save(source: ShopSource, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".tmp")
     partial.write_text(source.to_json(), encoding="utf-8")
     os.replace(partial, path)
-    verb = "continued" if resumed else "snapshot +"
-    click.echo(f"{verb} {sent} records to {brokers} ({_summary(run_stats)}); lsn={source.lsn}; state {path}")
+
+
+def _play_sql(messages: list[Message], dsn: str | None, brokers: str) -> str:
+    """The changes as SQL on the real source, then wait until Debezium put the last one on Kafka."""
+    from pipelines import pg_source, sql_sink
+
+    dsn = dsn or os.environ.get("LAKEHOUSE_SOURCE_DSN") or pg_source.default_dsn()
+    if dsn is None:
+        raise click.ClickException("--sink sql needs the real source: `make source-up`, "
+                                   "or --dsn / LAKEHOUSE_SOURCE_DSN")
+    try:
+        since = sql_sink.end_offsets(brokers, [topic(table) for table in TABLES])
+        run = sql_sink.apply(messages, dsn)
+        if run.last_table is not None and run.last_lsn is not None:
+            sql_sink.wait_published(brokers, run.last_table, run.last_lsn, since)
+    except (RuntimeError, TimeoutError, KafkaError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    counts = " ".join(f"{op}={run.stats[op]}" for op in ("c", "u", "d", "t") if run.stats[op]) or "no changes"
+    return f"played {counts} on {dsn}"

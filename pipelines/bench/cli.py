@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import click
@@ -15,8 +16,13 @@ SEED = click.option("--seed", type=int, default=7, show_default=True, help="Gene
 
 
 @click.group()
-def bench() -> None:
+@click.option("--sink", type=click.Choice(["kafka", "sql"]), envvar="LAKEHOUSE_BENCH_SINK", default="kafka",
+              show_default=True,
+              help="How backlogs reach Kafka: the generator's records (kafka), or its changes as SQL on a real "
+                   "PostgreSQL captured by Debezium (sql; ingest, etl, erasure, reads).")
+def bench(sink: str) -> None:
     """Benchmarks: figures printed, saved as JSON and plotted to PNG in LAKEHOUSE_BENCH_DIR (default .bench/)."""
+    os.environ["LAKEHOUSE_BENCH_SINK"] = sink  # read where each benchmark's broker starts (bench/common.py)
 
 
 @bench.command()

@@ -1,4 +1,10 @@
-"""What every benchmark shares: its output folder, a private broker, the backlog workload, timed commands."""
+"""What every benchmark shares: its output folder, a private broker, the backlog workload, timed commands.
+
+The backlog goes to Kafka one of two ways (`lakehouse bench --sink`, `LAKEHOUSE_BENCH_SINK`):
+`kafka`, the generator's records produced as they are (the default: its noise, replays and
+malformed records included), or `sql`, its changes played as SQL on a real PostgreSQL captured
+by Debezium (pipelines/pg_source.py), which the benchmark's broker then starts beside it.
+"""
 
 from __future__ import annotations
 
@@ -18,8 +24,11 @@ from typing import Any
 
 import click
 
-from pipelines.generator import ShopSource, WorkloadConfig, ensure_topics, produce
+from pipelines import sql_sink
+from pipelines.contract import TABLES, topic
+from pipelines.generator import Message, ShopSource, WorkloadConfig, ensure_topics, produce
 from pipelines.kafka_local import KafkaBroker, free_port
+from pipelines.pg_source import RealSource
 
 PARTITIONS = 3
 # The backlog's mix (issue 6): about 60% snapshot rows, then changes of which 5% of all events
@@ -30,6 +39,17 @@ SNAPSHOT_SHARE = 0.6
 DELETE_FRACTION = 0.125
 CUSTOMER_SHARE_OF_SNAPSHOT = 0.25
 _CHUNK = 50_000
+SINKS = ("kafka", "sql")
+# The real source's DSN per benchmark broker (bootstrap) when the sink is `sql`.
+_DATABASES: dict[str, str] = {}
+
+
+def sink() -> str:
+    """`LAKEHOUSE_BENCH_SINK`: how backlogs reach Kafka, `kafka` (default) or `sql`."""
+    chosen = os.environ.get("LAKEHOUSE_BENCH_SINK") or "kafka"
+    if chosen not in SINKS:
+        raise click.ClickException(f"LAKEHOUSE_BENCH_SINK={chosen!r}: expected one of {', '.join(SINKS)}")
+    return chosen
 
 
 def bench_dir() -> Path:
@@ -65,19 +85,45 @@ def say(message: str) -> None:
 
 
 @contextmanager
-def broker(name: str) -> Iterator[KafkaBroker]:
-    """A fresh broker for one benchmark, data under the bench dir, stopped afterwards."""
+def broker(name: str, sinks: tuple[str, ...] = SINKS) -> Iterator[KafkaBroker]:
+    """A fresh broker for one benchmark, data under the bench dir, stopped afterwards; with the
+    `sql` sink, a real source beside it. `sinks`: those the benchmark's own producing supports."""
+    if sink() not in sinks:
+        raise click.ClickException(f"bench {name} produces its records itself: it runs with --sink "
+                                   f"{' or '.join(sinks)} only, not {sink()}")
     data = bench_dir() / name / "kafka"
     if data.exists():
         KafkaBroker(data).stop()
         shutil.rmtree(data)
     node = KafkaBroker(data, port=free_port())
     node.start()
+    real = None
     try:
-        ensure_topics(node.bootstrap, PARTITIONS)
+        if sink() == "sql":
+            real = RealSource(data.parent / "source", free_port(), free_port(), node.bootstrap)
+            real.up()  # Connect creates the topics, with PARTITIONS partitions
+            _DATABASES[node.bootstrap] = real.postgres.dsn
+        else:
+            ensure_topics(node.bootstrap, PARTITIONS)
         yield node
     finally:
+        if real is not None:
+            real.down()
+            _DATABASES.pop(node.bootstrap, None)
         node.stop()
+
+
+def _send(messages: list[Message], bootstrap: str) -> int:
+    """The generator's records to Kafka: produced as they are, or, beside a real source, their
+    changes as SQL that Debezium delivers (counted as statements played)."""
+    dsn = _DATABASES.get(bootstrap)
+    if dsn is None:
+        return produce(messages, bootstrap)
+    since = sql_sink.end_offsets(bootstrap, [topic(t) for t in TABLES])
+    run = sql_sink.apply(messages, dsn)
+    if run.last_table is not None and run.last_lsn is not None:
+        sql_sink.wait_published(bootstrap, run.last_table, run.last_lsn, since)
+    return run.stats.total()
 
 
 @dataclass
@@ -118,14 +164,14 @@ def produce_backlog(bootstrap: str, events: int, seed: int = 7, source: ShopSour
     with click.progressbar(length=events, label=f"producing {events:,} events", file=sys.stderr) as bar:
         if fresh:
             messages = source.snapshot(cfg)
-            done += produce(messages, bootstrap)
+            done += _send(messages, bootstrap)
             bar.update(cfg.customers + cfg.orders)
         else:
             changes = events
         left = changes
         while left > 0:
             step = min(_CHUNK, left)
-            done += produce(source.changes(WorkloadConfig(**{**cfg.__dict__, "changes": step})), bootstrap)
+            done += _send(source.changes(WorkloadConfig(**{**cfg.__dict__, "changes": step})), bootstrap)
             bar.update(step)
             left -= step
     kinds = dict(source.stats - before)

@@ -312,7 +312,7 @@ def run(minutes: float, rate: float, trigger_seconds: float, seed: int) -> dict[
     shutil.rmtree(root, ignore_errors=True)
     log.unlink(missing_ok=True)
     samples: list[tuple[float, dict[str, int]]] = []
-    with broker(NAME) as node:
+    with broker(NAME, sinks=("kafka",)) as node:
         source = ShopSource(seed)
         say(f"snapshot: {SNAPSHOT.customers + SNAPSHOT.orders:,} rows")
         produce(source.snapshot(SNAPSHOT), node.bootstrap)

@@ -110,7 +110,7 @@ def _one_size(spark, rows: int, changes: int, seed: int, reports: _Reports) -> d
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     root = str(work / "lake")
-    with broker(f"scale-{rows}") as node:
+    with broker(f"scale-{rows}", sinks=("kafka",)) as node:
         source = ShopSource(seed)
         started = time.monotonic()
         sent = _snapshot(source, node.bootstrap, rows, seed)
