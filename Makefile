@@ -16,7 +16,7 @@ DEMO_ENV := LAKEHOUSE_ROOT=$(CURDIR)/$(DEMO)/lake LAKEHOUSE_SOURCE_STATE=$(CURDI
             LAKEHOUSE_ERASURE_KEY_FILE=$(CURDIR)/$(DEMO)/erasure.key \
             KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:$(DEMO_PORT)
 
-.PHONY: setup demo test test-fast bench lint package kafka-up kafka-down airflow clean help
+.PHONY: setup demo test test-fast bench lint package kafka-up kafka-down s3-up s3-down airflow clean help
 
 help:  ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -103,6 +103,13 @@ kafka-up: setup  ## Start a local Kafka broker (KRaft) on 127.0.0.1:9092, data i
 kafka-down:  ## Stop it
 	$(BIN)/lakehouse kafka down --data-dir .kafka
 
+s3-up: setup  ## Start a local S3-compatible store (moto server) on 127.0.0.1:9000 with the bucket `lake`; then eval "$$(.venv/bin/lakehouse s3 env)"
+	$(BIN)/lakehouse s3 up --port 9000 --data-dir .s3
+
+s3-down:  ## Stop it (what it held is gone)
+	$(BIN)/lakehouse s3 down --data-dir .s3
+
 clean:  ## Remove the local lake, demo and broker data (not .venv or .jvm)
 	-$(BIN)/lakehouse kafka down --data-dir .kafka
-	rm -rf lake .kafka .source $(DEMO) spark-warehouse
+	-$(BIN)/lakehouse s3 down --data-dir .s3
+	rm -rf lake .kafka .s3 .source $(DEMO) spark-warehouse

@@ -18,6 +18,7 @@ from pipelines import settings
 from pipelines.bench.cli import bench
 from pipelines.generator import generate
 from pipelines.kafka_local import kafka
+from pipelines.object_store import s3
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -36,6 +37,7 @@ def main(verbose: bool) -> None:
 
 main.add_command(generate)
 main.add_command(kafka)
+main.add_command(s3)
 main.add_command(bench)
 
 

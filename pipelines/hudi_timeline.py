@@ -6,6 +6,8 @@ import json
 
 from pyspark.sql import DataFrame, SparkSession
 
+from pipelines.settings import lake_relative
+
 # Commit metadata keys are stored under this prefix (see bronze.BATCH_ID_META).
 CHECKPOINT_META = "_lakehouse.checkpoint"
 # On a commit that dropped partitions (table_services expiry): no checkpoint older than this
@@ -168,22 +170,34 @@ def extra_meta_after(spark: SparkSession, path: str, completion: str, keys: tupl
 
 
 def checkpoint(spark: SparkSession, path: str) -> dict[str, str]:
-    """The `_lakehouse.checkpoint` of the newest commit that has one, {} if none.
+    """The `_lakehouse.checkpoint` of the newest commit that has one, {} if none, keyed by `lake_relative` paths.
 
     Looked up backwards: table services (compaction, clean, clustering) also commit, and
-    their commits carry no checkpoint.
+    their commits carry no checkpoint. Commits written before checkpoints were keyed by the
+    path relative to the lake root hold absolute paths: they are read under the relative
+    key too, so an existing lake keeps its checkpoints.
     """
     timeline = _completed(spark, path)
     instants = timeline.getReverseOrderedInstants().iterator()
     while instants.hasNext():
         extra = timeline.readCommitMetadata(instants.next()).getExtraMetadata()
         if extra.containsKey(CHECKPOINT_META):
-            return json.loads(extra.get(CHECKPOINT_META))
+            return {lake_relative(k): v for k, v in json.loads(extra.get(CHECKPOINT_META)).items()}
     return {}
+
+
+def consumed(marks: dict[str, str], source: str) -> str | None:
+    """What a checkpoint (`checkpoint`'s marks) says was consumed of the table at `source`."""
+    return marks.get(lake_relative(source))
 
 
 
 def write_with_checkpoint(df: DataFrame, path: str, options: dict[str, str], marks: dict[str, str]) -> None:
-    """One Hudi commit of `df` that also records what it consumed: output and checkpoint move together."""
-    df.write.format("hudi").options(**options).option(CHECKPOINT_META, json.dumps(marks, sort_keys=True)) \
+    """One Hudi commit of `df` that also records what it consumed: output and checkpoint move together.
+
+    `marks` maps the paths of the tables read to what was read of them; they are stored
+    relative to the lake root, so the lake can move (a local lake copied to an object store).
+    """
+    keyed = {lake_relative(source): mark for source, mark in marks.items()}
+    df.write.format("hudi").options(**options).option(CHECKPOINT_META, json.dumps(keyed, sort_keys=True)) \
         .mode("append").save(path)
