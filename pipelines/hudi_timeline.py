@@ -170,25 +170,29 @@ def extra_meta_after(spark: SparkSession, path: str, completion: str, keys: tupl
 
 
 def checkpoint(spark: SparkSession, path: str) -> dict[str, str]:
-    """The `_lakehouse.checkpoint` of the newest commit that has one, {} if none, keyed by `lake_relative` paths.
+    """The `_lakehouse.checkpoint` of the newest commit that has one, {} if none (read it with `consumed`).
 
     Looked up backwards: table services (compaction, clean, clustering) also commit, and
-    their commits carry no checkpoint. Commits written before checkpoints were keyed by the
-    path relative to the lake root hold absolute paths: they are read under the relative
-    key too, so an existing lake keeps its checkpoints.
+    their commits carry no checkpoint.
     """
     timeline = _completed(spark, path)
     instants = timeline.getReverseOrderedInstants().iterator()
     while instants.hasNext():
         extra = timeline.readCommitMetadata(instants.next()).getExtraMetadata()
         if extra.containsKey(CHECKPOINT_META):
-            return {lake_relative(k): v for k, v in json.loads(extra.get(CHECKPOINT_META)).items()}
+            return json.loads(extra.get(CHECKPOINT_META))
     return {}
 
 
 def consumed(marks: dict[str, str], source: str) -> str | None:
-    """What a checkpoint (`checkpoint`'s marks) says was consumed of the table at `source`."""
-    return marks.get(lake_relative(source))
+    """What a checkpoint (`checkpoint`'s marks) says was consumed of the table at `source`.
+
+    Marks name tables relative to the lake root; commits written before held absolute
+    paths, which name the same table once made relative, so an existing lake keeps its
+    checkpoints (and one copied elsewhere too).
+    """
+    key = lake_relative(source)
+    return next((mark for table, mark in marks.items() if lake_relative(table) == key), None)
 
 
 
