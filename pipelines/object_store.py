@@ -28,7 +28,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-import boto3
 import click
 
 from pipelines.settings import PROJECT_ROOT
@@ -84,6 +83,8 @@ class ObjectStore:
             self._wait_ready(process, time.monotonic() + timeout)
         else:
             self.port = int(self.port_path.read_text())
+        import boto3  # here, not at the top: every `lakehouse` command imports this module
+
         s3 = boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id=ACCESS_KEY,
                           aws_secret_access_key=SECRET_KEY, region_name=REGION)
         with contextlib.suppress(s3.exceptions.BucketAlreadyOwnedByYou):
