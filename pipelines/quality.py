@@ -199,7 +199,6 @@ def _context(base: Path):  # -> FileDataContext
 
 def _run_quality(spark: SparkSession, root: str, context, layers: tuple[str, ...],
                  max_age: timedelta) -> list[Outcome]:
-    site = _SITE
     # persist=False: GE would cache every frame it validates, and cached plans are what
     # Hudi's data-skipping lookups deadlock against (reads.toml [scan]).
     source = context.data_sources.add_or_update_spark(name="lake", persist=False)
@@ -223,7 +222,7 @@ def _run_quality(spark: SparkSession, root: str, context, layers: tuple[str, ...
             gx.ValidationDefinition(name=asset_name, data=batch, suite=gx_suite))
         run = context.checkpoints.add_or_update(gx.Checkpoint(
             name=asset_name, validation_definitions=[validation],
-            actions=[UpdateDataDocsAction(name="docs", site_names=[site])],
+            actions=[UpdateDataDocsAction(name="docs", site_names=[_SITE])],
             result_format={"result_format": "SUMMARY", "partial_unexpected_count": 5})
         ).run(batch_parameters={"dataframe": data})
         failures = [_describe(r) for v in run.run_results.values() for r in v.results if not r.success]
