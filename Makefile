@@ -17,8 +17,8 @@ DEMO_ENV := LAKEHOUSE_ROOT=$(CURDIR)/$(DEMO)/lake LAKEHOUSE_SOURCE_STATE=$(CURDI
             KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:$(DEMO_PORT)
 DEMO_PG_ENV = $(DEMO_ENV) LAKEHOUSE_SOURCE_DSN=postgresql://postgres@127.0.0.1:$(DEMO_PG_PORT)/shop
 
-.PHONY: demo-generator demo-postgres
-.PHONY: setup demo test test-fast bench lint package kafka-up kafka-down airflow clean help postgres source-up source-down
+.PHONY: setup demo test test-fast bench lint package kafka-up kafka-down s3-up s3-down airflow clean help
+.PHONY: demo-generator demo-postgres postgres source-up source-down
 
 help:  ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -153,6 +153,12 @@ kafka-up: setup  ## Start a local Kafka broker (KRaft) on 127.0.0.1:9092, data i
 kafka-down:  ## Stop it
 	$(BIN)/lakehouse kafka down --data-dir .kafka
 
+s3-up: setup  ## Start a local S3-compatible store (moto server) on 127.0.0.1:9000 with the bucket `lake`; then eval "$$(.venv/bin/lakehouse s3 env)"
+	$(BIN)/lakehouse s3 up --port 9000 --data-dir .s3
+
+s3-down:  ## Stop it (what it held is gone)
+	$(BIN)/lakehouse s3 down --data-dir .s3
+
 source-up: kafka-up  ## The real source: PostgreSQL 15 (`shop` on 127.0.0.1:5433) and Debezium in Kafka Connect (REST 127.0.0.1:8083) into the local Kafka; prints the DSN
 	$(BIN)/lakehouse source up
 	$(BIN)/lakehouse source status
@@ -163,4 +169,5 @@ source-down:  ## Stop Connect and PostgreSQL (their data stays in .pg-source/; t
 clean:  ## Remove the local lake, demo and broker data (not .venv or .jvm)
 	-$(BIN)/lakehouse source down --purge
 	-$(BIN)/lakehouse kafka down --data-dir .kafka
-	rm -rf lake .kafka .source $(DEMO) spark-warehouse
+	-$(BIN)/lakehouse s3 down --data-dir .s3
+	rm -rf lake .kafka .s3 .source $(DEMO) spark-warehouse

@@ -76,13 +76,21 @@ def writer(name: str, part: str) -> dict[str, str]:
     """Options of a writer of the tables of `[part]` in `<name>.toml`, with the table-services mode's own."""
     options = section(name, part)
     if service_mode() == "external":
-        options |= section("table_services", "external") | section("table_services", f"lock_{target()}")
+        options |= section("table_services", "external") | _lock()
     return options
 
 
 def services(options: dict[str, str]) -> dict[str, str]:
     """Options of the table-services job on a table written with `options`."""
-    return options | section("table_services", "services") | section("table_services", f"lock_{target()}")
+    return options | section("table_services", "services") | _lock()
+
+
+def _lock() -> dict[str, str]:
+    """The lock provider's options: the target's, or the local object store's (a file lock needs atomic creates)."""
+    root = os.environ.get("LAKEHOUSE_ROOT", "")
+    if target() == "local" and root.split("://", 1)[0] in ("s3", "s3a"):
+        return section("table_services", "lock_local_object_store")
+    return section("table_services", f"lock_{target()}")
 
 
 def _as_option(value: object) -> str:

@@ -18,6 +18,7 @@ from pipelines import pg_source, settings
 from pipelines.bench.cli import bench
 from pipelines.generator import generate
 from pipelines.kafka_local import kafka
+from pipelines.object_store import s3
 from pipelines.stream_local import stream
 
 
@@ -38,6 +39,7 @@ def main(verbose: bool) -> None:
 main.add_command(generate)
 main.add_command(pg_source.source)
 main.add_command(kafka)
+main.add_command(s3)
 main.add_command(bench)
 main.add_command(stream)
 

@@ -22,7 +22,7 @@ from pipelines.changes import bronze_changes, window
 from pipelines.erasure_registry import read_registry, without_erased
 from pipelines.gdpr_request import erasure_key
 from pipelines.gold import gold_cycle
-from pipelines.hudi_timeline import checkpoint, write_with_checkpoint
+from pipelines.hudi_timeline import checkpoint, consumed, write_with_checkpoint
 from pipelines.settings import changelog_path, lake_root, quarantine_path, silver_path
 from pipelines.silver import CLEANERS
 from pipelines.table_stats import exists
@@ -44,7 +44,7 @@ def silver_cycle(spark: SparkSession, table: str, root: str) -> dict[str, int]:
     outputs = (silver_path(table, root), quarantine_path(table, root))
     source = changelog_path(table, root)
     # Both outputs read from the older of their checkpoints: re-reading is harmless, skipping is not.
-    since = min(((checkpoint(spark, p) if exists(p) else {}).get(source) for p in outputs), key=lambda v: v or "")
+    since = min((consumed(checkpoint(spark, p) if exists(p) else {}, source) for p in outputs), key=lambda v: v or "")
     w = window(spark, source, since or None)
     changes = bronze_changes(spark, table, w, root)
     if changes is None:

@@ -46,14 +46,13 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import ClassVar
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 import hudi_configs
-from pipelines import contract, gold
+from pipelines import contract, gold, storage
 from pipelines.bronze import BATCH_ID_META, DELETED_FLAG, REGISTRY_META
 from pipelines.erasure_registry import (
     dead_letters_of_erased,
@@ -740,17 +739,15 @@ def certificate_path(root: str, reference: str) -> str:
 
 
 def _write_certificate(root: str, certificate: dict[str, object]) -> None:
-    """The certificate, and one line of the audit log (local lake roots: plain files)."""
-    path = Path(certificate_path(root, str(certificate["reference"])))
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """The certificate, and one line of the audit log, beside the lake (on its object store too)."""
+    path = certificate_path(root, str(certificate["reference"]))
     text = json.dumps(certificate, indent=2, sort_keys=True, default=str)
-    if path.exists():  # a repeated request keeps every run's certificate
-        path = path.with_name(f"{path.stem}.{datetime.now(UTC).strftime('%Y%m%dT%H%M%S')}.json")
-    path.write_text(text)
+    if storage.exists(path):  # a repeated request keeps every run's certificate
+        path = f"{path.removesuffix('.json')}.{datetime.now(UTC).strftime('%Y%m%dT%H%M%S')}.json"
+    storage.write_text(path, text)
     audit = {k: certificate[k] for k in ("reference", "requested_by", "status", "verified", "started_at",
                                          "finished_at")}
-    audit |= {"subjects": certificate["subjects"]["customers"], "certificate": str(path),
+    audit |= {"subjects": certificate["subjects"]["customers"], "certificate": path,
               "rows_removed": sum(int(t.get("rows_removed", 0)) for t in certificate["tables"].values())}
-    with (path.parent.parent / "audit.jsonl").open("a") as fh:
-        fh.write(json.dumps(audit, sort_keys=True, default=str) + "\n")
-    certificate["certificate"] = str(path)
+    storage.append_text(f"{gdpr_path(root)}/audit.jsonl", json.dumps(audit, sort_keys=True, default=str) + "\n")
+    certificate["certificate"] = path

@@ -30,7 +30,7 @@ from pyspark.sql import functions as F
 import hudi_configs
 from pipelines.bronze import DELETED_FLAG
 from pipelines.changes import Window, cdc_last_ops, cdc_window, keyed_read, window
-from pipelines.hudi_timeline import checkpoint, write_with_checkpoint
+from pipelines.hudi_timeline import checkpoint, consumed, write_with_checkpoint
 from pipelines.settings import gold_path
 from pipelines.table_stats import exists
 
@@ -195,8 +195,8 @@ def _read_all(spark: SparkSession, w: Window) -> DataFrame | None:
 def state_cycle(spark: SparkSession, root: str, silver_customers: str, silver_orders: str) -> dict[str, int]:
     out = gold_path(STATE, root)
     marks = checkpoint(spark, out) if exists(out) else {}
-    cust_w, ord_w = window(spark, silver_customers, marks.get(silver_customers)), \
-        window(spark, silver_orders, marks.get(silver_orders))
+    cust_w, ord_w = window(spark, silver_customers, consumed(marks, silver_customers)), \
+        window(spark, silver_orders, consumed(marks, silver_orders))
     if cust_w.empty and ord_w.empty:
         return {}
     new_marks = {w.path: w.until for w in (cust_w, ord_w) if w.until}
@@ -246,7 +246,7 @@ def state_cycle(spark: SparkSession, root: str, silver_customers: str, silver_or
 def _state_window(spark: SparkSession, out: str, state: str) -> tuple[Window, bool] | None:
     """The window of the state table a gold table still has to consume and whether to rebuild; None if nothing to do."""
     marks = checkpoint(spark, out) if exists(out) else {}
-    w = window(spark, state, marks.get(state))
+    w = window(spark, state, consumed(marks, state))
     rebuild = not exists(out) or w.full or w.since is None
     if w.until is None or (w.empty and not rebuild):
         return None

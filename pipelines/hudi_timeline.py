@@ -6,6 +6,8 @@ import json
 
 from pyspark.sql import DataFrame, SparkSession
 
+from pipelines.settings import lake_relative
+
 # Commit metadata keys are stored under this prefix (see bronze.BATCH_ID_META).
 CHECKPOINT_META = "_lakehouse.checkpoint"
 # On a commit that dropped partitions (table_services expiry): no checkpoint older than this
@@ -168,7 +170,7 @@ def extra_meta_after(spark: SparkSession, path: str, completion: str, keys: tupl
 
 
 def checkpoint(spark: SparkSession, path: str) -> dict[str, str]:
-    """The `_lakehouse.checkpoint` of the newest commit that has one, {} if none.
+    """The `_lakehouse.checkpoint` of the newest commit that has one, {} if none (read it with `consumed`).
 
     Looked up backwards: table services (compaction, clean, clustering) also commit, and
     their commits carry no checkpoint.
@@ -182,8 +184,24 @@ def checkpoint(spark: SparkSession, path: str) -> dict[str, str]:
     return {}
 
 
+def consumed(marks: dict[str, str], source: str) -> str | None:
+    """What a checkpoint (`checkpoint`'s marks) says was consumed of the table at `source`.
+
+    Marks name tables relative to the lake root; commits written before held absolute
+    paths, which name the same table once made relative, so an existing lake keeps its
+    checkpoints (and one copied elsewhere too).
+    """
+    key = lake_relative(source)
+    return next((mark for table, mark in marks.items() if lake_relative(table) == key), None)
+
+
 
 def write_with_checkpoint(df: DataFrame, path: str, options: dict[str, str], marks: dict[str, str]) -> None:
-    """One Hudi commit of `df` that also records what it consumed: output and checkpoint move together."""
-    df.write.format("hudi").options(**options).option(CHECKPOINT_META, json.dumps(marks, sort_keys=True)) \
+    """One Hudi commit of `df` that also records what it consumed: output and checkpoint move together.
+
+    `marks` maps the paths of the tables read to what was read of them; they are stored
+    relative to the lake root, so the lake can move (a local lake copied to an object store).
+    """
+    keyed = {lake_relative(source): mark for source, mark in marks.items()}
+    df.write.format("hudi").options(**options).option(CHECKPOINT_META, json.dumps(keyed, sort_keys=True)) \
         .mode("append").save(path)

@@ -31,27 +31,24 @@ clean what it could not read. Findings name the file, its table and what was fou
 never the personal data itself, because they go into the erasure's audit certificate.
 
 Hudi's readers open log files and HFiles through Hudi's storage API in the driver's JVM;
-files are listed and read (for the byte scan and pyarrow) through Hadoop's FileSystem
-there too, so a root on s3:// works as well as a local one. A local root is listed and
-read with Python's own I/O instead: Hadoop's local listing forks a process per file to
-read its permissions (about 5 ms a file), and it hides `.crc` files, which are scanned
-too. py4j calls are batched per block or file: records are collected in the JVM (method
-handles stand in for lambdas) and rendered as one JSON text by Avro's
-`GenericData.toString`, which Python parses.
+files are listed and read (for the byte scan and pyarrow) through pyarrow.fs
+(`pipelines.storage`), on a local root or an object store alike: Hadoop's local listing
+forks a process per file to read its permissions (about 5 ms a file) and hides `.crc`
+files, which are scanned too. py4j calls are batched per block or file: records are
+collected in the JVM (method handles stand in for lambdas) and rendered as one JSON text
+by Avro's `GenericData.toString`, which Python parses.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import struct
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
@@ -62,7 +59,7 @@ from py4j.java_gateway import JavaObject
 from py4j.protocol import Py4JJavaError
 from pyspark.sql import SparkSession
 
-from pipelines import contract
+from pipelines import contract, storage
 from pipelines.table_services import lake_tables
 
 log = logging.getLogger(__name__)
@@ -239,21 +236,13 @@ class _Jvm:
             raise FileNotFoundError(f"lake root {root} does not exist")
         self.root = fs.makeQualified(path).toString().rstrip("/")
         parsed = urlparse(self.root)
-        self._local = Path(parsed.path) if parsed.scheme == "file" else None
-        # The local file system hides `.crc` files from listings: list the raw one beneath it.
-        raw = fs.getRawFileSystem() if self._class("org.apache.hadoop.fs.ChecksumFileSystem").isInstance(fs) else fs
-        self._raw = hudi.storage.hadoop.HoodieHadoopStorage(raw)
+        # What pipelines.storage lists and reads: the local path, or the store's URI.
+        self._files = parsed.path.rstrip("/") if parsed.scheme == "file" else self.root
         self.storage = hudi.storage.hadoop.HoodieHadoopStorage(
             hudi.storage.StoragePath(self.root), hudi.storage.hadoop.HadoopStorageConfiguration(hconf))
         invoke = jvm.java.lang.invoke
         lookup, mtype = invoke.MethodHandles.publicLookup(), invoke.MethodType
         string = self._class("java.lang.String")
-        storage_path = self._class("org.apache.hudi.storage.StoragePath")
-        path_of = invoke.MethodHandles.filterReturnValue(
-            lookup.findVirtual(self._class("org.apache.hudi.storage.StoragePathInfo"), "getPath",
-                               mtype.methodType(storage_path)),
-            lookup.findVirtual(storage_path, "toString", mtype.methodType(string)))
-        self._path_of = self._function(path_of)
         self._data_of = self._function(lookup.findVirtual(
             self._class("org.apache.hudi.common.model.HoodieRecord"), "getData",
             mtype.methodType(self._class("java.lang.Object"))))
@@ -288,31 +277,14 @@ class _Jvm:
         return self._hudi.storage.StoragePath(f"{self.root}/{rel}")
 
     def list_files(self) -> list[str]:
-        """Every file under the root, recursively, relative to it, sorted."""
-        if self._local is not None:
-            # Hadoop's local listing forks a process per file for its permissions (about 5 ms
-            # a file): walk the directory in Python instead.
-            return sorted((Path(top) / name).relative_to(self._local).as_posix()
-                          for top, _, names in os.walk(self._local) for name in names)
-        infos = self._raw.listFiles(self._hudi.storage.StoragePath(self.root))
-        paths = infos.stream().map(self._path_of).collect(self._to_list)
-        found = [p for chunk in self._json(paths) for p in chunk]
-        prefix = self.root + "/"
-        return sorted(p[len(prefix):] if p.startswith(prefix) else p for p in found)
+        """Every file under the root, recursively, relative to it, sorted (`.crc` files too)."""
+        return storage.list_files(self._files)
 
     def exists(self, rel: str) -> bool:
-        if self._local is not None:
-            return (self._local / rel).exists()
-        return bool(self._raw.exists(self._path(rel)))
+        return storage.exists(f"{self._files}/{rel}")
 
     def read(self, rel: str) -> bytes:
-        if self._local is not None:
-            return (self._local / rel).read_bytes()
-        stream = self._raw.open(self._path(rel))
-        try:
-            return bytes(self._jvm.org.apache.commons.io.IOUtils.toByteArray(stream))
-        finally:
-            stream.close()
+        return storage.read_bytes(f"{self._files}/{rel}")
 
     def log_blocks(self, rel: str, data: bytes) -> Iterator[tuple[str, str, list[Any]]]:
         """(block type, what, values) of every block of a Hudi log file, in chunks.

@@ -2,10 +2,12 @@
 
 Each lake table (and each cross-table relation, as a DataFrame of its violations) gets a
 suite, validated on a Spark DataFrame through a GE checkpoint whose action writes the Data
-Docs (HTML) under `<lake root>/_quality/data_docs/`. `run_quality` returns one outcome
-per suite; a failed expectation is reported with the column, the rule and a few of the
-values that broke it, so that the Airflow task log says what is wrong without opening
-the docs.
+Docs (HTML) under `<lake root>/_quality/data_docs/`. GE writes local files only: on an object
+store, its project folder (`_quality/`) is copied to a local folder for the run and back after
+it (`storage.local_copy`), so results and docs live with the lake, not on a driver's disk.
+`run_quality` returns one outcome per suite; a failed expectation is reported with the
+column, the rule and a few of the values that broke it, so that the Airflow task log says
+what is wrong without opening the docs.
 
 Row counts against bronze are exact, not approximate: silver + quarantine must hold as
 many keys as bronze did at the very batch that silver consumed last (time travel to it),
@@ -16,7 +18,6 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -30,10 +31,10 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 import hudi_configs
-from pipelines import contract
+from pipelines import contract, storage
 from pipelines.bronze import BATCH_ID_META
 from pipelines.gold import DAILY, DAILY_KEY, LTV
-from pipelines.hudi_timeline import checkpoint, earliest_retained, instant_of_batch, meta_at
+from pipelines.hudi_timeline import checkpoint, consumed, earliest_retained, instant_of_batch, meta_at
 from pipelines.settings import changelog_path, gold_path, main_path, quarantine_path, silver_path
 from pipelines.table_stats import exists
 
@@ -81,8 +82,8 @@ def _bronze_at_silver_checkpoint(spark: SparkSession, root: str, table: str) -> 
     silver = silver_path(table, root)
     if not exists(silver):
         return None
-    consumed = checkpoint(spark, silver).get(changelog_path(table, root))
-    batch = meta_at(spark, changelog_path(table, root), consumed, BATCH_ID_META) if consumed else None
+    read = consumed(checkpoint(spark, silver), changelog_path(table, root))
+    batch = meta_at(spark, changelog_path(table, root), read, BATCH_ID_META) if read else None
     instant = instant_of_batch(spark, main_path(table, root), BATCH_ID_META, int(batch)) if batch else None
     if instant is None:
         return None
@@ -175,15 +176,29 @@ def _describe(result) -> str:
 def run_quality(spark: SparkSession, root: str, layers: tuple[str, ...] = LAYERS,
                 max_age: timedelta = timedelta(hours=24)) -> list[Outcome]:
     """Validate the suites of `layers`; writes the Data Docs; returns one outcome per suite."""
-    base = quality_root(root)
-    context = gx.get_context(mode="file", project_root_dir=base)
-    site = "lake"
-    if site not in context.get_site_names():
-        context.add_data_docs_site(site_name=site, site_config={
-            "class_name": "SiteBuilder",
-            "store_backend": {"class_name": "TupleFilesystemStoreBackend",
-                              "base_directory": str(data_docs_index(root).parent)},
-            "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"}})
+    with storage.local_copy(quality_root(root)) as base:
+        return _run_quality(spark, root, _context(base), layers, max_age)
+
+
+_SITE = "lake"
+
+
+def _context(base: Path):  # -> FileDataContext
+    """GE's file context in `base` (a lake's `_quality/` or its local copy), its Data Docs in `base`/data_docs."""
+    context = gx.get_context(mode="file", project_root_dir=str(base))
+    config = {"class_name": "SiteBuilder",
+              "store_backend": {"class_name": "TupleFilesystemStoreBackend", "base_directory": str(base / "data_docs")},
+              "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"}}
+    # Set on every run: the folder of a local copy differs from one run to the next.
+    if _SITE in context.get_site_names():
+        context.update_data_docs_site(_SITE, config)
+    else:
+        context.add_data_docs_site(site_name=_SITE, site_config=config)
+    return context
+
+
+def _run_quality(spark: SparkSession, root: str, context, layers: tuple[str, ...],
+                 max_age: timedelta) -> list[Outcome]:
     # persist=False: GE would cache every frame it validates, and cached plans are what
     # Hudi's data-skipping lookups deadlock against (reads.toml [scan]).
     source = context.data_sources.add_or_update_spark(name="lake", persist=False)
@@ -207,7 +222,7 @@ def run_quality(spark: SparkSession, root: str, layers: tuple[str, ...] = LAYERS
             gx.ValidationDefinition(name=asset_name, data=batch, suite=gx_suite))
         run = context.checkpoints.add_or_update(gx.Checkpoint(
             name=asset_name, validation_definitions=[validation],
-            actions=[UpdateDataDocsAction(name="docs", site_names=[site])],
+            actions=[UpdateDataDocsAction(name="docs", site_names=[_SITE])],
             result_format={"result_format": "SUMMARY", "partial_unexpected_count": 5})
         ).run(batch_parameters={"dataframe": data})
         failures = [_describe(r) for v in run.run_results.values() for r in v.results if not r.success]
@@ -216,8 +231,8 @@ def run_quality(spark: SparkSession, root: str, layers: tuple[str, ...] = LAYERS
     return outcomes
 
 
-def data_docs_index(root: str) -> Path:
-    return Path(quality_root(root)) / "data_docs" / "index.html"
+def data_docs_index(root: str) -> str:
+    return f"{quality_root(root)}/data_docs/index.html"
 
 
 # ---------------------------------------------------------------- erasure (pipelines.gdpr)
@@ -237,7 +252,11 @@ def redact_subject(root: str, texts: set[str], customers: set[int], orders: set[
     rebuilt rather than edited. Ids are replaced only in the values of an id column (`id`
     of the suite's customers or orders, `customer_id`): elsewhere a number is not an id.
     """
-    base = Path(quality_root(root))
+    with storage.local_copy(quality_root(root)) as base:
+        return _redact(base, texts, customers, orders)
+
+
+def _redact(base: Path, texts: set[str], customers: set[int], orders: set[int]) -> dict[str, int]:
     store = base / "gx" / "uncommitted" / "validations"
     lowered = [t.lower() for t in texts]
     redacted = 0
@@ -257,8 +276,8 @@ def redact_subject(root: str, texts: set[str], customers: set[int], orders: set[
             path.write_text(json.dumps(result, indent=2))
             redacted += 1
     if redacted:
-        shutil.rmtree(data_docs_index(root).parent, ignore_errors=True)
-        gx.get_context(mode="file", project_root_dir=str(base)).build_data_docs()
+        storage.remove_tree(str(base / "data_docs"))
+        _context(base).build_data_docs()
     return {"validation_results_redacted": redacted, "data_docs_rebuilt": int(bool(redacted))}
 
 

@@ -7,6 +7,7 @@ Environment variables are the contract's way to point the pipeline somewhere
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from pipelines.contract import TABLES
@@ -43,6 +44,19 @@ CHANGE_FEED_TABLES: dict[str, tuple[str, ...]] = {
 def table_path(layer: str, table: str, root: str | None = None) -> str:
     """`$LAKEHOUSE_ROOT/<layer>/<table>`, the contract's location of every table."""
     return f"{(root or lake_root()).rstrip('/')}/{layer}/{table}"
+
+
+# `<layer>/<table>` or `<layer>/_<kind>/<table>` at the end of a table's path.
+_IN_LAKE = re.compile(r"(?:^|/)((?:bronze|silver|gold)/(?:_[^/]+/)?[^/]+)/*$")
+
+
+def lake_relative(path: str) -> str:
+    """A table's path relative to its lake root (`silver/orders`); any other path as it is.
+
+    What a checkpoint names the table it read by: the same table keeps its name when the
+    lake is reached by another root (`./lake` copied to `s3://lake/prod`, `s3a://` for `s3://`).
+    """
+    return m.group(1) if (m := _IN_LAKE.search(path)) else path
 
 
 def main_path(table: str, root: str | None = None) -> str:

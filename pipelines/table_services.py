@@ -40,7 +40,7 @@ import hudi_configs
 from pipelines import contract, gold
 from pipelines.bronze import LEDGER_COLUMNS, hudi_options
 from pipelines.etl import silver_options
-from pipelines.hudi_timeline import READABLE_FROM_META, checkpoint, meta_client
+from pipelines.hudi_timeline import READABLE_FROM_META, checkpoint, consumed, meta_client
 from pipelines.settings import (
     changelog_path,
     dead_letter_path,
@@ -195,7 +195,7 @@ class _Client:
 
     def _consumed(self) -> str | None:
         """The oldest checkpoint the table's readers hold on it (None: no reader has one)."""
-        marks = [checkpoint(self._spark, r).get(self._table.path) for r in self._table.readers if exists(r)]
+        marks = [consumed(checkpoint(self._spark, r), self._table.path) for r in self._table.readers if exists(r)]
         return min((m for m in marks if m), default=None)
 
     def _keep_deletes(self, days: list[str]) -> int:

@@ -7,10 +7,11 @@ tests use the same reader to check what Spark wrote.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import pyarrow as pa
-from hudi import HudiReadOptions, HudiTableBuilder
+from hudi import HudiReadOptions, HudiTable, HudiTableBuilder
+
+from pipelines import storage
 
 
 @dataclass(frozen=True)
@@ -29,17 +30,21 @@ _COMPLETED = (".commit", ".deltacommit", ".replacecommit")
 def exists(path: str) -> bool:
     """A readable table: one with a completed commit (a first commit still in flight is not one).
 
-    Remote URIs are taken as existing; the read then says what is wrong.
+    Asked of the storage, local or an object store alike: a table not written yet (the erasure
+    registry before the first erasure) must not be read.
     """
-    if "://" in path:
-        return True
-    timeline = Path(path) / ".hoodie" / "timeline"
-    return timeline.is_dir() and any("_" in p.name and p.suffix in _COMPLETED for p in timeline.iterdir())
+    return any("_" in name and name.endswith(_COMPLETED)
+               for name in storage.list_dir(f"{path.rstrip('/')}/.hoodie/timeline"))
+
+
+def open_table(path: str) -> HudiTable:
+    """hudi-rs's handle on the table at `path`, with the storage options its location needs."""
+    return HudiTableBuilder.from_base_uri(path).with_storage_options(storage.hudi_storage_options(path)).build()
 
 
 def read_table(path: str, columns: list[str] | None = None) -> pa.Table:
     """Snapshot of a Hudi table (MOR log files merged, deletes applied) as Arrow."""
-    table = HudiTableBuilder.from_base_uri(path).build()
+    table = open_table(path)
     batches = table.read()
     schema = table.get_schema_with_meta_fields()
     result = pa.Table.from_batches(batches, schema=schema) if batches else schema.empty_table()
@@ -47,7 +52,7 @@ def read_table(path: str, columns: list[str] | None = None) -> pa.Table:
 
 
 def table_stats(path: str) -> TableStats:
-    table = HudiTableBuilder.from_base_uri(path).build()
+    table = open_table(path)
     timeline = table.get_timeline()
     commits = len(timeline.get_completed_commits()) + len(timeline.get_completed_deltacommits()) + len(
         timeline.get_completed_replacecommits())

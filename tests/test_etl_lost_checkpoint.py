@@ -16,7 +16,7 @@ from pipelines.changes import read_changes
 from pipelines.contract import TABLES
 from pipelines.etl import run_etl, silver_cycle
 from pipelines.generator import ShopSource, WorkloadConfig, ensure_topics, produce
-from pipelines.hudi_timeline import checkpoint, earliest_checkpoint
+from pipelines.hudi_timeline import checkpoint, consumed, earliest_checkpoint
 from pipelines.settings import changelog_path, gold_path, silver_path
 from tests.lake import assert_lake_equals_model, with_overrides
 
@@ -52,9 +52,9 @@ def test_cycles_rebuild_exactly_when_their_checkpoint_is_gone(spark, broker, tmp
     run_ingest(once=True, root=root, bootstrap=broker.bootstrap, spark=spark, max_offsets_per_trigger=100)
     for table in TABLES:
         readable = earliest_checkpoint(spark, silver_path(table, root))
-        assert readable and readable > gold_marks[silver_path(table, root)], f"silver/{table} was not cleaned"
+        assert readable and readable > consumed(gold_marks, silver_path(table, root)), f"silver/{table} was not cleaned"
     for table in TABLES:
-        silver_mark = checkpoint(spark, silver_path(table, root))[changelog_path(table, root)]
+        silver_mark = consumed(checkpoint(spark, silver_path(table, root)), changelog_path(table, root))
         assert earliest_checkpoint(spark, changelog_path(table, root)) > silver_mark, \
             f"bronze's change log of {table} was not archived past silver's checkpoint"
 
@@ -68,6 +68,6 @@ def test_cycles_rebuild_exactly_when_their_checkpoint_is_gone(spark, broker, tmp
     assert_lake_equals_model(spark, root, source.state)
 
     # A consumer with the old checkpoint is told that what it gets is the whole table.
-    change_set = read_changes(spark, "silver/orders", gold_marks[silver_path("orders", root)], root)
+    change_set = read_changes(spark, "silver/orders", consumed(gold_marks, silver_path("orders", root)), root)
     assert change_set.snapshot
     assert change_set.rows.count() == spark.read.format("hudi").load(silver_path("orders", root)).count()

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from datetime import timedelta
-from pathlib import Path
 
+from pipelines import storage
 from pipelines.bronze import run_ingest
 from pipelines.quality import ERASED, data_docs_index, quality_root, redact_subject, run_quality
 from tests.lake import LakeCopy
@@ -22,7 +22,7 @@ def test_suites_pass_on_the_pipeline_and_name_a_planted_violation(spark, lake: L
     assert {o.suite for o in outcomes} >= {"bronze/customers", "bronze/orders", "silver/customers", "silver/orders",
                                            "gold/customer_ltv", "gold/daily_revenue",
                                            "gold/customer_ltv -> silver/customers"}
-    assert data_docs_index(root).is_file()
+    assert storage.exists(data_docs_index(root))
 
     plant_bad_status(spark, root)
 
@@ -31,13 +31,15 @@ def test_suites_pass_on_the_pipeline_and_name_a_planted_violation(spark, lake: L
     assert failed == {"silver/orders"}, [outcomes[n].line() for n in failed]
     (status_failure,) = [f for f in outcomes["silver/orders"].failures if "status" in f]
     assert "expect_column_values_to_be_in_set" in status_failure and BAD_STATUS in status_failure
-    pages = [p.read_text(errors="replace") for p in data_docs_index(root).parent.rglob("*.html")]
+    docs = data_docs_index(root).rsplit("/", 1)[0]
+    pages = [storage.read_bytes(f"{docs}/{p}").decode(errors="replace") for p in storage.list_files(docs)
+             if p.endswith(".html")]
     assert any("silver.orders" in page and BAD_STATUS in page for page in pages), "Data Docs do not name it"
 
 
 def _files_holding(root: str, text: str) -> list[str]:
-    return [str(p) for p in Path(quality_root(root)).rglob("*")
-            if p.is_file() and text.lower().encode() in p.read_bytes().lower()]
+    base = quality_root(root)
+    return [p for p in storage.list_files(base) if text.lower().encode() in storage.read_bytes(f"{base}/{p}").lower()]
 
 
 def test_an_erasure_redacts_the_values_failed_expectations_keep(spark, lake: LakeCopy) -> None:
@@ -54,5 +56,5 @@ def test_an_erasure_redacts_the_values_failed_expectations_keep(spark, lake: Lak
     assert _files_holding(root, victim_email) == []
     assert _files_holding(root, ERASED), "the redacted value leaves no marker"
     assert any(p.endswith(".html") for p in _files_holding(root, other_email)), "the docs lost the other failure"
-    assert data_docs_index(root).is_file()
+    assert storage.exists(data_docs_index(root))
     assert redact_subject(root, {victim_email}, {victim}, set())["validation_results_redacted"] == 0
