@@ -117,14 +117,12 @@ def _stream_env() -> dict[str, str]:
 
 
 def supervise_emr_stream(action: str, cluster_id: str, code_uri: str) -> str:
-    """`action` on the stream's EMR step, through the `aws_default` connection (EMR API and S3)."""
+    """`action` on the stream's EMR step: the EMR API through the `aws_default` connection."""
     from airflow.providers.amazon.aws.hooks.emr import EmrHook
-    from airflow.providers.amazon.aws.hooks.s3 import S3Hook
 
     from pipelines.stream_emr import EmrStream
 
-    stream = EmrStream(EmrHook(aws_conn_id="aws_default").conn, S3Hook(aws_conn_id="aws_default").get_conn(),
-                       cluster_id, code_uri, lake_root(), _stream_env())
+    stream = EmrStream(EmrHook(aws_conn_id="aws_default").conn, cluster_id, code_uri, lake_root(), _stream_env())
     result = stream.run(action)
     print(result)
     return result

@@ -66,11 +66,26 @@ def read_text(uri: str) -> str:
 
 
 def write_bytes(uri: str, data: bytes) -> None:
-    """Write a whole file (a new object on a store: readers see the old one or this one, never a part)."""
+    """Write a whole file: readers see the old one or this one, never a part.
+
+    A new object on a store is that already; a local file is written aside, then renamed.
+    """
     fs, path = filesystem(uri)
     fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+    target = path
+    if isinstance(fs, pafs.LocalFileSystem):
+        path = f"{target}.{os.getpid()}.tmp"
     with fs.open_output_stream(path) as stream:
         stream.write(data)
+    if path != target:
+        fs.move(path, target)
+
+
+def delete(uri: str) -> None:
+    """Remove one file; nothing if it is not there."""
+    fs, path = filesystem(uri)
+    with contextlib.suppress(FileNotFoundError):
+        fs.delete_file(path)
 
 
 def write_text(uri: str, text: str) -> None:

@@ -18,7 +18,7 @@ if it does not. A heartbeat of a process on this host that is gone (pid and its 
 no longer match) is stale at once, so a restart after a crash does not wait.
 
 Pure Python (no Spark): Airflow's environment imports it. Files are local paths or S3
-objects (boto3, which honours AWS_ENDPOINT_URL for a local store).
+objects, through pipelines.storage like every other file beside the tables.
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ import time
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 import hudi_configs
+from pipelines import storage
 
 log = logging.getLogger(__name__)
 
@@ -58,50 +58,22 @@ def limits() -> Limits:
 
 
 class ControlFiles:
-    """The stream's two small files under the lake root, on a local disk or S3."""
+    """The stream's two small files under the lake root, on a local disk or an object store (pipelines.storage)."""
 
-    def __init__(self, root: str, s3: Any = None) -> None:
+    def __init__(self, root: str) -> None:
         self.root = root.rstrip("/")
-        scheme, _, rest = self.root.partition("://")
-        if not rest:
-            self._bucket = None
-            return
-        if scheme not in ("s3", "s3a"):
-            raise ValueError(f"lake root {root!r}: the stream's control files need a local path or s3://")
-        self._bucket, _, self._prefix = rest.partition("/")
-        if s3 is None:
-            import boto3
-
-            s3 = boto3.client("s3")
-        self._s3 = s3
-
-    def _key(self, name: str) -> str:
-        return f"{self._prefix}/{name}" if self._prefix else name
 
     def read(self, name: str) -> bytes | None:
-        if self._bucket is None:
-            path = Path(self.root, name)
-            return path.read_bytes() if path.exists() else None
         try:
-            return self._s3.get_object(Bucket=self._bucket, Key=self._key(name))["Body"].read()
-        except self._s3.exceptions.NoSuchKey:
+            return storage.read_bytes(f"{self.root}/{name}")
+        except FileNotFoundError:
             return None
 
     def write(self, name: str, data: bytes) -> None:
-        if self._bucket is None:  # a reader never sees half a file: write aside, then rename
-            path = Path(self.root, name)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-            tmp.write_bytes(data)
-            tmp.replace(path)
-        else:
-            self._s3.put_object(Bucket=self._bucket, Key=self._key(name), Body=data)
+        storage.write_bytes(f"{self.root}/{name}", data)
 
     def delete(self, name: str) -> None:
-        if self._bucket is None:
-            Path(self.root, name).unlink(missing_ok=True)
-        else:
-            self._s3.delete_object(Bucket=self._bucket, Key=self._key(name))
+        storage.delete(f"{self.root}/{name}")
 
     def heartbeat(self) -> Heartbeat | None:
         data = self.read(HEARTBEAT)

@@ -12,7 +12,8 @@ to the step's process, `TERMINATE_PROCESS` is SIGKILL). A step in cluster deploy
 end while its driver lives on in YARN, which is why a stop first writes the stream's stop
 request to S3 (pipelines.stream), which the driver itself polls between batches.
 
-Pure Python (boto3 clients passed in): Airflow's environment imports it.
+Pure Python (the EMR client passed in): Airflow's environment imports it. The heartbeat and
+the stop request are read and written with the worker's own AWS credentials (pipelines.storage).
 """
 
 from __future__ import annotations
@@ -38,10 +39,10 @@ def stream_job(env: dict[str, str], trigger_seconds: float = INGEST_TRIGGER_SECO
 
 
 class EmrStream:
-    def __init__(self, emr: Any, s3: Any, cluster_id: str, code_uri: str, root: str, env: dict[str, str],
+    def __init__(self, emr: Any, cluster_id: str, code_uri: str, root: str, env: dict[str, str],
                  lim: Limits | None = None) -> None:
         self.emr, self.cluster_id, self.code_uri = emr, cluster_id, code_uri
-        self.files = ControlFiles(root, s3=s3)
+        self.files = ControlFiles(root)
         self.job = stream_job({**env, "LAKEHOUSE_ROOT": root})
         self.step_name = self.job.emr_step(code_uri)["Name"]
         self.lim = lim or limits()
