@@ -1,6 +1,11 @@
 """`lakehouse gdpr erase`: a customer's data out of every table, every retained version and every file.
 
-Contract section 4. One run does, in order (each step timed for the certificate):
+Contract section 4. One run erases the customers of one or many requests (erase_all: the
+sweep, purge and verification are paid once for the batch, and each request gets its own
+certificate). An order is the customers' when its newest version names one of them; an order
+the source has given to another customer since stays (its current row is that customer's),
+and only its versions naming the subject go. One run does, in order (each step timed for the
+certificate):
 
 1. register: the customers' and their orders' pseudonyms (keyed hashes, pipelines.gdpr_request)
    go into the registry `_gdpr/erased`. From then on ingest drops their events (a replayed

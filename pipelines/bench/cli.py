@@ -69,12 +69,13 @@ def etl(events: int, seed: int) -> None:
               help="Change events after the snapshot (orders move between customers among them).")
 @click.option("--customers", type=click.IntRange(min=1), default=10, show_default=True,
               help="Customers erased together in the batch run (after a run erasing one).")
+@click.option("--rebuild", is_flag=True, help="Build the lakes anew instead of reusing those built before.")
 @SEED
-def erasure(sizes: tuple[int, ...], changes: int, customers: int, seed: int) -> None:
+def erasure(sizes: tuple[int, ...], changes: int, customers: int, rebuild: bool, seed: int) -> None:
     """Wall time of erasing one customer, then a batch of customers in one run, at two lake sizes."""
     from pipelines.bench import erasure as b
 
-    click.echo(b.report(b.run(sizes or b.SIZES, changes, customers, seed)))
+    click.echo(b.report(b.run(sizes or b.SIZES, changes, customers, seed, rebuild)))
 
 
 @bench.command()

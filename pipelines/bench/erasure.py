@@ -10,15 +10,19 @@ For each size, on a private broker and a fresh lake built the way production bui
    customers with orders erased together in one run (`--customer-ids-file`), as the
    gdpr_erasure DAG erases the requests pending since its last run.
 
-The phases come from the certificates' own timings, so the figures say where the time goes
-(find, sweep, purge, verification). Issue 19's goal: 10 customers in one run on a lake of
-about 1M live rows in at most 10 minutes on the project's 2-core machine.
+A built lake is kept (`.bench/erasure/<rows>/built`, with the generator's state) and each
+run erases a copy of it, so the erasure can be measured again without building the lake
+again (`--rebuild` builds it anew). The phases come from the certificates' own timings, so
+the figures say where the time goes (find, sweep, purge, verification). Issue 19's goal: 10
+customers in one run on a lake of about 1M live rows in at most 10 minutes on the project's
+2-core machine.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 from typing import Any
 
 from pipelines import contract
@@ -49,13 +53,13 @@ def _victims(source: ShopSource, count: int) -> list[int]:
     return owners[::step][:count]
 
 
-def _erase(env: dict[str, str], work, rows: int, ids: list[int], reference: str) -> dict[str, Any]:
+def _erase(env: dict[str, str], work: Path, rows: int, ids: list[int], reference: str) -> dict[str, Any]:
     ids_file = work / f"{reference}.ids"
     ids_file.write_text("\n".join(map(str, ids)) + "\n")
     seconds = lakehouse("gdpr", "erase", "--customer-ids-file", str(ids_file), "--reference", reference,
                         "--requested-by", "bench", env=env, log=work / f"erase-{rows}.log")
     ids_file.unlink()  # it names the customers
-    certificate = json.loads((work / f"lake-{rows}" / "_gdpr" / "certificates" / f"{reference}.json").read_text())
+    certificate = json.loads((Path(env["LAKEHOUSE_ROOT"]) / "_gdpr" / "certificates" / f"{reference}.json").read_text())
     run = certificate["run"]
     say(f"  {len(ids)} customer(s): {seconds:.0f}s, verified: {certificate['verified']}")
     return {"customers": len(ids), "seconds": round(seconds, 1), "verified": certificate["verified"],
@@ -64,31 +68,55 @@ def _erase(env: dict[str, str], work, rows: int, ids: list[int], reference: str)
             "files_scanned": certificate["verification"].get("scan", {}).get("files")}
 
 
-def _one_size(rows: int, changes: int, customers: int, seed: int) -> dict[str, Any]:
-    work = bench_dir() / "erasure" / f"{rows}"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    with broker(f"erasure-{rows}") as node:
-        env = {"LAKEHOUSE_ROOT": str(work / f"lake-{rows}"), "KAFKA_BOOTSTRAP_SERVERS": node.bootstrap,
-               "LAKEHOUSE_ERASURE_KEY_FILE": str(work / "erasure.key")}
+def _build(built: Path, rows: int, changes: int, seed: int) -> dict[str, Any]:
+    """Build the lake once into `built` (with the generator's state); later runs reuse it."""
+    shutil.rmtree(built, ignore_errors=True)
+    built.mkdir(parents=True)
+    with broker(f"erasure-{rows}-build") as node:
+        env = {"LAKEHOUSE_ROOT": str(built / "lake"), "KAFKA_BOOTSTRAP_SERVERS": node.bootstrap,
+               "LAKEHOUSE_ERASURE_KEY_FILE": str(built / "erasure.key")}
         source = ShopSource(seed)
         say(f"{rows:,} rows: producing the snapshot and {changes:,} changes")
         produce_snapshot(source, node.bootstrap, rows, seed)
         produce(source.changes(WorkloadConfig(seed=seed, customers=0, orders=0, changes=changes,
                                               delete_fraction=DELETE_FRACTION, move_fraction=MOVE_FRACTION)),
                 node.bootstrap)
-        build = lakehouse("ingest", "--once", env=env, log=work / f"build-{rows}.log")
-        build += lakehouse("etl", env=env, log=work / f"build-{rows}.log")
-        live = sum(len(source.state[t]) for t in contract.TABLES)
-        victims = _victims(source, customers + 1)
-        say(f"{live:,} live rows, built in {build:.0f}s: erasing 1 customer, then {customers} in one run")
-        runs = [_erase(env, work, rows, victims[:1], f"BENCH-{rows}-1"),
-                _erase(env, work, rows, victims[1:], f"BENCH-{rows}-{customers}")]
-    return {"rows": rows, "live_rows": live, "changes": changes, "build_s": round(build, 1), "runs": runs}
+        seconds = lakehouse("ingest", "--once", env=env, log=built / "build.log")
+        seconds += lakehouse("etl", env=env, log=built / "build.log")
+    (built / "source.json").write_text(source.to_json())
+    facts = {"rows": rows, "changes": changes, "seed": seed, "build_s": round(seconds, 1),
+             "live_rows": sum(len(source.state[t]) for t in contract.TABLES)}
+    (built / "build.json").write_text(json.dumps(facts))
+    return facts
 
 
-def run(sizes: tuple[int, ...], changes: int, customers: int, seed: int) -> dict[str, Any]:
-    figures = {"sizes": [_one_size(rows, changes, customers, seed) for rows in sizes], "goal_s": GOAL_S}
+def _one_size(rows: int, changes: int, customers: int, seed: int, rebuild: bool) -> dict[str, Any]:
+    base = bench_dir() / "erasure" / f"{rows}"
+    built = base / "built"
+    facts = json.loads((built / "build.json").read_text()) if (built / "build.json").exists() else None
+    if rebuild or facts is None or (facts["changes"], facts["seed"]) != (changes, seed):
+        facts = _build(built, rows, changes, seed)
+    else:
+        say(f"{rows:,} rows: reusing the lake built in {built}")
+    source = ShopSource.from_json((built / "source.json").read_text())
+    victims = _victims(source, customers + 1)
+    work = base / "run"
+    shutil.rmtree(work, ignore_errors=True)
+    say(f"{facts['live_rows']:,} live rows: erasing 1 customer, then {customers} in one run, each on a copy")
+    runs = []
+    with broker(f"erasure-{rows}") as node:
+        for ids, reference in ((victims[:1], f"BENCH-{rows}-1"), (victims[1:], f"BENCH-{rows}-{customers}")):
+            root = work / reference
+            shutil.copytree(built / "lake", root)
+            env = {"LAKEHOUSE_ROOT": str(root), "KAFKA_BOOTSTRAP_SERVERS": node.bootstrap,
+                   "LAKEHOUSE_ERASURE_KEY_FILE": str(built / "erasure.key")}
+            runs.append(_erase(env, work, rows, ids, reference))
+            shutil.rmtree(root)
+    return {**facts, "runs": runs}
+
+
+def run(sizes: tuple[int, ...], changes: int, customers: int, seed: int, rebuild: bool = False) -> dict[str, Any]:
+    figures = {"sizes": [_one_size(rows, changes, customers, seed, rebuild) for rows in sizes], "goal_s": GOAL_S}
     save("erasure", figures)
     results = [(f"{s['live_rows']:,} rows, {r['customers']} customer(s)", r) for s in figures["sizes"]
                for r in s["runs"]]
