@@ -192,14 +192,19 @@ def find_subject(spark: SparkSession, root: str, customer_ids: tuple[int, ...]) 
     """The customers' rows and orders anywhere in bronze and silver, and their e-mails and names."""
     tables = {t.name: t for t in lake_tables(root)}
     ids = list(customer_ids)
-    customers, orders, texts = set(), set(), set()
+    customers, texts = set(), set()
     reads = _customer_reads(spark, root)
-    for df in reads.values():
-        mine = df.filter(F.col("id").isin(ids))
-        customers |= {r[0] for r in mine.select("id").distinct().collect()}
-        if "email" in df.columns:
-            for r in mine.select("email", "full_name").distinct().collect():
-                texts |= {v.strip() for v in r if v and len(v.strip()) >= MIN_TEXT}
+    # One Spark job over every customer table (each job on a Hudi table pays its file listing).
+    rows = [df.filter(F.col("id").isin(ids)).select(
+        "id", *[F.col(c) if c in df.columns else F.lit(None).cast("string").alias(c) for c in ("email", "full_name")])
+        for df in reads.values()]
+    if rows:
+        union = rows[0]
+        for df in rows[1:]:
+            union = union.unionByName(df)
+        for r in union.distinct().collect():
+            customers.add(r["id"])
+            texts |= {v.strip() for v in (r["email"], r["full_name"]) if v and len(v.strip()) >= MIN_TEXT}
     orders, moved, named = _orders_of(spark, [tables[name].path for name in ORDER_TABLES], ids)
     shared = shared_texts(reads, ids, texts)
     return Found(customers, orders, texts - shared, len(shared), moved, named)
@@ -221,11 +226,12 @@ def _orders_of(spark: SparkSession, paths: list[str], ids: list[int]) -> tuple[s
     union = versions[0]
     for df in versions[1:]:
         union = union.unionByName(df)
-    named = union.filter(F.col("customer_id").isin(ids))
-    newest = union.filter(F.col("customer_id").isNotNull()).join(named.select("id").distinct(), "id", "left_semi") \
-        .groupBy("id").agg(F.max_by("customer_id", "_lsn").alias("owner")).collect()
+    subject = F.col("customer_id").isin(ids)
+    newest = union.filter(F.col("customer_id").isNotNull()).groupBy("id").agg(
+        F.max_by("customer_id", "_lsn").alias("owner"),
+        F.collect_set(F.when(subject, F.col("customer_id"))).alias("named")).filter(F.size("named") > 0).collect()
     theirs = {r["id"] for r in newest if r["owner"] in ids}
-    return theirs, {r["id"] for r in newest} - theirs, {r[0] for r in named.select("customer_id").distinct().collect()}
+    return theirs, {r["id"] for r in newest} - theirs, {c for r in newest for c in r["named"]}
 
 
 def shared_texts(reads: dict[str, DataFrame], customer_ids: list[int], texts: set[str]) -> set[str]:

@@ -70,12 +70,14 @@ def etl(events: int, seed: int) -> None:
 @click.option("--customers", type=click.IntRange(min=1), default=10, show_default=True,
               help="Customers erased together in the batch run (after a run erasing one).")
 @click.option("--rebuild", is_flag=True, help="Build the lakes anew instead of reusing those built before.")
+@click.option("--one/--no-one", default=True, show_default=True,
+              help="Also erase one customer alone, before the batch (each run on its own copy of the lake).")
 @SEED
-def erasure(sizes: tuple[int, ...], changes: int, customers: int, rebuild: bool, seed: int) -> None:
+def erasure(sizes: tuple[int, ...], changes: int, customers: int, rebuild: bool, one: bool, seed: int) -> None:
     """Wall time of erasing one customer, then a batch of customers in one run, at two lake sizes."""
     from pipelines.bench import erasure as b
 
-    click.echo(b.report(b.run(sizes or b.SIZES, changes, customers, seed, rebuild)))
+    click.echo(b.report(b.run(sizes or b.SIZES, changes, customers, seed, rebuild, one)))
 
 
 @bench.command()

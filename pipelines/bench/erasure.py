@@ -90,7 +90,7 @@ def _build(built: Path, rows: int, changes: int, seed: int) -> dict[str, Any]:
     return facts
 
 
-def _one_size(rows: int, changes: int, customers: int, seed: int, rebuild: bool) -> dict[str, Any]:
+def _one_size(rows: int, changes: int, customers: int, seed: int, rebuild: bool, one: bool) -> dict[str, Any]:
     base = bench_dir() / "erasure" / f"{rows}"
     built = base / "built"
     facts = json.loads((built / "build.json").read_text()) if (built / "build.json").exists() else None
@@ -102,10 +102,12 @@ def _one_size(rows: int, changes: int, customers: int, seed: int, rebuild: bool)
     victims = _victims(source, customers + 1)
     work = base / "run"
     shutil.rmtree(work, ignore_errors=True)
-    say(f"{facts['live_rows']:,} live rows: erasing 1 customer, then {customers} in one run, each on a copy")
+    say(f"{facts['live_rows']:,} live rows: erasing {'1 customer, then ' if one else ''}{customers} in one run, "
+        "each on a copy")
     runs = []
+    plan = [(victims[:1], f"BENCH-{rows}-1")] if one else []
     with broker(f"erasure-{rows}") as node:
-        for ids, reference in ((victims[:1], f"BENCH-{rows}-1"), (victims[1:], f"BENCH-{rows}-{customers}")):
+        for ids, reference in [*plan, (victims[1:], f"BENCH-{rows}-{customers}")]:
             root = work / reference
             shutil.copytree(built / "lake", root)
             env = {"LAKEHOUSE_ROOT": str(root), "KAFKA_BOOTSTRAP_SERVERS": node.bootstrap,
@@ -115,8 +117,9 @@ def _one_size(rows: int, changes: int, customers: int, seed: int, rebuild: bool)
     return {**facts, "runs": runs}
 
 
-def run(sizes: tuple[int, ...], changes: int, customers: int, seed: int, rebuild: bool = False) -> dict[str, Any]:
-    figures = {"sizes": [_one_size(rows, changes, customers, seed, rebuild) for rows in sizes], "goal_s": GOAL_S}
+def run(sizes: tuple[int, ...], changes: int, customers: int, seed: int, rebuild: bool = False,
+        one: bool = True) -> dict[str, Any]:
+    figures = {"sizes": [_one_size(rows, changes, customers, seed, rebuild, one) for rows in sizes], "goal_s": GOAL_S}
     save("erasure", figures)
     results = [(f"{s['live_rows']:,} rows, {r['customers']} customer(s)", r) for s in figures["sizes"]
                for r in s["runs"]]
