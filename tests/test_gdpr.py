@@ -86,8 +86,9 @@ def _orders_stayed(sent: list[Message], state: Rows, customer: int) -> bool:
 
     The lake cannot link an order to a customer it never saw them together in: one that was
     deleted, or moved to another customer, before any ingest saw it under this one (both occur
-    when a whole history is ingested in one batch). What an erasure owes such orders is issue
-    19's to settle; these tests choose customers without them.
+    when a whole history is ingested in one batch). The lake holds nothing of the customer
+    for such an order, but the model here would count it as theirs; these tests choose
+    customers without them, and move orders only after the lake has seen them.
     """
     return all(state["orders"].get(o, {}).get("customer_id") == customer for o in orders_of(sent, {customer}))
 
