@@ -13,14 +13,23 @@ Not scheduled: trigger it from the UI form (**Trigger** with config) or the REST
 - `requested_by`: who asked for the erasure (a person, the DPO's address).
 
 `validate_request` checks the request first and fails at once, without retries and before
-anything is touched, naming every problem. `gdpr_erase` runs `lakehouse gdpr erase`, which
-succeeds only when the erasure is verified; running it again for the same customers is
-safe ("nothing left to erase"). Its result (the last log line, and the task's XCom) is a
-JSON summary with the certificate's path, under `$LAKEHOUSE_ROOT/_gdpr/`.
+anything is touched, naming every problem; a valid request is filed in the erasure inbox
+(`LAKEHOUSE_GDPR_INBOX`, outside the lake). `gdpr_erase` runs `lakehouse gdpr erase
+--pending`: every request waiting in the inbox, this one and those of runs triggered
+meanwhile, erased in one run (one sweep, one purge, one verification), one certificate
+each, under `$LAKEHOUSE_ROOT/_gdpr/`. Runs may overlap (each files its request at once);
+their erasures take the one slot of the pool `lakehouse_lake` in turn, and a run whose
+request an earlier run already erased has nothing left to do. A request leaves the inbox
+once its erasure is verified. Its result (the task's XCom) is the JSON summary of each
+request it erased (one object, or a list), with the certificate's path.
 
-The run's conf and XComs keep the ids in Airflow's metadata database: clean old runs of
-this DAG (`airflow db clean`) as your retention policy says. Target (local / EMR):
-`LAKEHOUSE_TARGET`.
+Where Airflow keeps the ids: only in the run's conf (its trigger). XComs, rendered commands
+and task logs hold references and pseudonyms, never an id. Airflow cannot clear a run's conf;
+the retention command, for runs older than the retention your policy sets (archive tables
+skipped, or they keep a copy):
+`airflow db clean --tables dag_run --clean-before-timestamp '<date>' --skip-archive --yes`
+(it removes the old runs of every DAG, with their task instances and XComs).
+Target (local / EMR): `LAKEHOUSE_TARGET`.
 """
 
 from __future__ import annotations
@@ -31,19 +40,19 @@ from airflow.exceptions import AirflowFailException
 from airflow.sdk import DAG, Param, task
 from lakehouse_common import DEFAULT_ARGS, START, job, spark_task, table_asset
 
+from pipelines.gdpr_inbox import file_request
 from pipelines.gdpr_request import MAX_ID, MAX_IDS, REFERENCE_PATTERN, InvalidRequest, parse_request
 
-# The validated request, as validate_request returns it. Double quotes only: these templates
-# sit inside the single quotes of a shlex-quoted command line (parse_request lets no quote
-# into the values, and ids are digits and commas).
-REQUEST = '{{{{ ti.xcom_pull(task_ids="validate_request")["{}"] }}}}'
+# Requests filed while an erasure runs wait for the next one: runs overlap, erasures do not
+# (the pool's one slot), so a batch of triggers is erased by one or two runs.
+MAX_ACTIVE_RUNS = 16
 
 with DAG(
     dag_id="gdpr_erasure",
     schedule=None,
     start_date=START,
     catchup=False,
-    max_active_runs=1,
+    max_active_runs=MAX_ACTIVE_RUNS,
     default_args=DEFAULT_ARGS,
     dagrun_timeout=timedelta(hours=4),
     doc_md=__doc__,
@@ -64,18 +73,22 @@ with DAG(
 
     @task(task_id="validate_request", multiple_outputs=False)
     def validate_request(params: dict | None = None) -> dict:
-        """Check the request (`pipelines.gdpr_request.parse_request`); an invalid one fails without retries."""
+        """Check the request (`pipelines.gdpr_request.parse_request`) and file it; an invalid one fails without retries.
+
+        Returns no id (XComs stay in Airflow's database): the erasure reads the inbox.
+        """
         params = params or {}
         try:
             request = parse_request(params.get("customer_ids"), params.get("reference"), params.get("requested_by"))
         except InvalidRequest as err:
             raise AirflowFailException(str(err)) from err
-        return {"customer_ids": ",".join(map(str, request.customer_ids)), "reference": request.reference,
-                "requested_by": request.requested_by}
+        file_request(request)
+        return {"reference": request.reference, "customers": len(request.customer_ids),
+                "duplicates": request.duplicates}
 
     validate_request() >> spark_task(
-        job("gdpr_erase", "gdpr", "erase", "--customer-ids", REQUEST.format("customer_ids"),
-            "--reference", REQUEST.format("reference"), "--requested-by", REQUEST.format("requested_by")),
+        job("gdpr_erase", "gdpr", "erase", "--pending"),
         outlets=[table_asset("silver", "customers"), table_asset("silver", "orders"),
                  table_asset("gold", "customer_ltv"), table_asset("gold", "daily_revenue")],
-        doc_md="Erase and verify (`lakehouse gdpr erase`); exit 0 only when the erasure is verified.")
+        doc_md="Erase every pending request in one run and verify (`lakehouse gdpr erase --pending`); exit 0 only "
+               "when the erasure is verified.")

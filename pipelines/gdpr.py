@@ -1,6 +1,11 @@
 """`lakehouse gdpr erase`: a customer's data out of every table, every retained version and every file.
 
-Contract section 4. One run does, in order (each step timed for the certificate):
+Contract section 4. One run erases the customers of one or many requests (erase_all: the
+sweep, purge and verification are paid once for the batch, and each request gets its own
+certificate). An order is the customers' when its newest version names one of them; an order
+the source has given to another customer since stays (its current row is that customer's),
+and only its versions naming the subject go. One run does, in order (each step timed for the
+certificate):
 
 1. register: the customers' and their orders' pseudonyms (keyed hashes, pipelines.gdpr_request)
    go into the registry `_gdpr/erased`. From then on ingest drops their events (a replayed
@@ -98,13 +103,21 @@ MIN_TEXT = 4
 # ---------------------------------------------------------------- the registry
 
 
-def _register(spark: SparkSession, root: str, request: ErasureRequest, orders: list[int], key: str) -> int:
-    """Add the request's pseudonyms to the registry (an upsert: a repeated request adds nothing)."""
-    rows = ([(subject_hash("customer", c, key), "customer") for c in request.customer_ids]
-            + [(subject_hash("order", o, key), "order") for o in orders])
-    df = spark.createDataFrame(rows, "subject string, kind string") \
-        .withColumn("request", F.lit(subject_hash("customer", 0, key + request.reference))) \
-        .withColumn("registered_at", F.current_timestamp())
+def _register(spark: SparkSession, root: str, requests: list[ErasureRequest], orders: list[int], key: str) -> int:
+    """Add the requests' pseudonyms to the registry in one commit (an upsert: a repeated request adds nothing).
+
+    Each customer is tagged with a pseudonym of its request's reference; orders with the
+    run's (all its references), whose customer is not recorded anywhere.
+    """
+    def tag(references: str) -> str:
+        return subject_hash("customer", 0, key + references)
+
+    run_tag = tag(",".join(r.reference for r in requests))
+    rows = ([(subject_hash("customer", c, key), "customer", tag(r.reference))
+             for r in requests for c in r.customer_ids]
+            + [(subject_hash("order", o, key), "order", run_tag) for o in orders])
+    df = spark.createDataFrame(rows, "subject string, kind string, request string") \
+        .dropDuplicates(["subject"]).withColumn("registered_at", F.current_timestamp())
     df.write.format("hudi").options(**hudi_configs.writer("gdpr", REGISTRY_OPTIONS)) \
         .mode("append").save(registry_path(root))
     return len(rows)
@@ -156,9 +169,13 @@ def _now_instant() -> str:
 @dataclass
 class Found:
     customers: set[int]
-    orders: set[int]
+    orders: set[int]  # the subjects' orders: their newest version names one of the customers
     texts: set[str]
     shared_texts: int  # e-mails/names also held by another customer: checked by ids only
+    # Orders an older version of which names one of the customers, and whose newest names
+    # another: that customer's now. Only the versions naming the subject go.
+    moved: set[int] = field(default_factory=set)
+    named: set[int] = field(default_factory=set)  # customers some version of an order names
 
 
 def _read(spark: SparkSession, path: str) -> DataFrame:
@@ -174,19 +191,46 @@ def find_subject(spark: SparkSession, root: str, customer_ids: tuple[int, ...]) 
     """The customers' rows and orders anywhere in bronze and silver, and their e-mails and names."""
     tables = {t.name: t for t in lake_tables(root)}
     ids = list(customer_ids)
-    customers, orders, texts = set(), set(), set()
+    customers, texts = set(), set()
     reads = _customer_reads(spark, root)
-    for df in reads.values():
-        mine = df.filter(F.col("id").isin(ids))
-        customers |= {r[0] for r in mine.select("id").distinct().collect()}
-        if "email" in df.columns:
-            for r in mine.select("email", "full_name").distinct().collect():
-                texts |= {v.strip() for v in r if v and len(v.strip()) >= MIN_TEXT}
-    for name in ORDER_TABLES:
-        if exists(path := tables[name].path) and "customer_id" in (df := _read(spark, path)).columns:
-            orders |= {r[0] for r in df.filter(F.col("customer_id").isin(ids)).select("id").distinct().collect()}
+    # One Spark job over every customer table (each job on a Hudi table pays its file listing).
+    rows = [df.filter(F.col("id").isin(ids)).select(
+        "id", *[F.col(c) if c in df.columns else F.lit(None).cast("string").alias(c) for c in ("email", "full_name")])
+        for df in reads.values()]
+    if rows:
+        union = rows[0]
+        for df in rows[1:]:
+            union = union.unionByName(df)
+        for r in union.distinct().collect():
+            customers.add(r["id"])
+            texts |= {v.strip() for v in (r["email"], r["full_name"]) if v and len(v.strip()) >= MIN_TEXT}
+    orders, moved, named = _orders_of(spark, [tables[name].path for name in ORDER_TABLES], ids)
     shared = shared_texts(reads, ids, texts)
-    return Found(customers, orders, texts - shared, len(shared))
+    return Found(customers, orders, texts - shared, len(shared), moved, named)
+
+
+def _orders_of(spark: SparkSession, paths: list[str], ids: list[int]) -> tuple[set[int], set[int], set[int]]:
+    """The orders any version of which names one of the customers: (theirs, moved to another customer, customers named).
+
+    An order is the customers' when its newest version (by LSN, over every table that keeps
+    versions of orders) names one of them; a later delete does not change whose it was.
+    An order the source gave to someone else since is that customer's row now: it stays,
+    and only its older versions naming the subject are erased.
+    """
+    versions = [df.select("id", "customer_id", F.col("_lsn").cast("long").alias("_lsn"))
+                for path in paths if exists(path)
+                and {"id", "customer_id", "_lsn"} <= set((df := _read(spark, path)).columns)]
+    if not versions:
+        return set(), set(), set()
+    union = versions[0]
+    for df in versions[1:]:
+        union = union.unionByName(df)
+    subject = F.col("customer_id").isin(ids)
+    newest = union.filter(F.col("customer_id").isNotNull()).groupBy("id").agg(
+        F.max_by("customer_id", "_lsn").alias("owner"),
+        F.collect_set(F.when(subject, F.col("customer_id"))).alias("named")).filter(F.size("named") > 0).collect()
+    theirs = {r["id"] for r in newest if r["owner"] in ids}
+    return theirs, {r["id"] for r in newest} - theirs, {c for r in newest for c in r["named"]}
 
 
 def shared_texts(reads: dict[str, DataFrame], customer_ids: list[int], texts: set[str]) -> set[str]:
@@ -212,11 +256,16 @@ def shared_texts(reads: dict[str, DataFrame], customer_ids: list[int], texts: se
 # ---------------------------------------------------------------- sweep
 
 
-def _predicate(name: str, customers: list[int], orders: list[int], key: str) -> Column | None:
+def _predicate(name: str, columns: list[str], customers: list[int], orders: list[int]) -> Column | None:
+    """The rows of table `name` that hold the subject: theirs, their orders, and any version naming them."""
     if name in CUSTOMER_TABLES:
         return F.col("id").isin(customers) if customers else None
     if name in ORDER_TABLES:
-        return F.col("id").isin(orders) if orders else None
+        # Versions of an order that moved to another customer name the subject too: they go,
+        # and the current row of that order (another customer's) stays.
+        checks = ([F.col("id").isin(orders)] if orders else []) \
+            + ([F.col("customer_id").isin(customers)] if customers and "customer_id" in columns else [])
+        return checks[0] | checks[1] if len(checks) == 2 else (checks[0] if checks else None)
     if name in GOLD_BY_CUSTOMER:
         return F.col("customer_id").isin(customers) if customers else None
     return None
@@ -248,10 +297,11 @@ def sweep(spark: SparkSession, root: str, customers: list[int], orders: list[int
         if table.path == dead_letter_path(root):
             mine = dead_letters_of_erased(_read(spark, table.path), registry, key)
         else:
-            predicate = _predicate(table.name, customers, orders, key)
+            df = _read(spark, table.path)
+            predicate = _predicate(table.name, df.columns, customers, orders)
             if predicate is None:
                 continue
-            mine = _read(spark, table.path).filter(predicate)
+            mine = df.filter(predicate)
         mine = mine.localCheckpoint()
         n = mine.count()
         if n:
@@ -361,8 +411,14 @@ class _Purger(_Client):
 
 
 def purge(spark: SparkSession, root: str, names: set[str], sweep_started: str,
-          progress: Callable[[str], None]) -> dict[str, dict[str, object]]:
-    """Remove every older version of the named tables that may still hold the subject."""
+          progress: Callable[[str], None], moved: list[int] | None = None) -> dict[str, dict[str, object]]:
+    """Remove every older version of the named tables that may still hold the subject.
+
+    `moved`: orders now of another customer whose older versions named the subject. The
+    change-feed files of the commit that moved one hold that version as a before-image in
+    the newest slice of its file group, which no clean removes: those file groups are
+    written once more too.
+    """
     report: dict[str, dict[str, object]] = {}
     for table in [t for t in lake_tables(root) if t.name in names and exists(t.path)]:
         progress(f"purging {table.name}")
@@ -377,7 +433,10 @@ def purge(spark: SparkSession, root: str, names: set[str], sweep_started: str,
             if table.options.get("hoodie.table.cdc.enabled") == "true":
                 # The change-feed files of the erasure's own commits hold the deleted rows'
                 # before-images, in the newest slice: write those file groups once more.
-                done["rewritten_file_groups"] = _rewrite(spark, table, client.slices_written_since(sweep_started))
+                file_ids = set(client.slices_written_since(sweep_started))
+                if moved and table.name in ORDER_TABLES:
+                    file_ids |= _file_groups_of(spark, table, moved)
+                done["rewritten_file_groups"] = _rewrite(spark, table, sorted(file_ids))
             readable_from = latest_completion(spark, table.path)
             done["marker"] = client.marker(readable_from)
             done["cleans"] = client.clean_up_to(done["marker"])
@@ -392,6 +451,12 @@ def purge(spark: SparkSession, root: str, names: set[str], sweep_started: str,
             done["metadata_table_rebuilt"] = sorted(rebuild)
         report[table.name] = done
     return report
+
+
+def _file_groups_of(spark: SparkSession, table: LakeTable, ids: list[int]) -> set[str]:
+    """File ids of the file groups holding these keys now."""
+    rows = _read(spark, table.path).filter(F.col("id").isin(ids)).select("_hoodie_file_name").distinct().collect()
+    return {r[0].split("_")[0] for r in rows}
 
 
 def _rewrite(spark: SparkSession, table: LakeTable, file_ids: list[str]) -> int:
@@ -452,7 +517,7 @@ def _holds(name: str, df: DataFrame, customers: list[int], orders: list[int], te
            registry: DataFrame | None) -> Column | None:
     """Rows of `df` (a read of table `name`) that hold the subject."""
     checks = []
-    if (p := _predicate(name, customers, orders, key)) is not None:
+    if (p := _predicate(name, df.columns, customers, orders)) is not None:
         checks.append(p)
     if "customer_id" in df.columns and customers:
         checks.append(F.col("customer_id").isin(customers))
@@ -631,20 +696,39 @@ class _Clock:
 
 def erase(request: ErasureRequest, spark: SparkSession | None = None, root: str | None = None,
           bootstrap: str | None = None, progress: Callable[[str], None] = log.info) -> dict[str, object]:
-    """Erase and verify; returns the certificate (also written under `_gdpr/`)."""
+    """Erase and verify one request; returns the certificate (also written under `_gdpr/`)."""
+    return erase_all([request], spark, root, bootstrap, progress)[0]
+
+
+def erase_all(requests: list[ErasureRequest], spark: SparkSession | None = None, root: str | None = None,
+              bootstrap: str | None = None, progress: Callable[[str], None] = log.info) -> list[dict[str, object]]:
+    """Erase the customers of every request in one run; returns one certificate per request, in order.
+
+    The costly steps (sweep, purge, verification) are paid once for the whole batch, not
+    once per request: a data-protection officer's week of requests is one purge. Each
+    request keeps its own reference, certificate and audit line; all of them carry the
+    same run's tables, purge and checks, and name the references erased with them.
+    """
     from pipelines.spark import get_spark
 
+    if not requests:
+        raise ValueError("no erasure request given")
+    references = [r.reference for r in requests]
+    if len(set(references)) != len(references):
+        raise ValueError(f"references must differ within one run, got {references}: each names its certificate")
     spark = spark or get_spark("lakehouse-gdpr")
     root = root or lake_root()
     key = erasure_key()
     clock = _Clock()
     started = datetime.now(UTC)
+    customers = sorted({c for r in requests for c in r.customer_ids})
     with clock.step("find"):
-        found = find_subject(spark, root, request.customer_ids)
-    customers, orders = list(request.customer_ids), sorted(found.orders)
-    progress(f"found {len(found.customers)} of {len(customers)} customer(s) and {len(orders)} order(s)")
+        found = find_subject(spark, root, tuple(customers))
+    orders, moved = sorted(found.orders), sorted(found.moved)
+    progress(f"found {len(found.customers)} of {len(customers)} customer(s) in {len(requests)} request(s), "
+             f"{len(orders)} order(s) of theirs and {len(moved)} order(s) now of other customers")
     with clock.step("register"):
-        _register(spark, root, request, orders, key)
+        _register(spark, root, requests, orders, key)
         registered = latest_completion(spark, registry_path(root)) or ""
         registry = read_registry(spark, root)
         sweep_started = _now_instant()
@@ -663,17 +747,19 @@ def erase(request: ErasureRequest, spark: SparkSession | None = None, root: str 
             _merge(touched, sweep(spark, root, customers, orders, key, registry))
     kafka: dict[str, object] = {}
     with clock.step("kafka"):
-        try:
+        try:  # moved orders keep their key: their newest record is another customer's row
             kafka = kafka_tombstones(bootstrap or kafka_bootstrap(), customers, orders)
         except Exception as exc:  # the lake is erased regardless; the certificate says what Kafka still holds
             kafka = {"error": f"{type(exc).__name__}: {exc}"}
     texts = sorted(found.texts)
     # What held the subject keeps older versions of it: purge those tables (gold included,
-    # recomputed from silver); then verify.
+    # recomputed from silver), and the order tables whose older versions name the subject
+    # under orders that moved; then verify.
     purged: dict[str, dict[str, object]] = {}
-    if touched:
+    to_purge = set(touched) | (set(ORDER_TABLES) if moved else set())
+    if to_purge:
         with clock.step("purge"):
-            purged = purge(spark, root, set(touched), sweep_started, progress)
+            purged = purge(spark, root, to_purge, sweep_started, progress, moved)
     with clock.step("quality results"):
         quality = redact_subject(root, set(texts), set(customers), set(orders))
     with clock.step("verify"):
@@ -699,31 +785,38 @@ def erase(request: ErasureRequest, spark: SparkSession | None = None, root: str 
         with clock.step(f"sweep again {attempt}"):
             _merge(touched, sweep(spark, root, customers, orders, key, registry))
         with clock.step(f"purge again {attempt}"):
-            purged |= purge(spark, root, again, sweep_started, progress)
+            purged |= purge(spark, root, again, sweep_started, progress, moved)
         with clock.step(f"verify again {attempt}"):
             result = verify(spark, root, customers, orders, texts, key, progress)
-    nothing = not found.customers and not found.orders and not touched
-    certificate = {
-        "reference": request.reference,
-        "requested_by": request.requested_by,
-        "status": ("nothing left to erase" if nothing else "erased") if result["passed"] else "NOT VERIFIED",
-        "verified": result["passed"],
-        "started_at": started.isoformat(),
-        "finished_at": datetime.now(UTC).isoformat(),
-        "subjects": {"customers": [subject_hash("customer", c, key) for c in customers],
-                     "orders": len(orders), "duplicates_in_request": request.duplicates,
-                     "found_in_lake": len(found.customers),
-                     "texts_checked": len(found.texts), "texts_shared_with_other_customers": found.shared_texts},
-        "tables": touched,
-        "purge": purged,
-        "kafka": kafka,
-        "quality_results": quality,
-        "verification": result,
-        "further_sweeps": retries,
-        "timings_s": clock.timings,
-    }
-    _write_certificate(root, certificate)
-    return certificate
+    certificates = []
+    for request in requests:
+        mine = set(request.customer_ids)
+        # Per request, what the lake held of its own customers; the run's tables are shared.
+        nothing = not ((found.customers | found.named) & mine) and (not touched or len(requests) > 1)
+        certificate = {
+            "reference": request.reference,
+            "requested_by": request.requested_by,
+            "status": ("nothing left to erase" if nothing else "erased") if result["passed"] else "NOT VERIFIED",
+            "verified": result["passed"],
+            "started_at": started.isoformat(),
+            "finished_at": datetime.now(UTC).isoformat(),
+            "subjects": {"customers": [subject_hash("customer", c, key) for c in request.customer_ids],
+                         "duplicates_in_request": request.duplicates, "found_in_lake": len(found.customers & mine)},
+            # What the run did for all its requests together: tables, purge and checks are shared.
+            "run": {"references": references, "customers": len(customers), "found_in_lake": len(found.customers),
+                    "orders": len(orders), "orders_moved_to_other_customers": len(moved),
+                    "texts_checked": len(found.texts), "texts_shared_with_other_customers": found.shared_texts},
+            "tables": touched,
+            "purge": purged,
+            "kafka": kafka,
+            "quality_results": quality,
+            "verification": result,
+            "further_sweeps": retries,
+            "timings_s": clock.timings,
+        }
+        _write_certificate(root, certificate)
+        certificates.append(certificate)
+    return certificates
 
 
 def _merge(touched: dict[str, dict[str, object]], more: dict[str, dict[str, object]]) -> None:
@@ -748,6 +841,7 @@ def _write_certificate(root: str, certificate: dict[str, object]) -> None:
     audit = {k: certificate[k] for k in ("reference", "requested_by", "status", "verified", "started_at",
                                          "finished_at")}
     audit |= {"subjects": certificate["subjects"]["customers"], "certificate": path,
-              "rows_removed": sum(int(t.get("rows_removed", 0)) for t in certificate["tables"].values())}
+              "rows_removed": sum(int(t.get("rows_removed", 0)) for t in certificate["tables"].values()),
+              "run_references": certificate["run"]["references"]}
     storage.append_text(f"{gdpr_path(root)}/audit.jsonl", json.dumps(audit, sort_keys=True, default=str) + "\n")
     certificate["certificate"] = path

@@ -81,6 +81,33 @@ def parse_request(customer_ids: Iterable[object] | object, reference: object, re
     return ErasureRequest(tuple(unique), str(reference), str(requested_by).strip(), len(ids) - len(unique))
 
 
+def parse_requests(doc: object) -> list[ErasureRequest]:
+    """Check a batch of requests (a JSON list of request objects); raises InvalidRequest naming every problem.
+
+    One bad request refuses the whole batch: a batch is erased in one run, and an operator
+    fixes it before anything is touched. References must differ: each names a certificate.
+    """
+    if not isinstance(doc, list) or not doc:
+        raise InvalidRequest(f"invalid erasure requests: expected a non-empty list of requests, got {doc!r:.80}")
+    requests, problems = [], []
+    for i, item in enumerate(doc):
+        if not isinstance(item, dict):
+            problems.append(f"request #{i + 1}: expected an object with customer_ids, reference, requested_by")
+            continue
+        try:
+            requests.append(parse_request(item.get("customer_ids"), item.get("reference"), item.get("requested_by")))
+        except InvalidRequest as exc:
+            problems.append(f"request #{i + 1}: {str(exc).removeprefix('invalid erasure request: ')}")
+    references = [r.reference for r in requests]
+    if repeated := sorted({r for r in references if references.count(r) > 1}):
+        problems.append(f"reference(s) {', '.join(repeated)} given more than once: each names its own certificate")
+    if sum(len(r.customer_ids) for r in requests) > MAX_IDS:
+        problems.append(f"more than {MAX_IDS} customer ids in one run: split the batch")
+    if problems:
+        raise InvalidRequest("invalid erasure requests: " + "; ".join(problems))
+    return requests
+
+
 def erasure_key(key_file: Path | None = None) -> str:
     """The secret of the pseudonymising hash, from the first of:
 

@@ -131,6 +131,9 @@ class WorkloadConfig:
     replay_runs: int = 2
     schema_fraction: float = 0.5
     other_ops: bool = True
+    # Order updates that give the order to another live customer (a shop fixing who placed
+    # it). Off by default: drawing it would change every seeded workload the tests rely on.
+    move_fraction: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -495,6 +498,11 @@ class ShopSource:
                     row["email"] = self._email(row["full_name"], row_id, self._quality(cfg))
                 else:
                     row["country"] = self._country(self._quality(cfg))
+        elif cfg.move_fraction and rng.random() < cfg.move_fraction and len(self._live["customers"]) > 1:
+            owner = row["customer_id"]
+            while (other := self._live["customers"].choice(rng)) == owner:
+                pass
+            row["customer_id"] = other
         else:
             for column in rng.sample(("status", "amount"), rng.randint(1, 2)):
                 quality = self._quality(cfg)
@@ -913,6 +921,8 @@ _DEFAULTS = WorkloadConfig()
               help="Simulated connector restarts, each re-delivering a run of older records.")
 @click.option("--schema-fraction", type=click.FloatRange(0, 1), default=_DEFAULTS.schema_fraction,
               show_default=True, help="Share of records in the schemas.enable=true format.")
+@click.option("--move-fraction", type=click.FloatRange(0, 1), default=_DEFAULTS.move_fraction,
+              show_default=True, help="Share of order updates that give the order to another customer.")
 @click.option("--rate", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Maximum records per second, for steady-load runs  [default: unlimited]")
 @click.option("--partitions", type=click.IntRange(min=1), default=3, show_default=True,
@@ -935,6 +945,7 @@ def generate(
     malformed_fraction: float,
     replays: int,
     schema_fraction: float,
+    move_fraction: float,
     rate: float | None,
     partitions: int,
     state_file: Path | None,
@@ -963,6 +974,7 @@ def generate(
         malformed_fraction=malformed_fraction,
         replay_runs=replays,
         schema_fraction=schema_fraction,
+        move_fraction=move_fraction,
     )
     resumed = path.exists()
     try:

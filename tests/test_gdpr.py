@@ -23,7 +23,7 @@ from pyspark.sql import SparkSession
 from pipelines.bronze import run_ingest
 from pipelines.contract import TABLES, topic
 from pipelines.etl import run_etl
-from pipelines.gdpr import erase
+from pipelines.gdpr import erase, erase_all
 from pipelines.gdpr_request import parse_request
 from pipelines.generator import Message, ShopSource, WorkloadConfig, ensure_topics, produce
 from pipelines.lake_scan import Subject, scan_lake
@@ -44,7 +44,11 @@ def keyed(cfg: WorkloadConfig) -> WorkloadConfig:
 
 
 def erased_model(sent: list[Message], customers: set[int], orders: set[int]) -> tuple[Rows, dict]:
-    """The model's state and LSNs without the erased customers and orders."""
+    """The model's state and LSNs without the erased customers and orders.
+
+    `orders`: the customers' orders (theirs_and_moved); an order the source has given to
+    another customer since is that customer's, and stays.
+    """
     state, lsns = fold_with_lsn(sent)
     gone = {"customers": set(customers),
             "orders": orders | {k for k, v in state["orders"].items() if v["customer_id"] in customers}}
@@ -62,13 +66,29 @@ def orders_of(sent: list[Message], customers: set[int]) -> set[int]:
     return found
 
 
+def theirs_and_moved(sent: list[Message], customers: set[int]) -> tuple[set[int], set[int]]:
+    """Of the orders the source ever gave the customers: those whose newest version (by LSN) is still
+    theirs (deleted since or not), and those the source has given to another customer since."""
+    newest: dict[int, tuple[int, int]] = {}
+    for m in sent:
+        event = row_event(unwrap(m)[1])
+        if m.topic == topic("orders") and event and event[0] != "d":
+            _, key, lsn, row = event
+            if lsn > newest.get(key, (-1, 0))[0]:
+                newest[key] = (lsn, row["customer_id"])
+    ever = orders_of(sent, customers)
+    theirs = {o for o in ever if newest[o][1] in customers}
+    return theirs, ever - theirs
+
+
 def _orders_stayed(sent: list[Message], state: Rows, customer: int) -> bool:
     """Every order the source ever gave `customer` is live and still theirs.
 
     The lake cannot link an order to a customer it never saw them together in: one that was
     deleted, or moved to another customer, before any ingest saw it under this one (both occur
-    when a whole history is ingested in one batch). What an erasure owes such orders is issue
-    19's to settle; these tests choose customers without them.
+    when a whole history is ingested in one batch). The lake holds nothing of the customer
+    for such an order, but the model here would count it as theirs; these tests choose
+    customers without them, and move orders only after the lake has seen them.
     """
     return all(state["orders"].get(o, {}).get("customer_id") == customer for o in orders_of(sent, {customer}))
 
@@ -178,20 +198,38 @@ def test_erasure_leaves_nothing_and_changes_nobody_else(spark, lake: LakeCopy, t
         assert says in done.stderr, (says, done.stderr[-2000:])
     assert not (Path(root) / "_gdpr").exists() and _timelines(root) == timelines, "a rejected request wrote something"
 
-    # A dead letter that holds a victim's e-mail.
-    lake.produce([dead_letter(state["customers"][with_orders[0]])])
+    # A dead letter that holds a victim's e-mail. Orders move between customers (the workload's
+    # moves, and one of a victim's orders given to a customer who stays), ingested and through
+    # silver and gold: the lake holds versions of that order naming the victim, and its
+    # current row, the other customer's.
+    victim, other = with_orders[0], next(c for c in sorted(state["customers"]) if c not in victims)
+    mine = sorted(o for o, row in state["orders"].items() if row["customer_id"] == victim)
+    moves = dataclasses.replace(keyed(cfg), changes=300, move_fraction=0.5, delete_fraction=0.0)
+    lake.produce([dead_letter(state["customers"][victim]), *source.update("orders", mine[0], {"customer_id": other}),
+                  *source.changes(moves)])
     run_ingest(once=True, root=root, bootstrap=lake.bootstrap, spark=spark)
+    run_etl(spark, root)
 
-    orders, texts = orders_of(sent, victims), texts_of(sent, victims)
-    assert orders and texts
+    (orders, moved), texts = theirs_and_moved(sent, victims), texts_of(sent, victims)
+    assert orders and texts and mine[0] in moved
+    assert len({o["customer_id"] for o in fold_with_lsn(sent)[0]["orders"].values()}) > 1
     before = snapshot(spark, root)
     assert any(of_subject("bronze/_dead_letters", r, victims, orders, texts) for r in before["bronze/_dead_letters"])
+    assert any(dict(r)["id"] == mine[0] and dict(r)["customer_id"] == victim
+               for r in before["bronze/_changelog/orders"])
 
-    certificate = erase(parse_request([*victims, with_orders[0]], "REQ-2026-001", "dpo@shop.example"),
-                        spark=spark, root=root, bootstrap=lake.bootstrap)
-    assert certificate["verified"], certificate["verification"]["failures"]
-    assert certificate["status"] == "erased"
-    assert certificate["subjects"]["duplicates_in_request"] == 1
+    # Two requests, one run: a sweep, a purge and a verification for both, a certificate each.
+    certificates = erase_all([parse_request([victim, quarantined[0], victim], "REQ-2026-001", "dpo@shop.example"),
+                              parse_request([quarantined[0]], "REQ-2026-002", "dpo@shop.example")],
+                             spark=spark, root=root, bootstrap=lake.bootstrap)
+    assert [c["reference"] for c in certificates] == ["REQ-2026-001", "REQ-2026-002"]
+    assert len({c["certificate"] for c in certificates}) == 2
+    certificate = certificates[0]
+    for done in certificates:
+        assert done["verified"], done["verification"]["failures"]
+        assert done["status"] == "erased" and done["run"]["references"] == ["REQ-2026-001", "REQ-2026-002"]
+    assert certificate["subjects"]["duplicates_in_request"] == 1 and len(certificate["subjects"]["customers"]) == 2
+    assert certificate["run"]["orders_moved_to_other_customers"] == len(moved)
     assert certificate["verification"]["scan"]["findings"] == 0
     assert not certificate["further_sweeps"], "the targeted purge left something behind"
 
@@ -201,6 +239,8 @@ def test_erasure_leaves_nothing_and_changes_nobody_else(spark, lake: LakeCopy, t
         kept = {r for r in rows if not of_subject(name, r, victims, orders, texts)}
         assert after.get(name, set()) == kept, f"{name}: rows of other customers changed"
     expected, lsns = erased_model(sent, victims, orders)
+    assert {o for o in moved if o in expected["orders"]} == {o for o in moved if o in fold_with_lsn(sent)[0]["orders"]}
+    assert expected["orders"][mine[0]]["customer_id"] == other  # and counts in gold: the model says so
     assert_bronze_equals_model(spark, root, expected, lsns)
     assert_lake_equals_model(spark, root, expected)
     for table in lake_tables(root):  # the independent reader sees none of them either
@@ -245,8 +285,9 @@ def test_erasure_leaves_nothing_and_changes_nobody_else(spark, lake: LakeCopy, t
     # A second request for the same customers, from the command line, with an id the lake never
     # saw (the source's ids are small), given twice: nothing left, proven so, nobody touched.
     before = snapshot(spark, root)
-    done = run_cli("gdpr", "erase", *[a for v in sorted(victims) for a in ("--customer-id", str(v))],
-                   "--customer-id", "987654321", "--customer-id", "987654321",
+    ids_file = tmp_path / "ids.txt"
+    ids_file.write_text("# erased before\n" + ",".join(map(str, sorted(victims))) + "\n\n987654321\n")
+    done = run_cli("gdpr", "erase", "--customer-ids-file", str(ids_file), "--customer-id", "987654321",
                    "--reference", "REQ-2026-001b", "--requested-by", "dpo@shop.example")
     assert done.exit_code == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout.splitlines()[-1])
@@ -255,7 +296,7 @@ def test_erasure_leaves_nothing_and_changes_nobody_else(spark, lake: LakeCopy, t
     assert again["subjects"]["duplicates_in_request"] == 1 and not again["further_sweeps"]
     assert snapshot(spark, root) == before
     assert_lake_equals_model(spark, root, expected)
-    assert len((gdpr_dir / "audit.jsonl").read_text().splitlines()) == 2
+    assert len((gdpr_dir / "audit.jsonl").read_text().splitlines()) == 3
 
 
 def _client(spark: SparkSession, root: str, name: str):

@@ -69,14 +69,21 @@ def etl(events: int, seed: int) -> None:
 
 
 @bench.command()
-@click.option("--events", "sizes", type=click.IntRange(min=1000), multiple=True,
-              help="Backlog sizes of the lakes; repeatable  [default: 20000 and 200000]")
+@click.option("--rows", "sizes", type=click.IntRange(min=1000), multiple=True,
+              help="Live rows of the lakes (snapshot size); repeatable  [default: 100000 and 1000000]")
+@click.option("--changes", type=click.IntRange(min=0), default=20_000, show_default=True,
+              help="Change events after the snapshot (orders move between customers among them).")
+@click.option("--customers", type=click.IntRange(min=1), default=10, show_default=True,
+              help="Customers erased together in the batch run (after a run erasing one).")
+@click.option("--rebuild", is_flag=True, help="Build the lakes anew instead of reusing those built before.")
+@click.option("--one/--no-one", default=True, show_default=True,
+              help="Also erase one customer alone, before the batch (each run on its own copy of the lake).")
 @SEED
-def erasure(sizes: tuple[int, ...], seed: int) -> None:
-    """Wall time of erasing one customer, at two lake sizes, with the certificate's phases."""
+def erasure(sizes: tuple[int, ...], changes: int, customers: int, rebuild: bool, one: bool, seed: int) -> None:
+    """Wall time of erasing one customer, then a batch of customers in one run, at two lake sizes."""
     from pipelines.bench import erasure as b
 
-    click.echo(b.report(b.run(sizes or b.SIZES, seed)))
+    click.echo(b.report(b.run(sizes or b.SIZES, changes, customers, seed, rebuild, one)))
 
 
 @bench.command()
@@ -135,7 +142,7 @@ def run_all(ctx: click.Context, events: int, minutes: float) -> None:
     ctx.invoke(scale, sizes=(), changes=10_000, seed=7)
     ctx.invoke(freshness, minutes=minutes, rate=100.0, trigger_seconds=settings.INGEST_TRIGGER_SECONDS, seed=7)
     ctx.invoke(etl, events=300_000, seed=7)
-    ctx.invoke(erasure, sizes=(), seed=7)
+    ctx.invoke(erasure, sizes=(), changes=20_000, customers=10, seed=7)
     ctx.invoke(reads, events=200_000, batches=40, seed=7)
 
 

@@ -29,7 +29,17 @@ from typing import Any
 from kafka import KafkaConsumer
 
 from pipelines import contract
-from pipelines.bench.common import DELETE_FRACTION, PARTITIONS, bench_dir, broker, lakehouse, save, say, table
+from pipelines.bench.common import (
+    DELETE_FRACTION,
+    PARTITIONS,
+    bench_dir,
+    broker,
+    lakehouse,
+    produce_snapshot,
+    save,
+    say,
+    table,
+)
 from pipelines.bench.plots import grouped_bars
 from pipelines.bronze import BatchReport, BronzeBatchWriter
 from pipelines.generator import ShopSource, WorkloadConfig, produce
@@ -37,8 +47,6 @@ from pipelines.table_stats import table_stats
 
 SIZES = (100_000, 2_000_000)
 WARM_UP = 1_000
-# Snapshot rows are produced and acknowledged in chunks of this many (memory and producer timeouts).
-_CHUNK = 200_000
 
 
 class _Reports(logging.Handler):
@@ -68,24 +76,6 @@ def _end_offsets(bootstrap: str) -> dict[str, dict[str, int]]:
     return found
 
 
-def _snapshot(source: ShopSource, bootstrap: str, rows: int, seed: int) -> int:
-    """Produce a snapshot of about `rows` live rows (a quarter customers); returns the records sent.
-
-    Snapshot envelopes go without the converter's schema (`schemas.enable=false`): it would
-    multiply the Kafka bytes of a setup step several times over. The measured batches carry the
-    contract's mix of both converter formats.
-    """
-    customers = rows // 4
-    cfg = WorkloadConfig(seed=seed, customers=customers, orders=rows - customers, changes=0,
-                         delete_fraction=DELETE_FRACTION, schema_fraction=0.0)
-    messages = source.snapshot(cfg)
-    sent = 0
-    for i in range(0, len(messages), _CHUNK):
-        sent += produce(messages[i:i + _CHUNK], bootstrap)
-        say(f"  snapshot: {sent:,} of {len(messages):,} records produced")
-    return sent
-
-
 def _changes(source: ShopSource, bootstrap: str, changes: int, seed: int) -> int:
     cfg = WorkloadConfig(seed=seed, customers=0, orders=0, changes=changes, delete_fraction=DELETE_FRACTION)
     return produce(source.changes(cfg), bootstrap)
@@ -113,7 +103,7 @@ def _one_size(spark, rows: int, changes: int, seed: int, reports: _Reports) -> d
     with broker(f"scale-{rows}", sinks=("kafka",)) as node:
         source = ShopSource(seed)
         started = time.monotonic()
-        sent = _snapshot(source, node.bootstrap, rows, seed)
+        sent = produce_snapshot(source, node.bootstrap, rows, seed)
         say(f"{rows:,} rows: {sent:,} records produced in {time.monotonic() - started:.0f}s; ingesting them")
         build = lakehouse("ingest", "--once", env={"LAKEHOUSE_ROOT": root, "KAFKA_BOOTSTRAP_SERVERS": node.bootstrap},
                           log=work / "build.log", timeout=4 * 3600)

@@ -1,14 +1,16 @@
 """The `gdpr_erasure` DAG: its trigger form's schema, the command it renders, and runs with `dag.test()`.
 
-An invalid request stops in `validate_request`, once, before anything runs; a valid one
-erases a customer of a lake built by the real pipeline (Kafka, ingest, etl) through the
-project's CLI in .venv, as the scheduler would.
+An invalid request stops in `validate_request`, once, before anything runs or is filed; a
+valid one is filed in the erasure inbox, and the run erases it together with every request
+waiting there, on a lake built by the real pipeline (Kafka, ingest, etl), through the
+project's CLI in .venv, as the scheduler would. No XCom of the run holds an id.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import os
 import re
 import subprocess
 import sys
@@ -26,6 +28,14 @@ GOOD = {"customer_ids": [12, 3, 12], "reference": "REQ-2026/04:17_a.b",
 # Valid to the form's schema (any string names the requester), refused by parse_request: a
 # quote that would end the quoted argument of the bash command and run the rest.
 INJECTION = "x'; touch {canary}; echo '"
+
+
+@pytest.fixture(autouse=True)
+def inbox(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The test's own erasure inbox (requests waiting for an erasure run)."""
+    path = tmp_path / "inbox"
+    monkeypatch.setenv("LAKEHOUSE_GDPR_INBOX", str(path))
+    return path
 
 
 @pytest.fixture(autouse=True)
@@ -89,7 +99,7 @@ def _states(run) -> dict[str, tuple[str, int]]:
 def test_dag_loads_without_errors_or_spark() -> None:
     dag = _dag()
     assert not [m for m in sys.modules if m == "pyspark" or m.startswith("pyspark.")], "the DAG imported pyspark"
-    assert dag.timetable.can_be_scheduled is False and dag.max_active_runs == 1
+    assert dag.timetable.can_be_scheduled is False and dag.max_active_runs > 1  # runs overlap, erasures do not
     assert set(dag.task_dict) == {"validate_request", "gdpr_erase"}
     assert dag.get_task("gdpr_erase").upstream_task_ids == {"validate_request"}
     assert dag.get_task("validate_request").retries >= 1  # only an invalid request fails at once
@@ -128,19 +138,21 @@ def test_params_accept_a_good_request() -> None:
 # (b) ------------------------------------------------------------------------------------------
 
 
-def test_local_command_carries_the_request_as_three_quoted_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_local_command_erases_the_pending_requests_and_names_nobody(monkeypatch: pytest.MonkeyPatch,
+                                                                    inbox: Path) -> None:
     monkeypatch.setenv("LAKEHOUSE_TARGET", "local")
     task = _dag().get_task("gdpr_erase")
+    assert task.pool == "lakehouse_lake"  # erasures never overlap
     _rendered(task, GOOD)
     assert "{{" not in task.bash_command and "}}" not in task.bash_command
     argv = _bash_argv(task.bash_command)
     assert argv[0].endswith(".venv/bin/spark-submit")
-    assert argv[-9:] == [str(DAGS.parent / "pipelines" / "cli.py"), "gdpr", "erase", "--customer-ids", "3,12",
-                         "--reference", "REQ-2026/04:17_a.b", "--requested-by", "Jane Doe+dpo@shop.example"]
+    assert argv[-4:] == [str(DAGS.parent / "pipelines" / "cli.py"), "gdpr", "erase", "--pending"]
     assert task.env["LAKEHOUSE_TABLE_SERVICES"] == "external" and task.append_env
+    assert task.env["LAKEHOUSE_GDPR_INBOX"] == str(inbox)  # the job reads the inbox the request went to
 
 
-def test_emr_step_carries_the_request_as_three_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_emr_step_erases_the_pending_requests(monkeypatch: pytest.MonkeyPatch) -> None:
     code = "s3://lakehouse-code/release-1"
     monkeypatch.setenv("LAKEHOUSE_TARGET", "emr")
     monkeypatch.setenv("LAKEHOUSE_ROOT", "s3://lakehouse-data/lake")
@@ -148,24 +160,27 @@ def test_emr_step_carries_the_request_as_three_arguments(monkeypatch: pytest.Mon
     assert add.retries == 0  # a retried add would add the step twice
     _rendered(add, GOOD, var={"value": SimpleNamespace(lakehouse_code_uri=code, lakehouse_emr_cluster_id="j-1")})
     (step,) = add.steps
-    assert step["HadoopJarStep"]["Args"][-9:] == [
-        f"{code}/cli.py", "gdpr", "erase", "--customer-ids", "3,12", "--reference", "REQ-2026/04:17_a.b",
-        "--requested-by", "Jane Doe+dpo@shop.example"]
+    assert step["HadoopJarStep"]["Args"][-4:] == [f"{code}/cli.py", "gdpr", "erase", "--pending"]
     assert add.job_flow_id == "j-1"
 
 
 # (c) ------------------------------------------------------------------------------------------
 
 
-def test_validate_request_names_every_problem_and_does_not_retry() -> None:
+def test_validate_request_names_every_problem_and_files_only_a_valid_request(inbox: Path) -> None:
     from airflow.exceptions import AirflowFailException
+
+    from pipelines.gdpr_inbox import pending
 
     validate = _dag().get_task("validate_request").python_callable
     with pytest.raises(AirflowFailException) as failed:
         validate(params={"customer_ids": ["x", 0], "reference": "REQ-1", "requested_by": "O'Brien"})
     assert "not a customer id" in str(failed.value) and "requested_by" in str(failed.value)
-    assert validate(params=GOOD) == {"customer_ids": "3,12", "reference": "REQ-2026/04:17_a.b",
-                                     "requested_by": "Jane Doe+dpo@shop.example"}
+    assert not inbox.exists()
+    # What it returns (its XCom) names no customer.
+    assert validate(params=GOOD) == {"reference": "REQ-2026/04:17_a.b", "customers": 2, "duplicates": 1}
+    (filed,) = pending()
+    assert filed.request.customer_ids == (3, 12) and filed.request.requested_by == "Jane Doe+dpo@shop.example"
 
 
 def test_a_trigger_the_schema_refuses_creates_no_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -193,6 +208,7 @@ def test_an_invalid_request_fails_in_validate_request_and_runs_nothing(tmp_path:
     assert not canary.exists()
     assert sorted(p.relative_to(root).as_posix() for p in root.rglob("*")) == ["silver", "silver/customers",
                                                                              "silver/customers/kept"]
+    assert not list(Path(os.environ["LAKEHOUSE_GDPR_INBOX"]).glob("*")), "an invalid request was filed"
 
 
 # (d) ------------------------------------------------------------------------------------------
@@ -225,6 +241,10 @@ def test_erasure_of_a_real_customer(lake: Path, tmp_path: Path) -> None:
     # A silver customer with the most orders: erasure must take those too.
     subject = max((c for c in source["customers"] if c["id"] in customers), key=lambda c: orders.count(c["id"]))
     cid, email, name = subject["id"], subject["email"].strip().lower(), subject["full_name"]
+    # Another request, waiting in the inbox since before this run (filed by a run triggered earlier).
+    waiting = next(c["id"] for c in source["customers"] if c["id"] in customers and c["id"] != cid)
+    lakehouse("gdpr", "request", "--customer-id", str(waiting), "--reference", "REQ-TEST-0a",
+              "--requested-by", "dpo@shop.example")
     assert customers[cid]["email"] == email
     ltv = _table("gold/customer_ltv")
     assert cid in ltv
@@ -240,16 +260,23 @@ def test_erasure_of_a_real_customer(lake: Path, tmp_path: Path) -> None:
                                 "requested_by": "dpo@shop.example"})
     states = _states(run)
     assert run.state == "success" and all(s == "success" for s, _ in states.values()), states
-    # The CLI's JSON summary, its last line on stdout: the BashOperator's XCom.
-    summary = run.get_task_instance("gdpr_erase").xcom_pull(task_ids="gdpr_erase")
-    summary = json.loads(summary) if isinstance(summary, str) else summary
-    assert summary["reference"] == "REQ-TEST-1" and summary["status"] == "erased" and summary["verified"] is True
-    certificate = Path(summary["certificate"])
-    assert certificate.is_file()
-    text = certificate.read_text(errors="replace").lower()
-    assert email not in text and name.lower() not in text, "the certificate repeats personal data"
+    # The CLI's JSON summary, its last line on stdout: the BashOperator's XCom. Both requests in
+    # one run, a certificate each; the inbox is empty once they are verified.
+    summaries = run.get_task_instance("gdpr_erase").xcom_pull(task_ids="gdpr_erase")
+    summaries = json.loads(summaries) if isinstance(summaries, str) else summaries
+    assert sorted(s["reference"] for s in summaries) == ["REQ-TEST-0a", "REQ-TEST-1"]
+    assert all(s["status"] == "erased" and s["verified"] is True for s in summaries), summaries
+    for summary in summaries:
+        certificate = Path(summary["certificate"])
+        text = certificate.read_text(errors="replace").lower()
+        assert email not in text and name.lower() not in text, "the certificate repeats personal data"
+    assert not list(Path(os.environ["LAKEHOUSE_GDPR_INBOX"]).glob("*"))
+    # What Airflow keeps of the run besides its conf: no XCom holds an id.
+    validated = run.get_task_instance("validate_request").xcom_pull(task_ids="validate_request")
+    assert validated == {"reference": "REQ-TEST-1", "customers": 1, "duplicates": 0}
+    assert all(set(s) == {"reference", "status", "verified", "certificate", "rows_removed"} for s in summaries)
 
     after = _table("silver/customers")
-    assert cid not in after
-    assert after == {k: v for k, v in customers.items() if k != cid}, "another customer changed"
-    assert cid not in _table("gold/customer_ltv")
+    assert cid not in after and waiting not in after
+    assert after == {k: v for k, v in customers.items() if k not in (cid, waiting)}, "another customer changed"
+    assert cid not in _table("gold/customer_ltv") and waiting not in _table("gold/customer_ltv")
