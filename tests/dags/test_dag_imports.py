@@ -26,7 +26,10 @@ def test_dags_have_owners_retries_timeouts_and_docs() -> None:
     for dag_id, dag in _dagbag().dags.items():
         assert dag.doc_md and len(dag.doc_md) > 200, f"{dag_id}: no docs for the UI"
         assert dag.tags, dag_id
-        assert dag.max_active_runs == 1, f"{dag_id}: runs of a lake writer must not overlap"
+        # gdpr_erasure's runs overlap on purpose (each files its request at once); its erasing
+        # task takes the lake pool's one slot (test_lake_writing_tasks_share_the_one_slot_pool).
+        if dag_id != "gdpr_erasure":
+            assert dag.max_active_runs == 1, f"{dag_id}: runs of a lake writer must not overlap"
         for task in dag.tasks:
             assert task.owner and task.owner != "airflow", f"{dag_id}.{task.task_id}: no owner"
             assert task.execution_timeout is not None, f"{dag_id}.{task.task_id}: no timeout"
