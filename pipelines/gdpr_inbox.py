@@ -9,8 +9,9 @@ Runs must not overlap (the DAG's tasks share one pool slot): two would take the 
 
 The inbox holds customer ids, so it lives outside the lake root (LAKEHOUSE_GDPR_INBOX:
 a folder, by default `.gdpr/requests` of the checkout, or an `s3://` prefix that Airflow's
-workers and the EMR cluster both reach), and a request file is deleted, not kept, once
-erased: the certificate under `_gdpr/` is the lasting record, with pseudonyms only.
+workers and the EMR cluster both reach; read and written through pipelines.storage), and a
+request file is deleted, not kept, once erased: the certificate under `_gdpr/` is the lasting
+record, with pseudonyms only.
 """
 
 from __future__ import annotations
@@ -19,9 +20,8 @@ import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
+from pipelines import storage
 from pipelines.gdpr_request import ErasureRequest, InvalidRequest, parse_request
 
 SUFFIX = ".json"
@@ -51,46 +51,20 @@ def _document(request: ErasureRequest) -> str:
                        "requested_by": request.requested_by})
 
 
-def _s3(uri: str) -> tuple[str, str]:
-    bucket, _, prefix = uri.removeprefix("s3://").partition("/")
-    return bucket, prefix
-
-
-def _client() -> Any:
-    import boto3
-
-    return boto3.client("s3")
-
-
 def file_request(request: ErasureRequest, where: str | None = None) -> str:
     """Put the request in the inbox; returns its location. Filing the same reference again replaces it."""
     where = where or inbox()
-    if where.startswith("s3://"):
-        bucket, prefix = _s3(where)
-        key = f"{prefix}/{_name(request.reference)}".lstrip("/")
-        _client().put_object(Bucket=bucket, Key=key, Body=_document(request).encode())
-        return f"s3://{bucket}/{key}"
-    folder = Path(where)
-    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-    path = folder / _name(request.reference)
-    partial = path.with_suffix(".partial")  # never read half-written: rename is atomic
-    partial.write_text(_document(request))
-    partial.replace(path)
-    return str(path)
+    if not storage.is_remote(where):  # ids: a local inbox is for its owner's eyes only
+        os.makedirs(where, mode=0o700, exist_ok=True)
+    location = f"{where}/{_name(request.reference)}"
+    storage.write_text(location, _document(request))  # whole or not at all (pipelines.storage)
+    return location
 
 
 def _documents(where: str) -> Iterator[tuple[str, str]]:
-    if where.startswith("s3://"):
-        bucket, prefix = _s3(where)
-        client = _client()
-        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{prefix}/".lstrip("/")):
-            for item in page.get("Contents", []):
-                if item["Key"].endswith(SUFFIX):
-                    body = client.get_object(Bucket=bucket, Key=item["Key"])["Body"].read().decode()
-                    yield f"s3://{bucket}/{item['Key']}", body
-    elif Path(where).is_dir():
-        for path in sorted(Path(where).glob(f"*{SUFFIX}")):
-            yield str(path), path.read_text()
+    for name in storage.list_dir(where):
+        if name.endswith(SUFFIX):
+            yield f"{where}/{name}", storage.read_text(f"{where}/{name}")
 
 
 def pending(where: str | None = None) -> list[Filed]:
@@ -110,8 +84,4 @@ def pending(where: str | None = None) -> list[Filed]:
 def remove(filed: list[Filed]) -> None:
     """Take erased requests out of the inbox (they hold the ids)."""
     for item in filed:
-        if item.location.startswith("s3://"):
-            bucket, key = _s3(item.location)
-            _client().delete_object(Bucket=bucket, Key=key)
-        else:
-            Path(item.location).unlink(missing_ok=True)
+        storage.delete(item.location)

@@ -1,19 +1,19 @@
 """Erasure requests in batches, before any Spark: the checks of a batch, the inbox (a folder, and S3
-through moto's mock of the S3 API, the one mock here), and the CLI's refusals, which touch nothing."""
+on the project's local store, a moto server), and the CLI's refusals, which touch nothing."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-import boto3
 import pytest
 from click.testing import CliRunner
-from moto import mock_aws
 
 from pipelines import gdpr_inbox
 from pipelines.cli import main
 from pipelines.gdpr_request import InvalidRequest, parse_request, parse_requests
+from pipelines.kafka_local import free_port
+from pipelines.object_store import BUCKET, ObjectStore
 
 
 def test_a_batch_is_refused_whole_naming_each_bad_request() -> None:
@@ -50,13 +50,11 @@ def test_inbox_in_a_folder(tmp_path: Path) -> None:
         gdpr_inbox.pending(str(tmp_path / "inbox"))
 
 
-def test_inbox_on_s3(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    for key in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
-        monkeypatch.delenv(key, raising=False)
-    with mock_aws():
-        boto3.client("s3").create_bucket(Bucket="ops")
-        _round_trip("s3://ops/gdpr/inbox")
+def test_inbox_on_s3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with ObjectStore(tmp_path / "s3", free_port()) as store:
+        for key, value in store.env().items():
+            monkeypatch.setenv(key, value)
+        _round_trip(f"s3://{BUCKET}/ops/gdpr/inbox")
 
 
 def test_cli_refusals_touch_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
