@@ -74,7 +74,8 @@ class LocalStream:
     def status(self) -> str:
         pid = self.pid()
         proc = f"process {pid} running" if pid else "no supervised process"
-        return f"{self.health().state}: {self.health().why}; {proc} (log {self.log_file})"
+        health = self.health()
+        return f"{health.state}: {health.why}; {proc} (log {self.log_file})"
 
     def run(self, action: str) -> str:
         if action not in ACTIONS:
