@@ -15,7 +15,7 @@ from typing import TextIO
 
 import click
 
-from pipelines import pg_source, settings
+from pipelines import console, pg_source, settings
 from pipelines.bench.cli import bench
 from pipelines.generator import generate
 from pipelines.kafka_local import kafka
@@ -24,15 +24,19 @@ from pipelines.stream_local import stream
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
-def main(verbose: bool) -> None:
+@click.option("-v", "--verbose", is_flag=True,
+              help="The full log on the console (Spark, Hudi, libraries; debug for the pipeline), no log file.")
+@click.pass_context
+def main(ctx: click.Context, verbose: bool) -> None:
     """Lakehouse CDC pipeline: Debezium events on Kafka into Apache Hudi tables.
 
     Configuration: LAKEHOUSE_ROOT (lake root, default ./lake), KAFKA_BOOTSTRAP_SERVERS
-    (default 127.0.0.1:9092), LAKEHOUSE_TARGET (local | emr).
+    (default 127.0.0.1:9092), LAKEHOUSE_TARGET (local | emr). Each command prints what it did;
+    Spark, Hudi and library logs go to a log file under LAKEHOUSE_LOG_DIR (default .logs/),
+    named when Spark starts and when the command fails.
     """
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    console.setup(ctx.invoked_subcommand or "lakehouse", verbose)
+    ctx.call_on_close(console.teardown)
     logging.getLogger("kafka").setLevel(logging.WARNING)
     logging.getLogger("py4j").setLevel(logging.WARNING)
 
