@@ -162,8 +162,8 @@ source-up: kafka-up  ## The real source: PostgreSQL 15 (`shop` on 127.0.0.1:5433
 source-down:  ## Stop Connect and PostgreSQL (their data stays in .pg-source/; the broker too: make kafka-down)
 	$(BIN)/lakehouse source down
 
-clean:  ## Remove the local lake, demo and broker data (not .venv or .jvm)
+clean:  ## Remove the local lake, demo and broker data, the logs (not .venv or .jvm)
 	-$(BIN)/lakehouse source down --purge
 	-$(BIN)/lakehouse kafka down --data-dir .kafka
 	-$(BIN)/lakehouse s3 down --data-dir .s3
-	rm -rf lake .kafka .s3 .source $(DEMO) spark-warehouse
+	rm -rf lake .kafka .s3 .source .logs $(DEMO) spark-warehouse

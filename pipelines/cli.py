@@ -10,6 +10,7 @@ import logging
 import signal
 import socket
 import sys
+import time
 from pathlib import Path
 from typing import TextIO
 
@@ -80,13 +81,17 @@ def ingest(once: bool, trigger_seconds: float, max_offsets_per_trigger: int | No
     # SIGTERM (how schedulers and `kill` stop a job) ends the stream like Ctrl-C: the query is
     # stopped; a batch cut short is re-run on the next start, by design.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
+    started = time.monotonic()
     try:
         run_ingest(once=once, bootstrap=brokers, trigger_seconds=trigger_seconds,
                    max_offsets_per_trigger=max_offsets_per_trigger)
     except KeyboardInterrupt:
-        click.echo("ingest stopped", err=True)
+        click.echo(f"ingest stopped after {time.monotonic() - started:.0f} s", err=True)
+        return
     except Exception as exc:  # the stream's failure, already logged by Spark: name it and exit 1
-        raise click.ClickException(f"ingest failed: {_first_line(exc)}") from exc
+        raise click.ClickException(f"ingest failed: {_first_line(exc)}{console.see_log()}") from exc
+    if once:
+        click.echo(f"ingest: caught up with {brokers} in {time.monotonic() - started:.1f} s")
 
 
 @main.command()
@@ -94,12 +99,14 @@ def etl() -> None:
     """One incremental cycle: bronze changes -> silver (+ quarantine) -> gold, each since its checkpoint."""
     from pipelines.etl import run_etl
 
+    started = time.monotonic()
     try:
         report = run_etl()
     except Exception as exc:  # Spark/Hudi failures: name them and exit 1
-        raise click.ClickException(f"etl failed: {_first_line(exc)}") from exc
-    for table, counts in report.items():
-        click.echo(f"{table}: " + (" ".join(f"{k}={v}" for k, v in counts.items()) or "nothing new"))
+        raise click.ClickException(f"etl failed: {_first_line(exc)}{console.see_log()}") from exc
+    changed = [table for table, counts in report.items() if counts]
+    click.echo(f"etl: {len(changed)} of {len(report)} tables changed in {time.monotonic() - started:.1f} s"
+               + (f" ({', '.join(changed)})" if changed else ""))
 
 
 @main.command()
@@ -127,7 +134,7 @@ def services(tables: tuple[str, ...], only: tuple[str, ...]) -> None:
     except ValueError as exc:
         raise click.ClickException(str(exc)) from exc
     except Exception as exc:  # Spark/Hudi failures: name them and exit 1
-        raise click.ClickException(f"services failed: {_first_line(exc)}") from exc
+        raise click.ClickException(f"services failed: {_first_line(exc)}{console.see_log()}") from exc
     for table, done in report.items():
         click.echo(json.dumps({"table": table, **done}, default=str))
 
@@ -148,10 +155,11 @@ def quality(layers: tuple[str, ...], max_age_hours: float) -> None:
     from pipelines.spark import get_spark
 
     root = settings.lake_root()
+    started = time.monotonic()
     outcomes = run_quality(get_spark("lakehouse-quality"), root, layers or LAYERS, timedelta(hours=max_age_hours))
-    for outcome in outcomes:
-        click.echo(outcome.line())
-    click.echo(f"data docs: {data_docs_index(root)}")
+    passed = sum(o.success for o in outcomes)
+    click.echo(f"quality: {passed} of {len(outcomes)} suites passed in {time.monotonic() - started:.1f} s; "
+               f"data docs: {data_docs_index(root)}")
     if failed := [o.suite for o in outcomes if not o.success]:
         raise click.ClickException(f"{len(failed)} of {len(outcomes)} quality suites failed: {', '.join(failed)}")
 

@@ -59,13 +59,22 @@ def setup(command: str, verbose: bool = False) -> None:
         _state["file"] = path
         logfile = logging.FileHandler(path, delay=True)
         logfile.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        handlers.append(logfile)
+        # A process whose stderr already is that file (the stream's child, stream_local.py) writes each line once.
+        handlers = [logfile] if _is_stderr(path) else [console, logfile]
         # Libraries at WARNING (GE logs 200 INFO lines at import), the project at INFO.
         root.setLevel(logging.WARNING)
         own.setLevel(logging.INFO)
     for handler in handlers:
         root.addHandler(handler)
     _state["handlers"] = handlers
+
+
+def _is_stderr(path: Path) -> bool:
+    try:
+        here, there = os.fstat(sys.stderr.fileno()), os.stat(path)
+    except (OSError, ValueError, AttributeError):  # no such file yet, or a stderr without a descriptor
+        return False
+    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
 
 
 def teardown() -> None:
