@@ -37,7 +37,7 @@ def setup(command: str, verbose: bool = False) -> None:
     """Route logging for one CLI command: its summary to stderr, the rest to the log file (or all to stderr)."""
     teardown()
     root, own = logging.getLogger(), logging.getLogger("pipelines")
-    _state.update(root_level=root.level, own_level=own.level, handlers=[], verbose=verbose)
+    _state.update(root_level=root.level, own_level=own.level, handlers=[])
     console = logging.StreamHandler(sys.stderr)
     handlers: list[logging.Handler] = [console]
     if verbose:
@@ -55,7 +55,6 @@ def setup(command: str, verbose: bool = False) -> None:
         path = Path(os.environ.get("LAKEHOUSE_LOG_FILE") or
                     log_dir() / f"{datetime.now():%Y%m%d-%H%M%S}-{command}-{os.getpid()}.log")
         path.parent.mkdir(parents=True, exist_ok=True)
-        os.environ["LAKEHOUSE_LOG_FILE"] = str(path)  # what the JVM and child processes append to
         _state["file"] = path
         logfile = logging.FileHandler(path, delay=True)
         logfile.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
@@ -86,8 +85,6 @@ def teardown() -> None:
     if "root_level" in _state:
         root.setLevel(_state["root_level"])  # type: ignore[arg-type]
         logging.getLogger("pipelines").setLevel(_state["own_level"])  # type: ignore[arg-type]
-    if "file" in _state and os.environ.get("LAKEHOUSE_LOG_FILE") == str(_state["file"]):
-        del os.environ["LAKEHOUSE_LOG_FILE"]
     _state.clear()
 
 
