@@ -12,13 +12,9 @@ AF_BIN  := $(AF_VENV)/bin
 MVN    := mvn -q -B -f jvm/pom.xml
 DEMO   := .demo
 DEMO_PORT ?= 19092
-DEMO_ENV := LAKEHOUSE_ROOT=$(CURDIR)/$(DEMO)/lake LAKEHOUSE_SOURCE_STATE=$(CURDIR)/$(DEMO)/shop_state.json \
-            LAKEHOUSE_ERASURE_KEY_FILE=$(CURDIR)/$(DEMO)/erasure.key \
-            KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:$(DEMO_PORT)
-DEMO_PG_ENV = $(DEMO_ENV) LAKEHOUSE_SOURCE_DSN=postgresql://postgres@127.0.0.1:$(DEMO_PG_PORT)/shop
 
 .PHONY: setup demo test test-fast bench lint package kafka-up kafka-down s3-up s3-down airflow clean help
-.PHONY: demo-generator demo-postgres postgres source-up source-down
+.PHONY: demo-generator demo-postgres demo-run postgres source-up source-down
 
 help:  ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -73,47 +69,47 @@ postgres:  ## Install Debian's postgresql-15 if its binaries are missing (the re
 
 # The demo runs on the real source (PostgreSQL + Debezium) where PostgreSQL 15 is installed (make setup
 # installs it), else on the generator; DEMO_SOURCE=generator|postgres chooses. Expanded after setup ran.
+# One recipe for both: each step prints `$ lakehouse ...` and its summary; the environment is
+# exported to the recipe, not echoed. Spark, Hudi and library logs go to $(DEMO)/logs/.
 DEMO_PG_PORT ?= 15433
 DEMO_CONNECT_PORT ?= 18083
 demo: setup  ## End to end on the embedded local default: Kafka, the real source (PostgreSQL + Debezium) or the generator, ingest, etl (silver, gold), stats, gold samples, quality, an erasure
-	$(MAKE) --no-print-directory demo-$(or $(DEMO_SOURCE),$(if $(wildcard $(PG_BIN)/initdb),postgres,generator))
+	@$(MAKE) --no-print-directory demo-run DEMO_SOURCE=$(or $(DEMO_SOURCE),$(if $(wildcard $(PG_BIN)/initdb),postgres,generator))
 
-demo-generator:
-	rm -rf $(DEMO) && mkdir -p $(DEMO)
-	$(BIN)/lakehouse kafka up --port $(DEMO_PORT) --data-dir $(DEMO)/kafka
-	( set -e; trap '$(BIN)/lakehouse kafka down --data-dir $(DEMO)/kafka' EXIT; \
-	  $(DEMO_ENV) $(BIN)/lakehouse generate --seed 42 --customers 2000 --orders 6000 --changes 20000; \
-	  $(DEMO_ENV) $(BIN)/lakehouse ingest --once; \
-	  $(DEMO_ENV) $(BIN)/lakehouse etl; \
-	  $(DEMO_ENV) $(BIN)/lakehouse generate --changes 5000; \
-	  $(DEMO_ENV) $(BIN)/lakehouse ingest --once; \
-	  $(DEMO_ENV) $(BIN)/lakehouse etl; \
-	  $(DEMO_ENV) $(BIN)/lakehouse status; \
-	  $(DEMO_ENV) $(BIN)/lakehouse show gold/customer_ltv --limit 5; \
-	  $(DEMO_ENV) $(BIN)/lakehouse show gold/daily_revenue --limit 5; \
-	  $(DEMO_ENV) $(BIN)/lakehouse quality; \
-	  $(DEMO_ENV) $(BIN)/lakehouse dead-letters list --limit 5; \
-	  $(DEMO_ENV) $(BIN)/lakehouse gdpr erase --customer-id 7 --reference DEMO-ERASURE-1 --requested-by demo )
+demo-generator demo-postgres:
+	@$(MAKE) --no-print-directory demo-run DEMO_SOURCE=$(@:demo-%=%)
 
-# The same workload as real SQL transactions, captured by Debezium (values with the Connect schema).
-demo-postgres:
-	rm -rf $(DEMO) && mkdir -p $(DEMO)
-	$(BIN)/lakehouse kafka up --port $(DEMO_PORT) --data-dir $(DEMO)/kafka
-	( set -e; trap '$(BIN)/lakehouse source down --home $(DEMO)/source; $(BIN)/lakehouse kafka down --data-dir $(DEMO)/kafka' EXIT; \
-	  $(DEMO_ENV) $(BIN)/lakehouse source up --home $(DEMO)/source --pg-port $(DEMO_PG_PORT) --rest-port $(DEMO_CONNECT_PORT); \
-	  $(DEMO_ENV) $(BIN)/lakehouse source status --home $(DEMO)/source; \
-	  $(DEMO_PG_ENV) $(BIN)/lakehouse generate --sink sql --seed 42 --customers 2000 --orders 6000 --changes 20000; \
-	  $(DEMO_ENV) $(BIN)/lakehouse ingest --once; \
-	  $(DEMO_ENV) $(BIN)/lakehouse etl; \
-	  $(DEMO_PG_ENV) $(BIN)/lakehouse generate --sink sql --changes 5000; \
-	  $(DEMO_ENV) $(BIN)/lakehouse ingest --once; \
-	  $(DEMO_ENV) $(BIN)/lakehouse etl; \
-	  $(DEMO_ENV) $(BIN)/lakehouse status; \
-	  $(DEMO_ENV) $(BIN)/lakehouse show gold/customer_ltv --limit 5; \
-	  $(DEMO_ENV) $(BIN)/lakehouse show gold/daily_revenue --limit 5; \
-	  $(DEMO_ENV) $(BIN)/lakehouse quality; \
-	  $(DEMO_ENV) $(BIN)/lakehouse dead-letters list --limit 5; \
-	  $(DEMO_ENV) $(BIN)/lakehouse gdpr erase --customer-id 7 --reference DEMO-ERASURE-1 --requested-by demo )
+demo-run: export LAKEHOUSE_ROOT := $(CURDIR)/$(DEMO)/lake
+demo-run: export LAKEHOUSE_SOURCE_STATE := $(CURDIR)/$(DEMO)/shop_state.json
+demo-run: export LAKEHOUSE_ERASURE_KEY_FILE := $(CURDIR)/$(DEMO)/erasure.key
+demo-run: export LAKEHOUSE_LOG_DIR := $(CURDIR)/$(DEMO)/logs
+demo-run: export KAFKA_BOOTSTRAP_SERVERS := 127.0.0.1:$(DEMO_PORT)
+demo-run: export LAKEHOUSE_SOURCE_DSN := postgresql://postgres@127.0.0.1:$(DEMO_PG_PORT)/shop
+demo-run:
+	@rm -rf $(DEMO) && mkdir -p $(DEMO)
+	@echo "demo on the $(DEMO_SOURCE) source; lake in $(DEMO)/lake, logs in $(DEMO)/logs"
+	@step() { printf '\n$$ lakehouse %s\n' "$$*"; $(BIN)/lakehouse "$$@"; }; \
+	pg=$(filter postgres,$(DEMO_SOURCE)); \
+	step kafka up --port $(DEMO_PORT) --data-dir $(DEMO)/kafka || exit 1; \
+	( set -e; \
+	  trap '[ -z "$$pg" ] || $(BIN)/lakehouse source down --home $(DEMO)/source; \
+	        $(BIN)/lakehouse kafka down --data-dir $(DEMO)/kafka' EXIT; \
+	  if [ -n "$$pg" ]; then \
+	    step source up --home $(DEMO)/source --pg-port $(DEMO_PG_PORT) --rest-port $(DEMO_CONNECT_PORT); \
+	    step source status --home $(DEMO)/source; \
+	  fi; \
+	  step generate $${pg:+--sink sql} --seed 42 --customers 2000 --orders 6000 --changes 20000; \
+	  step ingest --once; \
+	  step etl; \
+	  step generate $${pg:+--sink sql} --changes 5000; \
+	  step ingest --once; \
+	  step etl; \
+	  step status; \
+	  step show gold/customer_ltv --limit 5; \
+	  step show gold/daily_revenue --limit 5; \
+	  step quality; \
+	  step dead-letters list --limit 5; \
+	  step gdpr erase --customer-id 7 --reference DEMO-ERASURE-1 --requested-by demo )
 
 # Hudi's commit path is one driver thread: one test process kept the two cores 52 to 70% busy.
 # So the Spark suite runs in two processes (pytest-xdist, each with its own Spark session), and
@@ -166,8 +162,8 @@ source-up: kafka-up  ## The real source: PostgreSQL 15 (`shop` on 127.0.0.1:5433
 source-down:  ## Stop Connect and PostgreSQL (their data stays in .pg-source/; the broker too: make kafka-down)
 	$(BIN)/lakehouse source down
 
-clean:  ## Remove the local lake, demo and broker data (not .venv or .jvm)
+clean:  ## Remove the local lake, demo and broker data, the logs (not .venv or .jvm)
 	-$(BIN)/lakehouse source down --purge
 	-$(BIN)/lakehouse kafka down --data-dir .kafka
 	-$(BIN)/lakehouse s3 down --data-dir .s3
-	rm -rf lake .kafka .s3 .source $(DEMO) spark-warehouse
+	rm -rf lake .kafka .s3 .source .logs $(DEMO) spark-warehouse

@@ -10,12 +10,13 @@ import logging
 import signal
 import socket
 import sys
+import time
 from pathlib import Path
 from typing import TextIO
 
 import click
 
-from pipelines import pg_source, settings
+from pipelines import console, pg_source, settings
 from pipelines.bench.cli import bench
 from pipelines.generator import generate
 from pipelines.kafka_local import kafka
@@ -24,15 +25,19 @@ from pipelines.stream_local import stream
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
-def main(verbose: bool) -> None:
+@click.option("-v", "--verbose", is_flag=True,
+              help="The full log on the console (Spark, Hudi, libraries; debug for the pipeline), no log file.")
+@click.pass_context
+def main(ctx: click.Context, verbose: bool) -> None:
     """Lakehouse CDC pipeline: Debezium events on Kafka into Apache Hudi tables.
 
     Configuration: LAKEHOUSE_ROOT (lake root, default ./lake), KAFKA_BOOTSTRAP_SERVERS
-    (default 127.0.0.1:9092), LAKEHOUSE_TARGET (local | emr).
+    (default 127.0.0.1:9092), LAKEHOUSE_TARGET (local | emr). Each command prints what it did;
+    Spark, Hudi and library logs go to a log file under LAKEHOUSE_LOG_DIR (default .logs/),
+    named when Spark starts and when the command fails.
     """
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    console.setup(ctx.invoked_subcommand or "lakehouse", verbose)
+    ctx.call_on_close(console.teardown)
     logging.getLogger("kafka").setLevel(logging.WARNING)
     logging.getLogger("py4j").setLevel(logging.WARNING)
 
@@ -76,13 +81,17 @@ def ingest(once: bool, trigger_seconds: float, max_offsets_per_trigger: int | No
     # SIGTERM (how schedulers and `kill` stop a job) ends the stream like Ctrl-C: the query is
     # stopped; a batch cut short is re-run on the next start, by design.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
+    started = time.monotonic()
     try:
         run_ingest(once=once, bootstrap=brokers, trigger_seconds=trigger_seconds,
                    max_offsets_per_trigger=max_offsets_per_trigger)
     except KeyboardInterrupt:
-        click.echo("ingest stopped", err=True)
+        click.echo(f"ingest stopped after {time.monotonic() - started:.0f} s", err=True)
+        return
     except Exception as exc:  # the stream's failure, already logged by Spark: name it and exit 1
-        raise click.ClickException(f"ingest failed: {_first_line(exc)}") from exc
+        raise click.ClickException(f"ingest failed: {_first_line(exc)}{console.see_log()}") from exc
+    if once:
+        click.echo(f"ingest: caught up with {brokers} in {time.monotonic() - started:.1f} s")
 
 
 @main.command()
@@ -90,12 +99,14 @@ def etl() -> None:
     """One incremental cycle: bronze changes -> silver (+ quarantine) -> gold, each since its checkpoint."""
     from pipelines.etl import run_etl
 
+    started = time.monotonic()
     try:
         report = run_etl()
     except Exception as exc:  # Spark/Hudi failures: name them and exit 1
-        raise click.ClickException(f"etl failed: {_first_line(exc)}") from exc
-    for table, counts in report.items():
-        click.echo(f"{table}: " + (" ".join(f"{k}={v}" for k, v in counts.items()) or "nothing new"))
+        raise click.ClickException(f"etl failed: {_first_line(exc)}{console.see_log()}") from exc
+    changed = [table for table, counts in report.items() if counts]
+    click.echo(f"etl: {len(changed)} of {len(report)} tables changed in {time.monotonic() - started:.1f} s"
+               + (f" ({', '.join(changed)})" if changed else ""))
 
 
 @main.command()
@@ -123,7 +134,7 @@ def services(tables: tuple[str, ...], only: tuple[str, ...]) -> None:
     except ValueError as exc:
         raise click.ClickException(str(exc)) from exc
     except Exception as exc:  # Spark/Hudi failures: name them and exit 1
-        raise click.ClickException(f"services failed: {_first_line(exc)}") from exc
+        raise click.ClickException(f"services failed: {_first_line(exc)}{console.see_log()}") from exc
     for table, done in report.items():
         click.echo(json.dumps({"table": table, **done}, default=str))
 
@@ -144,10 +155,11 @@ def quality(layers: tuple[str, ...], max_age_hours: float) -> None:
     from pipelines.spark import get_spark
 
     root = settings.lake_root()
+    started = time.monotonic()
     outcomes = run_quality(get_spark("lakehouse-quality"), root, layers or LAYERS, timedelta(hours=max_age_hours))
-    for outcome in outcomes:
-        click.echo(outcome.line())
-    click.echo(f"data docs: {data_docs_index(root)}")
+    passed = sum(o.success for o in outcomes)
+    click.echo(f"quality: {passed} of {len(outcomes)} suites passed in {time.monotonic() - started:.1f} s; "
+               f"data docs: {data_docs_index(root)}")
     if failed := [o.suite for o in outcomes if not o.success]:
         raise click.ClickException(f"{len(failed)} of {len(outcomes)} quality suites failed: {', '.join(failed)}")
 

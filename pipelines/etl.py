@@ -11,12 +11,13 @@ latest state, so reading a window again changes nothing.
 from __future__ import annotations
 
 import logging
+from functools import partial
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 import hudi_configs
-from pipelines import contract
+from pipelines import console, contract
 from pipelines.bronze import DELETED_FLAG, KEY
 from pipelines.changes import bronze_changes, window
 from pipelines.erasure_registry import read_registry, without_erased
@@ -83,9 +84,7 @@ def run_etl(spark: SparkSession | None = None, root: str | None = None) -> dict[
 
     spark = spark or get_spark("lakehouse-etl")
     root = root or lake_root()
-    report = {f"silver/{table}": silver_cycle(spark, table, root) for table in contract.TABLES}
+    report = {f"silver/{table}": console.timed(log, f"silver/{table}", partial(silver_cycle, spark, table, root))
+              for table in contract.TABLES}
     gold = gold_cycle(spark, root, silver_path("customers", root), silver_path("orders", root))
-    report |= {f"gold/{table}": counts for table, counts in gold.items()}
-    for table, counts in report.items():
-        log.info("%s: %s", table, counts or "nothing new")
-    return report
+    return report | {f"gold/{table}": counts for table, counts in gold.items()}

@@ -687,11 +687,11 @@ class _Clock:
     @contextmanager
     def step(self, name: str):
         started = time.monotonic()
-        log.info("erasure: %s", name)
         try:
             yield
         finally:
             self.timings[name] = round(time.monotonic() - started, 2)
+        log.info("erasure: %s (%.1f s)", name, self.timings[name])
 
 
 def erase(request: ErasureRequest, spark: SparkSession | None = None, root: str | None = None,

@@ -28,6 +28,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 import hudi_configs
+from pipelines import console
 from pipelines.bronze import DELETED_FLAG
 from pipelines.changes import Window, cdc_last_ops, cdc_window, keyed_read, window
 from pipelines.hudi_timeline import checkpoint, consumed, write_with_checkpoint
@@ -299,5 +300,6 @@ def daily_cycle(spark: SparkSession, root: str) -> dict[str, int]:
 
 def gold_cycle(spark: SparkSession, root: str, silver_customers: str, silver_orders: str) -> dict[str, dict[str, int]]:
     """silver -> gold/_customer_orders -> gold/customer_ltv, gold/daily_revenue."""
-    return {STATE: state_cycle(spark, root, silver_customers, silver_orders),
-            LTV: ltv_cycle(spark, root), DAILY: daily_cycle(spark, root)}
+    steps = {STATE: lambda: state_cycle(spark, root, silver_customers, silver_orders),
+             LTV: lambda: ltv_cycle(spark, root), DAILY: lambda: daily_cycle(spark, root)}
+    return {name: console.timed(log, f"gold/{name}", run) for name, run in steps.items()}

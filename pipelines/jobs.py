@@ -24,7 +24,7 @@ from pipelines.settings import PROJECT_ROOT, jvm_dir
 # The erasure key travels as a file path or a secret's name only, never itself: step arguments
 # are visible in the EMR console.
 JOB_ENV = ("LAKEHOUSE_ROOT", "KAFKA_BOOTSTRAP_SERVERS", "LAKEHOUSE_TABLE_SERVICES", "LAKEHOUSE_HUDI_OVERRIDES",
-           "LAKEHOUSE_ERASURE_KEY_FILE", "LAKEHOUSE_ERASURE_KEY_SECRET", "LAKEHOUSE_GDPR_INBOX")
+           "LAKEHOUSE_ERASURE_KEY_FILE", "LAKEHOUSE_ERASURE_KEY_SECRET", "LAKEHOUSE_GDPR_INBOX", "LAKEHOUSE_LOG_DIR")
 
 
 def spark_conf(for_target: str | None = None) -> dict[str, str]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -27,11 +28,12 @@ from typing import Any
 import great_expectations as gx
 import great_expectations.expectations as gxe
 from great_expectations.checkpoint import UpdateDataDocsAction
+from great_expectations.data_context.types.base import ProgressBarsConfig
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 import hudi_configs
-from pipelines import contract, storage
+from pipelines import console, contract, storage
 from pipelines.bronze import BATCH_ID_META
 from pipelines.gold import DAILY, DAILY_KEY, LTV
 from pipelines.hudi_timeline import checkpoint, consumed, earliest_retained, instant_of_batch, meta_at
@@ -186,6 +188,9 @@ _SITE = "lake"
 def _context(base: Path):  # -> FileDataContext
     """GE's file context in `base` (a lake's `_quality/` or its local copy), its Data Docs in `base`/data_docs."""
     context = gx.get_context(mode="file", project_root_dir=str(base))
+    # GE draws a `Calculating Metrics` bar per validation, into task logs and pipes too; a
+    # person at a terminal gets one bar over the suites instead (`_run_quality`).
+    context.variables.progress_bars = ProgressBarsConfig(globally=False)
     config = {"class_name": "SiteBuilder",
               "store_backend": {"class_name": "TupleFilesystemStoreBackend", "base_directory": str(base / "data_docs")},
               "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"}}
@@ -203,15 +208,16 @@ def _run_quality(spark: SparkSession, root: str, context, layers: tuple[str, ...
     # Hudi's data-skipping lookups deadlock against (reads.toml [scan]).
     source = context.data_sources.add_or_update_spark(name="lake", persist=False)
     outcomes = []
-    for suite in suites(spark, root, max_age):
-        if suite.layer not in layers:
-            continue
+    chosen = [suite for suite in suites(spark, root, max_age) if suite.layer in layers]
+    for suite in console.progress(chosen, "quality suites"):
+        started = time.monotonic()
         asset_name = suite.name.replace("/", ".").replace(" -> ", "__")
         try:
             data = suite.data()
             expectations = suite.expectations()
         except Exception as exc:  # a table that cannot be read is a failed check, not a crash of the others
             outcomes.append(Outcome(suite.name, False, [f"cannot read: {str(exc).splitlines()[0]}"]))
+            log.info("%s", outcomes[-1].line())
             continue
         asset = source.add_dataframe_asset(name=asset_name) if asset_name not in source.get_asset_names() \
             else source.get_asset(asset_name)
@@ -227,7 +233,7 @@ def _run_quality(spark: SparkSession, root: str, context, layers: tuple[str, ...
         ).run(batch_parameters={"dataframe": data})
         failures = [_describe(r) for v in run.run_results.values() for r in v.results if not r.success]
         outcomes.append(Outcome(suite.name, run.success, failures))
-        log.info("%s", outcomes[-1].line())
+        log.info("%s (%.1f s)", outcomes[-1].line(), time.monotonic() - started)
     return outcomes
 
 

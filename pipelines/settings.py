@@ -27,6 +27,11 @@ def kafka_bootstrap() -> str:
     return os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092")
 
 
+def log_dir() -> Path:
+    """`LAKEHOUSE_LOG_DIR`: where each command's log file goes (Spark, Hudi, libraries); default `.logs/`."""
+    return Path(os.environ.get("LAKEHOUSE_LOG_DIR") or PROJECT_ROOT / ".logs")
+
+
 def jvm_dir() -> Path:
     """Folder that `make setup` resolves jvm/pom.xml into (`spark/` and `kafka/` below it)."""
     return Path(os.environ.get("LAKEHOUSE_JVM_DIR") or PROJECT_ROOT / ".jvm")

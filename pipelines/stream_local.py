@@ -52,6 +52,7 @@ class LocalStream:
                     "LAKEHOUSE_ROOT": self.root, "LAKEHOUSE_TARGET": "local"}
         self.pid_file = self.run_dir / "stream.pid"
         self.log_file = self.run_dir / "stream.log"
+        self.env["LAKEHOUSE_LOG_FILE"] = str(self.log_file)  # the stream's Spark and library logs too
 
     @contextmanager
     def _locked(self) -> Iterator[None]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
+
 from pipelines import storage
 from pipelines.bronze import run_ingest
 from pipelines.quality import ERASED, data_docs_index, quality_root, redact_subject, run_quality
@@ -11,14 +13,18 @@ from tests.lake import LakeCopy
 from tests.plant import BAD_STATUS, plant_bad_emails, plant_bad_status
 
 
-def test_suites_pass_on_the_pipeline_and_name_a_planted_violation(spark, lake: LakeCopy) -> None:
+def test_suites_pass_on_the_pipeline_and_name_a_planted_violation(spark, lake: LakeCopy,
+                                                                  capfd: pytest.CaptureFixture) -> None:
     root = lake.root
     # Ingest runs ahead of the etl: the count check must compare with what silver consumed.
     lake.produce(lake.source.changes(lake.cfg))
     run_ingest(once=True, root=root, bootstrap=lake.bootstrap, spark=spark)
 
+    capfd.readouterr()
     outcomes = run_quality(spark, root)
     assert [o.line() for o in outcomes if not o.success] == []
+    # Not a terminal: no progress bar (GE draws one per validation unless told not to).
+    assert "Calculating Metrics" not in capfd.readouterr().err
     assert {o.suite for o in outcomes} >= {"bronze/customers", "bronze/orders", "silver/customers", "silver/orders",
                                            "gold/customer_ltv", "gold/daily_revenue",
                                            "gold/customer_ltv -> silver/customers"}

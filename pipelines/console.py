@@ -1,0 +1,171 @@
+"""Operator output: the summary a command prints, and a log file for everything else.
+
+A person running `lakehouse` (or reading its Airflow task log) needs one line per step: what
+it read, what it wrote, how long it took, what failed. Spark, Hudi, Great Expectations and
+py4j say far more than that, in the same streams. So a command's console gets the records of
+the project's own loggers (`pipelines.*`); the libraries' records and the JVM's output (its
+log4j console appender, and whatever it prints itself) go to a log file, named when Spark
+starts and when a command fails. `--verbose` puts everything on the console instead.
+
+The file is `$LAKEHOUSE_LOG_FILE` when set, else a new one per command under
+`$LAKEHOUSE_LOG_DIR` (default `.logs/` in the checkout); on EMR (no checkout) everything stays
+on stderr, which YARN keeps. Progress bars are drawn only when
+stderr is a terminal: in a pipe, a file or a task log they are noise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+import hudi_configs
+from pipelines.settings import log_dir
+
+T = TypeVar("T")
+
+_state: dict[str, object] = {}  # the handlers and levels `setup` changed, for `teardown`
+
+
+def setup(command: str, verbose: bool = False) -> None:
+    """Route logging for one CLI command: its summary to stderr, the rest to the log file (or all to stderr)."""
+    teardown()
+    root, own = logging.getLogger(), logging.getLogger("pipelines")
+    _state.update(root_level=root.level, own_level=own.level, handlers=[])
+    console = logging.StreamHandler(sys.stderr)
+    handlers: list[logging.Handler] = [console]
+    if verbose:
+        console.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        root.setLevel(logging.INFO)
+        own.setLevel(logging.DEBUG)
+    elif hudi_configs.target() == "emr":
+        # On a cluster the step's stderr is the log YARN keeps: everything stays there.
+        console.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        root.setLevel(logging.WARNING)
+        own.setLevel(logging.INFO)
+    else:
+        console.setFormatter(_Summary())
+        console.addFilter(lambda record: record.name.startswith("pipelines"))
+        path = Path(os.environ.get("LAKEHOUSE_LOG_FILE") or
+                    log_dir() / f"{datetime.now():%Y%m%d-%H%M%S}-{command}-{os.getpid()}.log")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _state["file"] = path
+        logfile = logging.FileHandler(path, delay=True)
+        logfile.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        # A process whose stderr already is that file (the stream's child, stream_local.py) writes each line once.
+        handlers = [logfile] if _is_stderr(path) else [console, logfile]
+        # Libraries at WARNING (GE logs 200 INFO lines at import), the project at INFO.
+        root.setLevel(logging.WARNING)
+        own.setLevel(logging.INFO)
+    for handler in handlers:
+        root.addHandler(handler)
+    _state["handlers"] = handlers
+
+
+def _is_stderr(path: Path) -> bool:
+    try:
+        here, there = os.fstat(sys.stderr.fileno()), os.stat(path)
+    except (OSError, ValueError, AttributeError):  # no such file yet, or a stderr without a descriptor
+        return False
+    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
+
+
+def teardown() -> None:
+    """Undo `setup` (the CLI runs in-process in tests, one command after another)."""
+    root = logging.getLogger()
+    for handler in _state.get("handlers", []):  # type: ignore[attr-defined]
+        root.removeHandler(handler)
+        handler.close()
+    if "root_level" in _state:
+        root.setLevel(_state["root_level"])  # type: ignore[arg-type]
+        logging.getLogger("pipelines").setLevel(_state["own_level"])  # type: ignore[arg-type]
+    _state.clear()
+
+
+def log_file() -> Path | None:
+    """The command's log file; None with --verbose or outside the CLI."""
+    return _state.get("file")  # type: ignore[return-value]
+
+
+def see_log() -> str:
+    """` (log: <file>)` to end a failure's message with, or nothing when there is no file."""
+    return f" (log: {path})" if (path := log_file()) else ""
+
+
+def interactive() -> bool:
+    """True when a person watches: stderr is a terminal."""
+    return sys.stderr.isatty()
+
+
+def progress(items: Iterable[T], what: str, total: int | None = None) -> Iterator[T]:
+    """`items`, with a progress bar on a terminal and nothing elsewhere."""
+    if not interactive():
+        yield from items
+        return
+    from tqdm import tqdm
+
+    yield from tqdm(items, desc=what, total=total, leave=False, file=sys.stderr)
+
+
+@contextlib.contextmanager
+def jvm_output() -> Iterator[None]:
+    """Around the start of a local driver JVM: its stdout and stderr, for its whole life, go to the log file.
+
+    A JVM started here inherits this process's file descriptors, so they point it at the file
+    while it starts. Without a file (--verbose, tests) its stdout goes to stderr: stdout is the
+    command's output (`lakehouse changes` prints JSON lines), and libraries in the JVM print there.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    path = log_file()
+    saved = os.dup(1), os.dup(2)
+    target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644) if path else os.dup(2)
+    try:
+        os.dup2(target, 1)
+        if path:
+            os.dup2(target, 2)
+        yield
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (*saved, target):
+            os.close(fd)
+
+
+def redirect_submitted_jvm(jvm: Any) -> None:
+    """Under spark-submit (Airflow's local tasks) the JVM is our parent: point its System.out/err at the file.
+
+    Its log4j console appender follows System.err (hudi_configs/log4j2.properties); this
+    process's own output still reaches the task log, through the stream spark-submit copied it to.
+    """
+    if (path := log_file()) is None:
+        return
+    stream = jvm.java.io.PrintStream(jvm.java.io.FileOutputStream(str(path), True), True)
+    jvm.java.lang.System.setErr(stream)
+    jvm.java.lang.System.setOut(stream)
+
+
+def timed(log: logging.Logger, name: str, run: Callable[[], dict[str, int]]) -> dict[str, int]:
+    """`run()`, then one line: `name: its counts (seconds)`."""
+    started = time.monotonic()
+    counts = run()
+    log.info("%s: %s (%.1f s)", name, counts_text(counts), time.monotonic() - started)
+    return counts
+
+
+def counts_text(counts: dict[str, int]) -> str:
+    return " ".join(f"{k}={v}" for k, v in counts.items()) or "nothing new"
+
+
+class _Summary(logging.Formatter):
+    """`message` for INFO, `WARNING: message` above it: the console is for people."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        message = super().format(record)
+        return message if record.levelno <= logging.INFO else f"{record.levelname}: {message}"
