@@ -422,6 +422,7 @@ def purge(spark: SparkSession, root: str, names: set[str], sweep_started: str,
     report: dict[str, dict[str, object]] = {}
     for table in [t for t in lake_tables(root) if t.name in names and exists(t.path)]:
         progress(f"purging {table.name}")
+        started = time.monotonic()
         done: dict[str, object] = {}
         with _Purger(spark, table) as client:
             if savepoints := client.savepoints():
@@ -449,6 +450,7 @@ def purge(spark: SparkSession, root: str, names: set[str], sweep_started: str,
         if rebuild:
             _rebuild_metadata(spark, table)
             done["metadata_table_rebuilt"] = sorted(rebuild)
+        done["seconds"] = round(time.monotonic() - started, 1)
         report[table.name] = done
     return report
 
@@ -542,10 +544,12 @@ def verify(spark: SparkSession, root: str, customers: list[int], orders: list[in
     texts = sorted(set(texts) - shared)
     failures: list[str] = []
     reads = skipped = 0
+    reads_seconds: dict[str, float] = {}
     for table in lake_tables(root):
         if not exists(table.path):
             continue
         progress(f"verifying {table.name}")
+        started = time.monotonic()
         jobs: list[tuple[str, DataFrame]] = [("snapshot", _read(spark, table.path))]
         instants, covered = _time_travel_instants(spark, table)
         skipped += covered
@@ -578,12 +582,14 @@ def verify(spark: SparkSession, root: str, customers: list[int], orders: list[in
         if found is not None:
             for row in found.groupBy("_read").count().collect():
                 failures.append(f"{table.name}: {row['_read']} returns {row['count']} row(s) of the subject")
+        reads_seconds[table.name] = round(time.monotonic() - started, 1)
     progress("scanning every file under the lake root")
     scan = scan_lake(spark, root, Subject(frozenset(customers), frozenset(orders), frozenset(texts)))
     failures += [f"{f.path} ({f.table}): {f.what}" for f in scan.findings]
     if failures:  # the reason for a further round, in the log too: a run cut short leaves no certificate
         log.warning("verification: %d failure(s), first: %s", len(failures), "; ".join(failures[:5]))
     return {"passed": not failures, "reads_checked": reads, "failures": failures, "scan": _scan_summary(scan),
+            "reads_seconds": dict(sorted(reads_seconds.items(), key=lambda kv: -kv[1])),
             "time_travel_covered_by_a_later_read": skipped, "texts_now_shared_with_other_customers": len(shared)}
 
 
@@ -673,8 +679,12 @@ def _time_travel_instants(spark: SparkSession, table: LakeTable) -> tuple[list[s
 
 
 def _scan_summary(scan: ScanReport) -> dict[str, object]:
+    def rounded(spent: dict[str, float]) -> dict[str, float]:
+        return {k: round(v, 1) for k, v in sorted(spent.items(), key=lambda kv: -kv[1])}
+
     return {"files": scan.files, "decoded": scan.decoded, "vanished": scan.vanished, "records": scan.records,
-            "findings": len(scan.findings), "seconds": round(scan.seconds, 1)}
+            "findings": len(scan.findings), "seconds": round(scan.seconds, 1),
+            "seconds_by_decoder": rounded(scan.seconds_by_decoder), "seconds_by_table": rounded(scan.seconds_by_table)}
 
 
 # ---------------------------------------------------------------- the run

@@ -76,6 +76,9 @@ _LOG_NAME = re.compile(r"^\.(.+)_(.*)\.(log|archive)\.(\d+)(_((\d+)-(\d+)-(\d+))
 # Avro names: what a JSON object key must look like to be a field rather than a map key.
 _FIELD_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _INTEGER = re.compile(r"^\s*[+-]?\d+\s*$")
+_DIGITS = re.compile(r"\d+")
+# A metadata-table record's `key` string in GenericData.toString's JSON (no escapes: _Scan._values).
+_MDT_KEY = re.compile(r'"key":\s*"([^"]*)"')
 # Records per `GenericData.toString` call: one py4j round trip, a bounded JSON text.
 _CHUNK = 2000
 _LOG_MAGIC = b"#HUDI#"
@@ -107,11 +110,22 @@ class ScanReport:
     vanished: int = 0
     findings: list[Finding] = field(default_factory=list)
     seconds: float = 0.0
+    # Where the scan's time went: seconds per decoder used, and per table (its label).
+    seconds_by_decoder: dict[str, float] = field(default_factory=dict)
+    seconds_by_table: dict[str, float] = field(default_factory=dict)
 
     @property
     def clean(self) -> bool:
         """No file holds the subject, and every file that looks like data was decoded."""
         return not self.findings
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Records (or keys) decoded by Hudi's readers, rendered as one JSON array by Avro's GenericData.toString."""
+
+    count: int
+    text: str
 
 
 def scan_lake(spark: SparkSession, root: str, subject: Subject,
@@ -267,11 +281,12 @@ class _Jvm:
         return self._jvm.java.lang.invoke.MethodHandleProxies.asInterfaceInstance(
             self._class("java.util.function.Function"), handle)
 
-    def _json(self, values: JavaObject) -> Iterator[list[Any]]:
-        """A Java list (of Avro records, strings) as Python values, a chunk per py4j round trip."""
+    def _json(self, values: JavaObject) -> Iterator[Chunk]:
+        """A Java list (of Avro records, strings) as JSON texts, a chunk per py4j round trip."""
         size = values.size()
         for start in range(0, size, _CHUNK):
-            yield json.loads(self._avro.toString(values.subList(start, min(size, start + _CHUNK))))
+            end = min(size, start + _CHUNK)
+            yield Chunk(end - start, self._avro.toString(values.subList(start, end)))
 
     def _path(self, rel: str) -> JavaObject:
         return self._hudi.storage.StoragePath(f"{self.root}/{rel}")
@@ -286,10 +301,10 @@ class _Jvm:
     def read(self, rel: str) -> bytes:
         return storage.read_bytes(f"{self._files}/{rel}")
 
-    def log_blocks(self, rel: str, data: bytes) -> Iterator[tuple[str, str, list[Any]]]:
+    def log_blocks(self, rel: str, data: bytes) -> Iterator[tuple[str, str, Chunk]]:
         """(block type, what, values) of every block of a Hudi log file, in chunks.
 
-        Values are record dicts for data blocks, record keys for delete blocks, [] otherwise.
+        Values are record dicts for data blocks, record keys for delete blocks, none otherwise.
         A CDC block needs a reader schema (HoodieCDCDataBlock rejects none): the writer
         schema in the block's header; if a later block was written with another schema, the
         file is read again from that block on with it, so that no field is projected away.
@@ -332,14 +347,14 @@ class _Jvm:
                         for chunk in self._json(keys):
                             yield kind, "keys", chunk
                     else:  # COMMAND_BLOCK (rollback), CORRUPT_BLOCK
-                        yield kind, "", []
+                        yield kind, "", Chunk(0, "[]")
                     done = index
             finally:
                 reader.close()
             if not reread:
                 return
 
-    def hfile(self, rel: str) -> tuple[list[str], Iterator[list[Any]], int]:
+    def hfile(self, rel: str) -> tuple[list[str], Iterator[Chunk], int]:
         """(min/max keys, record chunks, record count) of an HFile, through Hudi's native HFile reader."""
         hudi = self._hudi
         reader = hudi.io.storage.HoodieNativeAvroHFileReader(self.storage, self._path(rel),
@@ -358,7 +373,7 @@ class _Jvm:
             chunks = list(self._json(values))
         finally:
             reader.close()
-        return bounds, iter(chunks), sum(len(c) for c in chunks)
+        return bounds, iter(chunks), sum(c.count for c in chunks)
 
 
 def _first_block_schema(data: bytes, ordinal: int) -> str | None:
@@ -461,6 +476,7 @@ class _Scan:
     # -- per file
 
     def file(self, rel: str, table: _Table) -> None:
+        started = time.monotonic()
         self._hits, self._table, self._key_table = {}, table, replace(table, mdt_partition=None)
         name = rel.rsplit("/", 1)[-1]
         decoder = _decoder(name)
@@ -495,6 +511,9 @@ class _Scan:
         self.report.decoded[used] += 1
         for what in self._hits:
             self.report.findings.append(Finding(rel, table.label, self._redact(what)))
+        spent = time.monotonic() - started
+        for where, key in ((self.report.seconds_by_decoder, used), (self.report.seconds_by_table, table.label or "")):
+            where[key] = where.get(key, 0.0) + spent
 
     def _raw_has_text(self, data: bytes) -> bool:
         """The texts in a file's bytes as UTF-8, case-insensitive; in overlapping slices, to bound memory."""
@@ -509,6 +528,50 @@ class _Scan:
 
     def _hit(self, what: str) -> None:
         self._hits[what] = None
+
+    def _values(self, chunk: Chunk, keys: bool = False) -> list[Any]:
+        """The chunk's records as Python values, or [] when its JSON text cannot hold the subject.
+
+        Most chunks (the record index's millions of keys, other customers' log records) hold
+        nothing of the subject, and parsing and walking them is most of a scan's time. A
+        chunk whose text has no escape (`\\`) and no Avro bytes value renders every string
+        literally, so every string value, map key and number of its records is a substring of
+        the text: when no subject text occurs in the text (casefolded, as values are) and
+        none of its digit runs is a subject id (as _as_int reads numbers: leading zeros and
+        signs aside), no rule can hit on any value, and skipping the chunk changes nothing.
+        Any other chunk is parsed and walked in full. `keys`: the chunk is a delete block's
+        record keys, not records.
+        """
+        text = chunk.text
+        if "\\" in text or '"bytes"' in text or self._text_in(text) or self._id_in(text, keys):
+            return json.loads(text)
+        return []
+
+    def _text_in(self, text: str) -> bool:
+        if not self.texts:
+            return False
+        folded = text.casefold()
+        return any(t in folded for t in self.texts)
+
+    def _id_in(self, text: str, keys: bool) -> bool:
+        """Whether a run of digits in `text` that a rule reads as an id is the number of a subject id.
+
+        In a data table that is any run. In the metadata table, ids count only in the record
+        and secondary indexes' keys (_is_key; _id_kinds has none there): only the runs of
+        the `"key"` strings, not the index's positions and instant times, which would
+        otherwise match any small id.
+        """
+        if not self._all_ids:
+            return False
+        if self._table.mdt_partition is None or (keys and self._table.keyed_by_data_keys):
+            runs = _DIGITS.findall(text)
+        elif self._table.keyed_by_data_keys:
+            runs = [run for key in _MDT_KEY.findall(text) for run in _DIGITS.findall(key)]
+        else:
+            return False
+        ids = self._all_ids
+        # Longer runs cannot be an id (and int() refuses runs beyond 4,300 digits).
+        return any(len(number := run.lstrip("0")) <= 19 and number and int(number) in ids for run in runs)
 
     def _redact(self, text: str) -> str:
         """`text` without any of the subject's texts or ids (error messages may quote data)."""
@@ -545,13 +608,14 @@ class _Scan:
             if self._has_text(key):
                 self._hit(f"{TEXT} in the HFile's min/max key")
         for chunk in chunks:
-            for record in chunk:
+            for record in self._values(chunk):
                 self._record(record)
         self.report.records += count
 
     def _log(self, rel: str, data: bytes) -> None:
-        for kind, what, values in self.jvm.log_blocks(rel, data):
-            self.report.records += len(values)
+        for kind, what, chunk in self.jvm.log_blocks(rel, data):
+            self.report.records += chunk.count
+            values = self._values(chunk, keys=what == "keys") if what else []
             if what == "records":
                 for record in values:
                     self._record(record, cdc=kind == "CDC_DATA_BLOCK")
