@@ -466,6 +466,9 @@ class _Scan:
         self.report = ScanReport()
         self.ids = {CUSTOMER: frozenset(subject.customer_ids), ORDER: frozenset(subject.order_ids)}
         self.texts = sorted({t.strip().casefold() for t in subject.texts if t.strip()})
+        # Every text as a literal of one RE2 alternation: one pass over a column instead of one per
+        # text, with the semantics of match_substring(ignore_case=True), which is RE2 on a literal.
+        self._texts_regex = "|".join(re.sub(r"([.^$*+?{}\[\]\\|()])", r"\\\1", t) for t in self.texts)
         self._all_ids = self.ids[CUSTOMER] | self.ids[ORDER]
         self._id_values = {k: pa.array(sorted(v), pa.int64()) for k, v in self.ids.items()}
         self._json_ids = {name: re.compile(r'"' + name + r'"\s*:\s*"?\s*([+-]?\d+)(?![\d.eE])')
@@ -752,7 +755,7 @@ class _Scan:
         kinds = _id_kinds(self._table, fields)
         if pa.types.is_string(kind_of) or pa.types.is_large_string(kind_of):
             if self.texts:
-                if any(pc.any(pc.match_substring(leaf, t, ignore_case=True)).as_py() for t in self.texts):
+                if pc.any(pc.match_substring_regex(leaf, self._texts_regex, ignore_case=True)).as_py():
                     self._hit(f"{TEXT} in column {col}")
                 else:
                     trimmed = pc.utf8_ltrim_whitespace(leaf)
