@@ -561,10 +561,10 @@ class _Scan:
     def _id_in(self, text: str, keys: bool) -> bool:
         """Whether a run of digits in `text` that a rule reads as an id is the number of a subject id.
 
-        In a data table that is any run. In the metadata table, ids count only in the record
-        and secondary indexes' keys (_is_key; _id_kinds has none there): only the runs of
-        the `"key"` strings, not the index's positions and instant times, which would
-        otherwise match any small id.
+        In a data table that is any run, and so in a delete block's keys of the record and
+        secondary indexes. In the metadata table's records, ids count only in those indexes'
+        keys (_is_key; _id_kinds has none there): only the runs of the `"key"` strings, not
+        the index's positions and instant times, which would otherwise match any small id.
         """
         if not self._all_ids:
             return False
