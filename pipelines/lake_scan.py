@@ -79,6 +79,8 @@ _INTEGER = re.compile(r"^\s*[+-]?\d+\s*$")
 _DIGITS = re.compile(r"\d+")
 # A metadata-table record's `key` string in GenericData.toString's JSON (no escapes: _Scan._values).
 _MDT_KEY = re.compile(r'"key":\s*"([^"]*)"')
+# The value of a data-table field that rules read ids at: a string, a scalar, or `[` (an array).
+_ID_FIELD = re.compile(r'"(?:id|customer_id|_hoodie_record_key|record_key)":\s*("[^"]*"|\[|[^,}\]\s]*)')
 # Records per `GenericData.toString` call: one py4j round trip, a bounded JSON text.
 _CHUNK = 2000
 # Rows per Arrow batch of a Parquet file: each batch costs a few kernel calls per column.
@@ -561,15 +563,25 @@ class _Scan:
     def _id_in(self, text: str, keys: bool) -> bool:
         """Whether a run of digits in `text` that a rule reads as an id is the number of a subject id.
 
-        In a data table that is any run, and so in a delete block's keys of the record and
-        secondary indexes. In the metadata table's records, ids count only in those indexes'
-        keys (_is_key; _id_kinds has none there): only the runs of the `"key"` strings, not
-        the index's positions and instant times, which would otherwise match any small id.
+        In a delete block's keys (of a data table, or of the record and secondary indexes)
+        and in the dead letters (raw Kafka keys and values), any run. In a data table's
+        records, the values of the fields whose name a rule reads ids at (`id`,
+        `customer_id`: _id_kinds; `_hoodie_record_key`, `record_key`: _is_key), at any depth,
+        not amounts, LSNs or timestamps, which would match any small id; an array there is
+        parsed whatever it holds. In the metadata table's records, ids count
+        only in the record and secondary indexes' keys (_id_kinds has none there): the runs of
+        the `"key"` strings, not the index's positions and instant times.
         """
         if not self._all_ids:
             return False
-        if self._table.mdt_partition is None or (keys and self._table.keyed_by_data_keys):
+        if (keys and (self._table.mdt_partition is None or self._table.keyed_by_data_keys)) \
+                or self._table.dead_letters:  # raw Kafka keys and values: any run
             runs = _DIGITS.findall(text)
+        elif self._table.mdt_partition is None:
+            values = _ID_FIELD.findall(text)
+            if "[" in values:
+                return True
+            runs = [run for value in values for run in _DIGITS.findall(value)]
         elif self._table.keyed_by_data_keys:
             runs = [run for key in _MDT_KEY.findall(text) for run in _DIGITS.findall(key)]
         else:

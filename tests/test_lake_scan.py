@@ -230,7 +230,11 @@ def test_chunks_that_cannot_hold_the_subject_are_skipped_and_no_other() -> None:
     data = _Table("silver/customers", ("id",))
     index = _Table("silver/customers", ("id",), mdt_partition="record_index")
     files = _Table("silver/customers", ("id",), mdt_partition="files")
-    assert not parsed('[{"id": 7, "email": "seven@example.com", "_lsn": 4201}]', data)
+    assert not parsed('[{"id": 7, "email": "seven@example.com", "_lsn": 42, "amount": "42.00"}]', data)
+    assert parsed('[{"before": {"id": 7, "customer_id": 42}, "after": null}]', data)  # a change-feed image
+    assert parsed('[{"id": 7, "orders": [{"id": 4200, "amount": 1}]}]', data)  # gold's order structs
+    assert parsed('[{"id": [7, 42]}]', data)  # an array where ids are read: parsed
+    assert parsed('[{"kafka_topic": "t", "note": 42}]', _Table("bronze/_dead_letters", ("position",)))
     assert parsed('[{"id": 7, "email": "ERASED.person@example.com"}]', data)  # a text, any case
     assert parsed('[{"id": 7, "note": "erased\\u0020person"}]', data)  # escaped: parsed, whatever it holds
     assert parsed('[{"id": 7, "raw": {"bytes": "\u00c3\u00a9"}}]', data)  # Avro bytes: decoded before matching
