@@ -20,8 +20,9 @@ meanwhile, erased in one run (one sweep, one purge, one verification), one certi
 each, under `$LAKEHOUSE_ROOT/_gdpr/`. Runs may overlap (each files its request at once);
 their erasures take the one slot of the pool `lakehouse_lake` in turn, and a run whose
 request an earlier run already erased has nothing left to do. A request leaves the inbox
-once its erasure is verified. Its result (the task's XCom) is the JSON summary of each
-request it erased (one object, or a list), with the certificate's path.
+once its erasure is verified. Its result (the task's XCom, until `forget_request` deletes it)
+is the JSON summary of each request it erased (one object, or a list), with the certificate's
+path.
 
 Where Airflow keeps the ids: the run's conf (its trigger) and, for a trigger through the REST
 API, the event log's record of it (the request body). XComs, rendered commands and task logs
@@ -118,7 +119,8 @@ with DAG(
             log.warning("no Airflow connection %r: earlier runs of %s keep their conf until the retention command "
                         "of the DAG's documentation runs", API_CONNECTION, dag.dag_id)
             return {"runs_deleted": None}
-        url = connection.host if "://" in (connection.host or "") else f"http://{connection.host}"
+        scheme = "https" if connection.conn_type == "https" else "http"
+        url = connection.host if "://" in (connection.host or "") else f"{scheme}://{connection.host}"
         if connection.port:
             url = f"{url.rstrip('/')}:{connection.port}"
         api = AirflowApi(url, connection.login or "", connection.password or "")
