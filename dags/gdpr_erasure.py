@@ -96,7 +96,7 @@ with DAG(
         return {"reference": request.reference, "customers": len(request.customer_ids),
                 "duplicates": request.duplicates}
 
-    @task(task_id="forget_request")
+    @task(task_id="forget_request", multiple_outputs=False)
     def forget_request() -> dict:
         """After a verified erasure: this run's XComs, and the earlier runs (their conf holds ids), deleted.
 
