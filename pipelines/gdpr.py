@@ -107,7 +107,7 @@ def _each_table(items: Iterable[T], work: Callable[[T], R]) -> list[R]:
     """`work` of every item, `[erasure] tables_at_once` at a time (threads of this driver), in order.
 
     Tables are independent writes (each its own commits and lock), so their sweeps and
-    purges may overlap; the first error is raised once every started table has ended.
+    purges may overlap; an error is raised once every table has been worked on.
     """
     workers = int(hudi_configs.section("gdpr", "erasure")["tables_at_once"])
     items = list(items)
