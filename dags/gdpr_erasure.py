@@ -20,20 +20,28 @@ meanwhile, erased in one run (one sweep, one purge, one verification), one certi
 each, under `$LAKEHOUSE_ROOT/_gdpr/`. Runs may overlap (each files its request at once);
 their erasures take the one slot of the pool `lakehouse_lake` in turn, and a run whose
 request an earlier run already erased has nothing left to do. A request leaves the inbox
-once its erasure is verified. Its result (the task's XCom) is the JSON summary of each
-request it erased (one object, or a list), with the certificate's path.
+once its erasure is verified. Its result (the task's XCom, until `forget_request` deletes it)
+is the JSON summary of each request it erased (one object, or a list), with the certificate's
+path.
 
-Where Airflow keeps the ids: only in the run's conf (its trigger). XComs, rendered commands
-and task logs hold references and pseudonyms, never an id. Airflow cannot clear a run's conf;
-the retention command, for runs older than the retention your policy sets (archive tables
-skipped, or they keep a copy):
-`airflow db clean --tables dag_run --clean-before-timestamp '<date>' --skip-archive --yes`
-(it removes the old runs of every DAG, with their task instances and XComs).
+Where Airflow keeps the ids: the run's conf (its trigger) and, for a trigger through the REST
+API, the event log's record of it (the request body). XComs, rendered commands and task logs
+hold references and pseudonyms, never an id. No task can edit a run's conf (the Task SDK has
+no database access; the REST API deletes finished runs, it does not change them), so after a
+verified erasure `forget_request` (`pipelines.airflow_records`) deletes this run's XComs and,
+through the REST API (the Airflow connection `airflow_api`: URL, login, password), every
+earlier run of this DAG that ended before this one started (their requests are erased, or
+were refused), with their task instances. This run, still running then, goes with the next
+run's clean-up. The event log and the newest run need the retention command, for what is
+older than the retention your policy sets (archive tables skipped, or they keep a copy):
+`airflow db clean --tables log,dag_run --clean-before-timestamp '<date>' --skip-archive --yes`
+(it removes the old runs and event records of every DAG, with their task instances and XComs).
 Target (local / EMR): `LAKEHOUSE_TARGET`.
 """
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 
 from airflow.exceptions import AirflowFailException
@@ -42,6 +50,8 @@ from lakehouse_common import DEFAULT_ARGS, START, job, spark_task, table_asset
 
 from pipelines.gdpr_inbox import file_request
 from pipelines.gdpr_request import MAX_ID, MAX_IDS, REFERENCE_PATTERN, InvalidRequest, parse_request
+
+log = logging.getLogger(__name__)
 
 # Requests filed while an erasure runs wait for the next one: runs overlap, erasures do not
 # (the pool's one slot), so a batch of triggers is erased by one or two runs.
@@ -86,9 +96,41 @@ with DAG(
         return {"reference": request.reference, "customers": len(request.customer_ids),
                 "duplicates": request.duplicates}
 
+    @task(task_id="forget_request", multiple_outputs=False)
+    def forget_request() -> dict:
+        """After a verified erasure: this run's XComs, and the earlier runs (their conf holds ids), deleted.
+
+        Returns how many runs went (no id). Without the `airflow_api` connection only the
+        XComs go, and the log names the retention command.
+        """
+        from airflow.exceptions import AirflowNotFoundException
+        from airflow.sdk import Connection, get_current_context
+        from airflow.sdk.execution_time.xcom import XCom
+
+        from pipelines.airflow_records import API_CONNECTION, AirflowApi, delete_earlier_runs
+
+        context = get_current_context()
+        run, dag = context["dag_run"], context["dag"]
+        for task_id in dag.task_ids:
+            XCom.delete(key="return_value", task_id=task_id, dag_id=dag.dag_id, run_id=run.run_id, map_index=-1)
+        try:
+            connection = Connection.get(API_CONNECTION)
+        except AirflowNotFoundException:
+            log.warning("no Airflow connection %r: earlier runs of %s keep their conf until the retention command "
+                        "of the DAG's documentation runs", API_CONNECTION, dag.dag_id)
+            return {"runs_deleted": None}
+        scheme = "https" if connection.conn_type == "https" else "http"
+        url = connection.host if "://" in (connection.host or "") else f"{scheme}://{connection.host}"
+        if connection.port:
+            url = f"{url.rstrip('/')}:{connection.port}"
+        api = AirflowApi(url, connection.login or "", connection.password or "")
+        gone = delete_earlier_runs(api, dag.dag_id, run.run_id, run.start_date)
+        log.info("deleted %d earlier run(s) of %s, with their conf", len(gone), dag.dag_id)
+        return {"runs_deleted": len(gone)}
+
     validate_request() >> spark_task(
         job("gdpr_erase", "gdpr", "erase", "--pending"),
         outlets=[table_asset("silver", "customers"), table_asset("silver", "orders"),
                  table_asset("gold", "customer_ltv"), table_asset("gold", "daily_revenue")],
         doc_md="Erase every pending request in one run and verify (`lakehouse gdpr erase --pending`); exit 0 only "
-               "when the erasure is verified.")
+               "when the erasure is verified.") >> forget_request()

@@ -47,11 +47,12 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -98,6 +99,22 @@ ORDER_TABLES = ("bronze/orders", "bronze/_deletes/orders", "bronze/_changelog/or
 GOLD_BY_CUSTOMER = (f"gold/{gold.STATE}", f"gold/{gold.LTV}")
 # Texts shorter than this are not searched: they would be found everywhere.
 MIN_TEXT = 4
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def _each_table(items: Iterable[T], work: Callable[[T], R]) -> list[R]:
+    """`work` of every item, `[erasure] tables_at_once` at a time (threads of this driver), in order.
+
+    Tables are independent writes (each its own commits and lock), so their sweeps and
+    purges may overlap; an error is raised once every table has been worked on.
+    """
+    workers = int(hudi_configs.section("gdpr", "erasure")["tables_at_once"])
+    items = list(items)
+    if workers <= 1 or len(items) <= 1:
+        return [work(item) for item in items]
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="erasure") as pool:
+        return list(pool.map(work, items))
 
 
 # ---------------------------------------------------------------- the registry
@@ -290,24 +307,26 @@ def _delete_rows(spark: SparkSession, table: LakeTable, rows: DataFrame) -> None
 def sweep(spark: SparkSession, root: str, customers: list[int], orders: list[int], key: str,
           registry: DataFrame) -> dict[str, dict[str, object]]:
     """Delete the subject's rows from every table that holds rows of it; then let gold follow silver."""
-    touched: dict[str, dict[str, object]] = {}
-    for table in lake_tables(root):
-        if not exists(table.path):
-            continue
+
+    def one(table: LakeTable) -> tuple[str, dict[str, object]] | None:
         if table.path == dead_letter_path(root):
             mine = dead_letters_of_erased(_read(spark, table.path), registry, key)
         else:
             df = _read(spark, table.path)
             predicate = _predicate(table.name, df.columns, customers, orders)
             if predicate is None:
-                continue
+                return None
             mine = df.filter(predicate)
         mine = mine.localCheckpoint()
         n = mine.count()
-        if n:
-            _delete_rows(spark, table, mine)
-            touched[table.name] = {"rows_removed": n, "instant": latest_completion(spark, table.path)}
-            log.info("%s: %d rows deleted", table.name, n)
+        if not n:
+            return None
+        _delete_rows(spark, table, mine)
+        log.info("%s: %d rows deleted", table.name, n)
+        return table.name, {"rows_removed": n, "instant": latest_completion(spark, table.path)}
+
+    done = _each_table([t for t in lake_tables(root) if exists(t.path)], one)
+    touched: dict[str, dict[str, object]] = dict(d for d in done if d is not None)
     if any(name.startswith("silver/") and not name.startswith("silver/_") for name in touched):
         before = {t: latest_completion(spark, gold_path(t, root)) for t in (gold.STATE, gold.LTV, gold.DAILY)}
         gold.gold_cycle(spark, root, silver_path("customers", root), silver_path("orders", root))
@@ -419,9 +438,10 @@ def purge(spark: SparkSession, root: str, names: set[str], sweep_started: str,
     the newest slice of its file group, which no clean removes: those file groups are
     written once more too.
     """
-    report: dict[str, dict[str, object]] = {}
-    for table in [t for t in lake_tables(root) if t.name in names and exists(t.path)]:
+
+    def one(table: LakeTable) -> dict[str, object]:
         progress(f"purging {table.name}")
+        started = time.monotonic()
         done: dict[str, object] = {}
         with _Purger(spark, table) as client:
             if savepoints := client.savepoints():
@@ -449,8 +469,11 @@ def purge(spark: SparkSession, root: str, names: set[str], sweep_started: str,
         if rebuild:
             _rebuild_metadata(spark, table)
             done["metadata_table_rebuilt"] = sorted(rebuild)
-        report[table.name] = done
-    return report
+        done["seconds"] = round(time.monotonic() - started, 1)
+        return done
+
+    tables = [t for t in lake_tables(root) if t.name in names and exists(t.path)]
+    return {t.name: done for t, done in zip(tables, _each_table(tables, one), strict=True)}
 
 
 def _file_groups_of(spark: SparkSession, table: LakeTable, ids: list[int]) -> set[str]:
@@ -535,56 +558,77 @@ def _holds(name: str, df: DataFrame, customers: list[int], orders: list[int], te
 
 def verify(spark: SparkSession, root: str, customers: list[int], orders: list[int], texts: list[str], key: str,
            progress: Callable[[str], None]) -> dict[str, object]:
-    """Every read the lake serves, and every file under its root, checked for the subject."""
+    """Every read the lake serves, and every file under its root, checked for the subject.
+
+    The tables' reads (Spark jobs) run in a thread beside the file scan (the driver's Python
+    and Hudi's readers): neither writes, and each checks everything it checks alone.
+    """
     registry = read_registry(spark, root)
     # A customer created since the subject was found may share a name: it is theirs, not the subject's.
     shared = shared_texts(_customer_reads(spark, root), customers, set(texts)) if texts else set()
     texts = sorted(set(texts) - shared)
-    failures: list[str] = []
-    reads = skipped = 0
-    for table in lake_tables(root):
-        if not exists(table.path):
-            continue
-        progress(f"verifying {table.name}")
-        jobs: list[tuple[str, DataFrame]] = [("snapshot", _read(spark, table.path))]
-        instants, covered = _time_travel_instants(spark, table)
-        skipped += covered
-        for instant in instants:
-            jobs.append((f"time travel to {instant}", spark.read.format("hudi").options(
-                **hudi_configs.section("reads", "scan")).option("as.of.instant", instant).load(table.path)))
-        # Incremental and change-feed reads from the oldest checkpoint a consumer can still hold.
-        since = earliest_checkpoint(spark, table.path) or "000"
-        if since < (latest := latest_completion(spark, table.path) or ""):
-            jobs.append(("incremental read of the retained timeline", spark.read.format("hudi")
-                         .options(**hudi_configs.section("reads", "incremental"))
-                         .option("hoodie.datasource.read.begin.instanttime", since)
-                         .option("hoodie.datasource.read.end.instanttime", latest)
-                         .load(table.path)))
-            if table.options.get("hoodie.table.cdc.enabled") == "true":
-                jobs.append(("change feed of the retained timeline", spark.read.format("hudi")
-                             .options(**hudi_configs.section("reads", "incremental"))
-                             .option("hoodie.datasource.query.incremental.format", "cdc")
-                             .option("hoodie.datasource.read.begin.instanttime", since)
-                             .option("hoodie.datasource.read.end.instanttime", latest)
-                             .load(table.path)))
-        # One Spark job per table: each read keeps the rows of the subject, tagged with the read.
-        found = None
-        for what, df in jobs:
-            reads += 1
-            mine = _subject_rows(table.name, what, df, customers, orders, texts, key, registry)
-            if mine is not None:
-                tagged = mine.select(F.lit(what).alias("_read"))
-                found = tagged if found is None else found.unionAll(tagged)
-        if found is not None:
-            for row in found.groupBy("_read").count().collect():
-                failures.append(f"{table.name}: {row['_read']} returns {row['count']} row(s) of the subject")
-    progress("scanning every file under the lake root")
-    scan = scan_lake(spark, root, Subject(frozenset(customers), frozenset(orders), frozenset(texts)))
+    tables = [t for t in lake_tables(root) if exists(t.path)]
+
+    def read_all() -> list[tuple[str, list[str], int, int, float]]:
+        return [_check_reads(spark, table, customers, orders, texts, key, registry, progress) for table in tables]
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="erasure-reads") as pool:
+        checked = pool.submit(read_all)
+        progress("scanning every file under the lake root")
+        scan = scan_lake(spark, root, Subject(frozenset(customers), frozenset(orders), frozenset(texts)))
+        done = checked.result()
+    failures = [f for _, found, _, _, _ in done for f in found]
     failures += [f"{f.path} ({f.table}): {f.what}" for f in scan.findings]
     if failures:  # the reason for a further round, in the log too: a run cut short leaves no certificate
         log.warning("verification: %d failure(s), first: %s", len(failures), "; ".join(failures[:5]))
-    return {"passed": not failures, "reads_checked": reads, "failures": failures, "scan": _scan_summary(scan),
-            "time_travel_covered_by_a_later_read": skipped, "texts_now_shared_with_other_customers": len(shared)}
+    return {"passed": not failures, "reads_checked": sum(d[2] for d in done), "failures": failures,
+            "scan": _scan_summary(scan),
+            "reads_seconds": {name: round(spent, 1) for name, *_, spent in sorted(done, key=lambda d: -d[4])},
+            "time_travel_covered_by_a_later_read": sum(d[3] for d in done),
+            "texts_now_shared_with_other_customers": len(shared)}
+
+
+def _check_reads(spark: SparkSession, table: LakeTable, customers: list[int], orders: list[int], texts: list[str],
+                 key: str, registry: DataFrame | None,
+                 progress: Callable[[str], None]) -> tuple[str, list[str], int, int, float]:
+    """Snapshot, time travel, incremental and change-feed reads of one table, checked for the subject.
+
+    Returns (table, failures, reads checked, time-travel instants a later read covered, seconds).
+    """
+    progress(f"verifying {table.name}")
+    started = time.monotonic()
+    jobs: list[tuple[str, DataFrame]] = [("snapshot", _read(spark, table.path))]
+    instants, covered = _time_travel_instants(spark, table)
+    for instant in instants:
+        jobs.append((f"time travel to {instant}", spark.read.format("hudi").options(
+            **hudi_configs.section("reads", "scan")).option("as.of.instant", instant).load(table.path)))
+    # Incremental and change-feed reads from the oldest checkpoint a consumer can still hold.
+    since = earliest_checkpoint(spark, table.path) or "000"
+    if since < (latest := latest_completion(spark, table.path) or ""):
+        jobs.append(("incremental read of the retained timeline", spark.read.format("hudi")
+                     .options(**hudi_configs.section("reads", "incremental"))
+                     .option("hoodie.datasource.read.begin.instanttime", since)
+                     .option("hoodie.datasource.read.end.instanttime", latest)
+                     .load(table.path)))
+        if table.options.get("hoodie.table.cdc.enabled") == "true":
+            jobs.append(("change feed of the retained timeline", spark.read.format("hudi")
+                         .options(**hudi_configs.section("reads", "incremental"))
+                         .option("hoodie.datasource.query.incremental.format", "cdc")
+                         .option("hoodie.datasource.read.begin.instanttime", since)
+                         .option("hoodie.datasource.read.end.instanttime", latest)
+                         .load(table.path)))
+    # One Spark job per table: each read keeps the rows of the subject, tagged with the read.
+    found = None
+    for what, df in jobs:
+        mine = _subject_rows(table.name, what, df, customers, orders, texts, key, registry)
+        if mine is not None:
+            tagged = mine.select(F.lit(what).alias("_read"))
+            found = tagged if found is None else found.unionAll(tagged)
+    failures = []
+    if found is not None:
+        for row in found.groupBy("_read").count().collect():
+            failures.append(f"{table.name}: {row['_read']} returns {row['count']} row(s) of the subject")
+    return table.name, failures, len(jobs), covered, time.monotonic() - started
 
 
 def _subject_rows(name: str, what: str, df: DataFrame, customers: list[int], orders: list[int], texts: list[str],
@@ -673,8 +717,12 @@ def _time_travel_instants(spark: SparkSession, table: LakeTable) -> tuple[list[s
 
 
 def _scan_summary(scan: ScanReport) -> dict[str, object]:
+    def rounded(spent: dict[str, float]) -> dict[str, float]:
+        return {k: round(v, 1) for k, v in sorted(spent.items(), key=lambda kv: -kv[1])}
+
     return {"files": scan.files, "decoded": scan.decoded, "vanished": scan.vanished, "records": scan.records,
-            "findings": len(scan.findings), "seconds": round(scan.seconds, 1)}
+            "findings": len(scan.findings), "seconds": round(scan.seconds, 1),
+            "seconds_by_decoder": rounded(scan.seconds_by_decoder), "seconds_by_table": rounded(scan.seconds_by_table)}
 
 
 # ---------------------------------------------------------------- the run

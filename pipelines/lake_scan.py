@@ -76,8 +76,15 @@ _LOG_NAME = re.compile(r"^\.(.+)_(.*)\.(log|archive)\.(\d+)(_((\d+)-(\d+)-(\d+))
 # Avro names: what a JSON object key must look like to be a field rather than a map key.
 _FIELD_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _INTEGER = re.compile(r"^\s*[+-]?\d+\s*$")
+_DIGITS = re.compile(r"\d+")
+# A metadata-table record's `key` string in GenericData.toString's JSON (no escapes: _Scan._values).
+_MDT_KEY = re.compile(r'"key":\s*"([^"]*)"')
+# The value of a data-table field that rules read ids at: a string, a scalar, or `[` (an array).
+_ID_FIELD = re.compile(r'"(?:id|customer_id|_hoodie_record_key|record_key)":\s*("[^"]*"|\[|[^,}\]\s]*)')
 # Records per `GenericData.toString` call: one py4j round trip, a bounded JSON text.
 _CHUNK = 2000
+# Rows per Arrow batch of a Parquet file: each batch costs a few kernel calls per column.
+_PARQUET_BATCH = 65536
 _LOG_MAGIC = b"#HUDI#"
 _DATA_BLOCKS = ("AVRO_DATA_BLOCK", "HFILE_DATA_BLOCK", "PARQUET_DATA_BLOCK", "CDC_DATA_BLOCK")
 
@@ -107,11 +114,22 @@ class ScanReport:
     vanished: int = 0
     findings: list[Finding] = field(default_factory=list)
     seconds: float = 0.0
+    # Where the scan's time went: seconds per decoder used, and per table (its label).
+    seconds_by_decoder: dict[str, float] = field(default_factory=dict)
+    seconds_by_table: dict[str, float] = field(default_factory=dict)
 
     @property
     def clean(self) -> bool:
         """No file holds the subject, and every file that looks like data was decoded."""
         return not self.findings
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Records (or keys) decoded by Hudi's readers, rendered as one JSON array by Avro's GenericData.toString."""
+
+    count: int
+    text: str
 
 
 def scan_lake(spark: SparkSession, root: str, subject: Subject,
@@ -267,11 +285,12 @@ class _Jvm:
         return self._jvm.java.lang.invoke.MethodHandleProxies.asInterfaceInstance(
             self._class("java.util.function.Function"), handle)
 
-    def _json(self, values: JavaObject) -> Iterator[list[Any]]:
-        """A Java list (of Avro records, strings) as Python values, a chunk per py4j round trip."""
+    def _json(self, values: JavaObject) -> Iterator[Chunk]:
+        """A Java list (of Avro records, strings) as JSON texts, a chunk per py4j round trip."""
         size = values.size()
         for start in range(0, size, _CHUNK):
-            yield json.loads(self._avro.toString(values.subList(start, min(size, start + _CHUNK))))
+            end = min(size, start + _CHUNK)
+            yield Chunk(end - start, self._avro.toString(values.subList(start, end)))
 
     def _path(self, rel: str) -> JavaObject:
         return self._hudi.storage.StoragePath(f"{self.root}/{rel}")
@@ -286,10 +305,10 @@ class _Jvm:
     def read(self, rel: str) -> bytes:
         return storage.read_bytes(f"{self._files}/{rel}")
 
-    def log_blocks(self, rel: str, data: bytes) -> Iterator[tuple[str, str, list[Any]]]:
+    def log_blocks(self, rel: str, data: bytes) -> Iterator[tuple[str, str, Chunk]]:
         """(block type, what, values) of every block of a Hudi log file, in chunks.
 
-        Values are record dicts for data blocks, record keys for delete blocks, [] otherwise.
+        Values are record dicts for data blocks, record keys for delete blocks, none otherwise.
         A CDC block needs a reader schema (HoodieCDCDataBlock rejects none): the writer
         schema in the block's header; if a later block was written with another schema, the
         file is read again from that block on with it, so that no field is projected away.
@@ -332,14 +351,14 @@ class _Jvm:
                         for chunk in self._json(keys):
                             yield kind, "keys", chunk
                     else:  # COMMAND_BLOCK (rollback), CORRUPT_BLOCK
-                        yield kind, "", []
+                        yield kind, "", Chunk(0, "[]")
                     done = index
             finally:
                 reader.close()
             if not reread:
                 return
 
-    def hfile(self, rel: str) -> tuple[list[str], Iterator[list[Any]], int]:
+    def hfile(self, rel: str) -> tuple[list[str], Iterator[Chunk], int]:
         """(min/max keys, record chunks, record count) of an HFile, through Hudi's native HFile reader."""
         hudi = self._hudi
         reader = hudi.io.storage.HoodieNativeAvroHFileReader(self.storage, self._path(rel),
@@ -358,7 +377,7 @@ class _Jvm:
             chunks = list(self._json(values))
         finally:
             reader.close()
-        return bounds, iter(chunks), sum(len(c) for c in chunks)
+        return bounds, iter(chunks), sum(c.count for c in chunks)
 
 
 def _first_block_schema(data: bytes, ordinal: int) -> str | None:
@@ -451,6 +470,9 @@ class _Scan:
         self.report = ScanReport()
         self.ids = {CUSTOMER: frozenset(subject.customer_ids), ORDER: frozenset(subject.order_ids)}
         self.texts = sorted({t.strip().casefold() for t in subject.texts if t.strip()})
+        # Every text as a literal of one RE2 alternation: one pass over a column instead of one per
+        # text, with the semantics of match_substring(ignore_case=True), which is RE2 on a literal.
+        self._texts_regex = "|".join(re.sub(r"([.^$*+?{}\[\]\\|()])", r"\\\1", t) for t in self.texts)
         self._all_ids = self.ids[CUSTOMER] | self.ids[ORDER]
         self._id_values = {k: pa.array(sorted(v), pa.int64()) for k, v in self.ids.items()}
         self._json_ids = {name: re.compile(r'"' + name + r'"\s*:\s*"?\s*([+-]?\d+)(?![\d.eE])')
@@ -461,6 +483,7 @@ class _Scan:
     # -- per file
 
     def file(self, rel: str, table: _Table) -> None:
+        started = time.monotonic()
         self._hits, self._table, self._key_table = {}, table, replace(table, mdt_partition=None)
         name = rel.rsplit("/", 1)[-1]
         decoder = _decoder(name)
@@ -495,6 +518,9 @@ class _Scan:
         self.report.decoded[used] += 1
         for what in self._hits:
             self.report.findings.append(Finding(rel, table.label, self._redact(what)))
+        spent = time.monotonic() - started
+        for where, key in ((self.report.seconds_by_decoder, used), (self.report.seconds_by_table, table.label or "")):
+            where[key] = where.get(key, 0.0) + spent
 
     def _raw_has_text(self, data: bytes) -> bool:
         """The texts in a file's bytes as UTF-8, case-insensitive; in overlapping slices, to bound memory."""
@@ -509,6 +535,60 @@ class _Scan:
 
     def _hit(self, what: str) -> None:
         self._hits[what] = None
+
+    def _values(self, chunk: Chunk, keys: bool = False) -> list[Any]:
+        """The chunk's records as Python values, or [] when its JSON text cannot hold the subject.
+
+        Most chunks (the record index's millions of keys, other customers' log records) hold
+        nothing of the subject, and parsing and walking them is most of a scan's time. A
+        chunk whose text has no escape (`\\`) and no Avro bytes value renders every string
+        literally, so every string value, map key and number of its records is a substring of
+        the text: when no subject text occurs in the text (casefolded, as values are) and
+        none of its digit runs is a subject id (as _as_int reads numbers: leading zeros and
+        signs aside), no rule can hit on any value, and skipping the chunk changes nothing.
+        Any other chunk is parsed and walked in full. `keys`: the chunk is a delete block's
+        record keys, not records.
+        """
+        text = chunk.text
+        if "\\" in text or '"bytes"' in text or self._text_in(text) or self._id_in(text, keys):
+            return json.loads(text)
+        return []
+
+    def _text_in(self, text: str) -> bool:
+        if not self.texts:
+            return False
+        folded = text.casefold()
+        return any(t in folded for t in self.texts)
+
+    def _id_in(self, text: str, keys: bool) -> bool:
+        """Whether a run of digits in `text` that a rule reads as an id is the number of a subject id.
+
+        In a delete block's keys (of a data table, or of the record and secondary indexes)
+        and in the dead letters (raw Kafka keys and values), any run. In a data table's
+        records, the values of the fields whose name a rule reads ids at (`id`,
+        `customer_id`: _id_kinds; `_hoodie_record_key`, `record_key`: _is_key), at any depth,
+        not amounts, LSNs or timestamps, which would match any small id; an array there is
+        parsed whatever it holds. In the metadata table's records, ids count
+        only in the record and secondary indexes' keys (_id_kinds has none there): the runs of
+        the `"key"` strings, not the index's positions and instant times.
+        """
+        if not self._all_ids:
+            return False
+        if (keys and (self._table.mdt_partition is None or self._table.keyed_by_data_keys)) \
+                or self._table.dead_letters:  # raw Kafka keys and values: any run
+            runs = _DIGITS.findall(text)
+        elif self._table.mdt_partition is None:
+            values = _ID_FIELD.findall(text)
+            if "[" in values:
+                return True
+            runs = [run for value in values for run in _DIGITS.findall(value)]
+        elif self._table.keyed_by_data_keys:
+            runs = [run for key in _MDT_KEY.findall(text) for run in _DIGITS.findall(key)]
+        else:
+            return False
+        ids = self._all_ids
+        # Longer runs cannot be an id (and int() refuses runs beyond 4,300 digits).
+        return any(len(number := run.lstrip("0")) <= 19 and number and int(number) in ids for run in runs)
 
     def _redact(self, text: str) -> str:
         """`text` without any of the subject's texts or ids (error messages may quote data)."""
@@ -527,7 +607,7 @@ class _Scan:
                     self._hit(f"{kind} in the parquet footer's min/max record key")
             if self._has_text(text):
                 self._hit(f"{TEXT} in the parquet footer metadata")
-        for batch in parquet.iter_batches(batch_size=8192):
+        for batch in parquet.iter_batches(batch_size=_PARQUET_BATCH):
             self.report.records += batch.num_rows
             if self._table.dead_letters:  # per row: the rules depend on the row's topic
                 for row in batch.to_pylist():
@@ -545,13 +625,14 @@ class _Scan:
             if self._has_text(key):
                 self._hit(f"{TEXT} in the HFile's min/max key")
         for chunk in chunks:
-            for record in chunk:
+            for record in self._values(chunk):
                 self._record(record)
         self.report.records += count
 
     def _log(self, rel: str, data: bytes) -> None:
-        for kind, what, values in self.jvm.log_blocks(rel, data):
-            self.report.records += len(values)
+        for kind, what, chunk in self.jvm.log_blocks(rel, data):
+            self.report.records += chunk.count
+            values = self._values(chunk, keys=what == "keys") if what else []
             if what == "records":
                 for record in values:
                     self._record(record, cdc=kind == "CDC_DATA_BLOCK")
@@ -642,7 +723,9 @@ class _Scan:
         if any(t in folded for t in self.texts):
             return True
         stripped = value.lstrip()
-        if stripped[:1] in ("{", "["):  # JSON text (a Debezium payload): escapes hide needles
+        # JSON text (a Debezium payload): escapes hide needles. Without a backslash there is no
+        # escape, and every string of the JSON is a substring of the value, searched above.
+        if stripped[:1] in ("{", "[") and "\\" in value:
             try:
                 return self._json_has_text(json.loads(stripped))
             except ValueError:
@@ -688,7 +771,7 @@ class _Scan:
         kinds = _id_kinds(self._table, fields)
         if pa.types.is_string(kind_of) or pa.types.is_large_string(kind_of):
             if self.texts:
-                if any(pc.any(pc.match_substring(leaf, t, ignore_case=True)).as_py() for t in self.texts):
+                if pc.any(pc.match_substring_regex(leaf, self._texts_regex, ignore_case=True)).as_py():
                     self._hit(f"{TEXT} in column {col}")
                 else:
                     trimmed = pc.utf8_ltrim_whitespace(leaf)
@@ -697,7 +780,8 @@ class _Scan:
                         self._hit(f"{TEXT} in column {col}")
             if self._is_key(fields, cdc=False):
                 self._arrow_keys(col, leaf)
-            for kind in self._arrow_ids(_string_integers(leaf), kinds):
+            # Numbers in strings count only where a rule reads ids (most string columns: none).
+            for kind in self._arrow_ids(_string_integers(leaf), kinds) if kinds else ():
                 self._hit(f"{kind} in column {col}")
         elif kinds and (pa.types.is_integer(kind_of) or pa.types.is_decimal(kind_of)):
             for kind in self._arrow_ids(leaf, kinds):

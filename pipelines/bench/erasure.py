@@ -65,7 +65,12 @@ def _erase(env: dict[str, str], work: Path, rows: int, ids: list[int], reference
     return {"customers": len(ids), "seconds": round(seconds, 1), "verified": certificate["verified"],
             "orders": run["orders"], "orders_moved": run["orders_moved_to_other_customers"],
             "phases_s": certificate["timings_s"],
-            "files_scanned": certificate["verification"].get("scan", {}).get("files")}
+            "files_scanned": certificate["verification"].get("scan", {}).get("files"),
+            # Inside the phases: the verification's reads and file scan, the purge per table.
+            "verify_detail": {"reads_s": certificate["verification"].get("reads_seconds", {}),
+                              "scan": {k: certificate["verification"].get("scan", {}).get(k)
+                                       for k in ("seconds", "records", "seconds_by_decoder", "seconds_by_table")}},
+            "purge_s": {t: done.get("seconds") for t, done in certificate["purge"].items()}}
 
 
 def _build(built: Path, rows: int, changes: int, seed: int) -> dict[str, Any]:

@@ -3,7 +3,9 @@
 An invalid request stops in `validate_request`, once, before anything runs or is filed; a
 valid one is filed in the erasure inbox, and the run erases it together with every request
 waiting there, on a lake built by the real pipeline (Kafka, ingest, etl), through the
-project's CLI in .venv, as the scheduler would. No XCom of the run holds an id.
+project's CLI in .venv, as the scheduler would. No XCom of the run holds an id, and after the
+verified erasure the run's XComs and the earlier runs (their conf holds ids) are deleted, the
+latter through Airflow's own REST API server (in the test's process, on the test's database).
 """
 
 from __future__ import annotations
@@ -14,6 +16,9 @@ import os
 import re
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -21,6 +26,7 @@ import pytest
 from conftest import DAGS, lakehouse
 
 from pipelines.gdpr_request import MAX_IDS
+from pipelines.kafka_local import free_port
 
 DAG_ID = "gdpr_erasure"
 GOOD = {"customer_ids": [12, 3, 12], "reference": "REQ-2026/04:17_a.b",
@@ -100,8 +106,9 @@ def test_dag_loads_without_errors_or_spark() -> None:
     dag = _dag()
     assert not [m for m in sys.modules if m == "pyspark" or m.startswith("pyspark.")], "the DAG imported pyspark"
     assert dag.timetable.can_be_scheduled is False and dag.max_active_runs > 1  # runs overlap, erasures do not
-    assert set(dag.task_dict) == {"validate_request", "gdpr_erase"}
+    assert set(dag.task_dict) == {"validate_request", "gdpr_erase", "forget_request"}
     assert dag.get_task("gdpr_erase").upstream_task_ids == {"validate_request"}
+    assert dag.get_task("forget_request").upstream_task_ids == {"gdpr_erase"}  # only after a verified erasure
     assert dag.get_task("validate_request").retries >= 1  # only an invalid request fails at once
 
 
@@ -227,13 +234,52 @@ def _table(name: str) -> dict[int, dict[str, str]]:
     return rows
 
 
+@pytest.fixture
+def api_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Airflow's REST API (its FastAPI app under uvicorn, simple auth manager) on the test's database,
+    and the connection `airflow_api` the DAG's last task reaches it through."""
+    import uvicorn
+    from airflow.api_fastapi.app import create_app
+
+    port, password = free_port(), "not-a-secret"
+    passwords = tmp_path / "passwords.json"
+    passwords.write_text(json.dumps({"dpo": password}))
+    monkeypatch.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS", "dpo:admin")
+    monkeypatch.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE", str(passwords))
+    monkeypatch.setenv("AIRFLOW__API_AUTH__JWT_SECRET", "test-secret-of-this-run-only")
+    monkeypatch.setenv("AIRFLOW_CONN_AIRFLOW_API", f"http://dpo:{password}@127.0.0.1:{port}")
+    server = uvicorn.Server(uvicorn.Config(create_app(apps="core"), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 120
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the API server did not start"
+        time.sleep(0.2)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+def _run_records(run_id: str) -> tuple[int, int]:
+    """(the run's rows in dag_run, its XComs) in Airflow's database."""
+    from airflow.models.dagrun import DagRun
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        return (session.query(DagRun).filter_by(dag_id=DAG_ID, run_id=run_id).count(),
+                session.query(XComModel).filter_by(dag_id=DAG_ID, run_id=run_id).count())
+
+
 def _tree(root: Path) -> dict[str, tuple[int, int]]:
     return {p.relative_to(root).as_posix(): (p.stat().st_size, p.stat().st_mtime_ns)
             for p in root.rglob("*") if p.is_file()}
 
 
 @pytest.mark.slow
-def test_erasure_of_a_real_customer(lake: Path, tmp_path: Path) -> None:
+def test_erasure_of_a_real_customer(lake: Path, tmp_path: Path, api_server: str) -> None:
     lakehouse("etl")
     customers = _table("silver/customers")
     source = json.loads((tmp_path / "source.json").read_text())["state"]
@@ -255,26 +301,27 @@ def test_erasure_of_a_real_customer(lake: Path, tmp_path: Path) -> None:
                                 "requested_by": INJECTION.format(canary=tmp_path / "canary")})
     assert run.state == "failed" and _states(run)["gdpr_erase"][0] == "upstream_failed", _states(run)
     assert _tree(lake) == before, "an invalid request changed the lake"
+    refused = run.run_id
+    assert _run_records(refused)[0] == 1  # its conf holds the id until a verified erasure's clean-up
 
     run = _dag().test(run_conf={"customer_ids": [cid], "reference": "REQ-TEST-1",
                                 "requested_by": "dpo@shop.example"})
     states = _states(run)
     assert run.state == "success" and all(s == "success" for s, _ in states.values()), states
-    # The CLI's JSON summary, its last line on stdout: the BashOperator's XCom. Both requests in
-    # one run, a certificate each; the inbox is empty once they are verified.
-    summaries = run.get_task_instance("gdpr_erase").xcom_pull(task_ids="gdpr_erase")
-    summaries = json.loads(summaries) if isinstance(summaries, str) else summaries
-    assert sorted(s["reference"] for s in summaries) == ["REQ-TEST-0a", "REQ-TEST-1"]
-    assert all(s["status"] == "erased" and s["verified"] is True for s in summaries), summaries
-    for summary in summaries:
-        certificate = Path(summary["certificate"])
-        text = certificate.read_text(errors="replace").lower()
+    # Both requests in one run, a certificate each; the inbox is empty once they are verified.
+    certificates = [json.loads(p.read_text()) for p in sorted((lake / "_gdpr" / "certificates").glob("*.json"))]
+    assert sorted(c["reference"] for c in certificates) == ["REQ-TEST-0a", "REQ-TEST-1"]
+    assert all(c["status"] == "erased" and c["verified"] is True for c in certificates)
+    for certificate in certificates:
+        text = json.dumps(certificate).lower()
         assert email not in text and name.lower() not in text, "the certificate repeats personal data"
     assert not list(Path(os.environ["LAKEHOUSE_GDPR_INBOX"]).glob("*"))
-    # What Airflow keeps of the run besides its conf: no XCom holds an id.
-    validated = run.get_task_instance("validate_request").xcom_pull(task_ids="validate_request")
-    assert validated == {"reference": "REQ-TEST-1", "customers": 1, "duplicates": 0}
-    assert all(set(s) == {"reference", "status", "verified", "certificate", "rows_removed"} for s in summaries)
+    # What Airflow keeps: after the verified erasure, none of the run's XComs (the task's own return
+    # value is written after it ran: a count, no id), and not the earlier run whose conf named the customer.
+    assert _run_records(run.run_id) == (1, 1)
+    forgot = run.get_task_instance("forget_request").xcom_pull(task_ids="forget_request")
+    assert forgot["runs_deleted"] >= 1, forgot  # earlier tests' runs of this DAG too
+    assert _run_records(refused) == (0, 0)
 
     after = _table("silver/customers")
     assert cid not in after and waiting not in after
