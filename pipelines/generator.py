@@ -210,7 +210,8 @@ def _rejected(table: str, row: dict[str, Any]) -> bool:
         country = row["country"].strip().upper()
         return not (_EMAIL_RE.match(email) and _COUNTRY_RE.match(country))
     return (
-        row["status"] not in ORDER_STATUSES or row["currency"] not in CURRENCIES or Decimal(row["amount"]) < 0
+        row["status"] not in ORDER_STATUSES or row["currency"] not in CURRENCIES
+        or row.get("amount") is None or Decimal(row["amount"]) < 0
     )
 
 
