@@ -37,6 +37,14 @@ commits (`KnownRows`): a batch looks up its own keys in those cached rows and re
 table, so its cost follows the batch, not the table. A restarted process reads afresh,
 which is what makes a crash between two commits safe.
 
+Shape: a row image is parsed as a map (column -> JSON text), and the table's columns follow the
+source's (pipelines.bronze_schema): per batch, one aggregation over the cached records finds shapes
+not seen before; a column added in the source is appended to the table (Hudi's schema evolution on
+write), a widened type widens it, a dropped one stays null, and events of a shape that cannot be
+applied (a contract column gone, a type narrowed) become dead letters with a `schema:` reason,
+holding only that table. An update's placeholder for an unchanged TOASTed value is replaced by
+the value the source still holds (`_fill_unavailable`).
+
 Progress lives in the tables' own commits: each carries the stream's Kafka position after
 its batch (`_lakehouse.kafka_positions`). A replayed batch that main already covers is
 skipped without reading anything, and a lost Spark checkpoint resumes each topic from the

@@ -142,3 +142,30 @@ def test_incompatible_change_holds_only_that_table(spark: SparkSession, lake: La
     assert_bronze_equals_model(spark, lake.root, shaped, lsns)
     assert "held: orders" not in run_cli("status", env=env).output
     assert_lake_equals_model(spark, lake.root, shaped)
+
+
+def test_shape_decisions() -> None:
+    """The rules of pipelines.bronze_schema without Spark: add, widen, narrow, contract column gone, accept."""
+    from pipelines.bronze_schema import decide, infer_type
+
+    contract_shape = [(c, "int64" if c in ("id", "customer_id") else "string") for c in COLUMNS["orders"]]
+    start = Shape.initial("orders")
+    added = decide(start, [[*contract_shape, ("points", "int32")]], [], {"note": "string"}, set(), 7)
+    assert added.changed and not added.held_declared
+    assert [(c.name, c.type, c.declared, c.batch) for c in added.shape.columns.values()][-2:] == [
+        ("points", "int", True, 7), ("note", "string", False, 7)]
+    widened = decide(added.shape, [[*contract_shape, ("points", "int64")]], [], {}, set(), 8)
+    assert widened.shape.columns["points"].type == "bigint" and widened.shape.columns["points"].widened[0][:2] == (
+        "int", 8)
+    narrowed = decide(widened.shape, [[*contract_shape, ("points", "int32")]], [], {}, set(), 9)
+    assert not narrowed.changed and "points" in next(iter(narrowed.held_declared.values()))
+    renamed = [(c, t) for c, t in contract_shape if c != "amount"] + [("total", "string")]
+    held = decide(start, [renamed], [["amount"]], {}, set(), 10)
+    assert len(held.held_declared) == 1 and held.held_missing == {("amount",): next(iter(held.held_missing.values()))}
+    assert all(r.startswith("schema: orders.amount") for r in [*held.held_declared.values(),
+                                                               *held.held_missing.values()])
+    accepted = decide(start, [renamed], [["amount"]], {}, {"orders.amount"}, 11)
+    assert not accepted.held_declared and not accepted.held_missing and "total" in accepted.shape.columns
+    assert Shape.from_meta("orders", accepted.shape.to_meta()) == accepted.shape
+    assert (infer_type([None, 3]), infer_type([1.5, 2]), infer_type([True]), infer_type(["a", 1]),
+            infer_type([None])) == ("bigint", "double", "boolean", "string", None)
