@@ -37,6 +37,14 @@ commits (`KnownRows`): a batch looks up its own keys in those cached rows and re
 table, so its cost follows the batch, not the table. A restarted process reads afresh,
 which is what makes a crash between two commits safe.
 
+Shape: a row image is parsed as a map (column -> JSON text), and the table's columns follow the
+source's (pipelines.bronze_schema): per batch, one aggregation over the cached records finds shapes
+not seen before; a column added in the source is appended to the table (Hudi's schema evolution on
+write), a widened type widens it, a dropped one stays null, and events of a shape that cannot be
+applied (a contract column gone, a type narrowed) become dead letters with a `schema:` reason,
+holding only that table. An update's placeholder for an unchanged TOASTed value is replaced by
+the value the source still holds (`_fill_unavailable`).
+
 Progress lives in the tables' own commits: each carries the stream's Kafka position after
 its batch (`_lakehouse.kafka_positions`). A replayed batch that main already covers is
 skipped without reading anything, and a lost Spark checkpoint resumes each topic from the
@@ -64,6 +72,7 @@ from pyspark.storagelevel import StorageLevel
 
 import hudi_configs
 from pipelines import contract
+from pipelines.bronze_schema import COLUMNS_META, SCHEMA_REASON, Shape, decide, infer_type, read_accepted
 from pipelines.erasure_registry import dead_letters_without_erased, read_registry, registry_path, without_erased
 from pipelines.gdpr_request import erasure_key
 from pipelines.hudi_timeline import latest_completion, latest_meta
@@ -76,6 +85,7 @@ from pipelines.settings import (
     lake_root,
     ledger_path,
     main_path,
+    unavailable_placeholder,
 )
 from pipelines.stream import STOP_REQUEST, StreamLease
 
@@ -98,6 +108,9 @@ POSITIONS_META = "_lakehouse.kafka_positions"
 # The erasure registry's version (completion time of its newest commit) the batch filtered
 # with: an erasure finds the batches that may have read an older one (pipelines.gdpr).
 REGISTRY_META = "_lakehouse.erasure_registry"
+# Hashes of the declared (schemas.enable=true) row shapes the table has applied: a record of one of
+# them needs no schema decision (`parse_events`).
+DECLARED_META = "_lakehouse.declared_shapes"
 
 
 # --------------------------------------------------------------------------- parsing
@@ -130,47 +143,74 @@ def row_schema(table: str) -> T.StructType:
     ])
 
 
-def _envelope_fields(table: str) -> list[T.StructField]:
+# A row image as column name -> the value's JSON text (strings unquoted): every column the
+# source sends is kept, including those added after the table was created (pipelines.bronze_schema).
+_IMAGE = T.MapType(T.StringType(), T.StringType())
+# Of a Kafka Connect schema (`schemas.enable=true`), the field lists: `after`'s names and types.
+_CONNECT_SCHEMA = T.StructType([T.StructField("fields", T.ArrayType(T.StructType([
+    T.StructField("field", T.StringType()),
+    T.StructField("fields", T.ArrayType(T.StructType([
+        T.StructField("field", T.StringType()), T.StructField("type", T.StringType())]))),
+])))])
+
+
+def _envelope_fields() -> list[T.StructField]:
     return [
-        T.StructField("before", row_schema(table)),
-        T.StructField("after", row_schema(table)),
+        T.StructField("before", _IMAGE),
+        T.StructField("after", _IMAGE),
         T.StructField("source", _SOURCE),
         T.StructField("op", T.StringType()),
         T.StructField("ts_ms", T.LongType()),
     ]
 
 
-def value_schema(table: str) -> T.StructType:
+def value_schema() -> T.StructType:
     """Both converter settings in one schema: the bare envelope, or `{"schema", "payload"}`."""
     return T.StructType([
-        T.StructField("payload", T.StructType(_envelope_fields(table))),
-        *_envelope_fields(table),
+        T.StructField("schema", _CONNECT_SCHEMA),
+        T.StructField("payload", T.StructType(_envelope_fields())),
+        *_envelope_fields(),
         T.StructField("_corrupt", T.StringType()),
     ])
 
 
-def parse_events(raw: DataFrame, table: str) -> DataFrame:
+def _literal_array(values: list[str] | tuple[str, ...]) -> Column:
+    return F.array(*[F.lit(v) for v in values]) if values else F.array().cast("array<string>")
+
+
+def parse_events(raw: DataFrame, table: str, shape: Shape | None = None, known_declared: tuple[int, ...] = (),
+                 placeholder: str | None = None) -> DataFrame:
     """Kafka records of one table's topic -> one row per record, classified.
 
     `kind` is `row` (a change with its image), `truncate`, `tombstone`, `ignored` (op=m)
     or `dead` (with `reason` and the raw `value`). Every input record yields exactly one
     output row, so nothing is dropped without a trace.
+
+    The image is kept as a map (`_image`); `image_columns` types it by the table's shape. Beside
+    it, what the schema decision needs (pipelines.bronze_schema), empty for a record of a known
+    shape: `_decl` (the declared `after` fields, when their hash is not in `known_declared`),
+    `_new_keys` (columns not in `shape`), `_missing` (contract columns absent from a bare
+    `after`), `_badcast` (bare values that do not fit their column's type), `_toast` (columns
+    carrying the unavailable-value `placeholder`). The raw value is kept for dead letters and
+    for records of an unknown shape (they may be held).
     """
+    shape = shape or Shape.initial(table)
+    placeholder = placeholder or unavailable_placeholder()
     text = F.col("value").cast("string")
-    parsed = F.from_json(text, value_schema(table),
-                         {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": "_corrupt"})
+    parsed = F.from_json(text, value_schema(), {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": "_corrupt"})
     df = raw.select(
         F.col("topic").alias("kafka_topic"), F.col("partition").alias("kafka_partition"),
         F.col("offset").alias("kafka_offset"), F.col("timestamp").alias("kafka_timestamp"),
         "key", "value", text.alias("_text"), parsed.alias("_v"),
     )
     v = F.col("_v")
-    bare = F.struct(*[v[f.name].alias(f.name) for f in _envelope_fields(table)])
+    bare = F.struct(*[v[f.name].alias(f.name) for f in _envelope_fields()])
     env = F.when(v["payload"].isNotNull(), v["payload"]).otherwise(bare)
     df = df.withColumn("_env", env)
     e = F.col("_env")
     op, lsn = e["op"], e["source"]["lsn"]
     image = F.when(op == "d", e["before"]).otherwise(e["after"])
+    key_text = image[KEY]
 
     def dead(reason: Column) -> Column:
         return F.struct(F.lit("dead").alias("kind"), reason.alias("reason"))
@@ -178,7 +218,11 @@ def parse_events(raw: DataFrame, table: str) -> DataFrame:
     def ok(kind: str) -> Column:
         return F.struct(F.lit(kind).alias("kind"), F.lit(None).cast("string").alias("reason"))
 
+    def not_bigint(c: str) -> Column:
+        return image[c].isNotNull() & image[c].cast("bigint").isNull()
+
     where = f"on topic {contract.topic(table)}"
+    mistyped = functools.reduce(lambda a, b: a | b, [not_bigint(c) for c in sorted(contract.BIGINT_COLUMNS[table])])
     classified = (
         F.when(F.col("value").isNull(), ok("tombstone"))
         .when(F.encode(F.col("_text"), "UTF-8") != F.col("value"), dead(F.lit("value is not valid UTF-8 text")))
@@ -187,7 +231,7 @@ def parse_events(raw: DataFrame, table: str) -> DataFrame:
             .when(~F.ltrim(F.col("_text")).startswith("{"),
                   F.lit("JSON value is not an object, so not a Debezium envelope"))
             .otherwise(F.lit(f"fields do not have the types of the {table} envelope "
-                             "(bigint columns and source.lsn must be JSON numbers)"))))
+                             "(row images must be objects and source.lsn a JSON number)"))))
         .when(op.isNull(), dead(F.lit("no 'op' field: not a Debezium envelope")))
         .when(~op.isin(*contract.ROW_OPS, *contract.OTHER_OPS),
               dead(F.concat(F.lit("unknown op '"), op, F.lit("'"))))
@@ -198,19 +242,50 @@ def parse_events(raw: DataFrame, table: str) -> DataFrame:
         .when(op == "t", ok("truncate"))
         .when(image.isNull(), dead(F.concat(
             F.lit("op="), op, F.when(op == "d", F.lit(" without 'before'")).otherwise(F.lit(" without 'after'")))))
-        .when(image[KEY].isNull(), dead(F.concat(
+        .when(key_text.isNull(), dead(F.concat(
             F.lit("op="), op, F.when(op == "d", F.lit(" without before.id")).otherwise(F.lit(" without after.id")))))
+        .when(mistyped, dead(F.lit(f"fields do not have the types of the {table} envelope "
+                                   f"({', '.join(sorted(contract.BIGINT_COLUMNS[table]))} must be JSON integers)")))
         .otherwise(ok("row"))
     )
+    is_row = F.col("_c.kind") == "row"
+    upsert = is_row & (op != "d")
+    after_schema = F.filter(v["schema"]["fields"], lambda f: f["field"] == "after")[0]["fields"]
+    declared = F.transform(after_schema, lambda f: F.struct(f["field"].alias("field"), f["type"].alias("type")))
+    decl_hash = F.xxhash64(declared)
+    unknown_shape = declared.isNotNull() & ~decl_hash.isin(*known_declared) if known_declared \
+        else declared.isNotNull()
+    empty = F.array().cast("array<string>")
+    new_keys = F.when(is_row, F.array_except(F.map_keys(image), _literal_array(list(shape.columns)))).otherwise(empty)
+    missing = F.when(upsert & declared.isNull(), F.array_except(_literal_array(contract.COLUMNS[table]),
+                                                                F.map_keys(image))).otherwise(empty)
+    typed = [c for c in shape.extras if shape.columns[c].type != "string"]
+    badcast = F.when(is_row & declared.isNull(), F.array_compact(F.array(*[
+        F.when(image[c].isNotNull() & image[c].cast(shape.columns[c].type).isNull(), F.lit(c)) for c in typed
+    ]))).otherwise(empty) if typed else empty
+    toast = F.when(upsert, F.map_keys(F.map_filter(image, lambda _, x: x == placeholder))).otherwise(empty)
+    df = df.withColumn("_c", classified).select(
+        "*", F.when(is_row & unknown_shape, declared).alias("_decl"),
+        F.when(is_row & declared.isNotNull(), decl_hash).alias("_decl_hash"),
+        new_keys.alias("_new_keys"), missing.alias("_missing"), badcast.alias("_badcast"), toast.alias("_toast"))
+    odd = F.col("_decl").isNotNull() | (F.size("_new_keys") > 0) | (F.size("_missing") > 0) | \
+        (F.size("_badcast") > 0)
     columns = [F.col("_c.kind").alias("kind"), F.col("_c.reason").alias("reason"),
                op.alias("_op"), lsn.alias("_lsn"), F.timestamp_millis(e["source"]["ts_ms"]).alias("_source_ts"),
-               e["source"]["txId"].alias("_tx_id")]
-    columns += [image[c].alias(c) for c in contract.COLUMNS[table]]
-    # The raw value is kept for dead letters only: the batch's parsed rows stay cached while
-    # every table is written, and a wrapped envelope's value is mostly its schema (kilobytes).
-    return df.withColumn("_c", classified).select(
+               e["source"]["txId"].alias("_tx_id"), image.alias("_image")]
+    # The raw value is kept for dead letters (and records that may become one) only: the batch's
+    # parsed rows stay cached while every table is written, and a wrapped envelope's value is
+    # mostly its schema (kilobytes).
+    return df.select(
         "kafka_topic", "kafka_partition", "kafka_offset", "kafka_timestamp", "key",
-        F.when(F.col("_c.kind") == "dead", F.col("value")).alias("value"), *columns)
+        F.when((F.col("_c.kind") == "dead") | odd, F.col("value")).alias("value"), *columns,
+        "_decl", "_decl_hash", "_new_keys", "_missing", "_badcast", "_toast")
+
+
+def image_columns(shape: Shape) -> list[Column]:
+    """The image's values as the shape's typed columns (a column the image lacks: null)."""
+    return [(F.col("_image")[c] if col.type == "string" else F.col("_image")[c].cast(col.type)).alias(c)
+            for c, col in shape.columns.items()]
 
 
 def dead_letters(events: DataFrame, batch_id: int) -> DataFrame:
@@ -226,14 +301,15 @@ def dead_letters(events: DataFrame, batch_id: int) -> DataFrame:
 
 # --------------------------------------------------------------------------- planning
 
-def _change_rows(events: DataFrame, table: str) -> DataFrame:
+def _change_rows(events: DataFrame, table: str, shape: Shape | None = None) -> DataFrame:
+    shape = shape or Shape.initial(table)
     return events.filter(F.col("kind") == "row").select(
-        *contract.COLUMNS[table], "_op", "_lsn", "_source_ts", "_tx_id",
+        *image_columns(shape), "_op", "_lsn", "_source_ts", "_tx_id",
         F.col("kafka_partition").alias("_kafka_partition"), F.col("kafka_offset").alias("_kafka_offset"),
         F.col("kafka_timestamp").alias("_kafka_ts"))
 
 
-def truncate_deletes(events: DataFrame, main_state: DataFrame, table: str) -> DataFrame | None:
+def truncate_deletes(events: DataFrame, main_state: DataFrame, shape: Shape) -> DataFrame | None:
     """A truncate at LSN L, as deletes at L of every key that is older than L.
 
     Keys come from the table (all of them, so `main_state` must not be narrowed to the
@@ -245,15 +321,15 @@ def truncate_deletes(events: DataFrame, main_state: DataFrame, table: str) -> Da
     if not newest:
         return None
     t = newest[0]
+    columns = shape.types()
     keys = main_state.filter(F.col("_lsn") < t["_lsn"]).select(KEY).union(
-        _change_rows(events, table).select(KEY)).distinct()
+        _change_rows(events, shape.table, shape).select(KEY)).distinct()
     return keys.select(
-        KEY, *[F.lit(None).cast(row_schema(table)[c].dataType).alias(c) for c in contract.COLUMNS[table] if c != KEY],
+        KEY, *[F.lit(None).cast(kind).alias(c) for c, kind in columns.items() if c != KEY],
         F.lit("d").alias("_op"), F.lit(t["_lsn"]).alias("_lsn"), F.lit(t["_source_ts"]).alias("_source_ts"),
         F.lit(t["_tx_id"]).cast("long").alias("_tx_id"), F.lit(t["kafka_partition"]).alias("_kafka_partition"),
         F.lit(t["kafka_offset"]).alias("_kafka_offset"), F.lit(t["kafka_timestamp"]).alias("_kafka_ts"),
-    ).select(*contract.COLUMNS[table], "_op", "_lsn", "_source_ts", "_tx_id", "_kafka_partition",
-             "_kafka_offset", "_kafka_ts")
+    ).select(*columns, "_op", "_lsn", "_source_ts", "_tx_id", "_kafka_partition", "_kafka_offset", "_kafka_ts")
 
 
 def union_all(frames: list[DataFrame]) -> DataFrame:
@@ -487,6 +563,11 @@ class BronzeBatchWriter:
         # read once, then kept up to date by this writer's own commits (KnownRows).
         self._main: dict[str, KnownRows] = {}
         self._deletes: dict[str, KnownRows] = {}
+        # Per table, its shape (columns, pipelines.bronze_schema) and the hashes of the declared
+        # shapes already applied: read from main's newest commit once, then kept by this writer.
+        self._shapes: dict[str, Shape] = {}
+        self._declared: dict[str, set[int]] = {}
+        self.placeholder = unavailable_placeholder()
 
     def _positions(self, path: str) -> dict[str, int]:
         if path not in self._applied:
@@ -499,8 +580,11 @@ class BronzeBatchWriter:
         report = BatchReport(batch_id)
         # Each table's records parsed once and cached while its tables are written; the raw batch
         # is not cached (a wrapped envelope is kilobytes of schema, parsed away here).
-        parsed = {t: parse_events(batch.filter(F.col("topic") == contract.topic(t)), t).persist(
+        shapes = {t: self._shape(t) for t in contract.TABLES}
+        parsed = {t: parse_events(batch.filter(F.col("topic") == contract.topic(t)), t, shapes[t],
+                                  tuple(sorted(self._declared[t])), self.placeholder).persist(
             StorageLevel.MEMORY_AND_DISK) for t in contract.TABLES}
+        cached = list(parsed.values())
         try:
             with report.phase("read+parse"):
                 offsets = self._end_offsets(union_all([
@@ -519,6 +603,12 @@ class BronzeBatchWriter:
                 erased = self._erased()
             if erased:
                 commit_meta[REGISTRY_META] = erased[2]
+            surveys: dict[str, Survey] = {}
+            with report.phase("schema"):
+                accepted = read_accepted(self.root)
+                for table in contract.TABLES:
+                    surveys[table] = self._survey(table, parsed[table], accepted, batch_id)
+                    parsed[table] = surveys[table].events
             jobs: list[Callable[[], None]] = []
             if not self._covered(dead_letter_path(self.root), ends):
                 jobs.append(functools.partial(self._write_dead_letters, parsed, batch_id, commit_meta, report, erased))
@@ -528,12 +618,14 @@ class BronzeBatchWriter:
                     report.counts[table] = {"already_applied": sum(n for t, _, _, n in offsets
                                                                    if t == contract.topic(table))}
                     continue
-                jobs.append(functools.partial(self._apply, table, events, commit_meta, report, erased))
+                jobs.append(functools.partial(self._apply, table, events, surveys[table], commit_meta, report, erased))
             with report.phase("tables"):
                 _run_together(jobs, parallel=self.parallel)
             self._position = position
+            for table, survey in surveys.items():
+                self._declared[table] |= survey.applied_declared
         finally:
-            for events in parsed.values():
+            for events in cached:
                 events.unpersist()
         report.seconds = time.monotonic() - started
         log.info(report.line())
@@ -598,29 +690,151 @@ class BronzeBatchWriter:
         finally:
             rows.unpersist()
 
-    def _apply(self, table: str, events: DataFrame, meta: dict[str, str], report: BatchReport,
+    def _shape(self, table: str) -> Shape:
+        """The table's columns as its newest main commit records them (read once per stream)."""
+        if table not in self._shapes:
+            path = main_path(table, self.root)
+            recorded = has_commits(self.spark, path)
+            self._shapes[table] = Shape.from_meta(table, latest_meta(self.spark, path, COLUMNS_META)
+                                                  if recorded else None)
+            hashes = latest_meta(self.spark, path, DECLARED_META) if recorded else None
+            self._declared[table] = set(json.loads(hashes)) if hashes else set()
+        return self._shapes[table]
+
+    def _survey(self, table: str, events: DataFrame, accepted: set[str], batch_id: int) -> Survey:
+        """The batch's kinds and shapes for `table`: its new shape, and its events of a shape it cannot apply
+        turned into dead letters (reason `schema: ...`). One aggregation over the cached batch; the rest
+        runs only when a shape is new."""
+        def distinct(column: str) -> Column:
+            return F.collect_set(F.when(F.size(column) > 0, F.col(column)))
+
+        rows = events.groupBy("kind").agg(
+            F.count("*").alias("n"), F.collect_set(F.struct("_decl_hash", "_decl")).alias("decl"),
+            distinct("_missing").alias("missing"), distinct("_badcast").alias("badcast"),
+            F.array_distinct(F.flatten(F.collect_set("_new_keys"))).alias("new_keys"),
+            F.array_distinct(F.flatten(F.collect_set("_toast"))).alias("toast")).collect()
+        kinds = {r["kind"]: r["n"] for r in rows}
+        row = next((r for r in rows if r["kind"] == "row"), None)
+        shape = self._shapes[table]
+        survey = Survey(events, kinds, shape)
+        if row is None:
+            return survey
+        survey.toast = sorted(row["toast"])
+        declared = {d["_decl_hash"]: [(f["field"], f["type"]) for f in d["_decl"]] for d in row["decl"]
+                    if d["_decl"] is not None}
+        missing = [list(m) for m in row["missing"]]
+        badcast = [list(b) for b in row["badcast"]]
+        new_keys = [k for k in row["new_keys"] if not any(k in dict(f) for f in declared.values())]
+        if not (declared or missing or badcast or new_keys):
+            return survey
+        inferred = {k: self._infer(events, k) for k in new_keys}
+        decision = decide(shape, list(declared.values()), missing, inferred, accepted, batch_id)
+        survey.shape, survey.changed = decision.shape, decision.changed
+        held_declared = {h: decision.held_declared[tuple(f)] for h, f in declared.items()
+                         if tuple(f) in decision.held_declared}
+        survey.applied_declared = set(declared) - set(held_declared)
+        holds: list[tuple[Column, str]] = [(F.col("_decl_hash") == h, reason) for h, reason in held_declared.items()]
+        holds += [(F.col("_missing") == _literal_array(list(m)), reason) for m, reason in decision.held_missing.items()]
+        for cast_failed in badcast:
+            # (a column this batch widens holds the values now)
+            gone = [c for c in cast_failed if f"{table}.{c}" not in accepted
+                    and survey.shape.columns[c].type == shape.columns[c].type]
+            if gone:
+                holds.append((F.col("_badcast") == _literal_array(cast_failed),
+                              f"{SCHEMA_REASON}{table}.{','.join(gone)}: values that do not fit bronze's type "
+                              + ", ".join(shape.columns[c].type for c in gone)))
+        if holds:
+            is_row = F.col("kind") == "row"
+            reason = functools.reduce(lambda acc, h: acc.when(is_row & h[0], F.lit(h[1])),
+                                      holds[1:], F.when(is_row & holds[0][0], F.lit(holds[0][1])))
+            held = reason.isNotNull()
+            survey.events = events.withColumn("reason", F.when(held, reason).otherwise(F.col("reason"))) \
+                .withColumn("kind", F.when(held, F.lit("dead")).otherwise(F.col("kind")))
+            survey.kinds = {r["kind"]: r["count"] for r in survey.events.groupBy("kind").count().collect()}
+            log.warning("bronze/%s held: %s", table, "; ".join(sorted({h[1] for h in holds})))
+        if survey.changed:
+            log.warning("bronze/%s changes shape: %s", table, ", ".join(
+                f"{c.name} {c.type}" for c in survey.shape.columns.values() if shape.columns.get(c.name) != c))
+        return survey
+
+    @staticmethod
+    def _infer(events: DataFrame, column: str, sample: int = 200) -> str | None:
+        """The type of a column new to the table, from the JSON values of the bare images that carry it."""
+        rows = events.filter((F.col("kind") == "row") & F.col("_decl_hash").isNull()
+                             & F.col("_image")[column].isNotNull()).select("value").limit(sample).collect()
+        values = []
+        for r in rows:
+            doc = json.loads(r["value"])
+            envelope = doc.get("payload", doc) if "schema" in doc else doc
+            image = envelope.get("after") or envelope.get("before") or {}
+            values.append(image.get(column))
+        return infer_type(values)
+
+    def _fill_unavailable(self, newest: DataFrame, changes: DataFrame, table: str, columns: list[str],
+                          main_state: DataFrame) -> DataFrame:
+        """Placeholders (an unchanged TOASTed value) replaced by the value the source still holds.
+
+        That value is the one of the newest event before it: among the batch's events of the key
+        (a replayed older one does not count when main holds a newer row), else main's row, read
+        for the keys that still need one only. `main_state`: (id, _lsn) of main for the batch's keys.
+        """
+        ph = self.placeholder
+        def real(c: str) -> Column:  # the LSN of an event carrying a real value of `c` (null is one)
+            return F.when(~F.col(c).eqNullSafe(ph), F.col("_lsn"))
+
+        known = changes.filter(F.col("_op") != "d").groupBy(KEY).agg(*[
+            agg for c in columns for agg in (F.max_by(F.col(c), real(c)).alias(f"_batch_{c}"),
+                                             F.max(real(c)).alias(f"_found_{c}"))])
+        stored_lsn = F.coalesce(F.col("_m_lsn"), F.lit(-1))
+
+        def need(c: str) -> Column:
+            return F.col(c).eqNullSafe(ph) & F.coalesce(F.col(f"_found_{c}") < stored_lsn, F.lit(True))
+
+        filled = newest.join(known, KEY, "left").join(main_state.select(KEY, F.col("_lsn").alias("_m_lsn")), KEY,
+                                                      "left").select(*[
+            F.when(F.col(c) == ph, F.col(f"_batch_{c}")).otherwise(F.col(c)).alias(c) if c in columns else F.col(c)
+            for c in newest.columns], *[need(c).alias(f"_need_{c}") for c in columns])
+        need = functools.reduce(lambda a, b: a | b, [F.col(f"_need_{c}") for c in columns]) & (F.col("_op") != "d")
+        main = main_path(table, self.root)
+        stored_columns = [c for c in columns if c in self._shapes[table].columns]
+        if has_commits(self.spark, main) and stored_columns:
+            keys = filled.filter(need).select(KEY).distinct()
+            stored = self.spark.read.format("hudi").options(**hudi_configs.section("bronze", "unavailable_read")) \
+                .load(main).join(F.broadcast(keys), KEY, "left_semi") \
+                .select(KEY, *[F.col(c).alias(f"_stored_{c}") for c in stored_columns])
+            filled = filled.join(stored, KEY, "left")
+        return filled.select(*[
+            F.when(F.col(f"_need_{c}"), F.col(f"_stored_{c}") if c in stored_columns else F.lit(None).cast("string"))
+            .otherwise(F.col(c)).alias(c) if c in columns else F.col(c) for c in newest.columns])
+
+    def _apply(self, table: str, events: DataFrame, survey: Survey, meta: dict[str, str], report: BatchReport,
                erased: tuple[DataFrame, str, str] | None) -> None:
         counts = report.counts.setdefault(table, {})
-        kinds = {r["kind"]: r["count"] for r in events.groupBy("kind").count().collect()}
+        kinds = survey.kinds
         for kind in ("tombstone", "ignored", "truncate", "dead"):
             if kinds.get(kind):
                 counts[kind] = kinds[kind]
         if not kinds.get("row") and not kinds.get("truncate"):
             return
+        shape = survey.shape
         main = main_path(table, self.root)
         known_main, known_deletes = self._known(table)
         if not known_main.loaded:  # the stream's first batch of this table: one read of the table
             with report.phase(f"{table}.load_state"):
                 known_main.load()
                 known_deletes.load()
-        changes = _change_rows(events, table)
+        changes = _change_rows(events, table, shape)
         if erased is not None:  # events of erased customers and their orders never reach the lake again
             changes = without_erased(changes, table, *erased[:2])
         # A truncate deletes every key the table holds: the one plan that needs them all.
-        synthetic = truncate_deletes(events, known_main.all(), table) if kinds.get("truncate") else None
+        synthetic = truncate_deletes(events, known_main.all(), shape) if kinds.get("truncate") else None
         if synthetic is not None:
             changes = changes.unionByName(synthetic)
-        newest = newest_per_key(changes).persist(StorageLevel.MEMORY_AND_DISK)
+        newest = newest_per_key(changes)
+        if survey.toast:
+            newest = self._fill_unavailable(newest, changes, table, [c for c in survey.toast if c in shape.columns],
+                                            known_main.lookup(newest.select(KEY)))
+        newest = newest.persist(StorageLevel.MEMORY_AND_DISK)
         keys = newest.select(KEY)
         planned = plan(newest, known_main.lookup(keys), known_deletes.lookup(keys)).persist(
             StorageLevel.MEMORY_AND_DISK)
@@ -634,26 +848,44 @@ class BronzeBatchWriter:
             # say the same about when it was ingested.
             now = F.lit(datetime.now(UTC)).cast("timestamp").alias("_ingested_at")
             meta_columns = [c for c in META_COLUMNS if c != "_ingested_at"]
+            # Every write carries every column of the shape, the contract's first and those added
+            # since last (Hudi adds a column at the end only); a dropped column is written null.
+            contract_columns, extras = list(contract.COLUMNS[table]), shape.extras
+            main_meta = meta | {COLUMNS_META: shape.to_meta(),
+                                DECLARED_META: json.dumps(sorted(self._declared[table] | survey.applied_declared))}
 
-            def save(rows: DataFrame, part: str, name: str, path: str) -> None:
+            def save(rows: DataFrame, part: str, name: str, path: str, options: dict[str, str]) -> None:
                 with report.phase(f"{table}.{part}"):
-                    rows.write.format("hudi").options(**hudi_options(part, name, **meta)).mode("append").save(path)
+                    rows.write.format("hudi").options(**hudi_options(part, name, **options)).mode("append").save(path)
 
             if any(r["to_log"] for r in tally):
                 save(planned.filter("to_log").select(
-                    *contract.COLUMNS[table], *meta_columns, now,
-                    F.date_format(now, "yyyy-MM-dd").alias("_ingest_date"),
-                ), "changelog", f"bronze_changelog_{table}", changelog_path(table, self.root))
+                    *contract_columns, *meta_columns, now,
+                    F.date_format(now, "yyyy-MM-dd").alias("_ingest_date"), *extras,
+                ), "changelog", f"bronze_changelog_{table}", changelog_path(table, self.root), meta)
                 known_deletes.add(planned.filter("to_log AND _op = 'd'").select(KEY, "_lsn"))
             if any(r["to_main"] for r in tally):
                 save(planned.filter("to_main").select(
-                    *contract.COLUMNS[table], *meta_columns, now, (F.col("_op") == "d").alias(DELETED_FLAG),
-                ), "table", f"bronze_{table}", main)
+                    *contract_columns, *meta_columns, now, (F.col("_op") == "d").alias(DELETED_FLAG), *extras,
+                ), "table", f"bronze_{table}", main, main_meta)
                 self._committed(main, meta)
                 known_main.add(planned.filter("to_main").select(KEY, "_lsn", (F.col("_op") != "d").alias("_live")))
+            self._shapes[table] = shape
         finally:
             planned.unpersist()
             newest.unpersist()
+
+
+@dataclass
+class Survey:
+    """One table's part of a batch after the schema decision (`BronzeBatchWriter._survey`)."""
+
+    events: DataFrame  # held events turned into dead letters
+    kinds: dict[str, int]
+    shape: Shape
+    changed: bool = False
+    toast: list[str] = field(default_factory=list)  # columns carrying the unavailable-value placeholder
+    applied_declared: set[int] = field(default_factory=set)  # hashes of the declared shapes applied
 
 
 # --------------------------------------------------------------------------- the stream

@@ -21,6 +21,7 @@ from pipelines.bench.cli import bench
 from pipelines.generator import generate
 from pipelines.kafka_local import kafka
 from pipelines.object_store import s3
+from pipelines.schema_cli import schema
 from pipelines.stream_local import stream
 
 
@@ -48,6 +49,7 @@ main.add_command(kafka)
 main.add_command(s3)
 main.add_command(bench)
 main.add_command(stream)
+main.add_command(schema)
 
 
 def _require_kafka(bootstrap: str) -> None:
@@ -242,8 +244,12 @@ def status() -> None:
     from pipelines.table_stats import exists, read_table, table_stats
 
     dead = {}
+    reasons: list[tuple[str, str]] = []
     if exists(dead_letter_path()):
-        for t in read_table(dead_letter_path(), ["kafka_topic"]).column("kafka_topic").to_pylist():
+        letters = read_table(dead_letter_path(), ["kafka_topic", "reason"])
+        reasons = list(zip(letters.column("kafka_topic").to_pylist(), letters.column("reason").to_pylist(),
+                           strict=True))
+        for t, _ in reasons:
             dead[t] = dead.get(t, 0) + 1
     click.echo(f"lake root: {settings.lake_root()}")
     click.echo(f"{'table':<18}{'rows':>9}{'commits':>9}{'file groups':>13}{'log files':>11}{'deleted keys':>14}"
@@ -267,6 +273,11 @@ def status() -> None:
         if exists(path):
             s = table_stats(path)
             click.echo(f"gold/{table:<13}{s.rows:>9}{s.commits:>9}{s.file_groups:>13}{s.log_files:>11}")
+    from pipelines.schema_cli import held_tables
+
+    for table, (n, reason) in sorted(held_tables(reasons).items()):
+        click.echo(f"held: {table} ({n} events in the dead-letter store): {reason}; resolve with "
+                   "`lakehouse schema accept`, then `lakehouse dead-letters replay --reason schema`")
 
 
 @main.command()
@@ -315,8 +326,11 @@ def dead_letters_list(limit: int) -> None:
 @dead_letters.command("replay")
 @click.option("--position", "positions", multiple=True, help="topic/partition/offset to replay (repeatable).")
 @click.option("--all", "replay_all", is_flag=True, help="Replay every dead letter.")
+@click.option("--reason", "reason", default=None, help="Replay the dead letters whose reason starts with this "
+              "(e.g. `schema`: the events a schema change held).")
 @click.option("--bootstrap", default=None, help="Kafka brokers  [default: $KAFKA_BOOTSTRAP_SERVERS]")
-def dead_letters_replay(positions: tuple[str, ...], replay_all: bool, bootstrap: str | None) -> None:
+def dead_letters_replay(positions: tuple[str, ...], replay_all: bool, reason: str | None,
+                        bootstrap: str | None) -> None:
     """Send dead letters back to their source topic, unchanged, once the cause is fixed.
 
     A record that is still unusable lands in the dead-letter store again, at its new position.
@@ -326,12 +340,13 @@ def dead_letters_replay(positions: tuple[str, ...], replay_all: bool, bootstrap:
     from pipelines.settings import dead_letter_path
     from pipelines.table_stats import exists, read_table
 
-    if not positions and not replay_all:
-        raise click.UsageError("name --position ... or --all")
+    if not positions and not replay_all and not reason:
+        raise click.UsageError("name --position ..., --reason or --all")
     if not exists(dead_letter_path()):
         raise click.ClickException(f"no dead-letter store at {dead_letter_path()}")
-    rows = read_table(dead_letter_path(), ["position", "kafka_topic", "key", "value"]).to_pylist()
-    wanted = rows if replay_all else [r for r in rows if r["position"] in set(positions)]
+    rows = read_table(dead_letter_path(), ["position", "kafka_topic", "key", "value", "reason"]).to_pylist()
+    wanted = rows if replay_all else [r for r in rows if r["position"] in set(positions)
+                                      or (reason and (r["reason"] or "").startswith(reason))]
     missing = set(positions) - {r["position"] for r in rows}
     if missing:
         raise click.ClickException(f"no dead letter at {', '.join(sorted(missing))}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import json
 import os
 import random
@@ -209,7 +210,8 @@ def _rejected(table: str, row: dict[str, Any]) -> bool:
         country = row["country"].strip().upper()
         return not (_EMAIL_RE.match(email) and _COUNTRY_RE.match(country))
     return (
-        row["status"] not in ORDER_STATUSES or row["currency"] not in CURRENCIES or Decimal(row["amount"]) < 0
+        row["status"] not in ORDER_STATUSES or row["currency"] not in CURRENCIES
+        or row.get("amount") is None or Decimal(row["amount"]) < 0
     )
 
 
@@ -263,10 +265,15 @@ _TRANSACTION_SCHEMA = {
 }
 
 
-def _envelope_schema(table: str) -> dict[str, Any]:
+def _envelope_schema(table: str, extra: tuple[tuple[str, str], ...] | None = None) -> dict[str, Any]:
+    """The Connect schema of the table's envelope; `extra`: its columns and types once the table's shape
+    changed (`ShopSource.alter`), contract columns included."""
+    fields = [_column_schema(table, column) for column in COLUMNS[table]] if extra is None else [
+        _column_schema(table, c) if c in COLUMNS[table] and kind == _column_schema(table, c)["type"]
+        else {"type": kind, "optional": True, "field": c} for c, kind in extra]
     value = {
         "type": "struct",
-        "fields": [_column_schema(table, column) for column in COLUMNS[table]],
+        "fields": fields,
         "optional": True,
         "name": f"{topic(table)}.Value",
     }
@@ -299,6 +306,15 @@ _MESSAGE_SCHEMA = {
 }
 # Serialized once: the schema is most of a wrapped record's bytes and never changes.
 _SCHEMA_BYTES = {table: _dumps(_envelope_schema(table)) for table in TABLES} | {"m": _dumps(_MESSAGE_SCHEMA)}
+# PostgreSQL's type for a Connect type, in the DDL `ShopSource.alter` returns.
+_PG_TYPES = {"int16": "smallint", "int32": "integer", "int64": "bigint", "float64": "double precision",
+             "boolean": "boolean", "string": "text"}
+
+
+@functools.cache
+def _shape_schema(table: str, columns: tuple[tuple[str, str], ...]) -> bytes:
+    """The envelope's schema for a changed shape, serialized once per shape."""
+    return _dumps(_envelope_schema(table, columns))
 
 
 class ShopSource:
@@ -320,6 +336,8 @@ class ShopSource:
         self._live = {table: _IdPool() for table in TABLES}
         self._reinsert: dict[str, list[int]] = {table: [] for table in TABLES}
         self._history: dict[str, list[_Sent]] = {topic(table): [] for table in TABLES}
+        # Each table's columns and Connect types while they differ from the contract's (`alter`).
+        self.columns: dict[str, dict[str, str] | None] = dict.fromkeys(TABLES)
 
     # --- public operations --------------------------------------------------------------------------
 
@@ -385,19 +403,47 @@ class ShopSource:
         self._history[topic(table)].clear()
         return [Message(topic(table), None, self._encode(table, envelope, cfg))]
 
-    def update(self, table: str, row_id: int, values: dict[str, Any], cfg: WorkloadConfig | None = None
-               ) -> list[Message]:
-        """A scripted UPDATE of one live row (tests and benchmarks that need the same change on two databases)."""
+    def alter(self, table: str, *, add: dict[str, str] | None = None, retype: dict[str, str] | None = None,
+              drop: Iterable[str] = ()) -> str:
+        """A change of the table's shape (contract section 6), returned as PostgreSQL DDL for the SQL sink.
+
+        `add` and `retype` map columns to Kafka Connect types (`int32`, `int64`, `string`, ...);
+        Debezium sends no event for DDL: the next change of the table carries the new shape.
+        """
+        columns = dict(self._columns(table))
+        ddl = []
+        for name, kind in (add or {}).items():
+            columns[name] = kind
+            ddl.append(f"ADD COLUMN {name} {_PG_TYPES[kind]}")
+        for name, kind in (retype or {}).items():
+            columns[name] = kind
+            ddl.append(f"ALTER COLUMN {name} TYPE {_PG_TYPES[kind]}")
+        for name in drop:
+            del columns[name]
+            ddl.append(f"DROP COLUMN {name}")
+        self.columns[table] = columns
+        self.state[table] = {k: self._shaped(table, row) for k, row in self.state[table].items()}
+        return f"ALTER TABLE {table} " + ", ".join(ddl)
+
+    def update(self, table: str, row_id: int, values: dict[str, Any], cfg: WorkloadConfig | None = None,
+               *, unchanged: Iterable[str] = ()) -> list[Message]:
+        """A scripted UPDATE of one live row (tests and benchmarks that need the same change on two databases).
+
+        `unchanged` names TOASTed columns the update leaves as they are: Debezium sends its placeholder
+        (`settings.unavailable_placeholder()`) in their place, under REPLICA IDENTITY DEFAULT.
+        """
         if row_id not in self.state[table]:
             raise KeyError(f"{table} has no live row {row_id}")
-        unknown = set(values) - set(COLUMNS[table]) | ({PRIMARY_KEY} & set(values))
+        unknown = set(values) - set(self._columns(table)) | ({PRIMARY_KEY} & set(values))
         if unknown:
             raise ValueError(f"cannot set {sorted(unknown)} of {table}")
         source = self._commit(table)
-        row = self.state[table][row_id] | values | {"updated_at": _iso(self._clock_us)}
+        row = self._shaped(table, self.state[table][row_id] | values | {"updated_at": _iso(self._clock_us)})
         self.state[table][row_id] = row
         out: list[Message] = []
-        self._emit(out, cfg or WorkloadConfig(), table, "u", None, row, source)
+        placeholder = settings.unavailable_placeholder()
+        self._emit(out, cfg or WorkloadConfig(), table, "u", None, row, source,
+                   image=row | dict.fromkeys(unchanged, placeholder))
         return out
 
     def delete(self, table: str, row_id: int, cfg: WorkloadConfig | None = None) -> list[Message]:
@@ -419,6 +465,7 @@ class ShopSource:
             "clock_us": self._clock_us,
             "next_id": self._next_id,
             "state": {table: list(rows.values()) for table, rows in self.state.items()},
+            "columns": self.columns,
             "live": {table: pool.ids for table, pool in self._live.items()},
             "reinsert": self._reinsert,
             "stats": dict(self.stats),
@@ -445,6 +492,7 @@ class ShopSource:
         source._tx_id = doc["tx_id"]
         source._clock_us = doc["clock_us"]
         source._next_id = doc["next_id"]
+        source.columns = doc.get("columns") or dict.fromkeys(TABLES)
         source.state = {
             table: {row[PRIMARY_KEY]: row for row in rows} for table, rows in doc["state"].items()
         }
@@ -482,7 +530,7 @@ class ShopSource:
         else:
             row_id = self._take_new_id(table)
         source = self._commit(table)
-        row = self._new_row(table, row_id, cfg)
+        row = self._shaped(table, self._new_row(table, row_id, cfg))
         self._put(table, row)
         self._emit(out, cfg, table, "c", None, row, source)
 
@@ -514,6 +562,7 @@ class ShopSource:
                 else:  # an amount change, also when the status is final
                     row["amount"] = self._amount(quality)
         row["updated_at"] = _iso(self._clock_us)
+        row = self._shaped(table, row)
         self.state[table][row_id] = row
         self._emit(out, cfg, table, "u", None, row, source)
 
@@ -524,7 +573,7 @@ class ShopSource:
         if self._rng.random() < cfg.reinsert_fraction:
             self._reinsert[table].append(row_id)
         # REPLICA IDENTITY DEFAULT: the old row image carries the primary key only.
-        before: dict[str, Any] = dict.fromkeys(COLUMNS[table])
+        before: dict[str, Any] = dict.fromkeys(self._columns(table))
         before[PRIMARY_KEY] = row_id
         self._emit(out, cfg, table, "d", before, None, source)
         self.stats["tombstone"] += 1
@@ -703,7 +752,18 @@ class ShopSource:
         self._next_id[table] += 1
         return row_id
 
+    def _columns(self, table: str) -> dict[str, str]:
+        """The table's columns and their Connect types now."""
+        return self.columns[table] or {c: _column_schema(table, c)["type"] for c in COLUMNS[table]}
+
+    def _shaped(self, table: str, row: dict[str, Any]) -> dict[str, Any]:
+        """`row` with the table's columns now: added ones null until set, dropped ones gone."""
+        if self.columns[table] is None:
+            return row
+        return {c: row.get(c) for c in self.columns[table]}
+
     def _put(self, table: str, row: dict[str, Any]) -> None:
+        row = self._shaped(table, row)
         self.state[table][row[PRIMARY_KEY]] = row
         self._live[table].add(row[PRIMARY_KEY])
 
@@ -753,7 +813,9 @@ class ShopSource:
         if self._rng.random() >= cfg.schema_fraction:
             return payload
         self.stats["schema_format"] += 1
-        return b'{"schema":' + _SCHEMA_BYTES[schema_name] + b',"payload":' + payload + b"}"
+        columns = self.columns.get(schema_name)
+        schema = _SCHEMA_BYTES[schema_name] if columns is None else _shape_schema(schema_name, tuple(columns.items()))
+        return b'{"schema":' + schema + b',"payload":' + payload + b"}"
 
     def _emit(
         self,
@@ -764,7 +826,9 @@ class ShopSource:
         before: dict[str, Any] | None,
         after: dict[str, Any] | None,
         source: dict[str, Any],
+        image: dict[str, Any] | None = None,
     ) -> None:
+        """Emit a row change; `image` is the `after` sent when it differs from the row (placeholders)."""
         row_id = (after or before or {})[PRIMARY_KEY]
         self.stats[op] += 1
         if after is not None:
@@ -774,7 +838,8 @@ class ShopSource:
                 self.stats["dirty_values"] += 1
             if table == "orders" and op != "u" and after["customer_id"] >= ORPHAN_CUSTOMER_BASE:
                 self.stats["orphan_orders"] += 1
-        value = self._encode(table, self._envelope(op, before, after, source), cfg)
+        sent = image if image is not None else after
+        value = self._encode(table, self._envelope(op, before, sent, source), cfg)
         self._remember(out, Message(topic(table), _key(row_id), value), op, row_id)
 
     def _remember(self, out: list[Message], message: Message, kind: str, row_id: int | None) -> None:

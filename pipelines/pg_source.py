@@ -30,7 +30,7 @@ import click
 
 from pipelines.contract import SCHEMA, TABLES, TOPIC_PREFIX, topic
 from pipelines.kafka_local import HOST, _command_line, _java, _port_open
-from pipelines.settings import PROJECT_ROOT, jvm_dir, kafka_bootstrap
+from pipelines.settings import PROJECT_ROOT, jvm_dir, kafka_bootstrap, unavailable_placeholder
 
 DATABASE = "shop"
 PG_USER = "postgres"
@@ -94,6 +94,7 @@ def connector_config(pg_port: int, *, partitions: int = 3) -> dict[str, str]:
         "publication.autocreate.mode": "filtered",
         "table.include.list": ",".join(f"{SCHEMA}.{t}" for t in TABLES),
         "decimal.handling.mode": "string",
+        "unavailable.value.placeholder": unavailable_placeholder(),
         "skipped.operations": "none",
         "tombstones.on.delete": "true",
         "snapshot.mode": "initial",

@@ -16,6 +16,14 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 # The ingest stream's micro-batch interval: with the etl schedule, it sets how many commits a
 # retention window holds (hudi_configs/table_services.toml, "Retention").
 INGEST_TRIGGER_SECONDS = 10.0
+# Debezium's `unavailable.value.placeholder`: what an update carries instead of a TOASTed value it
+# left unchanged. The connector (pipelines.pg_source) is configured with this same string.
+DEFAULT_UNAVAILABLE_PLACEHOLDER = "__debezium_unavailable_value"
+
+
+def unavailable_placeholder() -> str:
+    """`LAKEHOUSE_UNAVAILABLE_PLACEHOLDER`, the connector's `unavailable.value.placeholder` (its default if unset)."""
+    return os.environ.get("LAKEHOUSE_UNAVAILABLE_PLACEHOLDER") or DEFAULT_UNAVAILABLE_PLACEHOLDER
 
 
 def lake_root() -> str:

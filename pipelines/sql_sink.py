@@ -22,8 +22,9 @@ from typing import Any
 from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError
 
-from pipelines.contract import COLUMNS, PRIMARY_KEY, table_of_topic, topic
+from pipelines.contract import PRIMARY_KEY, table_of_topic, topic
 from pipelines.generator import Message
+from pipelines.settings import unavailable_placeholder
 
 # Types of the contract whose values a column may not hold as the generator spells them.
 _CHAR_WIDTH = {("customers", "country"): 2, ("orders", "currency"): 3}
@@ -90,13 +91,17 @@ def statements(messages: Iterable[Message]) -> Iterator[Statement]:
 
 
 def _statement(table: str, op: str, image: dict[str, Any] | None) -> Statement:
-    columns = COLUMNS[table]
+    """The change as SQL, over the columns its image carries (the table's shape when it was made:
+    `ShopSource.alter`); an update leaves alone the columns that carry Debezium's placeholder for an
+    unchanged TOASTed value."""
     if op == "t":
         return Statement(table, op, f"TRUNCATE {table}")
     assert image is not None
     if op == "d":
         return Statement(table, op, f"DELETE FROM {table} WHERE {PRIMARY_KEY} = %s", (image[PRIMARY_KEY],),
                          image[PRIMARY_KEY])
+    placeholder = unavailable_placeholder()
+    columns = [c for c in image if op in ("r", "c") or image[c] != placeholder]
     values = tuple(_fit(table, c, image[c]) for c in columns)
     if op in ("r", "c"):
         placeholders = ", ".join(["%s"] * len(columns))
@@ -104,7 +109,19 @@ def _statement(table: str, op: str, image: dict[str, Any] | None) -> Statement:
                          image[PRIMARY_KEY])
     assignments = ", ".join(f"{c} = %s" for c in columns if c != PRIMARY_KEY)
     return Statement(table, op, f"UPDATE {table} SET {assignments} WHERE {PRIMARY_KEY} = %s",
-                     (*values[1:], values[0]), image[PRIMARY_KEY])
+                     (*(v for c, v in zip(columns, values, strict=True) if c != PRIMARY_KEY), image[PRIMARY_KEY]),
+                     image[PRIMARY_KEY])
+
+
+def ddl(statement: str, dsn: str) -> None:
+    """Run a shape change of the source (`ShopSource.alter`'s DDL) on the database, with Debezium capturing."""
+    import psycopg
+
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(statement)
+    except psycopg.Error as exc:
+        raise RuntimeError(f"the SQL sink failed on {dsn}: {statement}: {exc}") from exc
 
 
 def apply(messages: Iterable[Message], dsn: str) -> SqlRun:

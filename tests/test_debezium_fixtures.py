@@ -17,7 +17,8 @@ import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
-from pipelines.bronze import parse_events
+from pipelines.bronze import image_columns, parse_events
+from pipelines.bronze_schema import Shape
 from pipelines.contract import COLUMNS, TABLES, topic
 from pipelines.generator import Message
 from tests.model import row_event, unwrap
@@ -56,7 +57,8 @@ def test_parser_on_captured_envelopes(spark: SparkSession, name: str, wrapped: b
         raw = spark.createDataFrame(
             [(r["topic"], r["partition"], r["offset"], stamp, _message(r).key, _message(r).value) for r in mine],
             KAFKA_SCHEMA)
-        parsed = {(p["kafka_partition"], p["kafka_offset"]): p.asDict() for p in parse_events(raw, table).collect()}
+        parsed = {(p["kafka_partition"], p["kafka_offset"]): p.asDict() for p in parse_events(raw, table)
+                  .select("*", *image_columns(Shape.initial(table))).collect()}
         assert len(parsed) == len(mine)
         for record in mine:
             got = parsed[(record["partition"], record["offset"])]

@@ -7,9 +7,15 @@ The generator's workload is played as SQL transactions (pipelines/sql_sink.py) i
 2. Connect again, `ALTER TABLE customers ADD COLUMN` and rows that set it, changes, a TRUNCATE of
    orders, changes; then Connect is SIGKILLed: it never flushed offsets in this phase (the flush
    interval is longer than the test), so the next start re-delivers all of phase 2 after phase 1;
-3. Connect again (the replays), more changes; then one `ingest --once` and one `etl` (a first
-   ingest after phase 1 cost a table creation's commits and showed nothing the generator's
-   tests do not: the replays of phase 2 all come after it).
+3. Connect again (the replays), more changes; then one `ingest --once` and one `etl`.
+
+Schema changes (contract section 6, issue 23) run as DDL in the middle of that workload while
+`lakehouse ingest` streams (started after phase 1, SIGKILLed during a batch after the DDL of
+phase 2; the `ingest --once` of phase 3 resumes): `ADD COLUMN` and updates setting it, `ALTER
+COLUMN amount TYPE numeric(14,2)` and an amount that only the new type holds, a text column of
+several KB (TOASTed) followed by updates that leave it unchanged (Debezium's placeholder), and a
+`DROP COLUMN` of an added column. Bronze must equal PostgreSQL's own state column by column
+(the dropped column: the delivered records' newest value), read with Spark and hudi-rs.
 
 The e2e runs the `schemas.enable=true` converter: its records change shape mid-stream (a new
 `schema` with the added column) and carry the most; the bare envelope is covered by the captured
@@ -19,8 +25,17 @@ fixtures (tests/test_debezium_fixtures.py).
 from __future__ import annotations
 
 import json
+import os
+import random
+import re
 import shutil
+import signal
+import string
+import subprocess
+import sys
 import tempfile
+import threading
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -36,8 +51,9 @@ from pipelines.etl import run_etl
 from pipelines.generator import Message, ShopSource, WorkloadConfig
 from pipelines.kafka_local import KafkaBroker, free_port
 from pipelines.pg_source import PostgresCluster, RealSource
+from pipelines.table_stats import read_table
 from tests.lake import assert_bronze_equals_model, assert_lake_equals_model, dead_letters
-from tests.model import fold_with_lsn, unwrap
+from tests.model import UNAVAILABLE, fold_with_lsn, unwrap
 
 pytestmark = pytest.mark.slow
 
@@ -54,15 +70,45 @@ _RENDER = {
 }
 
 
-def database_state(postgres: PostgresCluster) -> dict[str, dict[int, dict[str, Any]]]:
-    """The contract's columns of every row in `shop`, as the envelope carries them: the oracle."""
+def database_state(postgres: PostgresCluster, extra: dict[str, tuple[str, ...]] | None = None
+                   ) -> dict[str, dict[int, dict[str, Any]]]:
+    """The contract's columns (and `extra` ones) of every row in `shop`, as the envelope carries them: the oracle."""
     state = {}
     with postgres.connect() as conn:
         for table in TABLES:
-            select = ", ".join(_RENDER.get(c, c) for c in COLUMNS[table])
+            columns = (*COLUMNS[table], *(extra or {}).get(table, ()))
+            select = ", ".join(_RENDER.get(c, c) for c in columns)
             rows = conn.execute(f"SELECT {select} FROM {table}").fetchall()
-            state[table] = {row[0]: dict(zip(COLUMNS[table], row, strict=True)) for row in rows}
+            state[table] = {row[0]: dict(zip(columns, row, strict=True)) for row in rows}
     return state
+
+
+# The shape changes, and what a TOASTed value looks like: random letters do not compress.
+BIG_TEXT = 6000
+
+
+def _big(rng: random.Random) -> str:
+    return "".join(rng.choice(string.ascii_letters) for _ in range(BIG_TEXT))
+
+
+def _start_ingest(root: str, bootstrap: str, log_path: Path) -> subprocess.Popen:
+    env = os.environ | {"LAKEHOUSE_ROOT": root, "KAFKA_BOOTSTRAP_SERVERS": bootstrap}
+    with log_path.open("w") as log_file:
+        return subprocess.Popen([sys.executable, "-m", "pipelines.cli", "ingest", "--trigger-seconds", "2"],
+                                env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _kill_during_next_batch(job: subprocess.Popen, log_path: Path, timeout: float = 300) -> None:
+    """SIGKILL the streaming ingest a moment after it starts a batch it had not started yet."""
+    started = len(re.findall(r"batch \d+: started", log_path.read_text(errors="replace")))
+    deadline = time.monotonic() + timeout
+    while len(re.findall(r"batch \d+: started", log_path.read_text(errors="replace"))) <= started:
+        assert job.poll() is None, "ingest stopped: " + log_path.read_text(errors="replace")[-3000:]
+        assert time.monotonic() < deadline, "no new batch: " + log_path.read_text(errors="replace")[-3000:]
+        time.sleep(0.2)
+    time.sleep(3)  # inside the batch: parsing, schema decision or its commits
+    os.killpg(job.pid, signal.SIGKILL)
+    job.wait()
 
 
 def topic_records(bootstrap: str) -> list[tuple[Message, int, int]]:
@@ -92,6 +138,7 @@ def test_real_source_end_to_end(spark: SparkSession, broker: KafkaBroker, tmp_pa
                       offset_flush_ms=3_600_000)
     root = str(tmp_path / "lake")
     sim = ShopSource(WORKLOAD.seed)
+    ingest: subprocess.Popen | None = None
     try:
         postgres = real.postgres.start()
         dsn = postgres.dsn
@@ -101,23 +148,47 @@ def test_real_source_end_to_end(spark: SparkSession, broker: KafkaBroker, tmp_pa
         play(sim.changes(WORKLOAD), dsn, broker.bootstrap)
         real.connect.stop()
 
-        # Phase 2: a new column mid-stream, changes, a truncate; then SIGKILL before any offset flush.
+        # Phase 2, with ingest streaming: new columns mid-stream, a TOASTed text, a widened numeric,
+        # changes, a truncate; SIGKILL of ingest during a batch; SIGKILL of Connect before any offset flush.
+        ingest = _start_ingest(root, broker.bootstrap, tmp_path / "ingest.log")
         real.up()
+        rng = random.Random(23)
         with postgres.connect() as conn:
             conn.execute("ALTER TABLE customers ADD COLUMN loyalty_tier text")
             conn.execute("UPDATE customers SET loyalty_tier = 'gold' WHERE id % 3 = 0")
-        phase2 = sim.changes(WORKLOAD) + sim.truncate("orders", WORKLOAD) + sim.changes(WORKLOAD)
-        play(phase2, dsn, broker.bootstrap)
+            conn.execute("ALTER TABLE customers ADD COLUMN notes text")
+            for (row_id,) in conn.execute("SELECT id FROM customers WHERE id % 4 = 0").fetchall():
+                conn.execute("UPDATE customers SET notes = %s WHERE id = %s", (_big(rng), row_id))
+            conn.execute("ALTER TABLE orders ALTER COLUMN amount TYPE numeric(14,2)")
+        # The generator's updates set the contract's columns only: `notes` stays, sent as the placeholder.
+        play(sim.changes(WORKLOAD), dsn, broker.bootstrap)
+        killer = threading.Thread(target=_kill_during_next_batch, args=(ingest, tmp_path / "ingest.log"))
+        killer.start()  # while the rest of phase 2 is played and ingested
+        play(sim.truncate("orders", WORKLOAD) + sim.changes(WORKLOAD), dsn, broker.bootstrap)
+        killer.join()
+        assert ingest.returncode == -signal.SIGKILL, "ingest was not killed during a batch"
         real.connect.kill()
 
-        # Phase 3: Connect re-delivers phase 2, then more changes.
+        # Phase 3: Connect re-delivers phase 2, an added column dropped, more changes.
         real.up()
+        with postgres.connect() as conn:
+            conn.execute("ALTER TABLE customers DROP COLUMN loyalty_tier")
         play(sim.changes(WORKLOAD), dsn, broker.bootstrap)
+        # An amount only the widened type holds (last: the generator's updates set amount as it knows it).
+        since = sql_sink.end_offsets(broker.bootstrap, [topic("orders")])
+        with postgres.connect() as conn:
+            lsn = conn.execute("SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint").fetchone()[0]
+            conn.execute("UPDATE orders SET amount = 123456789012.34 WHERE id = (SELECT max(id) FROM orders)")
+        sql_sink.wait_published(broker.bootstrap, "orders", int(lsn), since)
         run_ingest(once=True, root=root, bootstrap=broker.bootstrap, spark=spark)
         run_etl(spark, root)
 
         state = database_state(postgres)
+        notes = database_state(postgres, {"customers": ("notes",)})["customers"]
     finally:
+        if ingest is not None and ingest.poll() is None:
+            os.killpg(ingest.pid, signal.SIGKILL)
+            ingest.wait()
         real.down()
         shutil.rmtree(home, ignore_errors=True)
 
@@ -141,3 +212,18 @@ def test_real_source_end_to_end(spark: SparkSession, broker: KafkaBroker, tmp_pa
     assert_bronze_equals_model(spark, root, state, lsns)
     assert dead_letters(root) == []
     assert_lake_equals_model(spark, root, state)
+
+    # The shape changes: the placeholder was delivered, the TOASTed values and the added columns are
+    # in bronze as PostgreSQL holds them (the dropped column: its newest delivered value).
+    assert any(env and UNAVAILABLE in (env["after"] or {}).values() for *_, env in envelopes), "no placeholder"
+    assert any(len(r["notes"] or "") == BIG_TEXT for r in notes.values())
+    assert any(r["amount"] == "123456789012.34" for r in state["orders"].values()), "the widened amount"
+    want = {k: {"notes": notes[k]["notes"], "loyalty_tier": folded["customers"][k].get("loyalty_tier")}
+            for k in notes}
+    added = read_table(f"{root}/bronze/customers", ["id", "notes", "loyalty_tier"]).to_pylist()
+    assert {r["id"]: {"notes": r["notes"], "loyalty_tier": r["loyalty_tier"]} for r in added} == want, \
+        "hudi-rs: bronze/customers' added columns differ from PostgreSQL"
+    got = {r["id"]: {"notes": r["notes"], "loyalty_tier": r["loyalty_tier"]} for r in
+           spark.read.format("hudi").load(f"{root}/bronze/customers").select("id", "notes", "loyalty_tier").collect()}
+    assert got == want, "Spark: bronze/customers' added columns differ from PostgreSQL"
+    assert any(v["loyalty_tier"] for v in want.values()) and any(v["loyalty_tier"] is None for v in want.values())

@@ -1,0 +1,174 @@
+"""Source schema changes on the generator's stream (contract section 6), on copies of the shared lake.
+
+- Shapes mixed in one micro-batch: records of the contract's shape, then columns added (typed by
+  the Connect schema of wrapped records, inferred for bare ones), updates setting them, a TOASTed
+  text column and updates that leave it unchanged (the placeholder), replays of old-shape records
+  after new-shape ones; a second batch widens an added column's type, drops an added column and
+  replays again. Bronze must equal the model column by column, silver and gold the contract's rules.
+- An incompatible change (a contract column renamed): only that table held, with the reason, in the
+  dead-letter store and in `lakehouse status`; the other table goes on; accepted and replayed, the
+  held events all apply.
+"""
+
+from __future__ import annotations
+
+import random
+import string
+from typing import Any
+
+from pyspark.sql import SparkSession
+
+from pipelines.bronze import run_ingest
+from pipelines.bronze_schema import COLUMNS_META, Shape
+from pipelines.contract import COLUMNS, topic
+from pipelines.etl import run_etl
+from pipelines.generator import Message, WorkloadConfig
+from pipelines.hudi_timeline import latest_meta
+from pipelines.settings import main_path
+from pipelines.table_stats import read_table
+from tests.lake import (
+    LakeCopy,
+    assert_bronze_equals_model,
+    assert_lake_equals_model,
+    bronze_hudi_rs,
+    dead_letters,
+    run_cli,
+)
+from tests.model import fold_with_lsn, row_event, unwrap
+
+ADDED = ("loyalty_tier", "points", "notes")
+
+
+def _text(rng: random.Random, size: int) -> str:
+    """Text that does not compress (PostgreSQL would TOAST it out of line)."""
+    return "".join(rng.choice(string.ascii_letters) for _ in range(size))
+
+
+def _bronze_extras(spark: SparkSession, root: str, table: str, columns: tuple[str, ...]) -> dict[str, dict]:
+    spark_rows = {r["id"]: r.asDict() for r in spark.read.format("hudi").load(main_path(table, root))
+                  .select("id", *columns).collect()}
+    rs_rows = {r["id"]: r for r in read_table(main_path(table, root), ["id", *columns]).to_pylist()}
+    return {"spark": spark_rows, "hudi-rs": rs_rows}
+
+
+def test_mixed_shapes_in_one_batch_and_old_shape_replays(spark: SparkSession, lake: LakeCopy) -> None:
+    src, rng = lake.source, random.Random(231)
+    cfg = WorkloadConfig(seed=231, changes=120, replay_runs=0, malformed_fraction=0.0, other_ops=False,
+                         schema_fraction=0.5)
+    old_shape = [m for m in lake.sent if m.topic == topic("customers") and row_event(unwrap(m)[1])][-80:]
+    first: list[Message] = src.changes(cfg)[:60]
+    src.alter("customers", add={"loyalty_tier": "string", "points": "int32", "notes": "string"})
+    ids = sorted(src.state["customers"])[:16]
+    for i in ids:
+        first += src.update("customers", i, {"loyalty_tier": rng.choice(["gold", "silver"]), "points": i * 10,
+                                             "notes": _text(rng, 6000)}, cfg)
+    first += src.changes(cfg)
+    for i in [i for i in ids[:8] if i in src.state["customers"]]:  # the value was set earlier in the same batch
+        first += src.update("customers", i, {"full_name": f"Renamed {i}"}, cfg, unchanged=("notes",))
+    first += old_shape[:40]
+    lake.produce(first)
+    run_ingest(once=True, root=lake.root, bootstrap=lake.bootstrap, spark=spark)
+
+    src.alter("customers", retype={"points": "int64"})
+    second: list[Message] = []
+    for i in [i for i in ids[8:] if i in src.state["customers"]]:  # the value is only in bronze now
+        second += src.update("customers", i, {"points": 2**40 + i}, cfg, unchanged=("notes",))
+    src.alter("customers", drop=["loyalty_tier"])
+    second += src.changes(cfg) + old_shape[40:] + first[:50]
+    for i in [i for i in ids[:4] if i in src.state["customers"]]:
+        second += src.update("customers", i, {"full_name": f"Again {i}"}, cfg, unchanged=("notes",))
+    lake.produce(second)
+    run_ingest(once=True, root=lake.root, bootstrap=lake.bootstrap, spark=spark)
+    run_etl(spark, lake.root)
+
+    # What the test claims happened on the topics.
+    envelopes = [unwrap(m) for m in first + second]
+    assert any(s is not None and "points" in (e["after"] or {}) for s, e in envelopes if e), "no wrapped new shape"
+    assert any(s is None and "points" in (e["after"] or {}) for s, e in envelopes if e), "no bare new shape"
+    assert any(e and "__debezium_unavailable_value" in (e["after"] or {}).values() for _, e in envelopes)
+
+    expected, lsns = fold_with_lsn(lake.sent)
+    shaped = {t: {k: {c: r.get(c) for c in COLUMNS[t]} for k, r in rows.items()} for t, rows in expected.items()}
+    assert_bronze_equals_model(spark, lake.root, shaped, lsns)
+    for reader, rows in _bronze_extras(spark, lake.root, "customers", ADDED).items():
+        want = {k: {c: r.get(c) for c in ADDED} for k, r in expected["customers"].items()}
+        got = {k: {c: r[c] for c in ADDED} for k, r in rows.items()}
+        wrong = [(k, got[k], want[k]) for k in want if got[k] != want[k]]
+        assert not wrong, f"{reader}: {len(wrong)} rows differ in the added columns, e.g. {wrong[:1]!r:.600}"
+    assert any(r["notes"] for r in expected["customers"].values())
+    shape = Shape.from_meta("customers", latest_meta(spark, main_path("customers", lake.root), COLUMNS_META))
+    assert {c: shape.columns[c].type for c in ADDED} == {"loyalty_tier": "string", "points": "bigint",
+                                                         "notes": "string"}
+    assert shape.columns["points"].widened and shape.columns["points"].widened[0][0] == "int"
+    assert not [d for d in dead_letters(lake.root) if d["reason"].startswith("schema")]
+    assert_lake_equals_model(spark, lake.root, shaped)
+
+
+def _orders_rows(messages: list[Message]) -> int:
+    """Orders' row events of the new shape: all but bare deletes (a key-only image shows no shape, and applies)."""
+    return sum(1 for m in messages if m.topic == topic("orders") and (event := row_event(unwrap(m)[1]))
+               and not (event[0] == "d" and unwrap(m)[0] is None))
+
+
+def test_incompatible_change_holds_only_that_table(spark: SparkSession, lake: LakeCopy) -> None:
+    src = lake.source
+    cfg = WorkloadConfig(seed=232, changes=120, replay_runs=0, malformed_fraction=0.0, other_ops=False,
+                         schema_fraction=0.5)
+    env = {"LAKEHOUSE_ROOT": lake.root, "KAFKA_BOOTSTRAP_SERVERS": lake.bootstrap}
+    _, before_lsns = fold_with_lsn(lake.sent)
+    src.alter("orders", add={"total": "string"}, drop=["amount"])  # amount renamed to total
+    changes = src.changes(cfg)
+    lake.produce(changes)
+    run_ingest(once=True, root=lake.root, bootstrap=lake.bootstrap, spark=spark)
+
+    held = [d for d in dead_letters(lake.root) if d["reason"].startswith("schema: orders.amount")]
+    assert len(held) == _orders_rows(changes) > 0
+    assert all(d["kafka_topic"] == topic("orders") for d in held)
+    now, lsns = fold_with_lsn(lake.sent)
+    # customers went on; orders still as before the change
+    got = bronze_hudi_rs(lake.root, "customers")
+    assert {k: {c: r[c] for c in COLUMNS["customers"]} for k, r in got.items()} == now["customers"]
+    assert {k: r["_lsn"] for k, r in bronze_hudi_rs(lake.root, "orders").items()} == before_lsns["orders"]
+    status = run_cli("status", env=env)
+    assert status.exit_code == 0, status.output
+    assert "held: orders" in status.output and "orders.amount" in status.output, status.output
+
+    accepted = run_cli("schema", "accept", "orders", "amount", env=env)
+    assert accepted.exit_code == 0, accepted.output
+    replayed = run_cli("dead-letters", "replay", "--reason", "schema", env=env)
+    assert replayed.exit_code == 0, replayed.output
+    run_ingest(once=True, root=lake.root, bootstrap=lake.bootstrap, spark=spark)
+    run_etl(spark, lake.root)
+
+    shaped: dict[str, dict[int, dict[str, Any]]] = {
+        t: {k: {c: r.get(c) for c in COLUMNS[t]} for k, r in rows.items()} for t, rows in now.items()}
+    assert_bronze_equals_model(spark, lake.root, shaped, lsns)
+    assert "held: orders" not in run_cli("status", env=env).output
+    assert_lake_equals_model(spark, lake.root, shaped)
+
+
+def test_shape_decisions() -> None:
+    """The rules of pipelines.bronze_schema without Spark: add, widen, narrow, contract column gone, accept."""
+    from pipelines.bronze_schema import decide, infer_type
+
+    contract_shape = [(c, "int64" if c in ("id", "customer_id") else "string") for c in COLUMNS["orders"]]
+    start = Shape.initial("orders")
+    added = decide(start, [[*contract_shape, ("points", "int32")]], [], {"note": "string"}, set(), 7)
+    assert added.changed and not added.held_declared
+    assert [(c.name, c.type, c.declared, c.batch) for c in added.shape.columns.values()][-2:] == [
+        ("points", "int", True, 7), ("note", "string", False, 7)]
+    widened = decide(added.shape, [[*contract_shape, ("points", "int64")]], [], {}, set(), 8)
+    assert widened.shape.columns["points"].type == "bigint" and widened.shape.columns["points"].widened[0][:2] == (
+        "int", 8)
+    narrowed = decide(widened.shape, [[*contract_shape, ("points", "int32")]], [], {}, set(), 9)
+    assert not narrowed.changed and "points" in next(iter(narrowed.held_declared.values()))
+    renamed = [(c, t) for c, t in contract_shape if c != "amount"] + [("total", "string")]
+    held = decide(start, [renamed], [["amount"]], {}, set(), 10)
+    assert len(held.held_declared) == 1 and held.held_missing == {("amount",): next(iter(held.held_missing.values()))}
+    assert all(r.startswith("schema: orders.amount") for r in [*held.held_declared.values(),
+                                                               *held.held_missing.values()])
+    accepted = decide(start, [renamed], [["amount"]], {}, {"orders.amount"}, 11)
+    assert not accepted.held_declared and not accepted.held_missing and "total" in accepted.shape.columns
+    assert Shape.from_meta("orders", accepted.shape.to_meta()) == accepted.shape
+    assert (infer_type([None, 3]), infer_type([1.5, 2]), infer_type([True]), infer_type(["a", 1]),
+            infer_type([None])) == ("bigint", "double", "boolean", "string", None)
