@@ -80,20 +80,28 @@ def run_until(cmd: list[str], env: dict[str, str], log_path: Path, point: Callab
             proc.wait()
 
 
+def torn_read(condition: Callable[[], bool]) -> bool:
+    """`condition()`, False when hudi-rs met a timeline file the running job was still writing.
+
+    Hudi's commit files are not written atomically on a local disk, so a reader beside a running
+    writer can read one half-written: not a wrong table, a read to try again.
+    """
+    try:
+        return condition()
+    except Exception as exc:
+        if "failed to fill whole buffer" not in str(exc):
+            raise
+        return False
+
+
 def wait_while_running(condition: Callable[[], bool], job: subprocess.Popen, log_path: Path,
                        seconds: float = 300, poll: float = 3) -> None:
     """Poll `condition` until it holds; fail at once, with the job's log, if the job stops first."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         assert job.poll() is None, "the job stopped: " + log_path.read_text()[-3000:]
-        try:
-            if condition():
-                return
-        except Exception as exc:
-            # hudi-rs read a timeline file the running job was still writing (its commit files are not
-            # written atomically on a local disk): not a wrong table, a read to try again.
-            if "failed to fill whole buffer" not in str(exc):
-                raise
+        if torn_read(condition):
+            return
         time.sleep(poll)
     raise AssertionError("timed out; the job's log: " + log_path.read_text()[-3000:])
 

@@ -19,7 +19,7 @@ from collections import Counter
 from pipelines.bronze import run_ingest
 from pipelines.contract import COLUMNS
 from pipelines.generator import Message, ShopSource, WorkloadConfig, ensure_topics, produce
-from tests.kill import pending_instants
+from tests.kill import pending_instants, torn_read
 from tests.lake import LakeCopy, assert_bronze_equals_model, dead_letters
 from tests.model import fold_with_lsn, is_malformed
 
@@ -125,9 +125,8 @@ def test_supervised_stream_restarts_upgrades_and_stops_exactly_once(spark, broke
         expected, _ = fold_with_lsn(sent)
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
-            got = {t: {k: {c: v[c] for c in COLUMNS[t]} for k, v in bronze_hudi_rs(str(root), t).items()}
-                   for t in expected}
-            if got == expected:
+            if torn_read(lambda: {t: {k: {c: v[c] for c in COLUMNS[t]} for k, v in bronze_hudi_rs(str(root), t).items()}
+                                  for t in expected} == expected):
                 return
             time.sleep(2)
         raise AssertionError("the stream did not catch up: " + log_path.read_text()[-3000:])
