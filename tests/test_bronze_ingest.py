@@ -17,9 +17,8 @@ import time
 from collections import Counter
 
 from pipelines.bronze import run_ingest
-from pipelines.contract import COLUMNS
 from pipelines.generator import Message, ShopSource, WorkloadConfig, ensure_topics, produce
-from tests.kill import pending_instants, torn_read
+from tests.kill import bronze_as_model, pending_instants, torn_read
 from tests.lake import LakeCopy, assert_bronze_equals_model, dead_letters
 from tests.model import fold_with_lsn, is_malformed
 
@@ -101,7 +100,6 @@ def test_supervised_stream_restarts_upgrades_and_stops_exactly_once(spark, broke
     stream is restarted by `ensure`; `upgrade` (a stop request mid-batch) lets the batch commit
     and starts again from the same checkpoint; SIGTERM mid-batch does the same; bronze ends
     equal to the model, dead letters exactly once, nothing in flight."""
-    from tests.lake import bronze_hudi_rs
 
     root = tmp_path / "lake"
     overrides = tmp_path / "stream.toml"
@@ -125,8 +123,7 @@ def test_supervised_stream_restarts_upgrades_and_stops_exactly_once(spark, broke
         expected, _ = fold_with_lsn(sent)
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
-            if torn_read(lambda: {t: {k: {c: v[c] for c in COLUMNS[t]} for k, v in bronze_hudi_rs(str(root), t).items()}
-                                  for t in expected} == expected):
+            if torn_read(lambda: bronze_as_model(str(root)) == expected):
                 return
             time.sleep(2)
         raise AssertionError("the stream did not catch up: " + log_path.read_text()[-3000:])
