@@ -18,6 +18,17 @@ def log_files(table_path: str | Path) -> set[str]:
     return {p.name for p in Path(table_path).glob(".*.log.*")}
 
 
+def committed_log_files(table_path: str | Path) -> set[str]:
+    """Log files written by completed delta commits: the only ones a compaction plan takes.
+
+    A log file's name carries its delta commit's instant (`.<file id>_<instant>.log.<version>_<token>`);
+    one of a commit still in flight is skipped by Hudi's compaction planner ("No operations").
+    """
+    timeline = Path(table_path) / ".hoodie" / "timeline"
+    completed = {f.name.split("_")[0] for f in timeline.glob("*_*.deltacommit")}
+    return {name for name in log_files(table_path) if name.split(".log.")[0].rsplit("_", 1)[-1] in completed}
+
+
 def deltacommits_since(table_path: str | Path, instant: str) -> int:
     """Delta commits requested after `instant` and completed (Hudi 1.x: `<requested>_<completed>.deltacommit`)."""
     timeline = Path(table_path) / ".hoodie" / "timeline"

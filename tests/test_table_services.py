@@ -18,7 +18,7 @@ import pytest
 from pipelines.contract import TABLES
 from pipelines.generator import ShopSource, WorkloadConfig, ensure_topics, produce
 from pipelines.settings import main_path
-from tests.hudi_files import deltacommits_since, log_files
+from tests.hudi_files import committed_log_files, deltacommits_since, log_files
 from tests.kill import bronze_as_model, running_ingest, wait_while_running
 from tests.lake import assert_bronze_equals_model, run_cli, with_overrides
 from tests.model import fold_with_lsn
@@ -58,9 +58,11 @@ def test_services_compact_and_clean_while_ingest_runs(broker, spark, tmp_path) -
     try:
         with running_ingest(env, log_path) as ingest:
             producer.start()
-            # Something to compact: log files, appended by batches after the first.
-            wait_while_running(lambda: all(log_files(main_path(t, root)) for t in TABLES), ingest, log_path)
-            before = {t: log_files(main_path(t, root)) for t in TABLES}
+            # Something to compact: log files, appended by batches after the first, of completed
+            # commits (the planner skips those of a commit in flight).
+            wait_while_running(lambda: all(committed_log_files(main_path(t, root)) for t in TABLES),
+                               ingest, log_path)
+            before = {t: committed_log_files(main_path(t, root)) for t in TABLES}
             reports = []
             for run in range(2):  # in this process: the stream is the other writer, in its own
                 if run:  # the cleaner keeps 2 commits: the slices the first run compacted go after 3 more
