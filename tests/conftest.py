@@ -3,12 +3,18 @@ built once per run (ingest and etl of a generated workload) that tests copy, bro
 
 A Hudi commit costs seconds of CPU on this machine whatever its size, so building the same
 lake again in every test that starts from "a lake with some history" was most of the suite's
-time; `lake` hands each such test its own copy instead (see tests/lake.py, LakeCopy).
+time; `lake` hands each such test its own copy instead (see tests/lake.py, LakeCopy). The
+pytest-xdist processes of `make test` share that one build.
+
+The order of the tests is the schedule of `make test`'s two processes: the slowest first, dealt
+alternately to each process's half, so that no long test starts last (see
+pytest_collection_modifyitems).
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import os
 import shutil
 import time
@@ -17,11 +23,12 @@ from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 from pyspark.sql import SparkSession
 
 from hudi_configs import test_profile
 from pipelines.kafka_local import KafkaBroker, free_port
-from tests.lake import BASE_WORKLOAD, LakeCopy, build_base_lake
+from tests.lake import BASE_WORKLOAD, LakeCopy, base_workload, build_base_lake
 
 # tests/dags run in Airflow's environment (`make test` runs them there, apart from these).
 collect_ignore = ["dags"] if find_spec("airflow") is None else []
@@ -58,9 +65,25 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
 
 
 @pytest.fixture(scope="session")
-def base_lake(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> LakeCopy:
-    """The run's one generated lake (BASE_WORKLOAD ingested once, one etl cycle), its broker stopped."""
-    return build_base_lake(spark, tmp_path_factory.mktemp("base-lake"))
+def base_lake(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> LakeCopy:
+    """The run's one generated lake (BASE_WORKLOAD ingested once, one etl cycle), its broker stopped.
+
+    Built by whichever xdist process needs it first, in the run's folder that all of them share;
+    the others wait for it (a build is a minute or two of both cores) and regenerate the same
+    records and source state themselves (the generator is seeded).
+    """
+    shared = tmp_path_factory.getbasetemp()
+    if worker_id != "master":
+        shared = shared.parent
+    where = shared / "base-lake"
+    with FileLock(str(shared / "base-lake.lock")):
+        if not (where / "built").exists():  # absent too after a build that failed half-way
+            shutil.rmtree(where, ignore_errors=True)
+            where.mkdir()
+            build_base_lake(spark, where)
+            (where / "built").touch()
+    source, sent = base_workload()
+    return LakeCopy(where, None, source, sent, BASE_WORKLOAD)
 
 
 @pytest.fixture
@@ -73,3 +96,25 @@ def lake(base_lake: LakeCopy, tmp_path: Path) -> Iterator[LakeCopy]:
         yield LakeCopy(tmp_path, broker, copy.deepcopy(base_lake.source), list(base_lake.sent), BASE_WORKLOAD)
     finally:
         broker.stop()
+
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Slowest first, dealt into each xdist process's share, the shares' estimates near equal.
+
+    pytest-xdist's worksteal scheduler hands each process a contiguous share of this list and
+    lets an idle process steal from the end of another's: with the longest tests at the front
+    of every share, the run does not end with one process alone in a ten-minute test (it did:
+    the suite's last four minutes were one test). The estimates are tests/durations.json,
+    seconds per test (setup, call and teardown) of a `make test` run's `--durations` report on
+    the 2-core machine; a test not in it counts as fast unless marked slow. They order the run,
+    nothing else: a stale figure costs minutes, never a result.
+    """
+    known = json.loads((Path(__file__).parent / "durations.json").read_text())
+    estimate = {item.nodeid: known.get(item.nodeid, 100.0 if item.get_closest_marker("slow") else 1.0)
+                for item in items}
+    n = getattr(config, "workerinput", {}).get("workercount", 1)
+    shares: list[list[pytest.Item]] = [[] for _ in range(n)]
+    for i, item in enumerate(sorted(items, key=lambda item: -estimate[item.nodeid])):
+        shares[i % n if i // n % 2 == 0 else n - 1 - i % n].append(item)  # a snake draft: equal counts
+    items[:] = [item for share in shares for item in share]

@@ -52,20 +52,23 @@ class LakeCopy:
         self.sent += messages
 
 
-def build_base_lake(spark: SparkSession, where: Path) -> LakeCopy:
+def base_workload() -> tuple[ShopSource, list[Message]]:
+    """BASE_WORKLOAD's source and records: the same bytes in every process (the generator is seeded)."""
+    source = ShopSource(BASE_WORKLOAD.seed)
+    return source, source.snapshot(BASE_WORKLOAD) + source.changes(BASE_WORKLOAD)
+
+
+def build_base_lake(spark: SparkSession, where: Path) -> None:
     """BASE_WORKLOAD's snapshot and changes, ingested once, then one etl cycle; the broker stopped after."""
     broker = KafkaBroker(where / "kafka", port=free_port())
     broker.start()
     try:
-        source = ShopSource(BASE_WORKLOAD.seed)
         ensure_topics(broker.bootstrap)
-        sent = source.snapshot(BASE_WORKLOAD) + source.changes(BASE_WORKLOAD)
-        produce(sent, broker.bootstrap)
+        produce(base_workload()[1], broker.bootstrap)
         run_ingest(once=True, root=str(where / "lake"), bootstrap=broker.bootstrap, spark=spark)
         run_etl(spark, str(where / "lake"))
     finally:
         broker.stop()
-    return LakeCopy(where, None, source, sent, BASE_WORKLOAD)
 
 
 def with_overrides(path: Path, text: str) -> str:
