@@ -29,7 +29,7 @@ from typing import Any
 import click
 
 from pipelines.contract import SCHEMA, TABLES, TOPIC_PREFIX, topic
-from pipelines.kafka_local import HOST, _command_line, _java, _port_open
+from pipelines.kafka_local import HOST, JAVA_OPTS_VARIABLE, _command_line, _java, _port_open
 from pipelines.settings import PROJECT_ROOT, jvm_dir, kafka_bootstrap, unavailable_placeholder
 
 DATABASE = "shop"
@@ -260,7 +260,8 @@ class ConnectWorker:
             (self.work_dir / "worker.properties").write_text("".join(f"{k}={v}\n" for k, v in worker.items()))
             (self.work_dir / "connector.json").write_text(json.dumps(connector_config(self.pg_port), indent=2))
             (self.work_dir / "log4j.properties").write_text(CONNECT_LOG4J)
-            command = [_java(), *CONNECT_HEAP, f"-Dlog4j.configuration=file:{self.work_dir / 'log4j.properties'}",
+            command = [_java(), *CONNECT_HEAP, *os.environ.get(JAVA_OPTS_VARIABLE, "").split(),
+                       f"-Dlog4j.configuration=file:{self.work_dir / 'log4j.properties'}",
                        "-cp", f"{jars}/*", "org.apache.kafka.connect.cli.ConnectStandalone",
                        str(self.work_dir / "worker.properties"), str(self.work_dir / "connector.json")]
             with self.log_path.open("ab") as log:

@@ -39,6 +39,8 @@ time.tzset()
 # Spark and Hudi sized for test data, in this process and every job a test starts (a test that
 # adds its own overrides puts them after the profile: tests/lake.py, with_overrides).
 os.environ["LAKEHOUSE_HUDI_OVERRIDES"] = str(test_profile())
+# The suite's many short-lived Kafka brokers: start on less CPU (pipelines/kafka_local.py).
+os.environ["LAKEHOUSE_KAFKA_JAVA_OPTS"] = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
 @pytest.fixture(scope="session")

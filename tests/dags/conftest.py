@@ -33,6 +33,8 @@ os.environ.update({
     "TZ": "UTC",
     # Spark and Hudi sized for test data, for every job the tests start (hudi_configs/test_profile.toml).
     "LAKEHOUSE_HUDI_OVERRIDES": str(test_profile()),
+    # The suite's short-lived Kafka brokers: start on less CPU (pipelines/kafka_local.py).
+    "LAKEHOUSE_KAFKA_JAVA_OPTS": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
 })
 sys.path[:0] = [str(DAGS), str(PROJECT)]  # the DAGs' helper module; tests.hudi_files
 
