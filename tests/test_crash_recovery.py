@@ -4,8 +4,10 @@ Two tests:
 - the regression of issue 16: the first run on an empty lake killed while the first commit
   of a table is in flight (`.hoodie/hoodie.properties` written, no completed instant); the
   next run must treat that table as not there yet and finish the job;
-- kills at random instants: a seeded generator picks when each run dies, across a first
-  run on an empty lake and later runs, with new changes and replays produced in between.
+- kills at random instants: a seeded generator picks when each run dies (while its JVM
+  starts, or a random moment after a random number of new files on bronze's timelines, so
+  that kills land inside commits however loaded the machine), across a first run on an
+  empty lake and later runs, with new changes and replays produced in between.
   Each kill is logged with what it interrupted (the instants in flight, the last batch
   line). Set LAKEHOUSE_CRASH_SEED to replay another sequence; a failure names the seed.
 
@@ -20,6 +22,7 @@ import random
 import re
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -80,18 +83,27 @@ def test_a_first_commit_killed_in_flight_does_not_break_the_next_run(broker, spa
     assert len(dead_letters(str(root))) == sum(is_malformed(m) for m in sent)
 
 
-def _kill_at(delay: float, after_start: bool):
-    """At `delay` seconds after the process starts, or after its first batch starts (the JVM is up)."""
-    started = time.monotonic()
-    first_batch: list[float] = []
+def _timeline_files(root: Path) -> int:
+    """Files on bronze's timelines, metadata tables' included: each instant adds a requested, an
+    inflight and a completed file, so their count is how far the job has got, however slow the machine."""
+    return sum(1 for timeline in root.glob("bronze/**/.hoodie/timeline") for p in timeline.iterdir() if p.is_file())
 
-    def due(log: str) -> bool:
-        if after_start:
-            return time.monotonic() - started >= delay
-        if not first_batch and ": started" in log:
-            first_batch.append(time.monotonic())
-        return bool(first_batch) and time.monotonic() - first_batch[0] >= delay
-    return due
+
+def _kill_at(root: Path, rng: random.Random) -> tuple[str, Callable[[str], bool]]:
+    """A random instant of the run: while the JVM starts (a quarter of runs), else a moment after the
+    k-th new timeline file (random k and delay): inside a commit, between two, or in Hudi's upkeep."""
+    started = time.monotonic()
+    if rng.random() < 0.25:
+        delay = rng.uniform(0.5, 6.0)
+        return f"{delay:.1f}s after start", lambda _log: time.monotonic() - started >= delay
+    base, k, delay = _timeline_files(root), rng.randint(1, 45), rng.uniform(0.0, 0.5)
+    seen_at: list[float] = []
+
+    def due(_log: str) -> bool:
+        if not seen_at and _timeline_files(root) >= base + k:
+            seen_at.append(time.monotonic())
+        return bool(seen_at) and time.monotonic() - seen_at[0] >= delay
+    return f"{delay:.2f}s after timeline file {k}", due
 
 
 def test_random_sigkills_then_restart_give_the_model(broker, spark, tmp_path, monkeypatch) -> None:
@@ -108,21 +120,21 @@ def test_random_sigkills_then_restart_give_the_model(broker, spark, tmp_path, mo
     produce(sent, broker.bootstrap)
 
     journal = [f"seed {CRASH_SEED} (LAKEHOUSE_CRASH_SEED)"]
-    kills = runs = 0
+    kills = runs = mid_commit = 0
     while kills < KILLS and runs < 2 * KILLS:
-        # A quarter of the kills while the JVM starts; the others anywhere in the first 20 s of
-        # batches: a first batch after a start takes about 20 s (its phases, the commit of each
-        # table, inline compaction, cleaning and archival), later ones about 10 s.
-        after_start = rng.random() < 0.25
-        delay = rng.uniform(0.5, 6.0) if after_start else rng.uniform(0.0, 20.0)
+        # Timed by the job's progress, not the clock: on a loaded machine a first batch took
+        # over 20 s to reach its first commit, and kills timed in seconds all landed before it.
+        when, point = _kill_at(root, rng)
+        before = set(pending_instants(root))  # failed writes stay until rolled back
         log_path = tmp_path / f"run{runs}.log"
-        killed = run_until(cmd, env, log_path, _kill_at(delay, after_start))
+        killed = run_until(cmd, env, log_path, point)
         batches = re.findall(r"batch \d+: (?:started|\d+ records in [\d.]+s)", log_path.read_text(errors="replace"))
-        since = "start" if after_start else "first batch"
         last = batches[-1] if batches else "no batch yet"
-        journal.append(f"run {runs}: {'killed' if killed else 'finished'} {delay:.1f}s after {since}, "
-                       f"last: {last}; in flight: {pending_instants(root) or 'nothing'}")
+        pending = pending_instants(root)
+        journal.append(f"run {runs}: {'killed ' + when if killed else 'finished'}, "
+                       f"last: {last}; in flight: {pending or 'nothing'}")
         kills += killed
+        mid_commit += killed and bool(set(pending) - before)
         runs += 1
         if rng.random() < 0.6:  # new changes, with replays of older events, between crashes
             more = source.changes(more_cfg)
@@ -131,6 +143,8 @@ def test_random_sigkills_then_restart_give_the_model(broker, spark, tmp_path, mo
     (tmp_path / "crashes.txt").write_text("\n".join(journal))
     context = "\n".join(journal)
     assert kills >= KILLS, f"only {kills} kills landed:\n{context}"
+    # Kills that left an instant of their own run in flight: what the test is for.
+    assert mid_commit >= KILLS // 4, f"only {mid_commit} kills interrupted a commit:\n{context}"
 
     monkeypatch.setenv("LAKEHOUSE_HUDI_OVERRIDES", env["LAKEHOUSE_HUDI_OVERRIDES"])
     run_ingest(once=True, root=str(root), bootstrap=broker.bootstrap, spark=spark)
