@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -47,10 +46,6 @@ def pending_instants(root: Path) -> list[str]:
         table = str(timeline.parent.parent.relative_to(root))
         found += [f"{table}:{n}" for n in names if "_" not in n and n.split(".")[0] not in done]
     return sorted(found)
-
-
-def log_line(regex: str, after: int = 0) -> Callable[[str], bool]:
-    return lambda log: any(int(m.group(1)) >= after for m in re.finditer(regex, log))
 
 
 def run_until(cmd: list[str], env: dict[str, str], log_path: Path, point: Callable[[str], bool],
