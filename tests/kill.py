@@ -1,4 +1,4 @@
-"""Killing a job at an observed point: a log line, or an inflight instant on a Hudi timeline."""
+"""Killing a job at an observed point (an inflight instant on a Hudi timeline), and polling beside a running job."""
 
 from __future__ import annotations
 
