@@ -71,7 +71,7 @@ from pyspark.sql.streaming import StreamingQuery
 from pyspark.storagelevel import StorageLevel
 
 import hudi_configs
-from pipelines import contract
+from pipelines import contract, storage
 from pipelines.bronze_schema import COLUMNS_META, SCHEMA_REASON, Shape, decide, infer_type, read_accepted
 from pipelines.erasure_registry import dead_letters_without_erased, read_registry, registry_path, without_erased
 from pipelines.gdpr_request import erasure_key
@@ -392,6 +392,20 @@ def has_commits(spark: SparkSession, path: str) -> bool:
     return bool(fs.exists(hadoop_path)) and latest_completion(spark, path) is not None
 
 
+def discard_unborn(path: str) -> bool:
+    """Remove a table whose creation a crash cut short: `hoodie.properties` empty or without the
+    table's name. Hudi cannot load such a table, nor write to it, nor roll it back (seen after a
+    SIGKILL while the properties file was being written: every later ingest failed on it). Its
+    creation wrote no instant yet, so it holds nothing committed. True when it removed one.
+    """
+    properties = f"{path}/.hoodie/hoodie.properties"
+    if not storage.exists(properties) or "hoodie.table.name=" in storage.read_text(properties):
+        return False
+    log.warning("%s: its creation was cut short (hoodie.properties incomplete); removed, to be created again", path)
+    storage.remove_tree(path)
+    return True
+
+
 _STATE = T.StructType([T.StructField(KEY, T.LongType()), T.StructField("_lsn", T.LongType())])
 
 
@@ -568,6 +582,10 @@ class BronzeBatchWriter:
         self._shapes: dict[str, Shape] = {}
         self._declared: dict[str, set[int]] = {}
         self.placeholder = unavailable_placeholder()
+        # Only this writer creates these tables (one stream per lake): an unborn one is a crash's.
+        for path in [*(f(t, root) for t in contract.TABLES for f in (main_path, changelog_path)),
+                     dead_letter_path(root)]:
+            discard_unborn(path)
 
     def _positions(self, path: str) -> dict[str, int]:
         if path not in self._applied:

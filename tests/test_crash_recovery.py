@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from pipelines.bronze import run_ingest
+from pipelines.contract import TABLES
 from pipelines.etl import run_etl
 from pipelines.generator import ShopSource, WorkloadConfig, ensure_topics, produce
 from tests.kill import pending_instants, run_until
@@ -75,6 +76,13 @@ def test_a_first_commit_killed_in_flight_does_not_break_the_next_run(broker, spa
     cmd = [sys.executable, "-m", "pipelines.cli", "ingest", "--once"]
     assert run_until(cmd, env, tmp_path / "killed.log", _first_commit_in_flight(root)), "the run was not killed"
     assert pending_instants(root), "nothing was in flight at the kill"
+    # A kill a moment earlier, while a table's hoodie.properties was being written, leaves it empty
+    # (seen once in the suite): every later run failed on that table. A table of that run not
+    # created yet, or without a completed commit, is left so here.
+    unborn = next(path for path in (root / "bronze" / t for t in TABLES)
+                  if not any("_" in f.name for f in (path / ".hoodie" / "timeline").glob("*")))
+    (unborn / ".hoodie").mkdir(parents=True, exist_ok=True)
+    (unborn / ".hoodie" / "hoodie.properties").write_text("")
 
     monkeypatch.setenv("LAKEHOUSE_HUDI_OVERRIDES", env["LAKEHOUSE_HUDI_OVERRIDES"])
     run_ingest(once=True, root=str(root), bootstrap=broker.bootstrap, spark=spark)
