@@ -392,18 +392,17 @@ def has_commits(spark: SparkSession, path: str) -> bool:
     return bool(fs.exists(hadoop_path)) and latest_completion(spark, path) is not None
 
 
-def discard_unborn(path: str) -> bool:
+def discard_unborn(path: str) -> None:
     """Remove a table whose creation a crash cut short: `hoodie.properties` empty or without the
     table's name. Hudi cannot load such a table, nor write to it, nor roll it back (seen after a
     SIGKILL while the properties file was being written: every later ingest failed on it). Its
-    creation wrote no instant yet, so it holds nothing committed. True when it removed one.
+    creation wrote no instant yet, so it holds nothing committed.
     """
     properties = f"{path}/.hoodie/hoodie.properties"
-    if not storage.exists(properties) or "hoodie.table.name=" in storage.read_text(properties):
-        return False
-    log.warning("%s: its creation was cut short (hoodie.properties incomplete); removed, to be created again", path)
-    storage.remove_tree(path)
-    return True
+    if storage.exists(properties) and "hoodie.table.name=" not in storage.read_text(properties):
+        log.warning("%s: its creation was cut short (hoodie.properties incomplete); removed, to be created again",
+                    path)
+        storage.remove_tree(path)
 
 
 _STATE = T.StructType([T.StructField(KEY, T.LongType()), T.StructField("_lsn", T.LongType())])

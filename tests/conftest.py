@@ -7,8 +7,7 @@ time; `lake` hands each such test its own copy instead (see tests/lake.py, LakeC
 pytest-xdist processes of `make test` share that one build.
 
 The order of the tests is the schedule of `make test`'s two processes: the slowest first, dealt
-alternately to each process's half, so that no long test starts last (see
-pytest_collection_modifyitems).
+into each process's share, so that no long test starts last (see pytest_collection_modifyitems).
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ from filelock import FileLock
 from pyspark.sql import SparkSession
 
 from hudi_configs import test_profile
-from pipelines.kafka_local import KafkaBroker, free_port
+from pipelines.kafka_local import JAVA_OPTS_VARIABLE, QUICK_START, KafkaBroker, free_port
 from tests.lake import BASE_WORKLOAD, LakeCopy, base_workload, build_base_lake
 
 # tests/dags run in Airflow's environment (`make test` runs them there, apart from these).
@@ -40,7 +39,7 @@ time.tzset()
 # adds its own overrides puts them after the profile: tests/lake.py, with_overrides).
 os.environ["LAKEHOUSE_HUDI_OVERRIDES"] = str(test_profile())
 # The suite's many short-lived Kafka brokers: start on less CPU (pipelines/kafka_local.py).
-os.environ["LAKEHOUSE_KAFKA_JAVA_OPTS"] = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+os.environ[JAVA_OPTS_VARIABLE] = QUICK_START
 
 
 @pytest.fixture(scope="session")
@@ -98,7 +97,6 @@ def lake(base_lake: LakeCopy, tmp_path: Path) -> Iterator[LakeCopy]:
         yield LakeCopy(tmp_path, broker, copy.deepcopy(base_lake.source), list(base_lake.sent), BASE_WORKLOAD)
     finally:
         broker.stop()
-
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

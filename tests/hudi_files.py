@@ -13,6 +13,16 @@ def pending_compactions(table_path: str | Path) -> list[str]:
     return sorted(requested - completed)
 
 
+def not_completed(names: list[str]) -> list[str]:
+    """Of a Hudi 1.x timeline's file names, those of instants requested or inflight and never completed.
+
+    A completed instant is `<requested>_<completed>.<action>` and leaves its requested and
+    inflight files behind, so only an instant without a completed file counts.
+    """
+    done = {n.split("_")[0] for n in names if "_" in n}
+    return [n for n in names if n[:1].isdigit() and "_" not in n and n.split(".")[0] not in done]
+
+
 def log_files(table_path: str | Path) -> set[str]:
     """Names of the log files of a non-partitioned merge-on-read table."""
     return {p.name for p in Path(table_path).glob(".*.log.*")}

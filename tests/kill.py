@@ -11,6 +11,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from tests.hudi_files import not_completed
+
 
 def inflight(root: Path, tables: str, action: str) -> Callable[[str], bool]:
     """True while an instant of `action` is inflight on a timeline of root/<tables> (a glob).
@@ -34,17 +36,14 @@ def inflight(root: Path, tables: str, action: str) -> Callable[[str], bool]:
 def pending_instants(root: Path) -> list[str]:
     """`table:instant` of every requested or inflight instant, never completed, of the tables under `root`.
 
-    Metadata tables and checksum files aside: an instant completed on a table leaves its
-    requested and inflight files behind, so only an instant without a completed file counts.
+    Metadata tables and checksum files aside (tests.hudi_files.not_completed).
     """
     found = []
     for timeline in root.glob("**/.hoodie/timeline"):
         if "/.hoodie/metadata/" in str(timeline):
             continue
-        names = [p.name for p in timeline.iterdir() if p.is_file() and not p.name.startswith(".")]
-        done = {n.split("_")[0] for n in names if "_" in n}
         table = str(timeline.parent.parent.relative_to(root))
-        found += [f"{table}:{n}" for n in names if "_" not in n and n.split(".")[0] not in done]
+        found += [f"{table}:{n}" for n in not_completed([p.name for p in timeline.iterdir() if p.is_file()])]
     return sorted(found)
 
 

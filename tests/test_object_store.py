@@ -28,6 +28,7 @@ from pipelines.kafka_local import free_port
 from pipelines.object_store import BUCKET, ObjectStore
 from pipelines.quality import data_docs_index
 from pipelines.settings import changelog_path, gdpr_path, ingest_checkpoint_path, main_path, silver_path
+from tests.hudi_files import not_completed
 from tests.kill import run_until
 from tests.lake import (
     assert_bronze_equals_model,
@@ -76,12 +77,8 @@ def _commit_in_flight(root: str) -> Callable[[str], bool]:
         if time.monotonic() - polled[0] < 0.5:
             return False
         polled[0] = time.monotonic()
-        for path in [main_path(t, root) for t in TABLES] + [changelog_path(t, root) for t in TABLES]:
-            names = storage.list_dir(f"{path}/.hoodie/timeline")
-            done = {n.split("_")[0] for n in names if "_" in n}
-            if any(n[:1].isdigit() and "_" not in n and n.split(".")[0] not in done for n in names):
-                return True
-        return False
+        return any(not_completed(storage.list_dir(f"{path}/.hoodie/timeline"))
+                   for path in [main_path(t, root) for t in TABLES] + [changelog_path(t, root) for t in TABLES])
     return seen
 
 
