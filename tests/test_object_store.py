@@ -82,6 +82,8 @@ def _commit_in_flight(root: str) -> Callable[[str], bool]:
     return seen
 
 
+# Every Hudi commit is hundreds of requests to moto: 1,020 s beside the rest of the suite (2026-11-25).
+@pytest.mark.timeout(2400)
 def test_the_pipeline_on_an_object_store(spark, broker, object_store: ObjectStore, tmp_path: Path,
                                          monkeypatch: pytest.MonkeyPatch) -> None:
     root = f"s3://{BUCKET}/{uuid.uuid4().hex[:8]}"
