@@ -393,16 +393,25 @@ def has_commits(spark: SparkSession, path: str) -> bool:
 
 
 def discard_unborn(path: str) -> None:
-    """Remove a table whose creation a crash cut short: `hoodie.properties` empty or without the
-    table's name. Hudi cannot load such a table, nor write to it, nor roll it back (seen after a
-    SIGKILL while the properties file was being written: every later ingest failed on it). Its
-    creation wrote no instant yet, so it holds nothing committed.
+    """Remove a table whose creation a crash cut short: `.hoodie/` there, but no `hoodie.properties`
+    (nor Hudi's `.backup` of it) naming the table. Hudi creates the folders, then writes the
+    properties file, then the first instant; a SIGKILL in between (both were seen in the suite:
+    the folders without the file, and an empty file) leaves a table Hudi can neither load, nor
+    write to, nor roll back, and every later ingest failed on it. Such a table holds nothing
+    committed. One with a completed instant is never removed: its properties went missing some
+    other way, and Hudi's own error says so.
     """
-    properties = f"{path}/.hoodie/hoodie.properties"
-    if storage.exists(properties) and "hoodie.table.name=" not in storage.read_text(properties):
-        log.warning("%s: its creation was cut short (hoodie.properties incomplete); removed, to be created again",
-                    path)
-        storage.remove_tree(path)
+    meta = f"{path}/.hoodie"
+    if not storage.list_dir(meta):
+        return
+    for name in ("hoodie.properties", "hoodie.properties.backup"):
+        if storage.exists(f"{meta}/{name}") and "hoodie.table.name=" in storage.read_text(f"{meta}/{name}"):
+            return
+    if any("_" in name.split(".", 1)[0] for name in storage.list_dir(f"{meta}/timeline")):
+        log.error("%s: hoodie.properties is missing or incomplete, yet the table has completed commits", path)
+        return
+    log.warning("%s: its creation was cut short (no complete hoodie.properties); removed, to be created again", path)
+    storage.remove_tree(path)
 
 
 _STATE = T.StructType([T.StructField(KEY, T.LongType()), T.StructField("_lsn", T.LongType())])

@@ -31,6 +31,7 @@ from pipelines.bronze import run_ingest
 from pipelines.contract import TABLES
 from pipelines.etl import run_etl
 from pipelines.generator import ShopSource, WorkloadConfig, ensure_topics, produce
+from pipelines.settings import changelog_path, main_path
 from tests.kill import pending_instants, run_until
 from tests.lake import assert_bronze_equals_model, assert_lake_equals_model, dead_letters, with_overrides
 from tests.model import fold_with_lsn, is_malformed
@@ -77,13 +78,18 @@ def test_a_first_commit_killed_in_flight_does_not_break_the_next_run(broker, spa
     cmd = [sys.executable, "-m", "pipelines.cli", "ingest", "--once"]
     assert run_until(cmd, env, tmp_path / "killed.log", _first_commit_in_flight(root)), "the run was not killed"
     assert pending_instants(root), "nothing was in flight at the kill"
-    # A kill a moment earlier, while a table's hoodie.properties was being written, leaves it empty
-    # (seen once in the suite): every later run failed on that table. A table of that run not
-    # created yet, or without a completed commit, is left so here.
-    unborn = next(path for path in (root / "bronze" / t for t in TABLES)
-                  if not any("_" in f.name for f in (path / ".hoodie" / "timeline").glob("*")))
-    (unborn / ".hoodie").mkdir(parents=True, exist_ok=True)
-    (unborn / ".hoodie" / "hoodie.properties").write_text("")
+    # A kill a moment earlier, while Hudi created a table, leaves its folders without
+    # hoodie.properties, or the file empty (both seen in the suite): every later run failed on
+    # that table. Two tables of that run not created yet, or without a completed commit, are
+    # left so here.
+    unborn = [path for path in (where(t, str(root)) for t in TABLES for where in (main_path, changelog_path))
+              if not any("_" in f.name.split(".", 1)[0] for f in Path(path, ".hoodie", "timeline").glob("*"))]
+    assert len(unborn) >= 2, f"fewer than two tables without a completed commit: {unborn}"
+    empty, bare = Path(unborn[0], ".hoodie"), Path(unborn[1], ".hoodie")
+    empty.mkdir(parents=True, exist_ok=True)
+    (empty / "hoodie.properties").write_text("")
+    (bare / "timeline" / "history").mkdir(parents=True, exist_ok=True)
+    (bare / "hoodie.properties").unlink(missing_ok=True)
 
     monkeypatch.setenv("LAKEHOUSE_HUDI_OVERRIDES", env["LAKEHOUSE_HUDI_OVERRIDES"])
     run_ingest(once=True, root=str(root), bootstrap=broker.bootstrap, spark=spark)
