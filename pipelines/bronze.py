@@ -88,6 +88,7 @@ from pipelines.settings import (
     unavailable_placeholder,
 )
 from pipelines.stream import STOP_REQUEST, StreamLease
+from pipelines.table_stats import exists as has_completed_commit
 
 log = logging.getLogger(__name__)
 
@@ -398,16 +399,17 @@ def discard_unborn(path: str) -> None:
     properties file, then the first instant; a SIGKILL in between (both were seen in the suite:
     the folders without the file, and an empty file) leaves a table Hudi can neither load, nor
     write to, nor roll back, and every later ingest failed on it. Such a table holds nothing
-    committed. One with a completed instant is never removed: its properties went missing some
+    committed. One with a completed commit is never removed: its properties went missing some
     other way, and Hudi's own error says so.
     """
     meta = f"{path}/.hoodie"
-    if not storage.list_dir(meta):
+    names = storage.list_dir(meta)
+    if not names:
         return
     for name in ("hoodie.properties", "hoodie.properties.backup"):
-        if storage.exists(f"{meta}/{name}") and "hoodie.table.name=" in storage.read_text(f"{meta}/{name}"):
+        if name in names and "hoodie.table.name=" in storage.read_text(f"{meta}/{name}"):
             return
-    if any("_" in name.split(".", 1)[0] for name in storage.list_dir(f"{meta}/timeline")):
+    if has_completed_commit(path):
         log.error("%s: hoodie.properties is missing or incomplete, yet the table has completed commits", path)
         return
     log.warning("%s: its creation was cut short (no complete hoodie.properties); removed, to be created again", path)
