@@ -14,6 +14,7 @@ timeline the table's changes come from.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -100,25 +101,39 @@ def keyed_read(spark: SparkSession, path: str, keys: DataFrame) -> DataFrame:
     return table.filter(F.col(column).isin(wanted))
 
 
-def bronze_changes(spark: SparkSession, table: str, w: Window, root: str) -> DataFrame | None:
+def bronze_changes(spark: SparkSession, table: str, w: Window, root: str,
+                   extras: Sequence[str] | None = ()) -> DataFrame | None:
     """Per key changed in bronze in window `w` of its change log: the newest change by LSN, `_deleted` if a delete.
 
-    A window without a start (first read, or a checkpoint older than the change log's
-    timeline) also reads main and the delete ledger whole: the change log may have been
+    Columns: the contract's, the CDC metadata, and of the columns bronze gained since the
+    contract (contract section 6) those named in `extras` that the change log has (None: all
+    of them). A window without a start (first read, or a checkpoint older than the change
+    log's timeline) also reads main and the delete ledger whole: the change log may have been
     cleaned of old days, the two tables always hold each key's newest state.
     """
     changes = _changelog_window(spark, w)
     if changes is None:
         return None
-    columns = [*contract.COLUMNS[table], *META_COLUMNS]
-    frames = [changes.select(*columns)]
+    contract_columns = [*contract.COLUMNS[table], *META_COLUMNS]
+    types = {f.name: f.dataType for f in changes.schema.fields}
+    added = [c for c in types if c not in contract_columns and c != "_ingest_date" and not c.startswith("_hoodie_")]
+    columns = [*contract_columns, *(c for c in (added if extras is None else extras) if c in added)]
+
+    def shaped(df: DataFrame) -> DataFrame:
+        """`columns` of `df` typed as the change log has them, null where `df` lacks one (the ledger;
+        a main commit that a crash cut short before a column was added or widened)."""
+        have = {f.name: f.dataType for f in df.schema.fields}
+        return df.select(*[F.lit(None).cast(types[c]).alias(c) if c not in have
+                           else F.col(c) if have[c] == types[c] else F.col(c).cast(types[c]).alias(c)
+                           for c in columns])
+
+    frames = [shaped(changes)]
     if w.full or w.since is None:
         if exists(main := main_path(table, root)):
-            frames.append(spark.read.format("hudi").load(main).select(*columns))
+            frames.append(shaped(spark.read.format("hudi").load(main)))
         if exists(ledger := ledger_path(table, root)):
             deletes = spark.read.format("hudi").load(ledger).select(*LEDGER_COLUMNS, F.lit("d").alias("_op"))
-            frames.append(deletes.select(*[F.col(c) if c in deletes.columns else F.lit(None).alias(c)
-                                           for c in columns]))
+            frames.append(shaped(deletes))
     return newest_per_key(union_all(frames)).select(*columns, (F.col("_op") == "d").alias("_deleted"))
 
 
@@ -191,7 +206,7 @@ def read_changes(spark: SparkSession, table: str, since: str | None = None, root
     key = CHANGE_FEED_TABLES[table]
     if layer == "bronze":
         w = window(spark, changelog_path(name, root), since or None)
-        changes = bronze_changes(spark, name, w, root)
+        changes = bronze_changes(spark, name, w, root, extras=None)
         if changes is None:
             return ChangeSet(_empty(spark, w.path, key), w.until or "")
         rows = changes.select("*", F.when(F.col("_deleted"), "delete").otherwise("upsert").alias("_change"))

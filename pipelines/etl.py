@@ -11,6 +11,7 @@ latest state, so reading a window again changes nothing.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from functools import partial
 
 from pyspark.sql import DataFrame, SparkSession
@@ -18,8 +19,9 @@ from pyspark.sql import functions as F
 
 import hudi_configs
 from pipelines import console, contract
-from pipelines.bronze import DELETED_FLAG, KEY
-from pipelines.changes import bronze_changes, window
+from pipelines.bronze import DELETED_FLAG, KEY, META_COLUMNS
+from pipelines.catalog import silver_extra_columns
+from pipelines.changes import Window, bronze_changes, window
 from pipelines.erasure_registry import read_registry, without_erased
 from pipelines.gdpr_request import erasure_key
 from pipelines.gold import gold_cycle
@@ -40,20 +42,42 @@ def _write(df: DataFrame, path: str, name: str, marks: dict[str, str]) -> None:
     write_with_checkpoint(df, path, silver_options(name), marks)
 
 
+_BRONZE_COLUMNS = {t: {*contract.COLUMNS[t], *META_COLUMNS, "_deleted"} for t in contract.TABLES}
+
+
+def _carrying_new_extras(spark: SparkSession, table: str, w: Window, silver: str) -> Window:
+    """`w`, or a full read when the catalog names an extra column that bronze has and silver lacks.
+
+    A column newly named in the catalog (or newly added in the source) would otherwise reach only
+    the rows that change from now on; a full read gives it to every row, once (after it, silver has it).
+    """
+    extras = silver_extra_columns(table)
+    if not extras or w.full or w.since is None or not exists(silver):
+        return w
+    in_bronze = set(spark.read.format("hudi").load(w.path).columns)
+    in_silver = set(spark.read.format("hudi").load(silver).columns)
+    if not (new := [c for c in extras if c in in_bronze and c not in in_silver]):
+        return w
+    log.warning("silver/%s: the catalog's extra column(s) %s are in bronze, not yet in silver: rebuilding "
+                "from a full read of bronze", table, ", ".join(new))
+    return replace(w, full=True)
+
+
 def silver_cycle(spark: SparkSession, table: str, root: str) -> dict[str, int]:
     """bronze/_changelog/<table> -> silver/<table> and silver/_quarantine/<table>; returns counts."""
     outputs = (silver_path(table, root), quarantine_path(table, root))
     source = changelog_path(table, root)
     # Both outputs read from the older of their checkpoints: re-reading is harmless, skipping is not.
     since = min((consumed(checkpoint(spark, p) if exists(p) else {}, source) for p in outputs), key=lambda v: v or "")
-    w = window(spark, source, since or None)
-    changes = bronze_changes(spark, table, w, root)
+    w = _carrying_new_extras(spark, table, window(spark, source, since or None), outputs[0])
+    changes = bronze_changes(spark, table, w, root, extras=silver_extra_columns(table))
     if changes is None:
         return {}
+    extras = [c for c in changes.columns if c not in _BRONZE_COLUMNS[table]]
     if (registry := read_registry(spark, root)) is not None:  # a change read before an erasure swept it
         changes = without_erased(changes, table, registry.localCheckpoint(), erasure_key())
     changes = changes.persist()
-    cleaned = CLEANERS[table](changes.filter(~F.col("_deleted"))).persist()
+    cleaned = CLEANERS[table](changes.filter(~F.col("_deleted")), extras).persist()
     try:
         raw = changes.filter(~F.col("_deleted")).drop("_deleted", "_source_ts")
         deleted = changes.filter(F.col("_deleted")).select(KEY, "_lsn")

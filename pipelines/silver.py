@@ -8,6 +8,8 @@ and the cycle keeps it in quarantine instead of silver.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
@@ -38,14 +40,14 @@ def _first_failed(checks: list[tuple[str, Column]]) -> Column:
     return result
 
 
-def clean_customers(bronze: DataFrame) -> DataFrame:
-    """Cleaned and typed customers with `failed_rule` (null for a valid row)."""
+def clean_customers(bronze: DataFrame, extras: Sequence[str] = ()) -> DataFrame:
+    """Cleaned and typed customers with `failed_rule` (null for a valid row); `extras` carried as they are."""
     email = F.lower(_trim("email"))
     country = F.upper(_trim("country"))
     df = bronze.select(
         "id", email.alias("email"), F.col("full_name"), country.alias("country"),
         _timestamp("created_at").alias("created_at"), _timestamp("updated_at").alias("updated_at"),
-        "_lsn", "_source_ts",
+        "_lsn", "_source_ts", *extras,
     )
     checks = [
         ("email_format", F.col("email").rlike(contract.EMAIL_PATTERN)),
@@ -56,15 +58,19 @@ def clean_customers(bronze: DataFrame) -> DataFrame:
     return df.withColumn("failed_rule", _first_failed(checks))
 
 
-def clean_orders(bronze: DataFrame) -> DataFrame:
-    """Cleaned and typed orders (amount decimal(12,2), order_date) with `failed_rule`."""
+def clean_orders(bronze: DataFrame, extras: Sequence[str] = ()) -> DataFrame:
+    """Cleaned and typed orders (amount decimal(12,2), order_date) with `failed_rule`; `extras` carried as they are.
+
+    The rules read the contract's columns only: a source column added since is not validated
+    (pipelines.catalog says why silver carries one at all).
+    """
     amount_text = _trim("amount")
     df = bronze.select(
         # The contract cleans email and country only: status and currency are checked as delivered.
         "id", "customer_id", "status", "currency",
         amount_text.cast(AMOUNT_TYPE).alias("amount"), amount_text.alias("_amount_text"),
         _timestamp("created_at").alias("created_at"), _timestamp("updated_at").alias("updated_at"),
-        "_lsn", "_source_ts",
+        "_lsn", "_source_ts", *extras,
     ).withColumn("order_date", F.to_date(F.col("created_at")))
     checks = [
         ("status_value", F.col("status").isin(*contract.ORDER_STATUSES)),

@@ -16,15 +16,18 @@ import random
 import string
 from typing import Any
 
+import pytest
 from pyspark.sql import SparkSession
 
 from pipelines.bronze import run_ingest
 from pipelines.bronze_schema import COLUMNS_META, Shape
+from pipelines.catalog import CATALOG, SourceTable
+from pipelines.changes import read_changes
 from pipelines.contract import COLUMNS, topic
 from pipelines.etl import run_etl
 from pipelines.generator import Message, WorkloadConfig
 from pipelines.hudi_timeline import latest_meta
-from pipelines.settings import main_path
+from pipelines.settings import main_path, quarantine_path, silver_path
 from pipelines.table_stats import read_table
 from tests.lake import (
     LakeCopy,
@@ -34,7 +37,7 @@ from tests.lake import (
     dead_letters,
     run_cli,
 )
-from tests.model import fold_with_lsn, row_event, unwrap
+from tests.model import expected_silver, fold_with_lsn, row_event, unwrap
 
 ADDED = ("loyalty_tier", "points", "notes")
 
@@ -51,7 +54,10 @@ def _bronze_extras(spark: SparkSession, root: str, table: str, columns: tuple[st
     return {"spark": spark_rows, "hudi-rs": rs_rows}
 
 
-def test_mixed_shapes_in_one_batch_and_old_shape_replays(spark: SparkSession, lake: LakeCopy) -> None:
+def test_mixed_shapes_in_one_batch_and_old_shape_replays(spark: SparkSession, lake: LakeCopy,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    # The catalog's line: silver carries one added column from the start.
+    monkeypatch.setitem(CATALOG, "customers", SourceTable("customers", silver_extra_columns=("points",)))
     src, rng = lake.source, random.Random(231)
     cfg = WorkloadConfig(seed=231, changes=120, replay_runs=0, malformed_fraction=0.0, other_ops=False,
                          schema_fraction=0.5)
@@ -68,6 +74,10 @@ def test_mixed_shapes_in_one_batch_and_old_shape_replays(spark: SparkSession, la
     first += old_shape[:40]
     lake.produce(first)
     run_ingest(once=True, root=lake.root, bootstrap=lake.bootstrap, spark=spark)
+    run_etl(spark, lake.root)
+    # Then every added column, and one the source never adds: silver lacks two that bronze has, for rows
+    # that will not change again, so the next cycle reads bronze whole.
+    monkeypatch.setitem(CATALOG, "customers", SourceTable("customers", silver_extra_columns=(*ADDED, "vip_since")))
 
     src.alter("customers", retype={"points": "int64"})
     second: list[Message] = []
@@ -102,6 +112,26 @@ def test_mixed_shapes_in_one_batch_and_old_shape_replays(spark: SparkSession, la
     assert shape.columns["points"].widened and shape.columns["points"].widened[0][0] == "int"
     assert not [d for d in dead_letters(lake.root) if d["reason"].startswith("schema")]
     assert_lake_equals_model(spark, lake.root, shaped)
+    _assert_silver_carries_extras(spark, lake.root, expected["customers"])
+
+
+def _assert_silver_carries_extras(spark: SparkSession, root: str, expected: dict[int, dict[str, Any]]) -> None:
+    """silver/customers holds the catalog's extra columns as bronze does (widened, null once dropped);
+    `lakehouse changes bronze/customers` serves every added column."""
+    silver = spark.read.format("hudi").load(silver_path("customers", root))
+    assert dict(silver.dtypes)["points"] == "bigint" and "vip_since" not in silver.columns, silver.dtypes
+    assert set(ADDED) <= set(spark.read.format("hudi").load(quarantine_path("customers", root)).columns)
+    valid, _ = expected_silver({"customers": expected, "orders": {}})
+    want = {k: {c: expected[k].get(c) for c in ADDED} for k in valid["customers"]}
+    assert any(w["loyalty_tier"] for w in want.values()) and any(w["points"] for w in want.values())
+    readers = {"spark": [r.asDict() for r in silver.select("id", *ADDED).collect()],
+               "hudi-rs": read_table(silver_path("customers", root), ["id", *ADDED]).to_pylist()}
+    for reader, rows in readers.items():
+        got = {r["id"]: {c: r[c] for c in ADDED} for r in rows}
+        wrong = [(k, got.get(k), want[k]) for k in want if got.get(k) != want[k]]
+        assert got.keys() == want.keys() and not wrong, f"silver, {reader}: {wrong[:1]!r:.600}"
+    served = read_changes(spark, "bronze/customers", None, root).rows
+    assert set(ADDED) <= set(served.columns), served.columns
 
 
 def _orders_rows(messages: list[Message]) -> int:
