@@ -147,12 +147,6 @@ def row_schema(table: str) -> T.StructType:
 # A row image as column name -> the value's JSON text (strings unquoted): every column the
 # source sends is kept, including those added after the table was created (pipelines.bronze_schema).
 _IMAGE = T.MapType(T.StringType(), T.StringType())
-# Of a Kafka Connect schema (`schemas.enable=true`), the field lists: `after`'s names and types.
-_CONNECT_SCHEMA = T.StructType([T.StructField("fields", T.ArrayType(T.StructType([
-    T.StructField("field", T.StringType()),
-    T.StructField("fields", T.ArrayType(T.StructType([
-        T.StructField("field", T.StringType()), T.StructField("type", T.StringType())]))),
-])))])
 
 
 def _envelope_fields() -> list[T.StructField]:
@@ -168,7 +162,11 @@ def _envelope_fields() -> list[T.StructField]:
 def value_schema() -> T.StructType:
     """Both converter settings in one schema: the bare envelope, or `{"schema", "payload"}`."""
     return T.StructType([
-        T.StructField("schema", _CONNECT_SCHEMA),
+        # A Kafka Connect schema (`schemas.enable=true`) as its JSON text: it is the same for every
+        # record of a shape, so a batch hashes it and reads `after`'s fields from one record per
+        # new hash (`BronzeBatchWriter._declared_fields`); parsed into arrays for every record, it
+        # was most of the cost of parsing a backlog.
+        T.StructField("schema", T.StringType()),
         T.StructField("payload", T.StructType(_envelope_fields())),
         *_envelope_fields(),
         T.StructField("_corrupt", T.StringType()),
@@ -189,7 +187,8 @@ def parse_events(raw: DataFrame, table: str, shape: Shape | None = None, known_d
 
     The image is kept as a map (`_image`); `image_columns` types it by the table's shape. Beside
     it, what the schema decision needs (pipelines.bronze_schema), empty for a record of a known
-    shape: `_decl` (the declared `after` fields, when their hash is not in `known_declared`),
+    shape: `_decl_hash` (of the Connect schema's text, for a wrapped record), `_decl_new` (true when
+    that hash is not in `known_declared`),
     `_new_keys` (columns not in `shape`), `_missing` (contract columns absent from a bare
     `after`), `_badcast` (bare values that do not fit their column's type), `_toast` (columns
     carrying the unavailable-value `placeholder`). The raw value is kept for dead letters and
@@ -251,25 +250,29 @@ def parse_events(raw: DataFrame, table: str, shape: Shape | None = None, known_d
     )
     is_row = F.col("_c.kind") == "row"
     upsert = is_row & (op != "d")
-    after_schema = F.filter(v["schema"]["fields"], lambda f: f["field"] == "after")[0]["fields"]
-    declared = F.transform(after_schema, lambda f: F.struct(f["field"].alias("field"), f["type"].alias("type")))
+    declared = v["schema"]
     decl_hash = F.xxhash64(declared)
     unknown_shape = declared.isNotNull() & ~decl_hash.isin(*known_declared) if known_declared \
         else declared.isNotNull()
     empty = F.array().cast("array<string>")
-    new_keys = F.when(is_row, F.array_except(F.map_keys(image), _literal_array(list(shape.columns)))).otherwise(empty)
-    missing = F.when(upsert & declared.isNull(), F.array_except(_literal_array(contract.COLUMNS[table]),
-                                                                F.map_keys(image))).otherwise(empty)
+    # An image whose columns are the shape's, in its order (nearly every record), has nothing new and
+    # lacks nothing: one array comparison instead of two set differences per record.
+    as_shape = F.map_keys(image) == _literal_array(list(shape.columns))
+    new_keys = F.when(is_row & ~as_shape, F.array_except(F.map_keys(image), _literal_array(list(shape.columns)))) \
+        .otherwise(empty)
+    missing = F.when(upsert & declared.isNull() & ~as_shape, F.array_except(
+        _literal_array(contract.COLUMNS[table]), F.map_keys(image))).otherwise(empty)
     typed = [c for c in shape.extras if shape.columns[c].type != "string"]
     badcast = F.when(is_row & declared.isNull(), F.array_compact(F.array(*[
         F.when(image[c].isNotNull() & image[c].cast(shape.columns[c].type).isNull(), F.lit(c)) for c in typed
     ]))).otherwise(empty) if typed else empty
-    toast = F.when(upsert, F.map_keys(F.map_filter(image, lambda _, x: x == placeholder))).otherwise(empty)
+    toast = F.when(upsert & F.col("_text").contains(placeholder),
+                   F.map_keys(F.map_filter(image, lambda _, x: x == placeholder))).otherwise(empty)
     df = df.withColumn("_c", classified).select(
-        "*", F.when(is_row & unknown_shape, declared).alias("_decl"),
+        "*", F.when(is_row & unknown_shape, F.lit(True)).alias("_decl_new"),
         F.when(is_row & declared.isNotNull(), decl_hash).alias("_decl_hash"),
         new_keys.alias("_new_keys"), missing.alias("_missing"), badcast.alias("_badcast"), toast.alias("_toast"))
-    odd = F.col("_decl").isNotNull() | (F.size("_new_keys") > 0) | (F.size("_missing") > 0) | \
+    odd = F.col("_decl_new").isNotNull() | (F.size("_new_keys") > 0) | (F.size("_missing") > 0) | \
         (F.size("_badcast") > 0)
     columns = [F.col("_c.kind").alias("kind"), F.col("_c.reason").alias("reason"),
                op.alias("_op"), lsn.alias("_lsn"), F.timestamp_millis(e["source"]["ts_ms"]).alias("_source_ts"),
@@ -280,7 +283,7 @@ def parse_events(raw: DataFrame, table: str, shape: Shape | None = None, known_d
     return df.select(
         "kafka_topic", "kafka_partition", "kafka_offset", "kafka_timestamp", "key",
         F.when((F.col("_c.kind") == "dead") | odd, F.col("value")).alias("value"), *columns,
-        "_decl", "_decl_hash", "_new_keys", "_missing", "_badcast", "_toast")
+        "_decl_new", "_decl_hash", "_new_keys", "_missing", "_badcast", "_toast")
 
 
 def image_columns(shape: Shape) -> list[Column]:
@@ -737,7 +740,7 @@ class BronzeBatchWriter:
             return F.collect_set(F.when(F.size(column) > 0, F.col(column)))
 
         rows = events.groupBy("kind").agg(
-            F.count("*").alias("n"), F.collect_set(F.struct("_decl_hash", "_decl")).alias("decl"),
+            F.count("*").alias("n"), F.collect_set(F.when(F.col("_decl_new"), F.col("_decl_hash"))).alias("decl"),
             distinct("_missing").alias("missing"), distinct("_badcast").alias("badcast"),
             F.array_distinct(F.flatten(F.collect_set("_new_keys"))).alias("new_keys"),
             F.array_distinct(F.flatten(F.collect_set("_toast"))).alias("toast")).collect()
@@ -748,8 +751,7 @@ class BronzeBatchWriter:
         if row is None:
             return survey
         survey.toast = sorted(row["toast"])
-        declared = {d["_decl_hash"]: [(f["field"], f["type"]) for f in d["_decl"]] for d in row["decl"]
-                    if d["_decl"] is not None}
+        declared = self._declared_fields(table, events, row["decl"]) if row["decl"] else {}
         missing = [list(m) for m in row["missing"]]
         badcast = [list(b) for b in row["badcast"]]
         new_keys = [k for k in row["new_keys"] if not any(k in dict(f) for f in declared.values())]
@@ -784,6 +786,23 @@ class BronzeBatchWriter:
             log.warning("bronze/%s changes shape: %s", table, ", ".join(
                 f"{c.name} {c.type}" for c in survey.shape.columns.values() if shape.columns.get(c.name) != c))
         return survey
+
+    @staticmethod
+    def _declared_fields(table: str, events: DataFrame, hashes: list[int]) -> dict[int, list[tuple[str, str]]]:
+        """Per new Connect schema (by hash), `after`'s declared (field, type) list, read from one of its records."""
+        samples = events.filter(F.col("_decl_hash").isin(*hashes)).groupBy("_decl_hash") \
+            .agg(F.first("value").alias("value")).collect()
+        declared = {}
+        for r in samples:
+            schema = json.loads(r["value"]).get("schema") or {}
+            after = next((f for f in schema.get("fields") or [] if isinstance(f, dict) and f.get("field") == "after"),
+                         None)
+            if after is None or not isinstance(after.get("fields"), list):
+                log.warning("bronze/%s: a Connect schema (hash %s) has no field list for `after`: the columns its "
+                            "records add are not typed from it", table, r["_decl_hash"])
+                continue
+            declared[r["_decl_hash"]] = [(f.get("field"), f.get("type")) for f in after["fields"]]
+        return declared
 
     @staticmethod
     def _infer(events: DataFrame, column: str, sample: int = 200) -> str | None:
