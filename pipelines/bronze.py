@@ -739,22 +739,30 @@ class BronzeBatchWriter:
         def distinct(column: str) -> Column:
             return F.collect_set(F.when(F.size(column) > 0, F.col(column)))
 
-        rows = events.groupBy("kind").agg(
-            F.count("*").alias("n"), F.collect_set(F.when(F.col("_decl_new"), F.col("_decl_hash"))).alias("decl"),
-            distinct("_missing").alias("missing"), distinct("_badcast").alias("badcast"),
+        # Grouped by the Connect schema's hash too (a handful of groups), so that the same pass
+        # picks one record of each new schema, whose `after` fields the decision reads.
+        groups = events.groupBy("kind", "_decl_hash").agg(
+            F.count("*").alias("n"), F.first(F.when(F.col("_decl_new"), F.col("value")), ignorenulls=True)
+            .alias("sample"), distinct("_missing").alias("missing"), distinct("_badcast").alias("badcast"),
             F.array_distinct(F.flatten(F.collect_set("_new_keys"))).alias("new_keys"),
             F.array_distinct(F.flatten(F.collect_set("_toast"))).alias("toast")).collect()
-        kinds = {r["kind"]: r["n"] for r in rows}
-        row = next((r for r in rows if r["kind"] == "row"), None)
+        kinds: dict[str, int] = {}
+        for g in groups:
+            kinds[g["kind"]] = kinds.get(g["kind"], 0) + g["n"]
+        row = [g for g in groups if g["kind"] == "row"]
         shape = self._shapes[table]
         survey = Survey(events, kinds, shape)
-        if row is None:
+        if not row:
             return survey
-        survey.toast = sorted(row["toast"])
-        declared = self._declared_fields(table, events, row["decl"]) if row["decl"] else {}
-        missing = [list(m) for m in row["missing"]]
-        badcast = [list(b) for b in row["badcast"]]
-        new_keys = [k for k in row["new_keys"] if not any(k in dict(f) for f in declared.values())]
+
+        def union(column: str) -> list:
+            return sorted({tuple(v) if isinstance(v, list) else v for g in row for v in g[column]})
+
+        survey.toast = union("toast")
+        declared = self._declared_fields(table, {g["_decl_hash"]: g["sample"] for g in row if g["sample"]})
+        missing = [list(m) for m in union("missing")]
+        badcast = [list(b) for b in union("badcast")]
+        new_keys = [k for k in union("new_keys") if not any(k in dict(f) for f in declared.values())]
         if not (declared or missing or badcast or new_keys):
             return survey
         inferred = {k: self._infer(events, k) for k in new_keys}
@@ -788,20 +796,18 @@ class BronzeBatchWriter:
         return survey
 
     @staticmethod
-    def _declared_fields(table: str, events: DataFrame, hashes: list[int]) -> dict[int, list[tuple[str, str]]]:
+    def _declared_fields(table: str, samples: dict[int, bytes]) -> dict[int, list[tuple[str, str]]]:
         """Per new Connect schema (by hash), `after`'s declared (field, type) list, read from one of its records."""
-        samples = events.filter(F.col("_decl_hash").isin(*hashes)).groupBy("_decl_hash") \
-            .agg(F.first("value").alias("value")).collect()
         declared = {}
-        for r in samples:
-            schema = json.loads(r["value"]).get("schema") or {}
+        for digest, value in samples.items():
+            schema = json.loads(value).get("schema") or {}
             after = next((f for f in schema.get("fields") or [] if isinstance(f, dict) and f.get("field") == "after"),
                          None)
             if after is None or not isinstance(after.get("fields"), list):
                 log.warning("bronze/%s: a Connect schema (hash %s) has no field list for `after`: the columns its "
-                            "records add are not typed from it", table, r["_decl_hash"])
+                            "records add are not typed from it", table, digest)
                 continue
-            declared[r["_decl_hash"]] = [(f.get("field"), f.get("type")) for f in after["fields"]]
+            declared[digest] = [(f.get("field"), f.get("type")) for f in after["fields"]]
         return declared
 
     @staticmethod
