@@ -109,8 +109,9 @@ POSITIONS_META = "_lakehouse.kafka_positions"
 # The erasure registry's version (completion time of its newest commit) the batch filtered
 # with: an erasure finds the batches that may have read an older one (pipelines.gdpr).
 REGISTRY_META = "_lakehouse.erasure_registry"
-# Hashes of the declared (schemas.enable=true) row shapes the table has applied: a record of one of
-# them needs no schema decision (`parse_events`).
+# Hashes of the Kafka Connect schemas (schemas.enable=true; xxhash64 of the schema's JSON text) whose
+# row shapes the table has applied: a record of one of them needs no schema decision (`parse_events`).
+# Hashes written by an older parser match nothing and cost one decision, which changes nothing.
 DECLARED_META = "_lakehouse.declared_shapes"
 
 
