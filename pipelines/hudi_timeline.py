@@ -1,12 +1,19 @@
-"""A Hudi table's timeline, through Hudi's own Java API (works for local paths and s3:// alike)."""
+"""A Hudi table's timeline, through Hudi's own Java API (works for local paths and s3:// alike), and the repair
+of a completed instant whose file a crash cut short (read as files: Hudi cannot read such a timeline)."""
 
 from __future__ import annotations
 
 import json
+import logging
+import re
+import time
 
 from pyspark.sql import DataFrame, SparkSession
 
+from pipelines import storage
 from pipelines.settings import lake_relative
+
+log = logging.getLogger(__name__)
 
 # Commit metadata keys are stored under this prefix (see bronze.BATCH_ID_META).
 CHECKPOINT_META = "_lakehouse.checkpoint"
@@ -205,3 +212,74 @@ def write_with_checkpoint(df: DataFrame, path: str, options: dict[str, str], mar
     keyed = {lake_relative(source): mark for source, mark in marks.items()}
     df.write.format("hudi").options(**options).option(CHECKPOINT_META, json.dumps(keyed, sort_keys=True)) \
         .mode("append").save(path)
+
+
+# A completed instant of a write on a Hudi 1.x timeline: `<requested>_<completed>.<action>`.
+_COMPLETED_WRITE = re.compile(r"^\d+_(\d+)\.(commit|deltacommit|replacecommit)$")
+
+
+def _avro_long(data: bytes, at: int) -> tuple[int, int]:
+    """An Avro long (zig-zag varint) at `at`: (value, where the next item starts). IndexError past the end."""
+    shift = result = 0
+    while True:
+        byte = data[at]
+        at += 1
+        result |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            return (result >> 1) ^ -(result & 1), at
+
+
+def is_torn(data: bytes) -> bool:
+    """A commit file cut short: empty, or an Avro container (Hudi 1.x's commit metadata) whose
+    header is incomplete or that does not end with the header's sync marker (each block does)."""
+    if b"Obj\x01".startswith(data):  # empty, or cut inside the magic bytes
+        return True
+    if not data.startswith(b"Obj\x01"):
+        return False  # not Avro: not this writer's format, so not judged here
+    try:
+        at = 4
+        while (count := _avro_long(data, at))[0] != 0:  # the header's metadata map, block by block
+            items, at = count
+            if items < 0:
+                at = _avro_long(data, at)[1]  # a negative count is followed by the block's size
+            for _ in range(abs(items) * 2):  # key and value: length, then bytes
+                size, at = _avro_long(data, at)
+                at += size
+        sync = data[count[1]:count[1] + 16]
+    except IndexError:
+        return True
+    return len(sync) < 16 or len(data) < count[1] + 32 or not data.endswith(sync)
+
+
+def _torn(uri: str) -> bool:
+    try:
+        return is_torn(storage.read_bytes(uri))
+    except FileNotFoundError:  # archived or rolled back meanwhile: not a crash's
+        return False
+
+
+def reopen_torn_commit(path: str) -> None:
+    """Turn a torn newest completed instant of `path` (and of its metadata table) back into an inflight one.
+
+    Hudi writes a completed instant's file last, after the data files and the metadata table's
+    commit; a SIGKILL while that file is written leaves it empty or cut short (seen in the suite:
+    an empty completed change-log commit). Hudi then counts the instant as completed but cannot
+    read it: every later read found no schema, and ingest failed on it for good. Without the
+    file, the instant is inflight again, as after a kill a moment earlier: the next write rolls
+    it back (its data files and its metadata-table commit), and the batch, which no commit
+    covers, is applied again. Only the newest completed instant can be torn this way: a kill
+    stops everything after it.
+    """
+    for timeline in (f"{path}/.hoodie/timeline", f"{path}/.hoodie/metadata/.hoodie/timeline"):
+        sizes = storage.file_sizes(timeline)
+        completed = sorted((m.group(1), name) for name in sizes if (m := _COMPLETED_WRITE.match(name)))
+        if not completed or not _torn(f"{timeline}/{(name := completed[-1][1])}"):
+            continue
+        time.sleep(2)  # a live writer (table services, another job) finishes such a file within milliseconds
+        if not _torn(f"{timeline}/{name}"):
+            continue
+        log.warning("%s/%s: completed instant torn by a crash (%d bytes); reopened, to be rolled back",
+                    timeline, name, sizes[name])
+        storage.delete(f"{timeline}/{name}")
+        storage.delete(f"{timeline}/.{name}.crc")

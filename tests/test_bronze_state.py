@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 from pipelines.bronze import KnownRows, live_rows, newest_deletes
+from pipelines.hudi_timeline import is_torn
 
 
 def test_known_rows_follow_upserts_deletes_and_reinserts_across_many_pieces(spark, monkeypatch) -> None:
@@ -45,3 +46,26 @@ def test_known_deletes_keep_the_newest_per_key(spark) -> None:
     deletes.add(spark.createDataFrame([(2, 7), (3, 1)], "id long, _lsn long"))
     keys = spark.createDataFrame([(1,), (2,), (4,)], "id long")
     assert sorted(tuple(r) for r in deletes.lookup(keys).collect()) == [(1, 9), (2, 7)]
+
+
+def _avro_container(blocks: list[bytes], sync: bytes = bytes(range(16))) -> bytes:
+    """An Avro object container as Hudi 1.x writes commit metadata: header (magic, metadata map, sync), blocks."""
+    def long(n: int) -> bytes:
+        n, out = (n << 1) ^ (n >> 63), b""
+        while n > 0x7F:
+            out, n = out + bytes([(n & 0x7F) | 0x80]), n >> 7
+        return out + bytes([n])
+
+    schema = b'{"type":"record","name":"HoodieCommitMetadata","fields":[]}' * 3
+    meta = [(b"avro.schema", schema), (b"avro.codec", b"null")]
+    header = b"Obj\x01" + long(len(meta)) + b"".join(long(len(k)) + k + long(len(v)) + v for k, v in meta) + long(0)
+    return header + sync + b"".join(long(1) + long(len(b)) + b + sync for b in blocks)
+
+
+def test_a_commit_file_cut_short_is_torn_and_a_whole_one_is_not() -> None:
+    """`is_torn`, which decides which completed instant a restart reopens (pipelines.bronze.reopen_torn_commit)."""
+    whole = _avro_container([b"x" * 300])
+    assert not is_torn(whole)
+    assert is_torn(b"")
+    assert [c for c in range(len(whole)) if not is_torn(whole[:c])] == []
+    assert not is_torn(b'{"not": "avro"}')

@@ -78,14 +78,22 @@ def test_a_first_commit_killed_in_flight_does_not_break_the_next_run(broker, spa
     produce(sent, broker.bootstrap)
     cmd = [sys.executable, "-m", "pipelines.cli", "ingest", "--once"]
     assert run_until(cmd, env, tmp_path / "killed.log", _first_commit_in_flight(root)), "the run was not killed"
-    assert pending_instants(root), "nothing was in flight at the kill"
+    pending = pending_instants(root)
+    assert pending, "nothing was in flight at the kill"
+    # A kill a moment later, while Hudi wrote the completed instant's file, leaves it empty (seen in
+    # the suite): Hudi counts the instant as done but cannot read it, and every later run failed.
+    # The instant in flight is left so here.
+    table, name = pending[0].split(":")
+    instant, timeline = name.split(".")[0], root / table / ".hoodie" / "timeline"
+    action = "deltacommit" if (timeline / f"{instant}.deltacommit.inflight").exists() else "commit"
+    (timeline / f"{instant}_{int(instant) + 1}.{action}").write_bytes(b"")
     # A kill a moment earlier, while Hudi created a table, leaves its folders without
     # hoodie.properties, or the file empty (both seen in the suite): every later run failed on
-    # that table. Two tables of that run not created yet, or without a completed commit, are
+    # that table. Two other tables of that run not created yet, or without a completed commit, are
     # left so here.
     unborn = [path for path in (where(t, str(root)) for t in TABLES for where in (main_path, changelog_path))
-              if not exists(path)]
-    assert len(unborn) >= 2, f"fewer than two tables without a completed commit: {unborn}"
+              if not exists(path) and not path.endswith(table)]
+    assert len(unborn) >= 2, f"fewer than two other tables without a completed commit: {unborn}"
     empty, bare = Path(unborn[0], ".hoodie"), Path(unborn[1], ".hoodie")
     empty.mkdir(parents=True, exist_ok=True)
     (empty / "hoodie.properties").write_text("")
