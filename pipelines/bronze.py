@@ -251,27 +251,27 @@ def parse_events(raw: DataFrame, table: str, shape: Shape | None = None, known_d
     )
     is_row = F.col("_c.kind") == "row"
     upsert = is_row & (op != "d")
-    declared = v["schema"]
-    decl_hash = F.xxhash64(declared)
-    unknown_shape = declared.isNotNull() & ~decl_hash.isin(*known_declared) if known_declared \
-        else declared.isNotNull()
+    connect_schema = v["schema"]  # its JSON text; null for a bare envelope
+    decl_hash = F.xxhash64(connect_schema)
+    unknown_shape = connect_schema.isNotNull() & ~decl_hash.isin(*known_declared) if known_declared \
+        else connect_schema.isNotNull()
     empty = F.array().cast("array<string>")
     # An image whose columns are the shape's, in its order (nearly every record), has nothing new and
     # lacks nothing: one array comparison instead of two set differences per record.
     as_shape = F.map_keys(image) == _literal_array(list(shape.columns))
     new_keys = F.when(is_row & ~as_shape, F.array_except(F.map_keys(image), _literal_array(list(shape.columns)))) \
         .otherwise(empty)
-    missing = F.when(upsert & declared.isNull() & ~as_shape, F.array_except(
+    missing = F.when(upsert & connect_schema.isNull() & ~as_shape, F.array_except(
         _literal_array(contract.COLUMNS[table]), F.map_keys(image))).otherwise(empty)
     typed = [c for c in shape.extras if shape.columns[c].type != "string"]
-    badcast = F.when(is_row & declared.isNull(), F.array_compact(F.array(*[
+    badcast = F.when(is_row & connect_schema.isNull(), F.array_compact(F.array(*[
         F.when(image[c].isNotNull() & image[c].cast(shape.columns[c].type).isNull(), F.lit(c)) for c in typed
     ]))).otherwise(empty) if typed else empty
     toast = F.when(upsert & F.col("_text").contains(placeholder),
                    F.map_keys(F.map_filter(image, lambda _, x: x == placeholder))).otherwise(empty)
     df = df.withColumn("_c", classified).select(
         "*", F.when(is_row & unknown_shape, F.lit(True)).alias("_decl_new"),
-        F.when(is_row & declared.isNotNull(), decl_hash).alias("_decl_hash"),
+        F.when(is_row & connect_schema.isNotNull(), decl_hash).alias("_decl_hash"),
         new_keys.alias("_new_keys"), missing.alias("_missing"), badcast.alias("_badcast"), toast.alias("_toast"))
     odd = F.col("_decl_new").isNotNull() | (F.size("_new_keys") > 0) | (F.size("_missing") > 0) | \
         (F.size("_badcast") > 0)

@@ -19,7 +19,7 @@ from pyspark.sql import functions as F
 
 import hudi_configs
 from pipelines import console, contract
-from pipelines.bronze import DELETED_FLAG, KEY, META_COLUMNS
+from pipelines.bronze import DELETED_FLAG, KEY
 from pipelines.catalog import silver_extra_columns
 from pipelines.changes import Window, bronze_changes, window
 from pipelines.erasure_registry import read_registry, without_erased
@@ -42,16 +42,12 @@ def _write(df: DataFrame, path: str, name: str, marks: dict[str, str]) -> None:
     write_with_checkpoint(df, path, silver_options(name), marks)
 
 
-_BRONZE_COLUMNS = {t: {*contract.COLUMNS[t], *META_COLUMNS, "_deleted"} for t in contract.TABLES}
-
-
-def _carrying_new_extras(spark: SparkSession, table: str, w: Window, silver: str) -> Window:
+def _carrying_new_extras(spark: SparkSession, table: str, extras: tuple[str, ...], w: Window, silver: str) -> Window:
     """`w`, or a full read when the catalog names an extra column that bronze has and silver lacks.
 
     A column newly named in the catalog (or newly added in the source) would otherwise reach only
     the rows that change from now on; a full read gives it to every row, once (after it, silver has it).
     """
-    extras = silver_extra_columns(table)
     if not extras or w.full or w.since is None or not exists(silver):
         return w
     in_bronze = set(spark.read.format("hudi").load(w.path).columns)
@@ -69,15 +65,16 @@ def silver_cycle(spark: SparkSession, table: str, root: str) -> dict[str, int]:
     source = changelog_path(table, root)
     # Both outputs read from the older of their checkpoints: re-reading is harmless, skipping is not.
     since = min((consumed(checkpoint(spark, p) if exists(p) else {}, source) for p in outputs), key=lambda v: v or "")
-    w = _carrying_new_extras(spark, table, window(spark, source, since or None), outputs[0])
-    changes = bronze_changes(spark, table, w, root, extras=silver_extra_columns(table))
+    extras = silver_extra_columns(table)
+    w = _carrying_new_extras(spark, table, extras, window(spark, source, since or None), outputs[0])
+    changes = bronze_changes(spark, table, w, root, extras=extras)
     if changes is None:
         return {}
-    extras = [c for c in changes.columns if c not in _BRONZE_COLUMNS[table]]
+    carried = [c for c in extras if c in changes.columns]  # those bronze has
     if (registry := read_registry(spark, root)) is not None:  # a change read before an erasure swept it
         changes = without_erased(changes, table, registry.localCheckpoint(), erasure_key())
     changes = changes.persist()
-    cleaned = CLEANERS[table](changes.filter(~F.col("_deleted")), extras).persist()
+    cleaned = CLEANERS[table](changes.filter(~F.col("_deleted")), carried).persist()
     try:
         raw = changes.filter(~F.col("_deleted")).drop("_deleted", "_source_ts")
         deleted = changes.filter(F.col("_deleted")).select(KEY, "_lsn")

@@ -272,14 +272,13 @@ def reopen_torn_commit(path: str) -> None:
     stops everything after it.
     """
     for timeline in (f"{path}/.hoodie/timeline", f"{path}/.hoodie/metadata/.hoodie/timeline"):
-        sizes = storage.file_sizes(timeline)
-        completed = sorted((m.group(1), name) for name in sizes if (m := _COMPLETED_WRITE.match(name)))
-        if not completed or not _torn(f"{timeline}/{(name := completed[-1][1])}"):
+        completed = sorted((m.group(1), name) for name in storage.list_dir(timeline)
+                           if (m := _COMPLETED_WRITE.match(name)))
+        if not completed or not _torn(newest := f"{timeline}/{completed[-1][1]}"):
             continue
         time.sleep(2)  # a live writer (table services, another job) finishes such a file within milliseconds
-        if not _torn(f"{timeline}/{name}"):
+        if not _torn(newest):
             continue
-        log.warning("%s/%s: completed instant torn by a crash (%d bytes); reopened, to be rolled back",
-                    timeline, name, sizes[name])
-        storage.delete(f"{timeline}/{name}")
-        storage.delete(f"{timeline}/.{name}.crc")
+        log.warning("%s: completed instant torn by a crash; reopened, to be rolled back", newest)
+        storage.delete(newest)
+        storage.delete(f"{timeline}/.{completed[-1][1]}.crc")

@@ -111,13 +111,6 @@ def list_dir(uri: str) -> list[str]:
     return sorted(i.base_name for i in fs.get_file_info(pafs.FileSelector(path, allow_not_found=True)))
 
 
-def file_sizes(uri: str) -> dict[str, int]:
-    """Size of each file directly under `uri`, by name; {} if there is no such folder."""
-    fs, path = filesystem(uri)
-    return {i.base_name: i.size for i in fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
-            if i.type == pafs.FileType.File}
-
-
 @contextlib.contextmanager
 def local_copy(uri: str) -> Iterator[Path]:
     """A local folder holding what is under `uri`, for libraries that only write local files.
