@@ -23,7 +23,9 @@ certificate):
    tables with a change feed, the file groups the erasure's commits wrote are written once
    more, unchanged, because those commits' `.cdc` files hold the deleted rows' before-images
    in the newest slice (Hudi 1.0.2's clustering plans nothing for a non-partitioned table,
-   so it cannot do this); an empty marker
+   so it cannot do this), and so are the file groups whose newest `.cdc` files hold the
+   subject from an earlier commit (a row that left silver for quarantine before the
+   erasure: change_feed_holders), those tables purged even where the sweep deleted nothing; an empty marker
    commit records from when on incremental reads stay possible (older checkpoints get a
    full read, hudi_timeline.READABLE_FROM_META); then every table is cleaned down to the
    newest versions, and metadata tables holding keys (record index) are rebuilt from the
@@ -370,8 +372,8 @@ class _Purger(_Client):
                 break
         return done
 
-    def slices_written_since(self, since: str) -> list[str]:
-        """File ids whose newest file slice a commit started at or after `since` wrote."""
+    def newest_slices(self) -> list[tuple[str, str, str]]:
+        """(partition, file id, base instant) of the newest file slice of every file group."""
         hudi = self._jvm.org.apache.hudi
         view = hudi.common.table.view.HoodieTableFileSystemView.fileListingBasedFileSystemView(
             self._context, self.meta, self.meta.reloadActiveTimeline().getCommitsTimeline().filterCompletedInstants())
@@ -381,10 +383,13 @@ class _Purger(_Client):
             slices = view.getLatestFileSlices(partition).iterator()
             while slices.hasNext():
                 piece = slices.next()
-                if piece.getBaseInstantTime() >= since:
-                    found.append(piece.getFileId())
+                found.append((partition, piece.getFileId(), piece.getBaseInstantTime()))
         view.close()
         return found
+
+    def slices_written_since(self, since: str) -> list[str]:
+        """File ids whose newest file slice a commit started at or after `since` wrote."""
+        return [file_id for _, file_id, base in self.newest_slices() if base >= since]
 
     def clean_up_to(self, marker: str, timeout: float = 300) -> list[dict[str, object]]:
         """Clean until the cleaner keeps nothing older than `marker`.
@@ -429,14 +434,43 @@ class _Purger(_Client):
         return instant
 
 
+def change_feed_holders(spark: SparkSession, root: str, subject: Subject) -> dict[str, set[str]]:
+    """Per table with a change feed, the file groups whose newest slice has a `.cdc` file holding the subject.
+
+    A commit that changed one of the subject's rows before the erasure (an update, a move to
+    quarantine, a delete in the source) keeps the before-image in the `.cdc` file of the
+    slice it wrote. While that slice is the newest of its file group no clean removes it,
+    and the sweep, which found no live row there, did not write the file group: it must be
+    written once more, like those the sweep wrote. Only those files are decoded.
+    """
+    newest: dict[str, str] = {}  # "<table>/<partition>/.<file id>_<instant>" -> table
+    for table in lake_tables(root):
+        if table.options.get("hoodie.table.cdc.enabled") != "true" or not exists(table.path):
+            continue
+        with _Purger(spark, table) as client:
+            for partition, file_id, base in client.newest_slices():
+                newest["/".join(p for p in (table.name, partition, f".{file_id}_{base}") if p)] = table.name
+
+    def in_newest_slice(rel: str) -> bool:
+        return rel.endswith(".cdc") and rel.rsplit(".log.", 1)[0] in newest
+
+    found: dict[str, set[str]] = {}
+    for finding in scan_lake(spark, root, subject, only=in_newest_slice).findings:
+        stem = finding.path.rsplit(".log.", 1)[0]
+        found.setdefault(newest[stem], set()).add(stem.rsplit("/", 1)[-1][1:].rsplit("_", 1)[0])
+    return found
+
+
 def purge(spark: SparkSession, root: str, names: set[str], sweep_started: str,
-          progress: Callable[[str], None], moved: list[int] | None = None) -> dict[str, dict[str, object]]:
+          progress: Callable[[str], None], moved: list[int] | None = None,
+          holders: dict[str, set[str]] | None = None) -> dict[str, dict[str, object]]:
     """Remove every older version of the named tables that may still hold the subject.
 
     `moved`: orders now of another customer whose older versions named the subject. The
     change-feed files of the commit that moved one hold that version as a before-image in
     the newest slice of its file group, which no clean removes: those file groups are
-    written once more too.
+    written once more too. `holders`: file groups per table whose newest `.cdc` files hold
+    the subject (change_feed_holders), written once more as well.
     """
 
     def one(table: LakeTable) -> dict[str, object]:
@@ -456,6 +490,7 @@ def purge(spark: SparkSession, root: str, names: set[str], sweep_started: str,
                 file_ids = set(client.slices_written_since(sweep_started))
                 if moved and table.name in ORDER_TABLES:
                     file_ids |= _file_groups_of(spark, table, moved)
+                file_ids |= (holders or {}).get(table.name, set())
                 done["rewritten_file_groups"] = _rewrite(spark, table, sorted(file_ids))
             readable_from = latest_completion(spark, table.path)
             done["marker"] = client.marker(readable_from)
@@ -803,11 +838,14 @@ def erase_all(requests: list[ErasureRequest], spark: SparkSession | None = None,
     # What held the subject keeps older versions of it: purge those tables (gold included,
     # recomputed from silver), and the order tables whose older versions name the subject
     # under orders that moved; then verify.
+    subject = Subject(frozenset(customers), frozenset(orders), frozenset(texts))
     purged: dict[str, dict[str, object]] = {}
-    to_purge = set(touched) | (set(ORDER_TABLES) if moved else set())
+    with clock.step("change feeds"):
+        holders = change_feed_holders(spark, root, subject)
+    to_purge = set(touched) | set(holders) | (set(ORDER_TABLES) if moved else set())
     if to_purge:
         with clock.step("purge"):
-            purged = purge(spark, root, to_purge, sweep_started, progress, moved)
+            purged = purge(spark, root, to_purge, sweep_started, progress, moved, holders)
     with clock.step("quality results"):
         quality = redact_subject(root, set(texts), set(customers), set(orders))
     with clock.step("verify"):
@@ -833,7 +871,8 @@ def erase_all(requests: list[ErasureRequest], spark: SparkSession | None = None,
         with clock.step(f"sweep again {attempt}"):
             _merge(touched, sweep(spark, root, customers, orders, key, registry))
         with clock.step(f"purge again {attempt}"):
-            purged |= purge(spark, root, again, sweep_started, progress, moved)
+            purged |= purge(spark, root, again, sweep_started, progress, moved,
+                            change_feed_holders(spark, root, subject))
         with clock.step(f"verify again {attempt}"):
             result = verify(spark, root, customers, orders, texts, key, progress)
     certificates = []

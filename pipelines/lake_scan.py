@@ -133,16 +133,20 @@ class Chunk:
 
 
 def scan_lake(spark: SparkSession, root: str, subject: Subject,
-              progress: Callable[[int, int], None] | None = None) -> ScanReport:
+              progress: Callable[[int, int], None] | None = None,
+              only: Callable[[str], bool] | None = None) -> ScanReport:
     """Decode every file under `root` and report each one that still holds data of `subject`.
 
-    `progress(done, total)` is called after each file. Raises FileNotFoundError when the
-    root does not exist: a typo must not produce a clean certificate.
+    `progress(done, total)` is called after each file. `only(rel)` narrows the scan to the
+    files it accepts (paths relative to the root; the tables are still found from every
+    file). Raises FileNotFoundError when the root does not exist: a typo must not produce a
+    clean certificate.
     """
     started = time.monotonic()
     jvm = _Jvm(spark, root)
-    files = jvm.list_files()
-    tables = _tables(jvm, files)
+    every = jvm.list_files()
+    tables = _tables(jvm, every)
+    files = [rel for rel in every if only(rel)] if only else every
     scan = _Scan(jvm, subject)
     for done, rel in enumerate(files, 1):
         scan.file(rel, _table_of(rel, tables))

@@ -25,7 +25,7 @@ from pipelines.contract import TABLES, topic
 from pipelines.etl import run_etl
 from pipelines.gdpr import erase, erase_all
 from pipelines.gdpr_request import parse_request
-from pipelines.generator import Message, ShopSource, WorkloadConfig, ensure_topics, produce
+from pipelines.generator import Message, WorkloadConfig
 from pipelines.lake_scan import Subject, scan_lake
 from pipelines.table_services import lake_tables
 from pipelines.table_stats import exists, read_table
@@ -305,36 +305,32 @@ def _client(spark: SparkSession, root: str, name: str):
     return _Client(spark, {t.name: t for t in lake_tables(root)}[name])
 
 
-def test_erasure_with_a_savepoint_and_a_pending_compaction(spark, broker, tmp_path, monkeypatch) -> None:
+def test_erasure_with_a_savepoint_and_a_pending_compaction(spark, lake: LakeCopy, tmp_path, monkeypatch) -> None:
     """Savepoints pin old file slices and the cleaner keeps files a pending compaction needs: neither may hide data.
 
-    Its own lake, written with table services external from the first commit: on a copy of the
-    shared lake (first etl inline, then external) this erasure did not verify, a silver `.cdc`
-    file pinned by the savepoint kept the name (found while cutting the suite's time; open).
+    On a copy of the shared lake, whose first etl ran with inline services. The victim's
+    silver row changes before the erasure, and may leave silver for quarantine (the workload's
+    invalid updates): then the sweep finds no live row in silver/customers, whose newest slice
+    still keeps the old row as a change-feed before-image. That file group is written once
+    more (gdpr.change_feed_holders): before, this erasure did not verify.
     """
     from pipelines.hudi_timeline import earliest_retained
     from tests.hudi_files import log_files, pending_compactions
 
     monkeypatch.setenv("LAKEHOUSE_ERASURE_KEY_FILE", str(tmp_path / "erasure.key"))
     monkeypatch.setenv("LAKEHOUSE_TABLE_SERVICES", "external")  # no inline compaction: log files stay
-    root = str(tmp_path / "lake")
-    source = ShopSource(78)
-    cfg = WorkloadConfig(seed=78, customers=50, orders=150, changes=300, delete_fraction=0.0)
-    ensure_topics(broker.bootstrap)
-    sent = source.snapshot(cfg) + source.changes(cfg)
-    produce(sent, broker.bootstrap)
-    run_ingest(once=True, root=root, bootstrap=broker.bootstrap, spark=spark)
-    run_etl(spark, root)
+    root, source, sent = lake.root, lake.source, lake.sent
+    cfg = dataclasses.replace(lake.cfg, delete_fraction=0.0)  # the victim lives on
     state = fold_with_lsn(sent)[0]
     victim = next(c for c in sorted({o["customer_id"] for o in state["orders"].values()} & state["customers"].keys())
                   if _orders_stayed(sent, state, c))
     # The victim changes in the next batch: their old row stays in a base file, the new one in a log file.
-    more = source.update("customers", victim, {"full_name": "Zelda Erasable"}) + source.changes(cfg)
-    produce(more, broker.bootstrap)
-    sent += more
-    run_ingest(once=True, root=root, bootstrap=broker.bootstrap, spark=spark)
+    lake.produce(source.update("customers", victim, {"full_name": "Zelda Erasable"}) + source.changes(cfg))
+    run_ingest(once=True, root=root, bootstrap=lake.bootstrap, spark=spark)
     run_etl(spark, root)
     assert log_files(f"{root}/bronze/customers")
+    # The case this lake gives: the victim's newest version failed silver's rules.
+    assert victim in expected_silver(fold_with_lsn(sent)[0])[1]["customers"], "the victim is not in quarantine"
 
     saved = {}
     for name in ("bronze/customers", "silver/customers", "gold/customer_ltv"):
@@ -346,22 +342,21 @@ def test_erasure_with_a_savepoint_and_a_pending_compaction(spark, broker, tmp_pa
             assert c.client.scheduleCompaction(c._jvm.org.apache.hudi.common.util.Option.empty()).isPresent()
     assert pending_compactions(f"{root}/bronze/customers")
     # A batch after the plan: its log files belong to the slice the pending compaction opens.
-    extra = source.update("customers", victim, {"full_name": "Zelda Erasable-Again"})
-    produce(extra, broker.bootstrap)
-    sent += extra
-    run_ingest(once=True, root=root, bootstrap=broker.bootstrap, spark=spark)
+    lake.produce(source.update("customers", victim, {"full_name": "Zelda Erasable-Again"}))
+    run_ingest(once=True, root=root, bootstrap=lake.bootstrap, spark=spark)
 
     orders, texts = orders_of(sent, {victim}), texts_of(sent, {victim})
     assert {"Zelda Erasable", "Zelda Erasable-Again"} <= texts
     assert not scan_lake(spark, root, Subject(frozenset({victim}), frozenset(orders), frozenset(texts))).clean
 
     certificate = erase(parse_request([victim], "REQ-SAVEPOINT", "dpo"), spark=spark, root=root,
-                        bootstrap=broker.bootstrap)
+                        bootstrap=lake.bootstrap)
     assert certificate["verified"], certificate["verification"]["failures"]
     assert not certificate["further_sweeps"], "the targeted purge left something behind"
     purge = certificate["purge"]
     assert purge["bronze/customers"]["savepoints_deleted"] and purge["silver/customers"]["savepoints_deleted"]
     assert len(purge["bronze/customers"]["compactions"]) >= 2  # the pending plan, then one after the sweep
+    assert purge["silver/customers"]["rewritten_file_groups"], "silver's newest change feed kept the victim"
     assert not pending_compactions(f"{root}/bronze/customers")
     for name, count in saved.items():  # the restore point is kept, at the erased state
         with _client(spark, root, name) as c:
