@@ -443,21 +443,23 @@ def change_feed_holders(spark: SparkSession, root: str, subject: Subject) -> dic
     and the sweep, which found no live row there, did not write the file group: it must be
     written once more, like those the sweep wrote. Only those files are decoded.
     """
-    newest: dict[str, str] = {}  # "<table>/<partition>/.<file id>_<instant>" -> table
+    # "<table>/<partition>/.<file id>_<instant>", what a `.cdc` file's path starts with -> (table, file id)
+    newest: dict[str, tuple[str, str]] = {}
     for table in lake_tables(root):
         if table.options.get("hoodie.table.cdc.enabled") != "true" or not exists(table.path):
             continue
         with _Purger(spark, table) as client:
             for partition, file_id, base in client.newest_slices():
-                newest["/".join(p for p in (table.name, partition, f".{file_id}_{base}") if p)] = table.name
+                stem = "/".join(p for p in (table.name, partition, f".{file_id}_{base}") if p)
+                newest[stem] = (table.name, file_id)
 
     def in_newest_slice(rel: str) -> bool:
         return rel.endswith(".cdc") and rel.rsplit(".log.", 1)[0] in newest
 
     found: dict[str, set[str]] = {}
     for finding in scan_lake(spark, root, subject, only=in_newest_slice).findings:
-        stem = finding.path.rsplit(".log.", 1)[0]
-        found.setdefault(newest[stem], set()).add(stem.rsplit("/", 1)[-1][1:].rsplit("_", 1)[0])
+        name, file_id = newest[finding.path.rsplit(".log.", 1)[0]]
+        found.setdefault(name, set()).add(file_id)
     return found
 
 
