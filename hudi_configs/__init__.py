@@ -9,7 +9,8 @@ tuning a deployment without editing the project's files. The test suite sizes Sp
 for its small data this way (`test_profile.toml`), and a test may add its own file after it.
 
 `LAKEHOUSE_TABLE_SERVICES` (inline | external) and `LAKEHOUSE_TARGET` (local | emr) select
-what `writer()` adds to a table's options: see table_services.toml.
+what `writer()` adds to a table's options: see table_services.toml; so does where the lake is
+(a local disk or an object store): see storage.toml.
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ def service_mode() -> str:
 
 def writer(name: str, part: str) -> dict[str, str]:
     """Options of a writer of the tables of `[part]` in `<name>.toml`, with the table-services mode's own."""
-    options = section(name, part)
+    options = section(name, part) | _storage()
     if service_mode() == "external":
         options |= section("table_services", "external") | _lock()
     return options
@@ -83,6 +84,15 @@ def writer(name: str, part: str) -> dict[str, str]:
 def services(options: dict[str, str]) -> dict[str, str]:
     """Options of the table-services job on a table written with `options`."""
     return options | section("table_services", "services") | _lock()
+
+
+def _storage() -> dict[str, str]:
+    """The options that follow where the lake is (storage.toml): a local disk's, none for an object store.
+
+    Read from LAKEHOUSE_ROOT, as every job gets its lake (pipelines.jobs.JOB_ENV); unset is the local default.
+    """
+    root = os.environ.get("LAKEHOUSE_ROOT", "")
+    return section("storage", "local_disk") if "://" not in root or root.startswith("file:") else {}
 
 
 def _lock() -> dict[str, str]:

@@ -75,7 +75,7 @@ from pipelines import contract, storage
 from pipelines.bronze_schema import COLUMNS_META, SCHEMA_REASON, Shape, decide, infer_type, read_accepted
 from pipelines.erasure_registry import dead_letters_without_erased, read_registry, registry_path, without_erased
 from pipelines.gdpr_request import erasure_key
-from pipelines.hudi_timeline import latest_completion, latest_meta, reopen_torn_commit
+from pipelines.hudi_timeline import latest_completion, latest_meta, repair_torn_timeline
 from pipelines.settings import (
     INGEST_TRIGGER_SECONDS,
     changelog_path,
@@ -600,7 +600,7 @@ class BronzeBatchWriter:
         for path in [*(f(t, root) for t in contract.TABLES for f in (main_path, changelog_path)),
                      dead_letter_path(root)]:
             discard_unborn(path)
-            reopen_torn_commit(path)
+            repair_torn_timeline(path)
 
     def _positions(self, path: str) -> dict[str, int]:
         if path not in self._applied:

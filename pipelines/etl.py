@@ -25,7 +25,7 @@ from pipelines.changes import Window, bronze_changes, window
 from pipelines.erasure_registry import read_registry, without_erased
 from pipelines.gdpr_request import erasure_key
 from pipelines.gold import DAILY, LTV, STATE, gold_cycle
-from pipelines.hudi_timeline import checkpoint, consumed, reopen_torn_commit, write_with_checkpoint
+from pipelines.hudi_timeline import checkpoint, consumed, repair_torn_timeline, write_with_checkpoint
 from pipelines.settings import changelog_path, gold_path, lake_root, quarantine_path, silver_path
 from pipelines.silver import CLEANERS
 from pipelines.table_stats import exists
@@ -108,7 +108,7 @@ def run_etl(spark: SparkSession | None = None, root: str | None = None) -> dict[
     # A SIGKILL while Hudi wrote a commit's completed file leaves it cut short, and the table unreadable.
     for path in [*(where(t, root) for t in contract.TABLES for where in (silver_path, quarantine_path)),
                  *(gold_path(name, root) for name in (LTV, DAILY, STATE))]:
-        reopen_torn_commit(path)
+        repair_torn_timeline(path)
     report = {f"silver/{table}": console.timed(log, f"silver/{table}", partial(silver_cycle, spark, table, root))
               for table in contract.TABLES}
     gold = gold_cycle(spark, root, silver_path("customers", root), silver_path("orders", root))

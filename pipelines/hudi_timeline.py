@@ -1,5 +1,5 @@
 """A Hudi table's timeline, through Hudi's own Java API (works for local paths and s3:// alike), and the repair
-of a completed instant whose file a crash cut short (read as files: Hudi cannot read such a timeline)."""
+of timeline files a crash cut short on a local disk (read as files: Hudi cannot read such a timeline)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import json
 import logging
 import re
 import time
+from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
 
@@ -214,8 +215,9 @@ def write_with_checkpoint(df: DataFrame, path: str, options: dict[str, str], mar
         .mode("append").save(path)
 
 
-# A completed instant of a write on a Hudi 1.x timeline: `<requested>_<completed>.<action>`.
-_COMPLETED_WRITE = re.compile(r"^\d+_(\d+)\.(commit|deltacommit|replacecommit)$")
+# Timeline file names of Hudi 1.x: `<requested>.<action>.requested`, `<requested>.<action>.inflight` (a copy-on-write
+# commit's: `<requested>.inflight`), `<requested>_<completed>.<action>`.
+_INSTANT_FILE = re.compile(r"^(\d+)(?:_\d+\.[a-z]+|\.(?:[a-z]+\.)?(requested|inflight))$")
 
 
 def _avro_long(data: bytes, at: int) -> tuple[int, int]:
@@ -252,33 +254,51 @@ def is_torn(data: bytes) -> bool:
     return len(sync) < 16 or len(data) < count[1] + 32 or not data.endswith(sync)
 
 
-def _torn(uri: str) -> bool:
-    try:
-        return is_torn(storage.read_bytes(uri))
-    except FileNotFoundError:  # archived or rolled back meanwhile: not a crash's
-        return False
+def _torn_files(timeline: Path) -> list[Path]:
+    """The files of `timeline` that a crash cut short, each the newest state of its instant.
 
-
-def reopen_torn_commit(path: str) -> None:
-    """Turn a torn newest completed instant of `path` (and of its metadata table) back into an inflight one.
-
-    Hudi writes a completed instant's file last, after the data files and the metadata table's
-    commit; a SIGKILL while that file is written leaves it empty or cut short (seen in the suite:
-    an empty completed change-log commit). Hudi then counts the instant as completed but cannot
-    read it: every later read found no schema, and ingest failed on it for good. Without the
-    file, the instant is inflight again, as after a kill a moment earlier: the next write rolls
-    it back (its data files and its metadata-table commit), and the batch, which no commit
-    covers, is applied again. Only the newest completed instant can be torn this way: a kill
-    stops everything after it.
+    A completed instant's file always holds its metadata, so an empty one is torn too; a requested
+    or inflight one may be empty (Hudi writes them so for most writes), and is torn only when it
+    holds part of an Avro container (a plan, a workload profile).
     """
-    for timeline in (f"{path}/.hoodie/timeline", f"{path}/.hoodie/metadata/.hoodie/timeline"):
-        completed = sorted((m.group(1), name) for name in storage.list_dir(timeline)
-                           if (m := _COMPLETED_WRITE.match(name)))
-        if not completed or not _torn(newest := f"{timeline}/{completed[-1][1]}"):
+    states: dict[str, list[Path]] = {}
+    for file in timeline.iterdir():
+        if m := _INSTANT_FILE.match(file.name):
+            states.setdefault(m.group(1), []).append(file)
+    torn = []
+    for files in states.values():
+        newest = max(files, key=lambda f: (_INSTANT_FILE.match(f.name).group(2) is None, f.name.endswith("inflight")))
+        try:
+            data = newest.read_bytes()
+        except FileNotFoundError:  # archived, cleaned or rolled back meanwhile: not a crash's
+            continue
+        pending = _INSTANT_FILE.match(newest.name).group(2) is not None
+        if (data or not pending) and is_torn(data):
+            torn.append(newest)
+    return torn
+
+
+def repair_torn_timeline(path: str) -> None:
+    """Step back every instant of `path`'s timeline (and of its metadata table's) whose newest file a crash cut short.
+
+    On a local disk Hudi writes a timeline file in place (on HDFS it writes a temporary file and
+    renames it; an object store's PUT is all or nothing, so there is nothing to do there). A
+    SIGKILL while it wrote one left it cut short, and Hudi cannot read such a timeline: an empty
+    completed change-log commit (seen in the suite) left every later read without a schema, and a
+    cut plan (a clean's, a compaction's) fails every writer that reads it. Without the cut file
+    the instant is one step back, as after a kill a moment earlier: a completed write is inflight
+    and the next write rolls it back (its data files and its metadata-table commit), and the
+    batch it held, which no commit covers any more, is applied again; an inflight service or
+    rollback is requested and runs again from its plan; a cut plan is gone and is planned again.
+    """
+    if storage.is_remote(path):
+        return
+    local = Path(path.removeprefix("file://").removeprefix("file:"))
+    for timeline in (local / ".hoodie" / "timeline", local / ".hoodie" / "metadata" / ".hoodie" / "timeline"):
+        if not timeline.is_dir() or not _torn_files(timeline):
             continue
         time.sleep(2)  # a live writer (table services, another job) finishes such a file within milliseconds
-        if not _torn(newest):
-            continue
-        log.warning("%s: completed instant torn by a crash; reopened, to be rolled back", newest)
-        storage.delete(newest)
-        storage.delete(f"{timeline}/.{completed[-1][1]}.crc")
+        for file in _torn_files(timeline):
+            log.warning("%s: cut short by a crash; removed, its instant steps back a state", file)
+            file.unlink(missing_ok=True)
+            file.with_name(f".{file.name}.crc").unlink(missing_ok=True)

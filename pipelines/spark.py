@@ -37,6 +37,24 @@ def get_spark(app_name: str = "lakehouse", conf: dict[str, str] | None = None) -
         with console.jvm_output():
             spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
+    no_local_checksums(spark)
     if (path := console.log_file()) is not None:
         log.info("Spark started in %.1f s; Spark, Hudi and library logs: %s", time.monotonic() - started, path)
     return spark
+
+
+def no_local_checksums(spark: SparkSession) -> None:
+    """Turn off Hadoop's `.crc` side files on the local file system, for writing and for reading.
+
+    Hadoop writes a file on a local disk and its checksum file as two streams flushed apart, and
+    refuses to read a file whose checksum file disagrees with it. A SIGKILL between the two
+    flushes left a complete Hudi commit file beside a short `.crc`: the table was then unreadable
+    for good ("Failed to fetch HoodieCommitMetadata", reproduced by shortening one `.crc`), and a
+    rollback failed the same way on a marker file. Nothing of the lake relies on these checksums
+    (an object store has none; Hudi's files carry their own). Set on the JVM's cached local file
+    system, which Hudi, Spark's writers and the local-mode tasks all share.
+    """
+    jvm = spark.sparkContext._jvm
+    local = jvm.org.apache.hadoop.fs.FileSystem.getLocal(spark.sparkContext._jsc.hadoopConfiguration())
+    local.setWriteChecksum(False)
+    local.setVerifyChecksum(False)

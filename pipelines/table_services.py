@@ -40,7 +40,7 @@ import hudi_configs
 from pipelines import contract, gold
 from pipelines.bronze import LEDGER_COLUMNS, hudi_options
 from pipelines.etl import silver_options
-from pipelines.hudi_timeline import READABLE_FROM_META, checkpoint, consumed, meta_client
+from pipelines.hudi_timeline import READABLE_FROM_META, checkpoint, consumed, meta_client, repair_torn_timeline
 from pipelines.settings import (
     changelog_path,
     dead_letter_path,
@@ -255,6 +255,7 @@ def run_services(spark: SparkSession, root: str, tables: Sequence[str] | None = 
     report: dict[str, dict[str, object]] = {}
     for name in names:
         table = known[name]
+        repair_torn_timeline(table.path)  # a crashed writer's cut timeline file fails every reader of it
         if not exists(table.path):
             report[name] = {"skipped": "no table yet"}
             continue

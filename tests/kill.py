@@ -10,8 +10,25 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeVar
 
 from tests.hudi_files import not_completed
+
+T = TypeVar("T")
+
+
+def beside_job(look: Callable[[], T]) -> T:
+    """`look()`, run again when a folder vanished while it walked the lake.
+
+    The running job deletes folders (a finished instant's markers, a torn table it discards), and
+    pathlib's glob raises FileNotFoundError for one deleted between its listing and its descent:
+    a polled kill point failed the random-SIGKILL test so.
+    """
+    while True:
+        try:
+            return look()
+        except FileNotFoundError:
+            continue
 
 
 def inflight(root: Path, tables: str, action: str) -> Callable[[str], bool]:
@@ -22,7 +39,7 @@ def inflight(root: Path, tables: str, action: str) -> Callable[[str], bool]:
     """
     suffix = ".inflight" if action == "commit" else f".{action}.inflight"
 
-    def seen(_log: str) -> bool:
+    def look() -> bool:
         for timeline in root.glob(f"{tables}/.hoodie/timeline"):
             names = [p.name for p in timeline.iterdir()]
             completed = {n.split("_")[0] for n in names if "_" in n}
@@ -30,7 +47,7 @@ def inflight(root: Path, tables: str, action: str) -> Callable[[str], bool]:
                    for n in names):
                 return True
         return False
-    return seen
+    return lambda _log: beside_job(look)
 
 
 def pending_instants(root: Path) -> list[str]:

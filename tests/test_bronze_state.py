@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+from pipelines import hudi_timeline
 from pipelines.bronze import KnownRows, live_rows, newest_deletes
 from pipelines.hudi_timeline import is_torn
 
@@ -63,9 +64,39 @@ def _avro_container(blocks: list[bytes], sync: bytes = bytes(range(16))) -> byte
 
 
 def test_a_commit_file_cut_short_is_torn_and_a_whole_one_is_not() -> None:
-    """`is_torn`, which decides which completed instant a restart reopens (pipelines.bronze.reopen_torn_commit)."""
+    """`is_torn`, which decides which timeline file a restart removes (hudi_timeline.repair_torn_timeline)."""
     whole = _avro_container([b"x" * 300])
     assert not is_torn(whole)
     assert is_torn(b"")
     assert [c for c in range(len(whole)) if not is_torn(whole[:c])] == []
     assert not is_torn(b'{"not": "avro"}')
+
+
+def test_repair_steps_back_each_instant_whose_newest_file_a_crash_cut(tmp_path, monkeypatch) -> None:
+    """`repair_torn_timeline` on a local table: a cut completed file, plan or inflight goes; whole and empty stay."""
+    monkeypatch.setattr(hudi_timeline.time, "sleep", lambda _s: None)  # no live writer here
+    whole = _avro_container([b"x" * 300])
+    table = tmp_path / "table"
+    files = {
+        "timeline/1.deltacommit.requested": b"", "timeline/1.deltacommit.inflight": whole,
+        "timeline/1_2.deltacommit": whole,  # whole: stays
+        "timeline/3.deltacommit.requested": b"", "timeline/3.deltacommit.inflight": whole,
+        "timeline/3_4.deltacommit": whole[:-7],  # completed, cut: the write is inflight again
+        "timeline/5.clean.requested": whole[:40],  # a cut plan, nothing started: planned again
+        "timeline/6.compaction.requested": whole, "timeline/6.compaction.inflight": whole[:25],  # runs again
+        "timeline/7.commit.requested": b"", "timeline/7.inflight": b"",  # empty pending files are Hudi's own
+        "metadata/.hoodie/timeline/8_9.deltacommit": b"",  # the metadata table's: an empty completed file
+    }
+    for name, data in files.items():
+        (table / ".hoodie" / name).parent.mkdir(parents=True, exist_ok=True)
+        (table / ".hoodie" / name).write_bytes(data)
+    (table / ".hoodie" / "timeline" / ".3_4.deltacommit.crc").write_bytes(b"crc")
+    (table / ".hoodie" / "timeline" / "history").mkdir()
+
+    hudi_timeline.repair_torn_timeline(str(table))
+    left = {str(p.relative_to(table / ".hoodie")) for p in (table / ".hoodie").rglob("*") if p.is_file()}
+    gone = {"timeline/3_4.deltacommit", "timeline/.3_4.deltacommit.crc", "timeline/5.clean.requested",
+            "timeline/6.compaction.inflight", "metadata/.hoodie/timeline/8_9.deltacommit"}
+    assert left == set(files) - gone
+    hudi_timeline.repair_torn_timeline(str(table))  # nothing more to do
+    assert {str(p.relative_to(table / ".hoodie")) for p in (table / ".hoodie").rglob("*") if p.is_file()} == left

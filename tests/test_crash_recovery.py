@@ -33,7 +33,7 @@ from pipelines.etl import run_etl
 from pipelines.generator import ShopSource, WorkloadConfig, ensure_topics, produce
 from pipelines.settings import changelog_path, main_path
 from pipelines.table_stats import exists
-from tests.kill import pending_instants, run_until
+from tests.kill import beside_job, pending_instants, run_until
 from tests.lake import assert_bronze_equals_model, assert_lake_equals_model, dead_letters, with_overrides
 from tests.model import fold_with_lsn, is_malformed
 
@@ -56,7 +56,7 @@ def _env(root: Path, bootstrap: str, tmp_path: Path) -> dict[str, str]:
 
 def _first_commit_in_flight(root: Path, tables: str = "bronze/**"):
     """True once some table of `tables` has hoodie.properties and no completed instant yet."""
-    def seen(_log: str) -> bool:
+    def look() -> bool:
         for props in root.glob(f"{tables}/.hoodie/hoodie.properties"):
             if ".hoodie/metadata" in str(props):
                 continue
@@ -65,7 +65,7 @@ def _first_commit_in_flight(root: Path, tables: str = "bronze/**"):
             if any(n.endswith("inflight") for n in names) and not any("_" in n for n in names):
                 return True
         return False
-    return seen
+    return lambda _log: beside_job(look)
 
 
 def test_a_first_commit_killed_in_flight_does_not_break_the_next_run(broker, spark, tmp_path, monkeypatch) -> None:
@@ -112,7 +112,8 @@ def test_a_first_commit_killed_in_flight_does_not_break_the_next_run(broker, spa
 def _timeline_files(root: Path) -> int:
     """Files on bronze's timelines, metadata tables' included: each instant adds a requested, an
     inflight and a completed file, so their count is how far the job has got, however slow the machine."""
-    return sum(1 for timeline in root.glob("bronze/**/.hoodie/timeline") for p in timeline.iterdir() if p.is_file())
+    return beside_job(lambda: sum(1 for timeline in root.glob("bronze/**/.hoodie/timeline")
+                                  for p in timeline.iterdir() if p.is_file()))
 
 
 def _kill_at(root: Path, rng: random.Random) -> tuple[str, Callable[[str], bool]]:
