@@ -76,6 +76,7 @@ from pipelines.hudi_timeline import (
     latest_completion,
     meta_client,
     pending_writes,
+    repair_torn_timeline,
 )
 from pipelines.lake_scan import ScanReport, Subject, scan_lake
 from pipelines.quality import redact_subject
@@ -807,6 +808,8 @@ def erase_all(requests: list[ErasureRequest], spark: SparkSession | None = None,
     clock = _Clock()
     started = datetime.now(UTC)
     customers = sorted({c for r in requests for c in r.customer_ids})
+    for table in lake_tables(root):  # a crashed writer's cut timeline file fails every reader of it
+        repair_torn_timeline(table.path)
     with clock.step("find"):
         found = find_subject(spark, root, tuple(customers))
     orders, moved = sorted(found.orders), sorted(found.moved)

@@ -82,6 +82,10 @@ def test_a_first_commit_killed_in_flight_does_not_break_the_next_run(broker, spa
     assert run_until(cmd, env, tmp_path / "killed.log", in_flight), "the run was not killed"
     pending = pending_instants(root)
     assert pending, "nothing was in flight at the kill"
+    # What a kill could cut on a local disk so that no later run could read or roll back: a
+    # timeline server's MARKERS file (a whole file rewritten per flush), a `.crc` beside its file.
+    assert not list(root.glob("bronze/**/.hoodie/.temp/*/MARKERS*")), "markers in files a kill can cut"
+    assert not list(root.glob("bronze/**/.*.crc")), "Hadoop checksum files beside the lake's files"
     # A kill a moment later, while Hudi wrote the completed instant's file, leaves it empty (seen in
     # the suite): Hudi counts the instant as done but cannot read it, and every later run failed.
     # The instant in flight is left so here.

@@ -10,8 +10,8 @@ import click
 from pipelines import settings
 
 # Kept here (not imported from pipelines.bench.commits) so that `--help` starts no Spark import.
-_COMMIT_VARIANTS = ("project", "timeline_server_off", "direct_markers", "no_auto_clean", "clean_every_10_commits",
-                    "no_auto_archive", "no_metadata_table")
+_COMMIT_VARIANTS = ("project", "timeline_server_off", "timeline_server_markers", "no_auto_clean",
+                    "clean_every_10_commits", "no_auto_archive", "no_metadata_table")
 SEED = click.option("--seed", type=int, default=7, show_default=True, help="Generator seed (same seed, same data).")
 
 

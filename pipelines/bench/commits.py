@@ -8,7 +8,9 @@ changed at a time:
 
 - `timeline_server_off`: no embedded timeline server (each write client starts one, and
   the executors ask it for the file system view and markers);
-- `direct_markers`: marker files written by the tasks, not through the timeline server;
+- `timeline_server_markers`: markers batched into files by the timeline server, as on an object
+  store (on a local disk the project writes direct markers, one empty file per data file:
+  hudi_configs/storage.toml);
 - `no_auto_clean` / `no_auto_archive`: the clean and archival checks every commit runs;
 - `clean_every_10_commits`: the clean planned every 10th commit instead of every commit;
 - `no_metadata_table`: the metadata table's own commit (shown for its cost only: the project
@@ -35,7 +37,7 @@ from pipelines.bench.plots import grouped_bars
 VARIANTS: dict[str, dict[str, str]] = {
     "project": {},
     "timeline_server_off": {"hoodie.embed.timeline.server": "false"},
-    "direct_markers": {"hoodie.write.markers.type": "DIRECT"},
+    "timeline_server_markers": {"hoodie.write.markers.type": "TIMELINE_SERVER_BASED"},
     "no_auto_clean": {"hoodie.clean.automatic": "false"},
     "clean_every_10_commits": {"hoodie.clean.max.commits": "10"},
     "no_auto_archive": {"hoodie.archive.automatic": "false"},
