@@ -105,7 +105,7 @@ def run_etl(spark: SparkSession | None = None, root: str | None = None) -> dict[
 
     spark = spark or get_spark("lakehouse-etl")
     root = root or lake_root()
-    # A SIGKILL while Hudi wrote a commit's completed file leaves it cut short, and the table unreadable.
+    # A SIGKILL while Hudi wrote a timeline file leaves it cut short on a local disk, and the table unreadable.
     for path in [*(where(t, root) for t in contract.TABLES for where in (silver_path, quarantine_path)),
                  *(gold_path(name, root) for name in (LTV, DAILY, STATE))]:
         repair_torn_timeline(path)

@@ -48,11 +48,12 @@ def no_local_checksums(spark: SparkSession) -> None:
 
     Hadoop writes a file on a local disk and its checksum file as two streams flushed apart, and
     refuses to read a file whose checksum file disagrees with it. A SIGKILL between the two
-    flushes left a complete Hudi commit file beside a short `.crc`: the table was then unreadable
-    for good ("Failed to fetch HoodieCommitMetadata", reproduced by shortening one `.crc`), and a
-    rollback failed the same way on a marker file. Nothing of the lake relies on these checksums
-    (an object store has none; Hudi's files carry their own). Set on the JVM's cached local file
-    system, which Hudi, Spark's writers and the local-mode tasks all share.
+    flushes can leave a whole Hudi commit file beside a short `.crc`, and the table is then
+    unreadable for good: shortening the `.crc` of one completed bronze commit made every read
+    fail ("Failed to fetch HoodieCommitMetadata"), which no repair of cut timeline files can see.
+    Nothing of the lake relies on these checksums (an object store has none; Hudi's files carry
+    their own). Set on the JVM's cached local file system, which Hudi, Spark's writers and the
+    local-mode tasks all share (checked: no `.crc` file in a lake after ingest and etl).
     """
     jvm = spark.sparkContext._jvm
     local = jvm.org.apache.hadoop.fs.FileSystem.getLocal(spark.sparkContext._jsc.hadoopConfiguration())
