@@ -86,19 +86,20 @@ def services(options: dict[str, str]) -> dict[str, str]:
     return options | section("table_services", "services") | _lock()
 
 
-def _storage() -> dict[str, str]:
-    """The options that follow where the lake is (storage.toml): a local disk's, none for an object store.
-
-    Read from LAKEHOUSE_ROOT, as every job gets its lake (pipelines.jobs.JOB_ENV); unset is the local default.
-    """
+def _lake_scheme() -> str:
+    """LAKEHOUSE_ROOT's scheme, `file` for a local path or unset (jobs get their lake so: pipelines.jobs.JOB_ENV)."""
     root = os.environ.get("LAKEHOUSE_ROOT", "")
-    return section("storage", "local_disk") if "://" not in root or root.startswith("file:") else {}
+    return root.split("://", 1)[0] if "://" in root else "file"
+
+
+def _storage() -> dict[str, str]:
+    """The options that follow where the lake is (storage.toml): a local disk's, none for an object store."""
+    return section("storage", "local_disk") if _lake_scheme() == "file" else {}
 
 
 def _lock() -> dict[str, str]:
     """The lock provider's options: the target's, or the local object store's (a file lock needs atomic creates)."""
-    root = os.environ.get("LAKEHOUSE_ROOT", "")
-    if target() == "local" and root.split("://", 1)[0] in ("s3", "s3a"):
+    if target() == "local" and _lake_scheme() in ("s3", "s3a"):
         return section("table_services", "lock_local_object_store")
     return section("table_services", f"lock_{target()}")
 

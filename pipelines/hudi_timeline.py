@@ -218,6 +218,7 @@ def write_with_checkpoint(df: DataFrame, path: str, options: dict[str, str], mar
 # Timeline file names of Hudi 1.x: `<requested>.<action>.requested`, `<requested>.<action>.inflight` (a copy-on-write
 # commit's: `<requested>.inflight`), `<requested>_<completed>.<action>`.
 _INSTANT_FILE = re.compile(r"^(\d+)(?:_\d+\.[a-z]+|\.(?:[a-z]+\.)?(requested|inflight))$")
+_STATE_RANK = {"requested": 0, "inflight": 1, None: 2}  # None: completed (the pattern's second group is empty)
 
 
 def _avro_long(data: bytes, at: int) -> tuple[int, int]:
@@ -261,20 +262,20 @@ def _torn_files(timeline: Path) -> list[Path]:
     or inflight one may be empty (Hudi writes them so for most writes), and is torn only when it
     holds part of an Avro container (a plan, a workload profile).
     """
-    states: dict[str, list[Path]] = {}
+    newest: dict[str, tuple[int, Path]] = {}  # instant -> (its newest state's rank, that state's file)
     for file in timeline.iterdir():
         if m := _INSTANT_FILE.match(file.name):
-            states.setdefault(m.group(1), []).append(file)
+            rank = _STATE_RANK[m.group(2)]
+            if rank > newest.get(m.group(1), (-1, file))[0]:
+                newest[m.group(1)] = (rank, file)
     torn = []
-    for files in states.values():
-        newest = max(files, key=lambda f: (_INSTANT_FILE.match(f.name).group(2) is None, f.name.endswith("inflight")))
+    for rank, file in newest.values():
         try:
-            data = newest.read_bytes()
+            data = file.read_bytes()
         except FileNotFoundError:  # archived, cleaned or rolled back meanwhile: not a crash's
             continue
-        pending = _INSTANT_FILE.match(newest.name).group(2) is not None
-        if (data or not pending) and is_torn(data):
-            torn.append(newest)
+        if (data or rank == _STATE_RANK[None]) and is_torn(data):
+            torn.append(file)
     return torn
 
 
