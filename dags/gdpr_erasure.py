@@ -28,7 +28,7 @@ Where Airflow keeps the ids: the run's conf (its trigger) and, for a trigger thr
 API, the event log's record of it (the request body). XComs, rendered commands and task logs
 hold references and pseudonyms, never an id. No task can edit a run's conf (the Task SDK has
 no database access; the REST API deletes finished runs, it does not change them), so after a
-verified erasure `forget_request` (`pipelines.airflow_records`) deletes this run's XComs and,
+verified erasure `forget_request` (`pipelines.gdpr.airflow_records`) deletes this run's XComs and,
 through the REST API (the Airflow connection `airflow_api`: URL, login, password), every
 earlier run of this DAG that ended before this one started (their requests are erased, or
 were refused), with their task instances. This run, still running then, goes with the next
@@ -48,8 +48,8 @@ from airflow.exceptions import AirflowFailException
 from airflow.sdk import DAG, Param, task
 from lakehouse_common import DEFAULT_ARGS, START, job, spark_task, table_asset
 
-from pipelines.gdpr_inbox import file_request
-from pipelines.gdpr_request import MAX_ID, MAX_IDS, REFERENCE_PATTERN, InvalidRequest, parse_request
+from pipelines.gdpr.inbox import file_request
+from pipelines.gdpr.request import MAX_ID, MAX_IDS, REFERENCE_PATTERN, InvalidRequest, parse_request
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ with DAG(
 
     @task(task_id="validate_request", multiple_outputs=False)
     def validate_request(params: dict | None = None) -> dict:
-        """Check the request (`pipelines.gdpr_request.parse_request`) and file it; an invalid one fails without retries.
+        """Check the request (`pipelines.gdpr.request.parse_request`) and file it; an invalid one fails without retries.
 
         Returns no id (XComs stay in Airflow's database): the erasure reads the inbox.
         """
@@ -107,7 +107,7 @@ with DAG(
         from airflow.sdk import Connection, get_current_context
         from airflow.sdk.execution_time.xcom import XCom
 
-        from pipelines.airflow_records import API_CONNECTION, AirflowApi, delete_earlier_runs
+        from pipelines.gdpr.airflow_records import API_CONNECTION, AirflowApi, delete_earlier_runs
 
         context = get_current_context()
         run, dag = context["dag_run"], context["dag"]

@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 from airflow.providers.standard.operators.bash import BashOperator
 from airflow.sdk import Asset, TaskGroup
 
-from pipelines.jobs import JOB_ENV, SparkJob
+from pipelines.deploy.jobs import JOB_ENV, SparkJob
 from pipelines.settings import PROJECT_ROOT, lake_root, table_path
 
 START = datetime(2026, 1, 1)
@@ -120,7 +120,7 @@ def supervise_emr_stream(action: str, cluster_id: str, code_uri: str) -> str:
     """`action` on the stream's EMR step: the EMR API through the `aws_default` connection."""
     from airflow.providers.amazon.aws.hooks.emr import EmrHook
 
-    from pipelines.stream_emr import EmrStream
+    from pipelines.deploy.stream_emr import EmrStream
 
     stream = EmrStream(EmrHook(aws_conn_id="aws_default").conn, cluster_id, code_uri, lake_root(), _stream_env())
     result = stream.run(action)

@@ -87,7 +87,7 @@ def services(options: dict[str, str]) -> dict[str, str]:
 
 
 def _lake_scheme() -> str:
-    """LAKEHOUSE_ROOT's scheme, `file` for a local path or unset (jobs get their lake so: pipelines.jobs.JOB_ENV)."""
+    """LAKEHOUSE_ROOT's scheme, `file` for a local path or unset (jobs get their lake so: deploy.jobs.JOB_ENV)."""
     root = os.environ.get("LAKEHOUSE_ROOT", "")
     return root.split("://", 1)[0] if "://" in root else "file"
 

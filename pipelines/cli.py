@@ -6,6 +6,7 @@ exits non-zero with a message naming the problem when it cannot do its job.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import signal
 import socket
@@ -16,13 +17,9 @@ from typing import TextIO
 
 import click
 
-from pipelines import console, pg_source, settings
-from pipelines.bench.cli import bench
-from pipelines.generator import generate
-from pipelines.kafka_local import kafka
-from pipelines.object_store import s3
-from pipelines.schema_cli import schema
-from pipelines.stream_local import stream
+from pipelines import console, settings
+from pipelines.deploy.stream_local import stream
+from pipelines.ingest.schema_cli import schema
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -43,13 +40,15 @@ def main(ctx: click.Context, verbose: bool) -> None:
     logging.getLogger("py4j").setLevel(logging.WARNING)
 
 
-main.add_command(generate)
-main.add_command(pg_source.source)
-main.add_command(kafka)
-main.add_command(s3)
-main.add_command(bench)
 main.add_command(stream)
 main.add_command(schema)
+# The dev tools (generator, local broker, source and store, benchmarks) where they are installed: the
+# EMR bundle leaves them out (pipelines.deploy.package), and its CLI has the pipeline's commands only.
+if importlib.util.find_spec("pipelines.devtools") is not None:
+    from pipelines.devtools import commands
+
+    for command in commands():
+        main.add_command(command)
 
 
 def _require_kafka(bootstrap: str) -> None:
@@ -76,7 +75,7 @@ def _require_kafka(bootstrap: str) -> None:
 @click.option("--bootstrap", default=None, help="Kafka brokers  [default: $KAFKA_BOOTSTRAP_SERVERS]")
 def ingest(once: bool, trigger_seconds: float, max_offsets_per_trigger: int | None, bootstrap: str | None) -> None:
     """Stream both source topics into the bronze Hudi tables (until stopped, or --once)."""
-    from pipelines.bronze import run_ingest
+    from pipelines.ingest.bronze import run_ingest
 
     brokers = bootstrap or settings.kafka_bootstrap()
     _require_kafka(brokers)
@@ -99,7 +98,7 @@ def ingest(once: bool, trigger_seconds: float, max_offsets_per_trigger: int | No
 @main.command()
 def etl() -> None:
     """One incremental cycle: bronze changes -> silver (+ quarantine) -> gold, each since its checkpoint."""
-    from pipelines.etl import run_etl
+    from pipelines.transform.etl import run_etl
 
     started = time.monotonic()
     try:
@@ -127,8 +126,8 @@ def services(tables: tuple[str, ...], only: tuple[str, ...]) -> None:
     """
     import json
 
+    from pipelines.services.table_services import SERVICES, run_services
     from pipelines.spark import get_spark
-    from pipelines.table_services import SERVICES, run_services
 
     try:
         report = run_services(get_spark("lakehouse-services"), settings.lake_root(), tables or None,
@@ -153,7 +152,7 @@ def quality(layers: tuple[str, ...], max_age_hours: float) -> None:
     """
     from datetime import timedelta
 
-    from pipelines.quality import LAYERS, data_docs_index, run_quality
+    from pipelines.services.quality import LAYERS, data_docs_index, run_quality
     from pipelines.spark import get_spark
 
     root = settings.lake_root()
@@ -179,8 +178,8 @@ def changes(table: str, since: str | None, checkpoint_file: Path | None) -> None
     the whole table instead (first read, or a checkpoint that was cleaned or archived), stderr
     also says `snapshot: ...`.
     """
-    from pipelines.changes import read_changes
     from pipelines.spark import get_spark
+    from pipelines.transform.changes import read_changes
 
     if since is None and checkpoint_file is not None and checkpoint_file.exists():
         since = checkpoint_file.read_text().strip() or None
@@ -209,7 +208,7 @@ def package(out: Path) -> None:
     Copy the folder to the s3:// prefix named by the Airflow Variable `lakehouse_code_uri`, and
     give the cluster `bootstrap.sh <that prefix>` as a bootstrap action.
     """
-    from pipelines.package import build
+    from pipelines.deploy.package import build
 
     for path in build(out):
         click.echo(f"{path} ({path.stat().st_size:,} bytes)")
@@ -273,7 +272,7 @@ def status() -> None:
         if exists(path):
             s = table_stats(path)
             click.echo(f"gold/{table:<13}{s.rows:>9}{s.commits:>9}{s.file_groups:>13}{s.log_files:>11}")
-    from pipelines.schema_cli import held_tables
+    from pipelines.ingest.schema_cli import held_tables
 
     for table, (n, reason) in sorted(held_tables(reasons).items()):
         click.echo(f"held: {table} ({n} events in the dead-letter store): {reason}; resolve with "
@@ -397,10 +396,10 @@ def erase(customer_id: tuple[str, ...], customer_ids: str | None, customer_ids_f
     """
     import json
 
-    from pipelines import gdpr_inbox
-    from pipelines.gdpr_request import MAX_IDS, InvalidRequest, parse_request, parse_requests
+    from pipelines.gdpr import inbox
+    from pipelines.gdpr.request import MAX_IDS, InvalidRequest, parse_request, parse_requests
 
-    filed: list[gdpr_inbox.Filed] = []
+    filed: list[inbox.Filed] = []
     try:
         if requests_file is not None or pending:
             if customer_id or customer_ids is not None or customer_ids_file is not None or reference is not None \
@@ -409,13 +408,13 @@ def erase(customer_id: tuple[str, ...], customer_ids: str | None, customer_ids_f
                                      "neither --customer-id, --customer-ids, --customer-ids-file, --reference "
                                      "nor the other one with them")
             if pending:
-                for waiting in gdpr_inbox.pending():  # up to MAX_IDS ids a run; the rest wait for the next
+                for waiting in inbox.pending():  # up to MAX_IDS ids a run; the rest wait for the next
                     if filed and sum(len(f.request.customer_ids) for f in filed) \
                             + len(waiting.request.customer_ids) > MAX_IDS:
                         break
                     filed.append(waiting)
                 if not filed:
-                    click.echo(json.dumps({"status": "no pending request", "inbox": gdpr_inbox.inbox()}))
+                    click.echo(json.dumps({"status": "no pending request", "inbox": inbox.inbox()}))
                     return
                 requests = [f.request for f in filed]
             else:
@@ -430,7 +429,7 @@ def erase(customer_id: tuple[str, ...], customer_ids: str | None, customer_ids_f
     except InvalidRequest as exc:
         click.echo(f"Error: {exc}", err=True)
         sys.exit(2)
-    from pipelines.gdpr import erase_all
+    from pipelines.gdpr.erase import erase_all
 
     references = ", ".join(r.reference for r in requests)
     try:
@@ -448,7 +447,7 @@ def erase(customer_id: tuple[str, ...], customer_ids: str | None, customer_ids_f
         failures = certificates[0]["verification"]["failures"]
         raise click.ClickException(f"erasure {references} NOT verified: {len(failures)} finding(s), e.g. "
                                    + "; ".join(failures[:5]))
-    gdpr_inbox.remove(filed)
+    inbox.remove(filed)
 
 
 @gdpr.command()
@@ -462,12 +461,12 @@ def request(customer_id: tuple[str, ...], customer_ids: str | None, reference: s
     Checked as `gdpr erase` checks it (exit 2, nothing filed, when invalid). Filing the same
     reference again replaces the waiting request.
     """
-    from pipelines import gdpr_inbox
-    from pipelines.gdpr_request import InvalidRequest, parse_request
+    from pipelines.gdpr import inbox
+    from pipelines.gdpr.request import InvalidRequest, parse_request
 
     ids = list(customer_id) + ([p.strip() for p in customer_ids.split(",")] if customer_ids is not None else [])
     try:
-        filed = gdpr_inbox.file_request(parse_request(ids, reference, requested_by))
+        filed = inbox.file_request(parse_request(ids, reference, requested_by))
     except InvalidRequest as exc:
         click.echo(f"Error: {exc}", err=True)
         sys.exit(2)
@@ -486,7 +485,7 @@ def _ids_in(stream: TextIO) -> list[str]:
 def _json_of(stream: TextIO) -> object:
     import json
 
-    from pipelines.gdpr_request import InvalidRequest
+    from pipelines.gdpr.request import InvalidRequest
 
     try:
         return json.loads(stream.read())

@@ -17,7 +17,7 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 # retention window holds (hudi_configs/table_services.toml, "Retention").
 INGEST_TRIGGER_SECONDS = 10.0
 # Debezium's `unavailable.value.placeholder`: what an update carries instead of a TOASTed value it
-# left unchanged. The connector (pipelines.pg_source) is configured with this same string.
+# left unchanged. The connector (pipelines.devtools.pg_source) is configured with this same string.
 DEFAULT_UNAVAILABLE_PLACEHOLDER = "__debezium_unavailable_value"
 
 

@@ -19,10 +19,10 @@ from pathlib import Path
 
 from kafka import KafkaConsumer, TopicPartition
 
-from pipelines import sql_sink
 from pipelines.contract import TABLES, topic
-from pipelines.kafka_local import KafkaBroker, free_port
-from pipelines.pg_source import RealSource
+from pipelines.devtools import sql_sink
+from pipelines.devtools.kafka_local import KafkaBroker, free_port
+from pipelines.devtools.pg_source import RealSource
 
 FIXTURES = Path(__file__).with_name("fixtures") / "debezium"
 FORMATS = {"schemas_true": True, "schemas_false": False}

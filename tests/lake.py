@@ -12,13 +12,13 @@ from click.testing import CliRunner, Result
 from pyspark.sql import SparkSession
 
 from hudi_configs import test_profile
-from pipelines.bronze import run_ingest
 from pipelines.contract import COLUMNS, TABLES
-from pipelines.etl import run_etl
-from pipelines.generator import Message, ShopSource, WorkloadConfig, ensure_topics, produce
-from pipelines.kafka_local import KafkaBroker, free_port
+from pipelines.devtools.generator import Message, ShopSource, WorkloadConfig, ensure_topics, produce
+from pipelines.devtools.kafka_local import KafkaBroker, free_port
+from pipelines.ingest.bronze import run_ingest
 from pipelines.settings import changelog_path, dead_letter_path, ledger_path, main_path, quarantine_path, silver_path
 from pipelines.table_stats import exists, read_table
+from pipelines.transform.etl import run_etl
 from tests.model import Rows, expected_silver
 
 # The shared lake's workload: quarantined rows (invalid), deletes and re-inserts, orphan

@@ -22,8 +22,8 @@ def _plant(root: str, table: str, rows: DataFrame, column: str, value: Column) -
     """`rows` of silver `table` written again with `column` = `value` and a newer `_lsn` (so the upsert wins)."""
     from pyspark.sql import functions as F
 
-    from pipelines.etl import silver_options
     from pipelines.settings import silver_path
+    from pipelines.transform.etl import silver_options
 
     planted = rows.select(*[c for c in rows.columns if not c.startswith("_hoodie")]) \
         .withColumn(column, value).withColumn("_lsn", F.col("_lsn") + 1) \

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.bench import freshness
 from pipelines.contract import TABLES, topic
+from pipelines.devtools.bench import freshness
 from pipelines.settings import changelog_path, main_path
 from pipelines.table_stats import exists, read_table
 

@@ -33,8 +33,8 @@ from pyspark.sql import SparkSession
 
 import hudi_configs
 from pipelines.contract import COLUMNS, TABLES, table_of_topic
-from pipelines.generator import Message, ShopSource, WorkloadConfig, ensure_topics, produce
-from pipelines.kafka_local import KafkaBroker
+from pipelines.devtools.generator import Message, ShopSource, WorkloadConfig, ensure_topics, produce
+from pipelines.devtools.kafka_local import KafkaBroker
 from pipelines.table_stats import read_table, table_stats
 from tests.model import Rows, fold_with_lsn, row_event, unwrap
 

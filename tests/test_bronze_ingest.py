@@ -16,8 +16,8 @@ import sys
 import time
 from collections import Counter
 
-from pipelines.bronze import run_ingest
-from pipelines.generator import Message, ShopSource, WorkloadConfig, ensure_topics, produce
+from pipelines.devtools.generator import Message, ShopSource, WorkloadConfig, ensure_topics, produce
+from pipelines.ingest.bronze import run_ingest
 from tests.kill import bronze_as_model, pending_instants, torn_read
 from tests.lake import LakeCopy, assert_bronze_equals_model, dead_letters
 from tests.model import fold_with_lsn, is_malformed
@@ -204,7 +204,7 @@ def test_supervised_stream_restarts_upgrades_and_stops_exactly_once(spark, broke
 
 
 def test_cli_ingest_names_an_unreachable_broker(tmp_path) -> None:
-    from pipelines.kafka_local import free_port
+    from pipelines.devtools.kafka_local import free_port
 
     env = {**os.environ, "LAKEHOUSE_ROOT": str(tmp_path / "lake"),
            "KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{free_port()}"}

@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 from pyspark.sql import functions as F
 
-from pipelines.bronze import run_ingest
-from pipelines.changes import read_changes
 from pipelines.contract import TABLES
-from pipelines.etl import run_etl
-from pipelines.generator import ShopSource, WorkloadConfig, ensure_topics, produce
+from pipelines.devtools.generator import ShopSource, WorkloadConfig, ensure_topics, produce
 from pipelines.hudi_timeline import checkpoint, consumed, earliest_checkpoint
+from pipelines.ingest.bronze import run_ingest
+from pipelines.services.table_services import run_services
 from pipelines.settings import changelog_path, main_path, silver_path
-from pipelines.table_services import run_services
+from pipelines.transform.changes import read_changes
+from pipelines.transform.etl import run_etl
 from tests.lake import assert_lake_equals_model, with_overrides
 
 OVERRIDES = """

@@ -19,7 +19,7 @@ import jsonschema
 import pytest
 import yaml
 
-from pipelines.pg_source import SHOP_DDL_FILE, connector_config
+from pipelines.devtools.pg_source import SHOP_DDL_FILE, connector_config
 from pipelines.settings import PROJECT_ROOT
 
 COMPOSE = PROJECT_ROOT / "docker" / "compose.yaml"

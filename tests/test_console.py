@@ -27,7 +27,7 @@ def log_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def _emit() -> None:
     logging.getLogger("great_expectations._docs_decorators").info("Skipping registering function x")
     logging.getLogger("kafka.net.selector").warning("Task ran for 0.2s")
-    logging.getLogger("pipelines.etl").info("silver/orders: valid=3 (0.1 s)")
+    logging.getLogger("pipelines.transform.etl").info("silver/orders: valid=3 (0.1 s)")
     # What a JVM started under `jvm_output` prints, on its stdout and its stderr.
     with console.jvm_output():
         subprocess.run([sys.executable, "-c", "import sys; print('jvm stdout'); "

@@ -27,12 +27,12 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.bronze import run_ingest
 from pipelines.contract import TABLES
-from pipelines.etl import run_etl
-from pipelines.generator import ShopSource, WorkloadConfig, ensure_topics, produce
+from pipelines.devtools.generator import ShopSource, WorkloadConfig, ensure_topics, produce
+from pipelines.ingest.bronze import run_ingest
 from pipelines.settings import changelog_path, main_path
 from pipelines.table_stats import exists
+from pipelines.transform.etl import run_etl
 from tests.kill import beside_job, pending_instants, run_until
 from tests.lake import assert_bronze_equals_model, assert_lake_equals_model, dead_letters, with_overrides
 from tests.model import fold_with_lsn, is_malformed

@@ -17,10 +17,10 @@ import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
-from pipelines.bronze import image_columns, parse_events
-from pipelines.bronze_schema import Shape
 from pipelines.contract import COLUMNS, TABLES, topic
-from pipelines.generator import Message
+from pipelines.devtools.generator import Message
+from pipelines.ingest.bronze import image_columns, parse_events
+from pipelines.ingest.schema import Shape
 from tests.model import row_event, unwrap
 
 FIXTURES = Path(__file__).with_name("fixtures") / "debezium"

@@ -11,8 +11,8 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from pipelines.gdpr_request import erasure_key
-from pipelines.jobs import JOB_ENV, SparkJob
+from pipelines.deploy.jobs import JOB_ENV, SparkJob
+from pipelines.gdpr.request import erasure_key
 
 KEY = "9f" * 32
 

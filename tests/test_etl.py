@@ -14,12 +14,12 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from pipelines.bronze import run_ingest
-from pipelines.changes import read_changes
 from pipelines.contract import TABLES
-from pipelines.etl import run_etl
+from pipelines.ingest.bronze import run_ingest
 from pipelines.settings import CHANGE_FEED_TABLES, quarantine_path, silver_path
 from pipelines.table_stats import exists, table_stats
+from pipelines.transform.changes import read_changes
+from pipelines.transform.etl import run_etl
 from tests.kill import inflight, run_until
 from tests.lake import LakeCopy, assert_lake_equals_model
 

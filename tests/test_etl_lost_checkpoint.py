@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import logging
 
-from pipelines.bronze import run_ingest
-from pipelines.changes import read_changes
 from pipelines.contract import TABLES
-from pipelines.etl import run_etl, silver_cycle
-from pipelines.generator import ShopSource, WorkloadConfig, ensure_topics, produce
+from pipelines.devtools.generator import ShopSource, WorkloadConfig, ensure_topics, produce
 from pipelines.hudi_timeline import checkpoint, consumed, earliest_checkpoint
+from pipelines.ingest.bronze import run_ingest
 from pipelines.settings import changelog_path, gold_path, silver_path
+from pipelines.transform.changes import read_changes
+from pipelines.transform.etl import run_etl, silver_cycle
 from tests.lake import assert_lake_equals_model, with_overrides
 
 SHORT_RETENTION = """

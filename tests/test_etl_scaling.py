@@ -17,14 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import gold
-from pipelines.bronze import run_ingest
 from pipelines.contract import CURRENCIES
-from pipelines.etl import silver_cycle
-from pipelines.generator import COUNTRIES, ShopSource, WorkloadConfig, ensure_topics, produce
-from pipelines.kafka_local import KafkaBroker, free_port
+from pipelines.devtools.generator import COUNTRIES, ShopSource, WorkloadConfig, ensure_topics, produce
+from pipelines.devtools.kafka_local import KafkaBroker, free_port
+from pipelines.ingest.bronze import run_ingest
 from pipelines.metrics import ReadMeter, Reads
 from pipelines.settings import silver_path
+from pipelines.transform import gold
+from pipelines.transform.etl import silver_cycle
 from tests.lake import assert_gold_equals_model, with_overrides
 
 DAILY = "gold/daily_revenue"

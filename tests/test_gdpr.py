@@ -20,15 +20,15 @@ from kafka import KafkaConsumer
 from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient
 from pyspark.sql import SparkSession
 
-from pipelines.bronze import run_ingest
 from pipelines.contract import TABLES, topic
-from pipelines.etl import run_etl
-from pipelines.gdpr import erase, erase_all
-from pipelines.gdpr_request import parse_request
-from pipelines.generator import Message, WorkloadConfig
-from pipelines.lake_scan import Subject, scan_lake
-from pipelines.table_services import lake_tables
+from pipelines.devtools.generator import Message, WorkloadConfig
+from pipelines.gdpr.erase import erase, erase_all
+from pipelines.gdpr.request import parse_request
+from pipelines.gdpr.scan import Subject, scan_lake
+from pipelines.ingest.bronze import run_ingest
+from pipelines.services.table_services import lake_tables
 from pipelines.table_stats import exists, read_table
+from pipelines.transform.etl import run_etl
 from tests.kill import bronze_as_model, running_ingest, wait_while_running
 from tests.lake import LakeCopy, assert_bronze_equals_model, assert_lake_equals_model, run_cli
 from tests.model import Rows, expected_silver, fold_with_lsn, row_event, unwrap
@@ -128,7 +128,7 @@ def _plain(value: Any) -> Any:
 
 
 def of_subject(name: str, row: tuple, customers: set[int], orders: set[int], texts: set[str]) -> bool:
-    """Independent of pipelines.gdpr: does a snapshot row belong to the erased customers?"""
+    """Independent of pipelines.gdpr.erase: does a snapshot row belong to the erased customers?"""
     r = dict(row)
     if r.get("customer_id") in customers:
         return True
@@ -300,7 +300,7 @@ def test_erasure_leaves_nothing_and_changes_nobody_else(spark, lake: LakeCopy, t
 
 
 def _client(spark: SparkSession, root: str, name: str):
-    from pipelines.table_services import _Client
+    from pipelines.services.table_services import _Client
 
     return _Client(spark, {t.name: t for t in lake_tables(root)}[name])
 

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from pipelines import gdpr_inbox
 from pipelines.cli import main
-from pipelines.gdpr_request import InvalidRequest, parse_request, parse_requests
-from pipelines.kafka_local import free_port
-from pipelines.object_store import BUCKET, ObjectStore
+from pipelines.devtools.kafka_local import free_port
+from pipelines.devtools.object_store import BUCKET, ObjectStore
+from pipelines.gdpr import inbox
+from pipelines.gdpr.request import InvalidRequest, parse_request, parse_requests
 
 
 def test_a_batch_is_refused_whole_naming_each_bad_request() -> None:
@@ -33,21 +33,21 @@ def test_a_batch_is_refused_whole_naming_each_bad_request() -> None:
 def _round_trip(where: str) -> None:
     first = parse_request([7, 8], "REQ-2026/1", "dpo@shop.example")
     second = parse_request([9], "REQ-2026-2", "dpo")
-    gdpr_inbox.file_request(first, where)
-    gdpr_inbox.file_request(second, where)
-    gdpr_inbox.file_request(parse_request([7, 8, 10], "REQ-2026/1", "dpo@shop.example"), where)  # replaces it
-    waiting = gdpr_inbox.pending(where)
+    inbox.file_request(first, where)
+    inbox.file_request(second, where)
+    inbox.file_request(parse_request([7, 8, 10], "REQ-2026/1", "dpo@shop.example"), where)  # replaces it
+    waiting = inbox.pending(where)
     assert [(f.request.reference, f.request.customer_ids) for f in waiting] == [
         ("REQ-2026-2", (9,)), ("REQ-2026/1", (7, 8, 10))]
-    gdpr_inbox.remove(waiting[:1])
-    assert [f.request.reference for f in gdpr_inbox.pending(where)] == ["REQ-2026/1"]
+    inbox.remove(waiting[:1])
+    assert [f.request.reference for f in inbox.pending(where)] == ["REQ-2026/1"]
 
 
 def test_inbox_in_a_folder(tmp_path: Path) -> None:
     _round_trip(str(tmp_path / "inbox"))
     (tmp_path / "inbox" / "broken.json").write_text('{"customer_ids": "7"}')
     with pytest.raises(InvalidRequest, match=r"broken\.json: .*customer ids must be a list"):
-        gdpr_inbox.pending(str(tmp_path / "inbox"))
+        inbox.pending(str(tmp_path / "inbox"))
 
 
 def test_inbox_on_s3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

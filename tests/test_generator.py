@@ -20,7 +20,6 @@ import pytest
 from click.testing import CliRunner
 from kafka.errors import KafkaTimeoutError
 
-from pipelines import generator
 from pipelines.contract import (
     BIGINT_COLUMNS,
     COLUMNS,
@@ -33,7 +32,8 @@ from pipelines.contract import (
     table_of_topic,
     topic,
 )
-from pipelines.generator import Message, ShopSource, WorkloadConfig
+from pipelines.devtools import generator
+from pipelines.devtools.generator import Message, ShopSource, WorkloadConfig
 from tests.model import fold, is_malformed, row_event, unwrap
 
 SEEDS = (1, 7, 42, 2026)

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 from kafka.admin import NewTopic
 
-from pipelines.kafka_local import KafkaBroker, free_port, kafka
+from pipelines.devtools.kafka_local import KafkaBroker, free_port, kafka
 
 
 @pytest.fixture(scope="module")

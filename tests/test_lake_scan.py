@@ -1,4 +1,4 @@
-"""The erasure proof (pipelines/lake_scan.py) on real Hudi tables written by Spark, no mocks.
+"""The erasure proof (pipelines/gdpr/scan.py) on real Hudi tables written by Spark, no mocks.
 
 The lake holds the subject (customer 42, order 4200, e-mail and name) in every kind of
 file Hudi writes: base files, log data blocks, log delete blocks, CDC logs, the metadata
@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
-from pipelines import gold
-from pipelines.bronze import hudi_options
-from pipelines.etl import silver_options
-from pipelines.lake_scan import Finding, ScanReport, Subject, scan_lake
+from pipelines.gdpr.scan import Finding, ScanReport, Subject, scan_lake
+from pipelines.ingest.bronze import hudi_options
+from pipelines.transform import gold
+from pipelines.transform.etl import silver_options
 
 SUBJECT = Subject(customer_ids=frozenset({42}), order_ids=frozenset({4200}),
                   texts=frozenset({"Erased.Person@Example.com", "erased person"}))
@@ -219,7 +219,7 @@ def test_chunks_that_cannot_hold_the_subject_are_skipped_and_no_other() -> None:
     A skipped chunk must be one no rule could hit on: anything that may hide a text (an
     escape, Avro bytes) or holds a subject id where a rule reads ids is parsed.
     """
-    from pipelines.lake_scan import Chunk, _Scan, _Table
+    from pipelines.gdpr.scan import Chunk, _Scan, _Table
 
     scan = _Scan(None, SUBJECT)  # type: ignore[arg-type]  # the JVM is not needed for JSON texts
 

@@ -23,10 +23,10 @@ from pyspark.sql import SparkSession
 
 from pipelines import storage
 from pipelines.contract import TABLES
-from pipelines.generator import ShopSource, WorkloadConfig, ensure_topics, produce
-from pipelines.kafka_local import free_port
-from pipelines.object_store import BUCKET, ObjectStore
-from pipelines.quality import data_docs_index
+from pipelines.devtools.generator import ShopSource, WorkloadConfig, ensure_topics, produce
+from pipelines.devtools.kafka_local import free_port
+from pipelines.devtools.object_store import BUCKET, ObjectStore
+from pipelines.services.quality import data_docs_index
 from pipelines.settings import changelog_path, gdpr_path, ingest_checkpoint_path, main_path, silver_path
 from tests.hudi_files import not_completed
 from tests.kill import run_until

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import boto3
 
-from pipelines.kafka_local import free_port
-from pipelines.object_store import BUCKET
+from pipelines.devtools.kafka_local import free_port
+from pipelines.devtools.object_store import BUCKET
 from tests.lake import run_cli
 
 

@@ -6,18 +6,26 @@ import subprocess
 import sys
 import zipfile
 
-from pipelines.package import build
+from pipelines.deploy.package import build
 
 # Run with -S (no site-packages, so not the checkout's editable install): only the zip is on the path.
 PROBE = """
 import sys
 sys.path.insert(0, sys.argv[1])
-import hudi_configs, pipelines.jobs
+import hudi_configs, pipelines.deploy.jobs
 assert hudi_configs.__file__.startswith(sys.argv[1]), hudi_configs.__file__
 options = hudi_configs.writer("bronze", "changelog")
 assert options["hoodie.clean.policy"] == "KEEP_LATEST_BY_HOURS"
-step = pipelines.jobs.SparkJob("etl", ("etl",)).emr_step("s3://code/lakehouse")
+step = pipelines.deploy.jobs.SparkJob("etl", ("etl",)).emr_step("s3://code/lakehouse")
 print(" ".join(step["HadoopJarStep"]["Args"]))
+"""
+
+CLI_PROBE = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import pipelines.cli
+assert pipelines.cli.__file__.startswith(sys.argv[1]), pipelines.cli.__file__
+print(" ".join(pipelines.cli.main.commands))
 """
 
 
@@ -26,13 +34,21 @@ def test_bundle_loads_from_the_zip_and_pins_what_the_cluster_lacks(tmp_path) -> 
     assert set(files) == {"lakehouse.zip", "cli.py", "requirements.txt", "bootstrap.sh"}
     names = zipfile.ZipFile(files["lakehouse.zip"]).namelist()
     assert {"pipelines/cli.py", "hudi_configs/__init__.py", "hudi_configs/bronze.toml"} <= set(names)
-    assert not [n for n in names if "__pycache__" in n or n.startswith("tests/")]
+    assert not [n for n in names if "__pycache__" in n or n.startswith(("tests/", "pipelines/devtools/"))]
 
     probe = subprocess.run([sys.executable, "-S", "-c", PROBE, str(files["lakehouse.zip"])],
                            capture_output=True, text=True, timeout=60)
     assert probe.returncode == 0, probe.stderr
     assert "--py-files s3://code/lakehouse/lakehouse.zip s3://code/lakehouse/cli.py etl" in probe.stdout
     assert "spark.pyspark.python=/usr/bin/python3.11" in probe.stdout
+
+    # The bundle's CLI, from the zip (with the environment's click and pyarrow): the pipeline's
+    # commands, none of the dev tools'.
+    cli = subprocess.run([sys.executable, "-c", CLI_PROBE, str(files["lakehouse.zip"])],
+                         capture_output=True, text=True, timeout=60)
+    assert cli.returncode == 0, cli.stderr
+    assert set(cli.stdout.split()) >= {"ingest", "etl", "gdpr", "services", "quality", "stream"}, cli.stdout
+    assert not set(cli.stdout.split()) & {"generate", "source", "kafka", "s3", "bench"}, cli.stdout
 
     pins = files["requirements.txt"].read_text().split()
     assert all("==" in p for p in pins) and not [p for p in pins if p.startswith("pyspark")], pins

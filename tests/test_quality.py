@@ -7,8 +7,8 @@ from datetime import timedelta
 import pytest
 
 from pipelines import storage
-from pipelines.bronze import run_ingest
-from pipelines.quality import ERASED, data_docs_index, quality_root, redact_subject, run_quality
+from pipelines.ingest.bronze import run_ingest
+from pipelines.services.quality import ERASED, data_docs_index, quality_root, redact_subject, run_quality
 from tests.lake import LakeCopy
 from tests.plant import BAD_STATUS, plant_bad_emails, plant_bad_status
 

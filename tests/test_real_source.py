@@ -1,7 +1,7 @@
 """The pipeline on the real source: PostgreSQL 15 -> Debezium 2.7.3 in Kafka Connect -> Kafka -> bronze ->
 silver -> gold, checked against the database's own state read with SQL.
 
-The generator's workload is played as SQL transactions (pipelines/sql_sink.py) in three phases:
+The generator's workload is played as SQL transactions (pipelines/devtools/sql_sink.py) in three phases:
 1. snapshot rows exist before Connect starts (Debezium reads them, op=r), then changes; Connect
    stopped with SIGTERM, which commits its offsets;
 2. Connect again, `ALTER TABLE customers ADD COLUMN` and rows that set it, changes, a TRUNCATE of
@@ -44,14 +44,14 @@ import pytest
 from kafka import KafkaConsumer, TopicPartition
 from pyspark.sql import SparkSession
 
-from pipelines import sql_sink
-from pipelines.bronze import run_ingest
 from pipelines.contract import COLUMNS, TABLES, topic
-from pipelines.etl import run_etl
-from pipelines.generator import Message, ShopSource, WorkloadConfig
-from pipelines.kafka_local import KafkaBroker, free_port
-from pipelines.pg_source import PostgresCluster, RealSource
+from pipelines.devtools import sql_sink
+from pipelines.devtools.generator import Message, ShopSource, WorkloadConfig
+from pipelines.devtools.kafka_local import KafkaBroker, free_port
+from pipelines.devtools.pg_source import PostgresCluster, RealSource
+from pipelines.ingest.bronze import run_ingest
 from pipelines.table_stats import read_table
+from pipelines.transform.etl import run_etl
 from tests.lake import assert_bronze_equals_model, assert_lake_equals_model, dead_letters
 from tests.model import UNAVAILABLE, fold_with_lsn, unwrap
 

@@ -19,16 +19,16 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
-from pipelines.bronze import run_ingest
-from pipelines.bronze_schema import COLUMNS_META, Shape
 from pipelines.catalog import CATALOG, SourceTable
-from pipelines.changes import read_changes
 from pipelines.contract import COLUMNS, topic
-from pipelines.etl import run_etl
-from pipelines.generator import Message, WorkloadConfig
+from pipelines.devtools.generator import Message, WorkloadConfig
 from pipelines.hudi_timeline import latest_meta
+from pipelines.ingest.bronze import run_ingest
+from pipelines.ingest.schema import COLUMNS_META, Shape
 from pipelines.settings import main_path, quarantine_path, silver_path
 from pipelines.table_stats import read_table
+from pipelines.transform.changes import read_changes
+from pipelines.transform.etl import run_etl
 from tests.lake import (
     LakeCopy,
     assert_bronze_equals_model,
@@ -182,8 +182,8 @@ def test_incompatible_change_holds_only_that_table(spark: SparkSession, lake: La
 
 
 def test_shape_decisions() -> None:
-    """The rules of pipelines.bronze_schema without Spark: add, widen, narrow, contract column gone, accept."""
-    from pipelines.bronze_schema import decide, infer_type
+    """The rules of pipelines.ingest.schema without Spark: add, widen, narrow, contract column gone, accept."""
+    from pipelines.ingest.schema import decide, infer_type
 
     contract_shape = [(c, "int64" if c in ("id", "customer_id") else "string") for c in COLUMNS["orders"]]
     start = Shape.initial("orders")

@@ -7,10 +7,10 @@ from datetime import UTC
 import pytest
 from pyspark.sql import functions as F
 
-from pipelines.bronze import row_schema
 from pipelines.contract import COLUMNS, TABLES
-from pipelines.generator import ShopSource, WorkloadConfig
-from pipelines.silver import CLEANERS
+from pipelines.devtools.generator import ShopSource, WorkloadConfig
+from pipelines.ingest.bronze import row_schema
+from pipelines.transform.silver import CLEANERS
 from tests.model import SILVER_RULES
 
 

@@ -1,4 +1,4 @@
-"""The stream's health rules (pipelines.stream.judge) on heartbeats of every kind, and the lease's guard.
+"""The stream's health rules (pipelines.ingest.stream.judge) on heartbeats of every kind, and the lease's guard.
 
 Pure Python: the running stream is covered by test_bronze_ingest's supervised-stream test.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.stream import AnotherStreamRunning, Heartbeat, Limits, StreamLease, judge, process_started
+from pipelines.ingest.stream import AnotherStreamRunning, Heartbeat, Limits, StreamLease, judge, process_started
 
 LIM = Limits(heartbeat_seconds=1, dead_after_seconds=60, stalled_after_seconds=300, start_timeout_seconds=10,
              stop_timeout_seconds=10, kill_timeout_seconds=5)

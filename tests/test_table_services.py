@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 import pytest
 
 from pipelines.contract import TABLES
-from pipelines.generator import ShopSource, WorkloadConfig, ensure_topics, produce
+from pipelines.devtools.generator import ShopSource, WorkloadConfig, ensure_topics, produce
 from pipelines.settings import main_path
 from tests.hudi_files import committed_log_files, deltacommits_since, log_files
 from tests.kill import bronze_as_model, running_ingest, wait_while_running

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from hudi_configs import test_profile
-from pipelines.kafka_local import JAVA_OPTS_VARIABLE, QUICK_START, free_port
+from pipelines.devtools.kafka_local import JAVA_OPTS_VARIABLE, QUICK_START, free_port
 
 PROJECT = Path(__file__).resolve().parents[2]
 DAGS = PROJECT / "dags"
@@ -33,7 +33,7 @@ os.environ.update({
     "TZ": "UTC",
     # Spark and Hudi sized for test data, for every job the tests start (hudi_configs/test_profile.toml).
     "LAKEHOUSE_HUDI_OVERRIDES": str(test_profile()),
-    # The suite's short-lived Kafka brokers: start on less CPU (pipelines/kafka_local.py).
+    # The suite's short-lived Kafka brokers: start on less CPU (pipelines/devtools/kafka_local.py).
     JAVA_OPTS_VARIABLE: QUICK_START,
 })
 sys.path[:0] = [str(DAGS), str(PROJECT)]  # the DAGs' helper module; tests.hudi_files

@@ -25,8 +25,8 @@ from types import SimpleNamespace
 import pytest
 from conftest import DAGS, lakehouse
 
-from pipelines.gdpr_request import MAX_IDS
-from pipelines.kafka_local import free_port
+from pipelines.devtools.kafka_local import free_port
+from pipelines.gdpr.request import MAX_IDS
 
 DAG_ID = "gdpr_erasure"
 GOOD = {"customer_ids": [12, 3, 12], "reference": "REQ-2026/04:17_a.b",
@@ -177,7 +177,7 @@ def test_emr_step_erases_the_pending_requests(monkeypatch: pytest.MonkeyPatch) -
 def test_validate_request_names_every_problem_and_files_only_a_valid_request(inbox: Path) -> None:
     from airflow.exceptions import AirflowFailException
 
-    from pipelines.gdpr_inbox import pending
+    from pipelines.gdpr.inbox import pending
 
     validate = _dag().get_task("validate_request").python_callable
     with pytest.raises(AirflowFailException) as failed:

@@ -24,7 +24,7 @@ import boto3
 import pytest
 from conftest import DAGS
 
-from pipelines.stream import HEARTBEAT, STOP_REQUEST, StreamLease, limits
+from pipelines.ingest.stream import HEARTBEAT, STOP_REQUEST, StreamLease, limits
 
 LIMITS = """
 [stream.health]

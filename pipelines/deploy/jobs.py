@@ -1,0 +1,99 @@
+"""Spark jobs as data: one description, submitted locally or as an Amazon EMR step.
+
+Pure Python (no pyspark): Airflow's environment imports it to build its tasks. A job is
+a `lakehouse` CLI command; the target decides only how it is submitted:
+
+- local: `spark-submit` of the project's CLI in the project's environment (.venv), with
+  the jars `make setup` resolved and the options of hudi_configs/spark.toml;
+- emr: a `command-runner.jar` step running `spark-submit --deploy-mode cluster` of the
+  same CLI on the cluster, with the cluster's own Hudi bundle (spark.toml [emr]).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import hudi_configs
+from pipelines.deploy import jvm_archive
+from pipelines.settings import PROJECT_ROOT, jvm_dir
+
+# Environment variables every job receives (on EMR as YARN application-master and executor env).
+# The erasure key travels as a file path or a secret's name only, never itself: step arguments
+# are visible in the EMR console.
+JOB_ENV = ("LAKEHOUSE_ROOT", "KAFKA_BOOTSTRAP_SERVERS", "LAKEHOUSE_TABLE_SERVICES", "LAKEHOUSE_HUDI_OVERRIDES",
+           "LAKEHOUSE_ERASURE_KEY_FILE", "LAKEHOUSE_ERASURE_KEY_SECRET", "LAKEHOUSE_GDPR_INBOX", "LAKEHOUSE_LOG_DIR")
+
+
+def spark_conf(for_target: str | None = None) -> dict[str, str]:
+    """The session options of a target: [common] then [<target>] of hudi_configs/spark.toml."""
+    name = for_target or hudi_configs.target()
+    conf = {**hudi_configs.section("spark", "common"), **hudi_configs.section("spark", name)}
+    if name == "local":
+        jars = sorted((jvm_dir() / "spark").glob("*.jar"))
+        if not jars:
+            raise RuntimeError(
+                f"no Spark jars in {jvm_dir() / 'spark'}: run `make setup` to resolve jvm/pom.xml"
+            )
+        # On the JVM's own class path, not `spark.jars`: Avro resolves Hudi's generated record
+        # classes through the application class loader, and with the bundle in Spark's child
+        # loader reading a metadata-table log with a delete block failed with a
+        # ClassCastException (GenericData$Record -> HoodieDeleteRecord). Local mode: one JVM.
+        conf["spark.driver.extraClassPath"] = os.pathsep.join(str(j) for j in jars)
+        log_config = Path(hudi_configs.__file__).with_name("log4j2.properties")
+        conf["spark.driver.extraJavaOptions"] = " ".join(filter(None, (
+            conf.get("spark.driver.extraJavaOptions"), f"-Dlog4j2.configurationFile={log_config}",
+            jvm_archive.java_options())))
+    return conf
+
+
+@dataclass(frozen=True)
+class SparkJob:
+    name: str  # the task id, and the EMR step's name
+    args: tuple[str, ...]  # the `lakehouse` command line, e.g. ("services", "--table", "bronze/orders")
+    env: dict[str, str] = field(default_factory=dict)
+
+    def _conf(self, target: str) -> list[str]:
+        conf = spark_conf(target)
+        if target == "local":
+            python = str(PROJECT_ROOT / ".venv" / "bin" / "python")
+            conf |= {"spark.pyspark.python": python, "spark.pyspark.driver.python": python}
+        else:
+            for key, value in {**self.env, "LAKEHOUSE_TARGET": "emr"}.items():
+                conf[f"spark.yarn.appMasterEnv.{key}"] = value
+                conf[f"spark.executorEnv.{key}"] = value
+        master = conf.pop("spark.master", None)
+        args = ["--master", master] if master else []
+        for key, value in conf.items():
+            args += ["--conf", f"{key}={value}"]
+        return args
+
+    def local_command(self) -> list[str]:
+        """The command line that runs this job on the local target."""
+        submit = PROJECT_ROOT / ".venv" / "bin" / "spark-submit"
+        return [str(submit), "--name", f"lakehouse-{self.name}", *self._conf("local"),
+                str(PROJECT_ROOT / "pipelines" / "cli.py"), *self.args]
+
+    def local_env(self) -> dict[str, str]:
+        """The job's environment on the local target: its own, plus where .venv's Spark is.
+
+        spark-submit finds SPARK_HOME with whatever `python3` is first on PATH, which in an
+        Airflow worker is Airflow's environment, without pyspark.
+        """
+        homes = sorted((PROJECT_ROOT / ".venv" / "lib").glob("python3*/site-packages/pyspark"))
+        if not homes:
+            raise RuntimeError(f"no pyspark in {PROJECT_ROOT / '.venv'}: run `make setup`")
+        return {**self.env, "SPARK_HOME": str(homes[-1]), "LAKEHOUSE_TARGET": "local"}
+
+    def local_bash(self) -> str:
+        return shlex.join(self.local_command())
+
+    def emr_step(self, code_uri: str) -> dict:
+        """The EMR step of this job; `code_uri` holds lakehouse.zip (the project's packages) and cli.py."""
+        code = code_uri.rstrip("/")
+        args = ["spark-submit", "--deploy-mode", "cluster", "--name", f"lakehouse-{self.name}",
+                *self._conf("emr"), "--py-files", f"{code}/lakehouse.zip", f"{code}/cli.py", *self.args]
+        return {"Name": f"lakehouse {self.name}", "ActionOnFailure": "CONTINUE",
+                "HadoopJarStep": {"Jar": "command-runner.jar", "Args": args}}

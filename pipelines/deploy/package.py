@@ -1,0 +1,80 @@
+"""The EMR target's code bundle: what `lakehouse_code_uri` (an s3:// prefix) must hold.
+
+An EMR step runs `spark-submit --deploy-mode cluster --py-files <uri>/lakehouse.zip <uri>/cli.py`
+(pipelines/deploy/jobs.py). The cluster brings Spark and the Hudi bundle; the bundle brings the rest:
+
+- `lakehouse.zip`: the `pipelines` and `hudi_configs` packages, TOML files included (they are
+  read through importlib.resources, which reads them inside the zip), without the dev tools
+  (`pipelines/devtools`: the generator, the local services and the benchmarks; the CLI then
+  offers the pipeline's commands only);
+- `cli.py`: the entry point, pipelines/cli.py as is;
+- `requirements.txt`: the project's pure-Python dependencies, pinned as installed here,
+  without pyspark (the cluster's own Spark is used);
+- `bootstrap.sh`: the cluster's bootstrap action (argument: the code URI). The code needs
+  Python 3.11 (tomllib, datetime.UTC) and EMR 7's system Python is 3.9, so it installs
+  python3.11 from Amazon Linux 2023's repository and the requirements into it;
+  spark.toml [emr] points PySpark at that interpreter.
+
+Pure Python: no Spark is needed to build it.
+"""
+
+from __future__ import annotations
+
+import zipfile
+from importlib import metadata
+from pathlib import Path
+
+from pipelines.settings import PROJECT_ROOT
+
+PACKAGES = ("pipelines", "hudi_configs")
+NOT_BUNDLED = ("pipelines/devtools/",)
+DISTRIBUTION = "lakehouse-cdc"
+# Provided by the cluster.
+NOT_SHIPPED = {"pyspark"}
+PYTHON = "/usr/bin/python3.11"
+
+BOOTSTRAP = """#!/bin/bash
+# EMR bootstrap action of the lakehouse jobs: Python 3.11 and the jobs' dependencies on every node.
+# Argument: the code URI (the s3:// prefix that holds this file and requirements.txt).
+set -euo pipefail
+code_uri="${{1:?usage: bootstrap.sh s3://bucket/prefix}}"
+sudo dnf install -y python3.11 python3.11-pip
+aws s3 cp "${{code_uri%/}}/requirements.txt" /tmp/lakehouse-requirements.txt
+sudo {python} -m pip install --quiet -r /tmp/lakehouse-requirements.txt
+"""
+
+
+def requirements() -> list[str]:
+    """`name==version` of each runtime dependency of the project, as installed in this environment."""
+    pins = []
+    for spec in metadata.requires(DISTRIBUTION) or []:
+        if "extra ==" in spec:
+            continue
+        name = spec.split(";")[0].strip()
+        for sep in ("==", ">=", "<=", "~=", ">", "<", "["):
+            name = name.split(sep)[0]
+        name = name.strip()
+        if name.lower() not in NOT_SHIPPED:
+            pins.append(f"{name}=={metadata.version(name)}")
+    return sorted(pins, key=str.lower)
+
+
+def build(out: Path) -> list[Path]:
+    """Write the bundle into `out`; returns its files."""
+    out.mkdir(parents=True, exist_ok=True)
+    archive = out / "lakehouse.zip"
+    with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zf:
+        for package in PACKAGES:
+            for path in sorted((PROJECT_ROOT / package).rglob("*")):
+                name = path.relative_to(PROJECT_ROOT).as_posix()
+                if path.is_file() and path.suffix in (".py", ".toml", ".properties") \
+                        and not name.startswith(NOT_BUNDLED):
+                    zf.write(path, name)
+    cli = out / "cli.py"
+    cli.write_text((PROJECT_ROOT / "pipelines" / "cli.py").read_text())
+    reqs = out / "requirements.txt"
+    reqs.write_text("\n".join(requirements()) + "\n")
+    bootstrap = out / "bootstrap.sh"
+    bootstrap.write_text(BOOTSTRAP.format(python=PYTHON))
+    bootstrap.chmod(0o755)
+    return [archive, cli, reqs, bootstrap]

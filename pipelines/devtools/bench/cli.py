@@ -1,0 +1,172 @@
+"""`lakehouse bench ...`: each benchmark as a command; `all` is what `make bench` runs."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import click
+
+from pipelines import settings
+
+# Kept here (not imported from pipelines.devtools.bench.commits) so that `--help` starts no Spark import.
+_COMMIT_VARIANTS = ("project", "timeline_server_off", "timeline_server_markers", "no_auto_clean",
+                    "clean_every_10_commits", "no_auto_archive", "no_metadata_table")
+SEED = click.option("--seed", type=int, default=7, show_default=True, help="Generator seed (same seed, same data).")
+
+
+@click.group()
+@click.option("--sink", type=click.Choice(["kafka", "sql"]), envvar="LAKEHOUSE_BENCH_SINK", default="kafka",
+              show_default=True,
+              help="How backlogs reach Kafka: the generator's records (kafka), or its changes as SQL on a real "
+                   "PostgreSQL captured by Debezium (sql; ingest, etl, erasure, reads).")
+def bench(sink: str) -> None:
+    """Benchmarks: figures printed, saved as JSON and plotted to PNG in LAKEHOUSE_BENCH_DIR (default .bench/)."""
+    os.environ["LAKEHOUSE_BENCH_SINK"] = sink  # read where each benchmark's broker starts (bench/common.py)
+
+
+@bench.command()
+@click.option("--events", type=click.IntRange(min=1000), default=1_000_000, show_default=True,
+              help="Backlog size in change events (60% snapshot, 20% updates, 5% deletes).")
+@click.option("--contender", "contenders", multiple=True,
+              type=click.Choice(["lakehouse", "lakehouse_before_tuning", "hudi_sink", "parquet"]),
+              help="Run only these; repeatable  [default: all four]")
+@click.option("--overrides", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="A LAKEHOUSE_HUDI_OVERRIDES file for the Hudi writers (tuning experiments).")
+@SEED
+def ingest(events: int, contenders: tuple[str, ...], overrides: Path | None, seed: int) -> None:
+    """Catch-up throughput: the lakehouse job vs Hudi's own streaming sink vs plain Parquet appends, same backlog."""
+    from pipelines.devtools.bench import ingest as b
+
+    click.echo(b.report(b.run(events, seed, contenders or b.CONTENDERS, overrides)))
+
+
+@bench.command()
+@click.option("--minutes", type=click.FloatRange(min=0.25), default=5.0, show_default=True,
+              help="How long the generator produces at the steady rate.")
+@click.option("--rate", type=click.FloatRange(min=1), default=100.0, show_default=True,
+              help="Kafka records per second, the contract's noise included.")
+@click.option("--trigger-seconds", type=click.FloatRange(min=0), default=settings.INGEST_TRIGGER_SECONDS,
+              show_default=True,
+              help="The ingest stream's micro-batch interval.")
+@SEED
+def freshness(minutes: float, rate: float, trigger_seconds: float, seed: int) -> None:
+    """Delay from an event's source time to its visibility in bronze (p50/p95/p99), and lag over time."""
+    from pipelines.devtools.bench import freshness as b
+
+    click.echo(b.report(b.run(minutes, rate, trigger_seconds, seed)))
+
+
+@bench.command()
+@click.option("--events", type=click.IntRange(min=1000), default=300_000, show_default=True,
+              help="Backlog the lake is built from.")
+@SEED
+def etl(events: int, seed: int) -> None:
+    """Incremental etl cycle after 0.1%, 1% and 10% of the rows changed, against a full rebuild."""
+    from pipelines.devtools.bench import etl as b
+
+    click.echo(b.report(b.run(events, seed)))
+
+
+@bench.command()
+@click.option("--rows", "sizes", type=click.IntRange(min=1000), multiple=True,
+              help="Live rows of the lakes (snapshot size); repeatable  [default: 100000 and 1000000]")
+@click.option("--changes", type=click.IntRange(min=0), default=20_000, show_default=True,
+              help="Change events after the snapshot (orders move between customers among them).")
+@click.option("--customers", type=click.IntRange(min=1), default=10, show_default=True,
+              help="Customers erased together in the batch run (after a run erasing one).")
+@click.option("--rebuild", is_flag=True, help="Build the lakes anew instead of reusing those built before.")
+@click.option("--one/--no-one", default=True, show_default=True,
+              help="Also erase one customer alone, before the batch (each run on its own copy of the lake).")
+@SEED
+def erasure(sizes: tuple[int, ...], changes: int, customers: int, rebuild: bool, one: bool, seed: int) -> None:
+    """Wall time of erasing one customer, then a batch of customers in one run, at two lake sizes."""
+    from pipelines.devtools.bench import erasure as b
+
+    click.echo(b.report(b.run(sizes or b.SIZES, changes, customers, seed, rebuild, one)))
+
+
+@bench.command()
+@click.option("--events", type=click.IntRange(min=1000), default=200_000, show_default=True, help="Backlog size.")
+@click.option("--batches", type=click.IntRange(min=2), default=40, show_default=True,
+              help="Micro-batches the backlog is ingested in (log files per file group).")
+@SEED
+def reads(events: int, batches: int, seed: int) -> None:
+    """Bronze snapshot query time with many log files, before and after compaction."""
+    from pipelines.devtools.bench import reads as b
+
+    click.echo(b.report(b.run(events, batches, seed)))
+
+
+@bench.command()
+@click.option("--rows", "sizes", type=click.IntRange(min=1000), multiple=True,
+              help="Live rows of the bronze tables (customers and orders together); repeatable  "
+                   "[default: 100000 and 2000000]")
+@click.option("--changes", type=click.IntRange(min=100), default=10_000, show_default=True,
+              help="Change events in the measured batch.")
+@SEED
+def scale(sizes: tuple[int, ...], changes: int, seed: int) -> None:
+    """The same batch of changes against bronze tables of two sizes: batch time must follow the batch, not the table."""
+    from pipelines.devtools.bench import scale as b
+
+    if len(set(sizes)) == 1:
+        raise click.BadParameter("give two different sizes (or none for the defaults)", param_hint="--rows")
+    click.echo(b.report(b.run(sizes or b.SIZES, changes, seed)))
+
+
+@bench.command()
+@click.option("--rows", type=click.IntRange(min=1), default=2_000, show_default=True, help="Rows per commit.")
+@click.option("--warm-up", type=click.IntRange(min=0), default=3, show_default=True,
+              help="Commits before the measured ones (JIT, first commit of a table).")
+@click.option("--commits", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Measured commits per variant; the median is the figure.")
+@click.option("--variant", "variants", multiple=True, type=click.Choice(list(_COMMIT_VARIANTS)),
+              help="Run only these; repeatable  [default: all]")
+def commits(rows: int, warm_up: int, commits: int, variants: tuple[str, ...]) -> None:
+    """The fixed cost of one bronze commit (main and change log), with one writer option changed at a time."""
+    from pipelines.devtools.bench import commits as b
+
+    chosen = variants or tuple(_COMMIT_VARIANTS)
+    click.echo(b.report(b.run(rows, warm_up, commits, chosen if "project" in chosen else ("project", *chosen))))
+
+
+@bench.command(name="all")
+@click.option("--events", type=click.IntRange(min=1000), default=1_000_000, show_default=True,
+              help="Backlog size of the ingest benchmark.")
+@click.option("--minutes", type=click.FloatRange(min=0.25), default=5.0, show_default=True,
+              help="Length of the freshness run.")
+@click.pass_context
+def run_all(ctx: click.Context, events: int, minutes: float) -> None:
+    """Every benchmark with its defaults, one after the other (about an hour on 2 cores)."""
+    ctx.invoke(ingest, events=events, contenders=(), overrides=None, seed=7)
+    ctx.invoke(scale, sizes=(), changes=10_000, seed=7)
+    ctx.invoke(freshness, minutes=minutes, rate=100.0, trigger_seconds=settings.INGEST_TRIGGER_SECONDS, seed=7)
+    ctx.invoke(etl, events=300_000, seed=7)
+    ctx.invoke(erasure, sizes=(), changes=20_000, customers=10, seed=7)
+    ctx.invoke(reads, events=200_000, batches=40, seed=7)
+
+
+@bench.command(name="parquet-sink")
+@click.option("--root", required=True, help="Folder the Parquet files are appended to.")
+@click.option("--bootstrap", required=True, help="Kafka brokers.")
+def parquet_sink(root: str, bootstrap: str) -> None:
+    """The Parquet upper bound's writer (run by `bench ingest`): consume the topics once into Parquet appends."""
+    from pipelines.devtools.bench.parquet_sink import run_parquet_sink
+    from pipelines.spark import get_spark
+
+    run_parquet_sink(get_spark("lakehouse-bench-parquet"), root, bootstrap)
+
+
+@bench.command(name="hudi-sink")
+@click.option("--root", required=True, help="Folder of the two Hudi tables (<root>/customers, <root>/orders).")
+@click.option("--bootstrap", required=True, help="Kafka brokers.")
+def hudi_sink(root: str, bootstrap: str) -> None:
+    """The plain-Hudi reference's writer (run by `bench ingest`): Hudi's streaming sink consumes the topics once.
+
+    It stands in for HoodieStreamer, whose bundle Maven Central does not serve here for Hudi 1.0.x
+    (`pipelines.devtools.bench.hudi_sink`).
+    """
+    from pipelines.devtools.bench.hudi_sink import run_hudi_sink
+    from pipelines.spark import get_spark
+
+    run_hudi_sink(get_spark("lakehouse-bench-hudi-sink"), root, bootstrap)

@@ -1,0 +1,411 @@
+"""A real single-node Apache Kafka broker (KRaft, no ZooKeeper) on 127.0.0.1, for development and tests.
+
+The broker runs as a plain `java` process from the jars `make setup` resolves (jvm/pom.xml, profile
+`kafka`), so tests and `make kafka-up` talk to the real Apache Kafka release the pom pins, without
+Docker, and everything a run leaves behind (configs, KRaft logs, server.log, pid) sits in one folder.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+import click
+
+from pipelines.settings import PROJECT_ROOT, jvm_dir
+
+HOST = "127.0.0.1"
+# Kafka's own scripts default to 1G; half of it is plenty for test traffic and leaves room for Spark.
+JVM_HEAP = ("-Xmx512m", "-Xms256m")
+# More JVM options for the broker, its storage formatting and Kafka Connect (pipelines/devtools/pg_source.py),
+# space-separated. The test suites start some fifty short-lived brokers with QUICK_START: C1-only
+# JIT and the serial collector; a broker then reached readiness on 3.5 s of CPU instead of 5.9,
+# and idled on 30% less.
+JAVA_OPTS_VARIABLE = "LAKEHOUSE_KAFKA_JAVA_OPTS"
+QUICK_START = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+LOG_TAIL_LINES = 30
+LOG_ERROR_LINES = 10
+ERROR_LINE = re.compile(r"\] (ERROR|FATAL) |^Caused by: ")
+# Seconds one metadata probe may take; short, so a broker that dies meanwhile is noticed soon.
+PROBE_TIMEOUT = 3.0
+# Exits 0 once a client can fetch cluster metadata (the admin client bootstraps in its constructor).
+METADATA_PROBE = """
+import sys
+from kafka import KafkaAdminClient
+KafkaAdminClient(bootstrap_servers=sys.argv[1], bootstrap_timeout_ms=int(sys.argv[2])).close()
+"""
+
+# Log to stdout, which the launcher redirects into server.log: one writer, and JVM crash output lands in
+# the same file. Per-request and per-partition chatter and the ~450-line config dump (server.properties
+# sits next to the log) are turned down; startup and shutdown lines stay.
+LOG4J_PROPERTIES = """\
+log4j.rootLogger=INFO, stdout
+log4j.appender.stdout=org.apache.log4j.ConsoleAppender
+log4j.appender.stdout.layout=org.apache.log4j.PatternLayout
+log4j.appender.stdout.layout.ConversionPattern=[%d] %p %m (%c)%n
+log4j.logger.kafka.request.logger=WARN
+log4j.logger.state.change.logger=WARN
+log4j.logger.kafka.log.LogCleaner=WARN
+log4j.logger.org.apache.kafka.storage.internals.log=WARN
+log4j.logger.kafka.log.UnifiedLog=WARN
+log4j.logger.kafka.cluster.Partition=WARN
+log4j.logger.kafka.server.ReplicaFetcherManager=WARN
+log4j.logger.kafka.server.ReplicaAlterLogDirsManager=WARN
+log4j.logger.kafka.server.KafkaConfig=WARN
+log4j.logger.kafka.server.DelayedOperationPurgatory$ExpiredOperationReaper=WARN
+log4j.logger.kafka.server.ClientQuotaManager$ThrottledChannelReaper=WARN
+log4j.logger.kafka.server.NodeToControllerRequestThread=WARN
+"""
+
+
+def free_port() -> int:
+    """A port nobody listens on right now; the OS may hand it out again, so use it promptly."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((HOST, 0))
+        return sock.getsockname()[1]
+
+
+def _port_open(port: int) -> bool:
+    try:
+        with socket.create_connection((HOST, port), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
+def _command_line(pid: int) -> str:
+    """The command line of a live process, "" if it is gone or a zombie.
+
+    Checked before trusting or signalling a pid from broker.pid: after a reboot that pid may belong to
+    an unrelated process.
+    """
+    if Path("/proc/self").exists():
+        try:
+            return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            return ""
+    ps = subprocess.run(
+        ["ps", "-o", "stat=,command=", "-p", str(pid)], check=False, capture_output=True, text=True
+    )
+    return "" if ps.stdout.lstrip().startswith("Z") else ps.stdout
+
+
+def _java() -> str:
+    java_home = os.environ.get("JAVA_HOME")
+    java = str(Path(java_home) / "bin" / "java") if java_home else shutil.which("java")
+    if not java:
+        raise RuntimeError("no `java` on PATH and JAVA_HOME is unset; the local Kafka broker needs Java 17+")
+    return java
+
+
+def _read_properties(path: Path) -> dict[str, str]:
+    pairs = (line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
+    return {key.strip(): value.strip() for key, value in pairs if not key.lstrip().startswith("#")}
+
+
+@dataclass
+class KafkaBroker:
+    """One broker+controller node whose whole state lives in `data_dir`.
+
+    The process is detached (own session), so a broker started by `kafka up` outlives the CLI and is
+    found again through broker.pid by `kafka down` or a later `start()`.
+    """
+
+    data_dir: Path
+    port: int = 9092
+    controller_port: int | None = None
+    _process: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # Absolute, because the paths are written into configs and matched against the java command line.
+        self.data_dir = Path(self.data_dir).resolve()
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{HOST}:{self.port}"
+
+    @property
+    def config_path(self) -> Path:
+        return self.data_dir / "server.properties"
+
+    @property
+    def log_path(self) -> Path:
+        return self.data_dir / "server.log"
+
+    @property
+    def pid_path(self) -> Path:
+        return self.data_dir / "broker.pid"
+
+    def start(self, timeout: float = 90.0) -> KafkaBroker:
+        """Start the broker, or adopt the one already running from `data_dir`, and wait until it serves metadata."""
+        deadline = time.monotonic() + timeout
+        log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
+        pid = self.pid()
+        if pid is not None:
+            running_port = self.configured_port()
+            if running_port != self.port:
+                raise RuntimeError(
+                    f"a broker from {self.data_dir} already runs on port {running_port} (pid {pid}); stop it first"
+                )
+            self._wait_ready(pid, deadline, log_start)
+            return self
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.controller_port = self.controller_port or self._stored_controller_port() or free_port()
+        self._write_configs()
+        self._format_storage(log_start)
+        with self.log_path.open("ab") as log:
+            self._process = subprocess.Popen(
+                self._java_command("kafka.Kafka", str(self.config_path)),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.data_dir,
+                start_new_session=True,
+            )
+        self.pid_path.write_text(f"{self._process.pid}\n")
+        try:
+            self._wait_ready(self._process.pid, deadline, log_start)
+        except BaseException:
+            # A half-started broker would hold the ports and the KRaft log lock for the next attempt.
+            self.stop()
+            raise
+        return self
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """SIGTERM for a controlled shutdown (clean log segments), SIGKILL if that hangs."""
+        pid = self.pid()
+        if pid is not None:
+            self._signal(pid, signal.SIGTERM)
+            if not self._wait_exit(pid, timeout):
+                self._signal(pid, signal.SIGKILL)
+                if not self._wait_exit(pid, 10.0):
+                    raise RuntimeError(f"Kafka broker pid {pid} survived SIGKILL")
+        self.pid_path.unlink(missing_ok=True)
+        self._process = None
+
+    def is_running(self) -> bool:
+        """Alive *and* accepting connections: a live pid alone may be a broker still starting or stopping."""
+        pid = self.pid()
+        return pid is not None and _port_open(self.configured_port())
+
+    def pid(self) -> int | None:
+        """The pid in broker.pid if that process is alive and is this data_dir's broker, else None."""
+        try:
+            pid = int(self.pid_path.read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+        if self._process is not None and self._process.pid == pid:
+            # Our own child: right after the fork its command line is still Python's, and once dead it
+            # must be reaped or it would linger as a zombie.
+            return pid if self._process.poll() is None else None
+        return pid if f"kafka.Kafka {self.config_path}" in _command_line(pid) else None
+
+    def configured_port(self) -> int:
+        """Client port from server.properties: that of the running broker, whatever `self.port` says."""
+        advertised = _read_properties(self.config_path)["advertised.listeners"]
+        return int(advertised.rsplit(":", 1)[1])
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def _stored_controller_port(self) -> int | None:
+        """The quorum address of an earlier run: KRaft metadata in the log dirs remembers its voters."""
+        if not self.config_path.exists():
+            return None
+        voters = _read_properties(self.config_path)["controller.quorum.voters"]
+        return int(voters.rsplit(":", 1)[1])
+
+    def _write_configs(self) -> None:
+        settings = {
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            "controller.quorum.voters": f"1@{HOST}:{self.controller_port}",
+            "listeners": f"PLAINTEXT://{HOST}:{self.port},CONTROLLER://{HOST}:{self.controller_port}",
+            "advertised.listeners": f"PLAINTEXT://{HOST}:{self.port}",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "log.dirs": str(self.data_dir / "kraft-logs"),
+            "num.partitions": "3",
+            "offsets.topic.replication.factor": "1",
+            "transaction.state.log.replication.factor": "1",
+            "transaction.state.log.min.isr": "1",
+            "group.initial.rebalance.delay.ms": "0",
+            "auto.create.topics.enable": "true",
+            # Test and demo data must outlive the default 7 days.
+            "log.retention.hours": "-1",
+        }
+        self.config_path.write_text("".join(f"{key}={value}\n" for key, value in settings.items()))
+        (self.data_dir / "log4j.properties").write_text(LOG4J_PROPERTIES)
+
+    def _cluster_id(self) -> str:
+        """Generated once per data_dir: formatted log dirs only accept the id they were formatted with."""
+        path = self.data_dir / "cluster.id"
+        if path.exists():
+            return path.read_text().strip()
+        cluster_id = "-"
+        # Kafka's own generator skips ids starting with "-": the storage tool would parse them as an option.
+        while cluster_id.startswith("-"):
+            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        path.write_text(f"{cluster_id}\n")
+        return cluster_id
+
+    def _format_storage(self, log_start: int) -> None:
+        if (self.data_dir / "kraft-logs" / "meta.properties").exists():
+            return  # formatted by an earlier start; skip a JVM launch
+        command = self._java_command(
+            "kafka.tools.StorageTool", "format", "-t", self._cluster_id(),
+            "-c", str(self.config_path), "--ignore-formatted",
+        )  # fmt: skip
+        result = subprocess.run(command, check=False, capture_output=True, cwd=self.data_dir, timeout=120)
+        with self.log_path.open("ab") as log:
+            log.write(result.stdout + result.stderr)
+        if result.returncode != 0:
+            raise RuntimeError(
+                self._failure(f"formatting KRaft storage failed (exit code {result.returncode})", log_start)
+            )
+
+    def _java_command(self, main_class: str, *args: str) -> list[str]:
+        jars = jvm_dir() / "kafka"
+        if not any(jars.glob("kafka_2.13-*.jar")):
+            raise RuntimeError(f"no Kafka broker jars in {jars}; run `make setup` first")
+        return [
+            _java(),
+            *JVM_HEAP,
+            *os.environ.get(JAVA_OPTS_VARIABLE, "").split(),
+            f"-Dlog4j.configuration=file:{self.data_dir / 'log4j.properties'}",
+            "-cp",
+            f"{jars}/*",  # expanded by java itself, not by a shell
+            main_class,
+            *args,
+        ]
+
+    def _wait_ready(self, pid: int, deadline: float, log_start: int) -> None:
+        while True:
+            if self.pid() != pid:
+                code = self._process.returncode if self._process is not None else None
+                raise RuntimeError(
+                    self._failure(f"Kafka broker (pid {pid}) exited during startup, code {code}", log_start)
+                )
+            remaining = deadline - time.monotonic()
+            if _port_open(self.port) and self._serves_metadata(min(remaining, PROBE_TIMEOUT)):
+                return
+            if time.monotonic() >= deadline:
+                raise RuntimeError(
+                    self._failure(
+                        f"Kafka broker (pid {pid}) not ready on {self.bootstrap} in time", log_start
+                    )
+                )
+            time.sleep(0.25)
+
+    def _serves_metadata(self, timeout: float) -> bool:
+        """Whether a kafka-python client bootstraps (gets metadata listing a broker), not just a TCP accept.
+
+        Probed from a child process: kafka-python 3.0 leaks its I/O thread when bootstrap fails inside a
+        client's constructor, and a hung probe is simply killed.
+        """
+        command = [sys.executable, "-c", METADATA_PROBE, self.bootstrap, str(int(timeout * 1000))]
+        try:
+            probe = subprocess.run(command, check=False, capture_output=True, timeout=timeout + 10)
+        except subprocess.TimeoutExpired:
+            return False
+        return probe.returncode == 0
+
+    @staticmethod
+    def _signal(pid: int, signum: int) -> None:
+        # The whole group (the broker leads its own session); it may have exited since `pid()` looked.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signum)
+
+    def _wait_exit(self, pid: int, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while self.pid() == pid:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.1)
+        return True
+
+    def _failure(self, message: str, log_start: int) -> str:
+        """`message` plus what server.log says about it.
+
+        Kafka logs the cause once and then a long orderly shutdown, so the tail alone often misses it:
+        the errors logged since this start come first.
+        """
+        log = self.log_path.read_bytes() if self.log_path.exists() else b""
+        this_start = log[log_start:].decode(errors="replace").splitlines()
+        errors = list(dict.fromkeys(line for line in this_start if ERROR_LINE.search(line)))
+        report = [message]
+        if errors:
+            report += ["--- errors logged during this start ---", *errors[:LOG_ERROR_LINES]]
+        tail = log.decode(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+        report += [f"--- last {LOG_TAIL_LINES} lines of {self.log_path} ---", *tail]
+        return "\n".join(report)
+
+
+DATA_DIR_OPTION = click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=PROJECT_ROOT / ".kafka",
+    show_default=True,
+    help="Folder holding the broker's configs, KRaft logs, server.log and pid file.",
+)
+
+
+@click.group("kafka")
+def kafka() -> None:
+    """A local single-node Kafka broker (KRaft) on 127.0.0.1, run from the jars of `make setup`."""
+
+
+@kafka.command()
+@click.option("--port", default=9092, show_default=True, help="Client port (PLAINTEXT on 127.0.0.1).")
+@DATA_DIR_OPTION
+@click.option("--timeout", default=90.0, show_default=True, help="Seconds to wait for the broker.")
+def up(port: int, data_dir: Path, timeout: float) -> None:
+    """Start the broker in the background (no-op if it already runs) and wait until it serves clients."""
+    broker = KafkaBroker(data_dir, port=port)
+    try:
+        broker.start(timeout=timeout)
+    except RuntimeError as error:
+        raise click.ClickException(str(error)) from error
+    click.echo(f"Kafka broker ready at {broker.bootstrap} (pid {broker.pid()})")
+    click.echo(f"log: {broker.log_path}")
+
+
+@kafka.command()
+@DATA_DIR_OPTION
+def down(data_dir: Path) -> None:
+    """Stop the broker started from --data-dir; its data stays for the next `up`."""
+    broker = KafkaBroker(data_dir)
+    was_running = broker.pid() is not None
+    broker.stop()
+    click.echo("Kafka broker stopped" if was_running else "Kafka broker was not running")
+
+
+@kafka.command()
+@DATA_DIR_OPTION
+def status(data_dir: Path) -> None:
+    """Report whether the broker runs and where; exit code 1 if it does not."""
+    broker = KafkaBroker(data_dir)
+    if not broker.is_running():
+        click.echo(f"Kafka broker not running (data dir {broker.data_dir})")
+        raise SystemExit(1)
+    click.echo(f"Kafka broker running at {HOST}:{broker.configured_port()} (pid {broker.pid()})")
+    click.echo(f"log: {broker.log_path}")

@@ -1,0 +1,211 @@
+"""A local S3-compatible object store on 127.0.0.1 with the bucket `lake`: `make s3-up`, the tests on s3://.
+
+The store is moto's S3 API served alone (`serve` below; moto from PyPI, installed by `make
+setup` with the dev extras), not S3Proxy: it needs no Maven artifact of its own and no JVM
+beside Spark's, and the project already uses moto for its AWS mocks (S3Proxy 2.6.0, tried,
+also refuses the checksum headers current boto3 sends on PutObject: NotImplemented). The
+cost: moto keeps the objects in its process (it spills large ones to temporary files), so a
+store's content lives as long as its process: `make s3-down` drops the lake on it. Only its
+pid, port and log sit in its folder (`.s3/` for `make s3-up`, git-ignored).
+
+Clients reach it through the standard AWS variables (`lakehouse s3 env` prints them):
+Spark through S3A (hudi_configs/spark.toml [local]), hudi-rs and pyarrow.fs through the
+same variables (pipelines/storage.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+import click
+
+from pipelines.settings import PROJECT_ROOT
+
+HOST = "127.0.0.1"
+DEFAULT_PORT = 9000
+BUCKET = "lake"
+# moto accepts any credentials; S3A and the AWS SDKs refuse to sign without some.
+ACCESS_KEY = "lakehouse"
+SECRET_KEY = "lakehouse-local"
+REGION = "us-east-1"
+DEFAULT_DIR = PROJECT_ROOT / ".s3"
+
+
+@dataclass
+class ObjectStore:
+    """One moto server, found again through `<data_dir>/server.pid` and `server.port`."""
+
+    data_dir: Path
+    port: int = DEFAULT_PORT
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    @property
+    def pid_path(self) -> Path:
+        return self.data_dir / "server.pid"
+
+    @property
+    def port_path(self) -> Path:
+        return self.data_dir / "server.port"
+
+    @property
+    def log_path(self) -> Path:
+        return self.data_dir / "server.log"
+
+    def env(self) -> dict[str, str]:
+        """The standard AWS variables every client of the store reads (S3A, boto3, pyarrow, hudi-rs)."""
+        return {"AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+                "AWS_SECRET_ACCESS_KEY": SECRET_KEY, "AWS_REGION": REGION}
+
+    def start(self, timeout: float = 60.0) -> Self:
+        """Start the server (unless this folder's already runs) and create the bucket; idempotent."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        if self.pid() is None:
+            with self.log_path.open("ab") as log:
+                process = subprocess.Popen(
+                    [sys.executable, "-m", "pipelines.devtools.object_store", HOST, str(self.port)],
+                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+            self.pid_path.write_text(f"{process.pid}\n")
+            self.port_path.write_text(f"{self.port}\n")
+            self._wait_ready(process, time.monotonic() + timeout)
+        else:
+            self.port = int(self.port_path.read_text())
+        import boto3  # here, not at the top: every `lakehouse` command imports this module
+
+        s3 = boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id=ACCESS_KEY,
+                          aws_secret_access_key=SECRET_KEY, region_name=REGION)
+        with contextlib.suppress(s3.exceptions.BucketAlreadyOwnedByYou):
+            s3.create_bucket(Bucket=BUCKET)
+        return self
+
+    def stop(self, timeout: float = 20.0) -> None:
+        """Stop this folder's server (the objects it held go with it)."""
+        if (pid := self.pid()) is not None:
+            os.killpg(pid, signal.SIGTERM)
+            deadline = time.monotonic() + timeout
+            while self._alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if self._alive(pid):
+                os.killpg(pid, signal.SIGKILL)
+        self.pid_path.unlink(missing_ok=True)
+
+    def pid(self) -> int | None:
+        """The pid in server.pid if that process is alive and is this module's server, else None."""
+        try:
+            pid = int(self.pid_path.read_text())
+            command = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except (OSError, ValueError):
+            return None
+        return pid if b"pipelines.devtools.object_store" in command and self._alive(pid) else None
+
+    @staticmethod
+    def _alive(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        # A zombie (exited, not yet reaped by its parent) is not a running server.
+        with contextlib.suppress(OSError):
+            return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+        return True
+
+    def _wait_ready(self, process: subprocess.Popen, deadline: float) -> None:
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                tail = self.log_path.read_text(errors="replace").splitlines()[-10:]
+                raise RuntimeError(f"the object store exited with {process.returncode} at start "
+                                   f"(port {self.port}); {self.log_path}:\n" + "\n".join(tail))
+            try:
+                urllib.request.urlopen(self.endpoint, timeout=2).close()  # ListBuckets
+                return
+            except urllib.error.HTTPError:
+                return  # an answer, if a refusal: the server is up
+            except (urllib.error.URLError, OSError):
+                time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"the object store did not answer on {self.endpoint} in time; see {self.log_path}")
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+
+def running(data_dir: Path) -> ObjectStore | None:
+    """The store started from `data_dir`, if it runs."""
+    store = ObjectStore(data_dir)
+    if store.pid() is None:
+        return None
+    store.port = int(store.port_path.read_text())
+    return store
+
+
+_DATA_DIR = click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_DIR,
+                         show_default=True, help="Folder of the server's pid, port and log.")
+
+
+@click.group("s3")
+def s3() -> None:
+    """The local S3-compatible object store (moto server) with the bucket `lake`."""
+
+
+@s3.command()
+@click.option("--port", type=click.IntRange(1, 65535), default=DEFAULT_PORT, show_default=True,
+              help="Port on 127.0.0.1.")
+@_DATA_DIR
+def up(port: int, data_dir: Path) -> None:
+    """Start the store (if not running) and create the bucket `lake`."""
+    store = ObjectStore(data_dir, port).start()
+    click.echo(f"object store on {store.endpoint}, bucket {BUCKET}; `eval \"$(.venv/bin/lakehouse s3 env)\"`, "
+               f"then LAKEHOUSE_ROOT=s3://{BUCKET}/<prefix>")
+
+
+@s3.command()
+@_DATA_DIR
+def down(data_dir: Path) -> None:
+    """Stop the store; what it held is gone."""
+    ObjectStore(data_dir).stop()
+
+
+@s3.command()
+@_DATA_DIR
+def env(data_dir: Path) -> None:
+    """Print `export` lines of the AWS variables that point every client at the store (for `eval`)."""
+    if (store := running(data_dir)) is None:
+        raise click.ClickException(f"no object store runs from {data_dir}: `make s3-up` starts one")
+    for key, value in store.env().items():
+        click.echo(f"export {key}={value}")
+
+
+def serve(host: str, port: int) -> None:
+    """Serve moto's S3 API alone, the way `python -m moto.server` serves all of AWS.
+
+    moto's all-services dispatcher finds the service of every request among some 180 by its
+    host and signature, about 6 ms a request on this machine; a Hudi commit through S3A makes
+    hundreds of requests, so that overhead was a third of the object-store test's time
+    (tests/test_object_store.py). The S3 application alone answers the same requests.
+    """
+    from moto.server import MotoRequestHandler, create_backend_app
+    from werkzeug.serving import run_simple
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    run_simple(host, port, create_backend_app("s3"), threaded=True, request_handler=MotoRequestHandler)
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1], int(sys.argv[2]))

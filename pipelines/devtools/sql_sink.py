@@ -1,0 +1,208 @@
+"""The generator's workload as real SQL on the `shop` database, for Debezium to capture.
+
+`ShopSource` plays database and connector at once and emits what it believes Debezium would.
+Against the real source (pipelines/devtools/pg_source.py) the database and the connector are real, so of
+the generator's records only the *changes* are played, each as its own transaction, in order:
+an insert as INSERT, an update as UPDATE of the whole row image, a delete as DELETE, a truncate
+as TRUNCATE. What the connector makes by itself is not played: tombstones (Debezium follows each
+delete with one), replays (a restart of Connect re-delivers for real) and malformed records (no
+database change produces one). Logical messages are left out too: they go to Debezium's own
+`shop.message` topic, never to a table's topic.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from kafka import KafkaConsumer, TopicPartition
+from kafka.errors import KafkaError
+
+from pipelines.contract import PRIMARY_KEY, table_of_topic, topic
+from pipelines.devtools.generator import Message
+from pipelines.settings import unavailable_placeholder
+
+# Types of the contract whose values a column may not hold as the generator spells them.
+_CHAR_WIDTH = {("customers", "country"): 2, ("orders", "currency"): 3}
+
+
+@dataclass(frozen=True)
+class Statement:
+    """One change as SQL: the table, what the generator did (c u d t) and the statement with its parameters."""
+
+    table: str
+    op: str
+    sql: str
+    params: tuple[Any, ...] = ()
+    key: int | None = None  # the row it changes; None for a truncate
+
+
+@dataclass
+class SqlRun:
+    """What a run played and skipped, and where its last change is in the WAL (to wait for Debezium)."""
+
+    stats: Counter[str] = field(default_factory=Counter)
+    last_table: str | None = None
+    last_lsn: int | None = None  # the WAL insert position just before the last change: its event's LSN is at least this
+
+
+def _fit(table: str, column: str, value: Any) -> Any:
+    """A value for char(n) columns: the generator's padded spellings (" De") may be longer than
+    the column; PostgreSQL would reject them, so surrounding blanks go, as far as needed to fit."""
+    width = _CHAR_WIDTH.get((table, column))
+    if width is None or not isinstance(value, str) or len(value) <= width:
+        return value
+    return value.strip()
+
+
+def statements(messages: Iterable[Message]) -> Iterator[Statement]:
+    """The database changes among the generator's records, as SQL, in order.
+
+    Replays are told apart by their LSN: the generator's LSNs grow with every commit, so a record
+    at or below the newest one played is a re-delivery (snapshot records share one LSN). The
+    generator replays only after a change of the same run, so a run's first record is never one.
+    """
+    newest = -1
+    for message in messages:
+        if message.value is None:
+            continue  # a tombstone: Debezium sends its own after each delete
+        try:
+            doc = json.loads(message.value)
+        except ValueError:
+            continue  # malformed on purpose: no database change makes one
+        envelope = doc.get("payload", doc) if isinstance(doc, dict) and "schema" in doc else doc
+        if not isinstance(envelope, dict) or not isinstance(envelope.get("source"), dict):
+            continue
+        op, lsn = envelope.get("op"), envelope["source"].get("lsn")
+        if op not in ("r", "c", "u", "d", "t") or not isinstance(lsn, int):
+            continue
+        if lsn < newest or (lsn == newest and op != "r"):
+            continue  # a replay
+        image = envelope.get("before") if op == "d" else envelope.get("after")
+        if op != "t" and not (isinstance(image, dict) and isinstance(image.get(PRIMARY_KEY), int)):
+            continue  # an envelope-shaped malformed record
+        newest = lsn
+        table = table_of_topic(message.topic)
+        yield _statement(table, op, image)
+
+
+def _statement(table: str, op: str, image: dict[str, Any] | None) -> Statement:
+    """The change as SQL, over the columns its image carries (the table's shape when it was made:
+    `ShopSource.alter`); an update leaves alone the columns that carry Debezium's placeholder for an
+    unchanged TOASTed value."""
+    if op == "t":
+        return Statement(table, op, f"TRUNCATE {table}")
+    assert image is not None
+    if op == "d":
+        return Statement(table, op, f"DELETE FROM {table} WHERE {PRIMARY_KEY} = %s", (image[PRIMARY_KEY],),
+                         image[PRIMARY_KEY])
+    placeholder = unavailable_placeholder()
+    columns = [c for c in image if op in ("r", "c") or image[c] != placeholder]
+    values = tuple(_fit(table, c, image[c]) for c in columns)
+    if op in ("r", "c"):
+        placeholders = ", ".join(["%s"] * len(columns))
+        return Statement(table, "c", f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({placeholders})", values,
+                         image[PRIMARY_KEY])
+    assignments = ", ".join(f"{c} = %s" for c in columns if c != PRIMARY_KEY)
+    return Statement(table, op, f"UPDATE {table} SET {assignments} WHERE {PRIMARY_KEY} = %s",
+                     (*(v for c, v in zip(columns, values, strict=True) if c != PRIMARY_KEY), image[PRIMARY_KEY]),
+                     image[PRIMARY_KEY])
+
+
+def ddl(statement: str, dsn: str) -> None:
+    """Run a shape change of the source (`ShopSource.alter`'s DDL) on the database, with Debezium capturing."""
+    import psycopg
+
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(statement)
+    except psycopg.Error as exc:
+        raise RuntimeError(f"the SQL sink failed on {dsn}: {statement}: {exc}") from exc
+
+
+def apply(messages: Iterable[Message], dsn: str) -> SqlRun:
+    """Play the changes among `messages` on the database at `dsn`, one transaction per change.
+
+    Each statement must touch exactly the rows the generator's change names (one; a truncate any):
+    a database that drifted from the simulation stops the run with the statement that did not fit.
+    """
+    import psycopg
+
+    run = SqlRun()
+    batch = list(statements(messages))
+    try:
+        with psycopg.connect(dsn, autocommit=False) as conn:
+            conn.execute("SET TIME ZONE 'UTC'")
+            conn.commit()
+            for i, statement in enumerate(batch):
+                if i == len(batch) - 1:
+                    run.last_table = statement.table
+                    run.last_lsn = _wal_insert_lsn(conn)
+                cursor = conn.execute(statement.sql, statement.params)
+                if statement.op != "t" and cursor.rowcount != 1:
+                    raise RuntimeError(f"{statement.op} of {statement.table} id {statement.key} changed "
+                                       f"{cursor.rowcount} rows, not 1: the database is not the generator's "
+                                       "(a state file of another database?)")
+                conn.commit()
+                run.stats[statement.op] += 1
+    except psycopg.Error as exc:
+        raise RuntimeError(f"the SQL sink failed on {dsn}: {exc}") from exc
+    return run
+
+
+def _wal_insert_lsn(conn: Any) -> int:
+    row = conn.execute("SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint").fetchone()
+    return int(row[0])
+
+
+def end_offsets(bootstrap: str, topics: Iterable[str]) -> dict[TopicPartition, int]:
+    """Where each partition of `topics` ends now (missing topics: nothing), to wait from there."""
+    try:
+        consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    except KafkaError as exc:
+        raise RuntimeError(f"cannot reach Kafka at {bootstrap}: {exc}") from exc
+    try:
+        parts = [TopicPartition(t, p) for t in topics for p in consumer.partitions_for_topic(t) or ()]
+        return consumer.end_offsets(parts) if parts else {}
+    finally:
+        consumer.close()
+
+
+def wait_published(bootstrap: str, table: str, lsn: int, since: dict[TopicPartition, int],
+                   timeout: float = 300.0) -> None:
+    """Wait until Debezium delivered an event of `table` at or after WAL position `lsn` to Kafka.
+
+    `since` (from :func:`end_offsets` before the changes) spares reading the topic from its start.
+    """
+    name = topic(table)
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, consumer_timeout_ms=1000)
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            parts = [TopicPartition(name, p) for p in consumer.partitions_for_topic(name) or ()]
+            if parts:
+                break
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"topic {name} never appeared on {bootstrap}: is the connector running?")
+            time.sleep(0.5)
+        consumer.assign(parts)
+        for part in parts:
+            consumer.seek(part, since.get(part, 0))
+        while time.monotonic() < deadline:
+            for record in consumer:
+                if record.value is not None and _lsn_of(record.value) >= lsn:
+                    return
+        raise TimeoutError(f"Debezium did not deliver the change at WAL position {lsn} to {name} in "
+                           f"{timeout:.0f} s: is the connector running (`lakehouse source status`)?")
+    finally:
+        consumer.close()
+
+
+def _lsn_of(value: bytes) -> int:
+    doc = json.loads(value)
+    envelope = doc.get("payload", doc) if "schema" in doc else doc
+    return int(envelope.get("source", {}).get("lsn") or -1)

@@ -1,0 +1,223 @@
+"""The shape of each bronze table, following the source's columns as they change (contract section 6).
+
+Bronze parses a row image as a map of column name to JSON text (`pipelines.ingest.bronze`), so no column
+the source adds is lost at parsing; this module decides, per batch and table, what the bronze
+table's columns become:
+
+- a column the table lacks is added at the end (Hudi's schema evolution on write: older rows
+  read it as null), typed by the message's Kafka Connect `schema` when it carries one
+  (`schemas.enable=true`, `CONNECT_TYPES`), else inferred from its JSON values (`infer_type`);
+- a type the schema declares wider than the table's widens the column (`WIDENINGS`, the
+  promotions Hudi applies on write); a narrower declared type of a column whose type was itself
+  inferred is no change (the inference took the widest type);
+- a column the source dropped stays, written null from then on (every write carries every column).
+
+What cannot be applied compatibly, and is not accepted (`accepted_path`), is *incompatible*: a
+declared type narrowed or changed to another kind, a contract column (section 1) missing from
+an image. Those events go to the dead-letter store with a reason starting with
+`SCHEMA_REASON`; only that table is held, every other goes on.
+
+The table's columns, with the batch and time that introduced each, ride in every main commit's
+metadata (`COLUMNS_META`): what a restarted stream starts from and what `lakehouse schema` shows.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Any
+
+from pipelines import contract, storage
+
+COLUMNS_META = "_lakehouse.columns"
+SCHEMA_REASON = "schema: "
+
+# Kafka Connect's types, as the JsonConverter names them, to the bronze column's Spark type.
+# Logical types (Debezium's timestamps, decimals as strings) keep their physical type: bronze
+# mirrors values as delivered, silver types them.
+CONNECT_TYPES = {
+    "int8": "int", "int16": "int", "int32": "int", "int64": "bigint",
+    "float32": "float", "float64": "double", "boolean": "boolean",
+    "string": "string", "bytes": "string",
+}
+# Type promotions Hudi applies on write (Avro schema resolution): the stored type can be read as the new.
+WIDENINGS = {("int", "bigint"), ("int", "float"), ("int", "double"), ("bigint", "double"), ("float", "double")}
+
+
+def contract_type(table: str, column: str) -> str:
+    return "bigint" if column in contract.BIGINT_COLUMNS[table] else "string"
+
+
+def connect_type(kind: str | None) -> str:
+    """A Kafka Connect field type as a bronze column type (structs, arrays, maps: their JSON text)."""
+    return CONNECT_TYPES.get(kind or "", "string")
+
+
+def infer_type(values: list[Any]) -> str | None:
+    """The type of a column known only from JSON values (`schemas.enable=false`); None if all are null.
+
+    Integers as bigint (the widest: no later widening needed), other numbers as double,
+    booleans as boolean, strings and anything else as text. A column whose values in the
+    batch are all null waits for a batch that shows one.
+    """
+    seen = {type(v) for v in values if v is not None}
+    if not seen:
+        return None
+    if seen == {bool}:
+        return "boolean"
+    if seen <= {int}:
+        return "bigint"
+    if seen <= {int, float}:
+        return "double"
+    return "string"
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    type: str
+    declared: bool  # typed by a message's schema (True) or inferred from values (False)
+    batch: int | None = None  # the ingest batch that introduced it (None: the table's creation)
+    at: str | None = None  # when that batch committed it (UTC, ISO)
+    widened: tuple[tuple[str, int, str], ...] = ()  # (from type, batch, at) of each widening
+
+
+@dataclass
+class Shape:
+    """A bronze table's columns, in table order (the contract's first, then those added since)."""
+
+    table: str
+    columns: dict[str, Column] = field(default_factory=dict)
+
+    @classmethod
+    def initial(cls, table: str) -> Shape:
+        return cls(table, {c: Column(c, contract_type(table, c), True) for c in contract.COLUMNS[table]})
+
+    @classmethod
+    def from_meta(cls, table: str, text: str | None) -> Shape:
+        """The shape recorded in a main commit's metadata; the contract's for tables older than the record."""
+        shape = cls.initial(table)
+        for doc in json.loads(text) if text else []:
+            shape.columns[doc["name"]] = Column(doc["name"], doc["type"], doc["declared"], doc.get("batch"),
+                                                doc.get("at"), tuple(tuple(w) for w in doc.get("widened", ())))
+        return shape
+
+    def to_meta(self) -> str:
+        return json.dumps([{"name": c.name, "type": c.type, "declared": c.declared, "batch": c.batch, "at": c.at,
+                            "widened": [list(w) for w in c.widened]} for c in self.columns.values()])
+
+    @property
+    def extras(self) -> list[str]:
+        """Columns beyond the contract's, in the order they were added."""
+        return [c for c in self.columns if c not in contract.COLUMNS[self.table]]
+
+    def types(self) -> dict[str, str]:
+        return {c.name: c.type for c in self.columns.values()}
+
+
+@dataclass
+class Decision:
+    """What one batch's shapes mean for a table: its new shape and the shapes it cannot apply."""
+
+    shape: Shape
+    changed: bool = False
+    # Declared shapes (tuple of (field, type)) and missing-column sets that are held, with the reason.
+    held_declared: dict[tuple[tuple[str, str], ...], str] = field(default_factory=dict)
+    held_missing: dict[tuple[str, ...], str] = field(default_factory=dict)
+
+
+def _narrowing(table: str, column: str, stored: str, declared: str) -> str:
+    return f"{SCHEMA_REASON}{table}.{column}: the source's type {declared} does not hold bronze's {stored}"
+
+
+def _missing(table: str, columns: tuple[str, ...]) -> str:
+    return (f"{SCHEMA_REASON}{table}.{','.join(columns)}: contract column missing from the source "
+            "(dropped or renamed)")
+
+
+def decide(shape: Shape, declared_shapes: list[list[tuple[str, str]]], missing_sets: list[list[str]],
+           new_keys: dict[str, str | None], accepted: set[str], batch_id: int) -> Decision:
+    """Apply a batch's shapes to `shape`.
+
+    `declared_shapes`: the distinct `after` field lists (name, Connect type) the batch's wrapped
+    messages declare, where they differ from what is known; `missing_sets`: contract columns
+    absent from bare images; `new_keys`: columns of bare images the table lacks, with their
+    inferred type (None: only nulls seen). `accepted` names `table.column`s an operator accepted
+    (`lakehouse schema accept`): their change is applied as far as it can be (a narrowed type
+    keeps the wider column, a missing contract column is null).
+    """
+    table = shape.table
+    columns = dict(shape.columns)
+    at = datetime.now(UTC).isoformat(timespec="seconds")
+    decision = Decision(shape)
+
+    def ok(column: str) -> bool:
+        return f"{table}.{column}" in accepted
+
+    for fields in sorted(declared_shapes):
+        names = {n for n, _ in fields}
+        reasons = []
+        gone = tuple(c for c in contract.COLUMNS[table] if c not in names and not ok(c))
+        if gone:
+            reasons.append(_missing(table, gone))
+        for name, kind in fields:
+            want = connect_type(kind)
+            have = columns.get(name)
+            if have is None:
+                columns[name] = Column(name, want, True, batch_id, at)
+            elif have.type == want:
+                continue
+            elif (have.type, want) in WIDENINGS and name not in contract.COLUMNS[table]:
+                columns[name] = replace(have, type=want, declared=True,
+                                        widened=(*have.widened, (have.type, batch_id, at)))
+            elif (want, have.type) in WIDENINGS and (not have.declared or ok(name)):
+                continue  # the column is already wider: values fit
+            elif not ok(name):
+                reasons.append(_narrowing(table, name, have.type, want))
+        if reasons:
+            decision.held_declared[tuple(fields)] = "; ".join(reasons)
+    for missing in sorted(missing_sets):
+        gone = tuple(c for c in missing if not ok(c))
+        if gone:
+            decision.held_missing[tuple(missing)] = _missing(table, gone)
+    for name, kind in sorted(new_keys.items()):
+        if name not in columns and kind is not None:
+            columns[name] = Column(name, kind, False, batch_id, at)
+    if columns != shape.columns:
+        decision.shape = Shape(table, columns)
+        decision.changed = True
+    return decision
+
+
+# --------------------------------------------------------------------------- accepted changes
+
+def accepted_path(root: str) -> str:
+    """Incompatible changes an operator accepted (`lakehouse schema accept`), beside the lake's tables."""
+    return f"{root.rstrip('/')}/_schema/accepted.json"
+
+
+def read_accepted(root: str) -> set[str]:
+    """`table.column` names whose incompatible change is accepted."""
+    path = accepted_path(root)
+    if not storage.exists(path):
+        return set()
+    return set(json.loads(storage.read_text(path)))
+
+
+def accept(root: str, table: str, column: str) -> set[str]:
+    """Accept the incompatible change of `table.column`: the events held for it apply once replayed."""
+    if table not in contract.TABLES:
+        raise ValueError(f"no source table {table!r} (tables: {', '.join(contract.TABLES)})")
+    accepted = read_accepted(root) | {f"{table}.{column}"}
+    storage.write_text(accepted_path(root), json.dumps(sorted(accepted)))
+    return accepted
+
+
+def held_column(reason: str) -> tuple[str, list[str]] | None:
+    """(table, columns) named by a dead letter's schema reason; None for any other reason."""
+    if not reason.startswith(SCHEMA_REASON):
+        return None
+    qualified = reason[len(SCHEMA_REASON):].split(":", 1)[0]
+    table, _, columns = qualified.partition(".")
+    return table, columns.split(",")

@@ -1,0 +1,94 @@
+"""`lakehouse schema`: each bronze table's columns with the commit that introduced them, and the
+acceptance of an incompatible source change (pipelines.ingest.schema). Read with hudi-rs: no Spark."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from pipelines import contract, settings
+from pipelines.ingest.schema import COLUMNS_META, Shape, accept, held_column, read_accepted
+
+BATCH_ID_META = "_lakehouse.batch_id"  # as pipelines.ingest.bronze writes it (not imported: that pulls in Spark)
+
+
+def _commits(path: str) -> list[tuple[str, dict[str, str]]]:
+    """(instant, extra metadata) of the table's completed delta commits in the active timeline, oldest first."""
+    from pipelines.table_stats import open_table
+
+    timeline = open_table(path).get_timeline()
+    out = []
+    for instant in timeline.get_completed_deltacommits():
+        meta = json.loads(timeline.get_instant_metadata_in_json(instant))
+        out.append((instant.timestamp, meta.get("extraMetadata") or {}))
+    return out
+
+
+def history(table: str) -> list[dict[str, str]]:
+    """The table's columns, oldest first: name, type, and where each came from (commit instant, batch, time)."""
+    from pipelines.table_stats import exists
+
+    path = settings.main_path(table)
+    if not exists(path):
+        return []
+    commits = _commits(path)
+    recorded = next((m[COLUMNS_META] for _, m in reversed(commits) if COLUMNS_META in m), None)
+    first_of_batch: dict[str, str] = {}
+    for instant, meta in commits:
+        first_of_batch.setdefault(meta.get(BATCH_ID_META, ""), instant)
+    rows = []
+    for column in Shape.from_meta(table, recorded).columns.values():
+        if column.batch is None:
+            since = f"table creation ({commits[0][0] if commits else '?'})"
+        else:
+            instant = first_of_batch.get(str(column.batch), "archived")
+            since = f"commit {instant} (batch {column.batch}, {column.at})"
+        widened = "; ".join(f"widened from {old} in batch {batch} ({at})" for old, batch, at in column.widened)
+        rows.append({"column": column.name, "type": column.type,
+                     "typed by": "schema" if column.declared else "inference", "since": since, "widened": widened})
+    return rows
+
+
+@click.group()
+def schema() -> None:
+    """Bronze's columns as the source's tables change (contract section 6)."""
+
+
+@schema.command("show")
+@click.argument("table", required=False, type=click.Choice(contract.TABLES))
+def show(table: str | None) -> None:
+    """List each bronze table's columns with the commit that introduced each (and any widening)."""
+    for name in [table] if table else contract.TABLES:
+        rows = history(name)
+        click.echo(f"bronze/{name}" + ("" if rows else "  (not created yet)"))
+        for r in rows:
+            extra = f"  {r['widened']}" if r["widened"] else ""
+            click.echo(f"  {r['column']:<16}{r['type']:<9}{r['typed by']:<11}{r['since']}{extra}")
+
+
+@schema.command("accept")
+@click.argument("table", type=click.Choice(contract.TABLES))
+@click.argument("column")
+def accept_change(table: str, column: str) -> None:
+    """Accept the incompatible change of TABLE.COLUMN (a narrowed type: bronze keeps the wider one; a
+    contract column dropped or renamed: null from then on, silver quarantines what its rules reject).
+    Then replay the held events: `lakehouse dead-letters replay --reason schema`."""
+    accepted = accept(settings.lake_root(), table, column)
+    click.echo(f"accepted: {', '.join(sorted(accepted))}")
+
+
+def held_tables(reasons: list[tuple[str, str]]) -> dict[str, tuple[int, str]]:
+    """From (topic, reason) of dead letters: per table held by a schema change not accepted, (events, first reason)."""
+    accepted = read_accepted(settings.lake_root())
+    held: dict[str, tuple[int, str]] = {}
+    for _, reason in reasons:
+        found = held_column(reason or "")
+        if found is None:
+            continue
+        table, columns = found
+        if all(f"{table}.{c}" in accepted for c in columns):
+            continue
+        n, first = held.get(table, (0, reason.split(" (at ", 1)[0]))
+        held[table] = (n + 1, first)
+    return held

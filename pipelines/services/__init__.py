@@ -1,0 +1,6 @@
+"""Services: what keeps the tables healthy and trusted beside the writers.
+
+`table_services`: compaction, the change logs' expiry and clustering, cleaning, archival
+(`lakehouse services`, the `hudi_table_services` DAG); `quality`: the Great Expectations suites
+(`lakehouse quality`, the `data_quality` DAG).
+"""
