@@ -312,7 +312,7 @@ def test_erasure_with_a_savepoint_and_a_pending_compaction(spark, lake: LakeCopy
     silver row changes before the erasure, and may leave silver for quarantine (the workload's
     invalid updates): then the sweep finds no live row in silver/customers, whose newest slice
     still keeps the old row as a change-feed before-image. That file group is written once
-    more (gdpr.change_feed_holders): before, this erasure did not verify.
+    more (pipelines.gdpr.purge.change_feed_holders): before, this erasure did not verify.
     """
     from pipelines.hudi_timeline import earliest_retained
     from tests.hudi_files import log_files, pending_compactions

@@ -214,27 +214,29 @@ def test_a_file_deleted_during_the_scan_holds_nothing(spark: SparkSession, tmp_p
 
 
 def test_chunks_that_cannot_hold_the_subject_are_skipped_and_no_other() -> None:
-    """The scan's shortcut (_Scan._values) on JSON texts as Avro renders them; no Spark.
+    """The scan's shortcut (FileScan._values) on JSON texts as Avro renders them; no Spark.
 
     A skipped chunk must be one no rule could hit on: anything that may hide a text (an
     escape, Avro bytes) or holds a subject id where a rule reads ids is parsed.
     """
-    from pipelines.gdpr.scan import Chunk, _Scan, _Table
+    from pipelines.gdpr.scan.files import FileScan
+    from pipelines.gdpr.scan.model import Chunk
+    from pipelines.gdpr.scan.tables import Table
 
-    scan = _Scan(None, SUBJECT)  # type: ignore[arg-type]  # the JVM is not needed for JSON texts
+    scan = FileScan(None, SUBJECT)  # type: ignore[arg-type]  # the JVM is not needed for JSON texts
 
-    def parsed(text: str, table: _Table, keys: bool = False) -> bool:
+    def parsed(text: str, table: Table, keys: bool = False) -> bool:
         scan._table = table
         return scan._values(Chunk(1, text), keys) != []
 
-    data = _Table("silver/customers", ("id",))
-    index = _Table("silver/customers", ("id",), mdt_partition="record_index")
-    files = _Table("silver/customers", ("id",), mdt_partition="files")
+    data = Table("silver/customers", ("id",))
+    index = Table("silver/customers", ("id",), mdt_partition="record_index")
+    files = Table("silver/customers", ("id",), mdt_partition="files")
     assert not parsed('[{"id": 7, "email": "seven@example.com", "_lsn": 42, "amount": "42.00"}]', data)
     assert parsed('[{"before": {"id": 7, "customer_id": 42}, "after": null}]', data)  # a change-feed image
     assert parsed('[{"id": 7, "orders": [{"id": 4200, "amount": 1}]}]', data)  # gold's order structs
     assert parsed('[{"id": [7, 42]}]', data)  # an array where ids are read: parsed
-    assert parsed('[{"kafka_topic": "t", "note": 42}]', _Table("bronze/_dead_letters", ("position",)))
+    assert parsed('[{"kafka_topic": "t", "note": 42}]', Table("bronze/_dead_letters", ("position",)))
     assert parsed('[{"id": 7, "email": "ERASED.person@example.com"}]', data)  # a text, any case
     assert parsed('[{"id": 7, "note": "erased\\u0020person"}]', data)  # escaped: parsed, whatever it holds
     assert parsed('[{"id": 7, "raw": {"bytes": "\u00c3\u00a9"}}]', data)  # Avro bytes: decoded before matching

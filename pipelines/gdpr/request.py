@@ -154,7 +154,7 @@ def _secret_value(secret: str) -> str:
 
 
 def subject_hash(kind: str, value: int, key: str) -> str:
-    """Pseudonym of a customer or order id; `pipelines.gdpr.erase.hash_column` computes the same in Spark."""
+    """Pseudonym of a customer or order id; `pipelines.gdpr.registry.hash_column` computes the same in Spark."""
     if kind not in KINDS:
         raise ValueError(f"kind {kind!r}: expected one of {KINDS}")
     return hashlib.sha256(f"{key}:{kind}:{value}".encode()).hexdigest()
