@@ -34,6 +34,8 @@ from pipelines.contract import (
 )
 from pipelines.devtools import generator
 from pipelines.devtools.generator import Message, ShopSource, WorkloadConfig
+from pipelines.devtools.generator import cli as generator_cli
+from pipelines.devtools.generator import kafka as generator_kafka
 from tests.model import fold, is_malformed, row_event, unwrap
 
 SEEDS = (1, 7, 42, 2026)
@@ -357,7 +359,7 @@ def producers(monkeypatch) -> FakeProducers:
         created.append(FakeProducer(created.fail_with, **config))
         return created[-1]
 
-    monkeypatch.setattr(generator, "KafkaProducer", factory)
+    monkeypatch.setattr(generator_kafka, "KafkaProducer", factory)
     return created
 
 
@@ -391,16 +393,16 @@ def test_produce_names_the_brokers_it_cannot_reach(monkeypatch, producers) -> No
     def unreachable(**config: Any) -> None:
         raise KafkaTimeoutError("Unable to bootstrap")
 
-    monkeypatch.setattr(generator, "KafkaProducer", unreachable)
+    monkeypatch.setattr(generator_kafka, "KafkaProducer", unreachable)
     with pytest.raises(generator.KafkaUnavailableError, match="nowhere:9092"):
         generator.produce([], "nowhere:9092")
 
 
 def test_cli_snapshots_once_then_continues(monkeypatch, tmp_path: Path) -> None:
     produced: list[list[Message]] = []
-    monkeypatch.setattr(generator, "ensure_topics", lambda bootstrap, partitions: None)
+    monkeypatch.setattr(generator_cli, "ensure_topics", lambda bootstrap, partitions: None)
     monkeypatch.setattr(
-        generator, "produce", lambda messages, bootstrap, **_: produced.append(messages) or len(messages)
+        generator_cli, "produce", lambda messages, bootstrap, **_: produced.append(messages) or len(messages)
     )
     state = tmp_path / "source" / "state.json"
     args = ["--state-file", str(state), "--bootstrap", "k:1"]

@@ -1,0 +1,114 @@
+"""The connector's side of the simulated source: Debezium envelopes, their encoding with either converter
+setting, and the history a connector restart re-delivers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipelines.contract import PRIMARY_KEY, SCHEMA, TOPIC_PREFIX, topic
+from pipelines.devtools.generator.schemas import SCHEMA_BYTES, shape_schema
+from pipelines.devtools.generator.values import (
+    DATABASE,
+    DEBEZIUM_VERSION,
+    HISTORY_TAIL,
+    ORPHAN_CUSTOMER_BASE,
+    Message,
+    Sent,
+    WorkloadConfig,
+    dirty,
+    dumps,
+    key_of,
+    rejected,
+    sequence,
+)
+
+
+class Connector:
+    """What Debezium adds to a database change: source block, envelope, encoding, delivery history.
+
+    A base of `ShopSource`, which owns the state these methods read (`lsn`, `_tx_id`, `_clock_us`,
+    `_rng`, `_history`, `columns`, `stats`); kept apart so that the database's behaviour and the
+    connector's format each read on their own.
+    """
+
+    def _commit(self, table: str) -> dict[str, Any]:
+        """A new transaction: later clock, later LSN; `sequence` names the previous commit's LSN."""
+        rng = self._rng
+        self._clock_us += rng.randint(500_000, 5_000_000)
+        previous = self.lsn
+        self.lsn += rng.randint(56, 4000)
+        self._tx_id += rng.randint(1, 3)
+        return self._source(table, sequence(previous, self.lsn), "false")
+
+    def _source(self, table: str, sequence: str, snapshot: str) -> dict[str, Any]:
+        return {
+            "version": DEBEZIUM_VERSION,
+            "connector": "postgresql",
+            "name": TOPIC_PREFIX,
+            "ts_ms": self._clock_us // 1000,
+            "snapshot": snapshot,
+            "db": DATABASE,
+            "sequence": sequence,
+            "schema": SCHEMA,
+            "table": table,
+            "txId": self._tx_id,
+            "lsn": self.lsn,
+            "xmin": None,
+        }
+
+    def _processing_ms(self, source: dict[str, Any]) -> int:
+        return source["ts_ms"] + self._rng.randint(2, 400)
+
+    def _envelope(self, op: str, before: Any, after: Any, source: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "before": before,
+            "after": after,
+            "source": source,
+            "op": op,
+            "ts_ms": self._processing_ms(source),
+            "transaction": None,
+        }
+
+    def _encode(self, schema_name: str, envelope: dict[str, Any], cfg: WorkloadConfig) -> bytes:
+        """The value bytes under one of the two converter settings, drawn per record."""
+        payload = dumps(envelope)
+        if self._rng.random() >= cfg.schema_fraction:
+            return payload
+        self.stats["schema_format"] += 1
+        columns = self.columns.get(schema_name)
+        schema = SCHEMA_BYTES[schema_name] if columns is None else shape_schema(schema_name, tuple(columns.items()))
+        return b'{"schema":' + schema + b',"payload":' + payload + b"}"
+
+    def _emit(
+        self,
+        out: list[Message],
+        cfg: WorkloadConfig,
+        table: str,
+        op: str,
+        before: dict[str, Any] | None,
+        after: dict[str, Any] | None,
+        source: dict[str, Any],
+        image: dict[str, Any] | None = None,
+    ) -> None:
+        """Emit a row change; `image` is the `after` sent when it differs from the row (placeholders)."""
+        row_id = (after or before or {})[PRIMARY_KEY]
+        self.stats[op] += 1
+        if after is not None:
+            if rejected(table, after):
+                self.stats["invalid_values"] += 1
+            elif dirty(table, after):
+                self.stats["dirty_values"] += 1
+            if table == "orders" and op != "u" and after["customer_id"] >= ORPHAN_CUSTOMER_BASE:
+                self.stats["orphan_orders"] += 1
+        sent = image if image is not None else after
+        value = self._encode(table, self._envelope(op, before, sent, source), cfg)
+        self._remember(out, Message(topic(table), key_of(row_id), value), op, row_id)
+
+    def _remember(self, out: list[Message], message: Message, kind: str, row_id: int | None) -> None:
+        out.append(message)
+        self._history[message.topic].append(Sent(message, kind, row_id))
+
+    def _trim_history(self) -> None:
+        for history in self._history.values():
+            del history[: max(0, len(history) - HISTORY_TAIL)]
