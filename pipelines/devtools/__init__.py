@@ -16,6 +16,6 @@ def commands() -> list[click.Command]:
     from pipelines.devtools.generator import generate
     from pipelines.devtools.kafka_local import kafka
     from pipelines.devtools.object_store import s3
-    from pipelines.devtools.pg_source import source
+    from pipelines.devtools.pg_source_cli import source
 
     return [generate, source, kafka, s3, bench]
