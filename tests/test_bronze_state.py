@@ -6,7 +6,7 @@ import random
 
 from pipelines import hudi_timeline
 from pipelines.hudi_timeline import is_torn
-from pipelines.ingest.bronze import KnownRows, live_rows, newest_deletes
+from pipelines.ingest.state import KnownRows, live_rows, newest_deletes
 
 
 def test_known_rows_follow_upserts_deletes_and_reinserts_across_many_pieces(spark, monkeypatch) -> None:

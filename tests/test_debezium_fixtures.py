@@ -19,7 +19,7 @@ from pyspark.sql import types as T
 
 from pipelines.contract import COLUMNS, TABLES, topic
 from pipelines.devtools.generator import Message
-from pipelines.ingest.bronze import image_columns, parse_events
+from pipelines.ingest.parse import image_columns, parse_events
 from pipelines.ingest.schema import Shape
 from tests.model import row_event, unwrap
 

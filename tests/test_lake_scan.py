@@ -19,7 +19,7 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 
 from pipelines.gdpr.scan import Finding, ScanReport, Subject, scan_lake
-from pipelines.ingest.bronze import hudi_options
+from pipelines.ingest.state import hudi_options
 from pipelines.transform import gold
 from pipelines.transform.etl import silver_options
 

@@ -30,13 +30,7 @@ from pipelines.services.quality import data_docs_index
 from pipelines.settings import changelog_path, gdpr_path, ingest_checkpoint_path, main_path, silver_path
 from tests.hudi_files import not_completed
 from tests.kill import run_until
-from tests.lake import (
-    assert_bronze_equals_model,
-    assert_lake_equals_model,
-    dead_letters,
-    run_cli,
-    with_overrides,
-)
+from tests.lake import assert_bronze_equals_model, assert_lake_equals_model, dead_letters, run_cli, with_overrides
 from tests.model import expected_silver, fold_with_lsn, is_malformed
 from tests.test_gdpr import _orders_stayed, erased_model, orders_of, texts_of
 

@@ -9,7 +9,7 @@ from pyspark.sql import functions as F
 
 from pipelines.contract import COLUMNS, TABLES
 from pipelines.devtools.generator import ShopSource, WorkloadConfig
-from pipelines.ingest.bronze import row_schema
+from pipelines.ingest.parse import row_schema
 from pipelines.transform.silver import CLEANERS
 from tests.model import SILVER_RULES
 

@@ -44,7 +44,7 @@ def _warm_up(where: Path, dump: Path) -> None:
     from pyspark.sql import functions as F
 
     from pipelines.deploy.jobs import spark_conf
-    from pipelines.ingest.bronze import hudi_options
+    from pipelines.ingest.state import hudi_options
     from pipelines.spark import get_spark
     from pipelines.transform.etl import silver_options
 

@@ -67,7 +67,7 @@ from pipelines.gdpr.request import ErasureRequest, erasure_key, subject_hash
 from pipelines.gdpr.scan import Subject
 from pipelines.gdpr.verify import verify
 from pipelines.hudi_timeline import extra_meta_after, latest_completion, pending_writes, repair_torn_timeline
-from pipelines.ingest.bronze import BATCH_ID_META, REGISTRY_META
+from pipelines.ingest.state import BATCH_ID_META, REGISTRY_META
 from pipelines.services.quality import redact_subject
 from pipelines.services.table_services import lake_tables
 from pipelines.settings import kafka_bootstrap, lake_root

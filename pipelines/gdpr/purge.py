@@ -17,7 +17,7 @@ from pipelines.gdpr.find import CUSTOMER_TABLES, GOLD_BY_CUSTOMER, ORDER_TABLES,
 from pipelines.gdpr.registry import dead_letters_of_erased
 from pipelines.gdpr.scan import Subject, scan_lake
 from pipelines.hudi_timeline import READABLE_FROM_META, earliest_retained, latest_completion, pending_writes
-from pipelines.ingest.bronze import DELETED_FLAG
+from pipelines.ingest.state import DELETED_FLAG
 from pipelines.services.table_services import LakeTable, _Client, lake_tables
 from pipelines.settings import dead_letter_path, gold_path, silver_path
 from pipelines.table_stats import exists

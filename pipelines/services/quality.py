@@ -35,7 +35,7 @@ from pyspark.sql import functions as F
 import hudi_configs
 from pipelines import console, contract, storage
 from pipelines.hudi_timeline import checkpoint, consumed, earliest_retained, instant_of_batch, meta_at
-from pipelines.ingest.bronze import BATCH_ID_META
+from pipelines.ingest.state import BATCH_ID_META
 from pipelines.settings import changelog_path, gold_path, main_path, quarantine_path, silver_path
 from pipelines.table_stats import exists
 from pipelines.transform.gold import DAILY, DAILY_KEY, LTV

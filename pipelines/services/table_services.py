@@ -39,7 +39,7 @@ from pyspark.sql import functions as F
 import hudi_configs
 from pipelines import contract
 from pipelines.hudi_timeline import READABLE_FROM_META, checkpoint, consumed, meta_client, repair_torn_timeline
-from pipelines.ingest.bronze import LEDGER_COLUMNS, hudi_options
+from pipelines.ingest.state import LEDGER_COLUMNS, hudi_options
 from pipelines.settings import (
     changelog_path,
     dead_letter_path,

@@ -30,7 +30,8 @@ from pipelines.hudi_timeline import (
     latest_completion,
     partitions_written,
 )
-from pipelines.ingest.bronze import LEDGER_COLUMNS, META_COLUMNS, newest_per_key, union_all
+from pipelines.ingest.plan import newest_per_key
+from pipelines.ingest.state import LEDGER_COLUMNS, META_COLUMNS, union_all
 from pipelines.settings import CHANGE_FEED_TABLES, changelog_path, lake_root, ledger_path, main_path, table_path
 from pipelines.table_stats import exists
 

@@ -23,7 +23,7 @@ from pipelines.catalog import silver_extra_columns
 from pipelines.gdpr.registry import read_registry, without_erased
 from pipelines.gdpr.request import erasure_key
 from pipelines.hudi_timeline import checkpoint, consumed, repair_torn_timeline, write_with_checkpoint
-from pipelines.ingest.bronze import DELETED_FLAG, KEY
+from pipelines.ingest.state import DELETED_FLAG, KEY
 from pipelines.settings import changelog_path, gold_path, lake_root, quarantine_path, silver_path
 from pipelines.table_stats import exists
 from pipelines.transform.changes import Window, bronze_changes, window

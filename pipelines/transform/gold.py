@@ -30,7 +30,7 @@ from pyspark.sql import functions as F
 import hudi_configs
 from pipelines import console
 from pipelines.hudi_timeline import checkpoint, consumed, write_with_checkpoint
-from pipelines.ingest.bronze import DELETED_FLAG
+from pipelines.ingest.state import DELETED_FLAG
 from pipelines.settings import gold_path
 from pipelines.table_stats import exists
 from pipelines.transform.changes import Window, cdc_last_ops, cdc_window, keyed_read, window

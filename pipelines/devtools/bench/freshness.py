@@ -56,7 +56,8 @@ from kafka import KafkaConsumer, TopicPartition
 from pipelines.contract import TABLES, topic
 from pipelines.devtools.bench.common import DELETE_FRACTION, bench_dir, broker, save, say, table
 from pipelines.devtools.generator import Message, ShopSource, WorkloadConfig, produce
-from pipelines.ingest.bronze import BATCH_ID_META, POSITIONS_META, BatchReport
+from pipelines.ingest.state import BATCH_ID_META, POSITIONS_META
+from pipelines.ingest.writer import BatchReport
 from pipelines.settings import changelog_path, ingest_checkpoint_path, main_path
 from pipelines.table_stats import read_table
 

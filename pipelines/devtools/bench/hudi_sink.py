@@ -11,9 +11,9 @@ What it writes: per source table a MERGE_ON_READ table at `<base_path>/<table>` 
 the columns of bronze main (the source columns as delivered, `_op`, `_lsn`, `_source_ts`,
 `_tx_id`, `_kafka_partition`, `_kafka_offset`, `_kafka_ts`, `_ingested_at`, and the delete
 flag `_hoodie_is_deleted`) and every option bronze main is written with
-(`pipelines.ingest.bronze.hudi_options("table", ...)`: key `id`, precombine `_lsn` with event-time
+(`pipelines.ingest.state.hudi_options("table", ...)`: key `id`, precombine `_lsn` with event-time
 ordering, bucket index, inline compaction, cleaning...). The envelopes are decoded by the
-ingest job's own parser (`parse_events`, `_change_rows`), so decoding costs the same.
+ingest job's own parser (`parse_events`, `change_rows`), so decoding costs the same.
 
 What it leaves out, by design of a plain sink, so its figure is plain Hudi's and not an
 equal of the ingest job's:
@@ -46,7 +46,10 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from pipelines import contract
-from pipelines.ingest.bronze import DELETED_FLAG, META_COLUMNS, _change_rows, hudi_options, kafka_stream, parse_events
+from pipelines.ingest.bronze import kafka_stream
+from pipelines.ingest.parse import parse_events
+from pipelines.ingest.plan import change_rows
+from pipelines.ingest.state import DELETED_FLAG, META_COLUMNS, hudi_options
 
 # What the streaming sink needs on top of bronze main's options. Async compaction would
 # replace the configured inline compaction only if that were off (LAKEHOUSE_TABLE_SERVICES
@@ -78,7 +81,7 @@ def sink_rows(raw: DataFrame, table: str) -> DataFrame:
     `_ingested_at` is the micro-batch's time (Spark fixes `current_timestamp()` per batch),
     as the job stamps one instant per batch.
     """
-    return _change_rows(parse_events(raw, table), table).select(
+    return change_rows(parse_events(raw, table), table).select(
         *contract.COLUMNS[table], *[c for c in META_COLUMNS if c != "_ingested_at"],
         F.current_timestamp().alias("_ingested_at"), (F.col("_op") == "d").alias(DELETED_FLAG))
 

@@ -29,7 +29,7 @@ import hudi_configs
 from pipelines import contract
 from pipelines.devtools.bench.common import Backlog, bench_dir, broker, lakehouse, produce_backlog, save, say, table
 from pipelines.devtools.bench.plots import bar_chart
-from pipelines.ingest.bronze import BatchReport
+from pipelines.ingest.writer import BatchReport
 from pipelines.table_stats import table_stats
 
 CONTENDERS = ("lakehouse", "lakehouse_before_tuning", "hudi_sink", "parquet")

@@ -11,7 +11,9 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from pipelines import contract
-from pipelines.ingest.bronze import _change_rows, dead_letters, kafka_stream, parse_events
+from pipelines.ingest.bronze import kafka_stream
+from pipelines.ingest.parse import dead_letters, parse_events
+from pipelines.ingest.plan import change_rows
 
 
 def append_batch(root: str):
@@ -23,7 +25,7 @@ def append_batch(root: str):
             for table in contract.TABLES:
                 events = parse_events(batch.filter(F.col("topic") == contract.topic(table)), table).persist()
                 try:
-                    _change_rows(events, table).write.mode("append").parquet(f"{root}/{table}")
+                    change_rows(events, table).write.mode("append").parquet(f"{root}/{table}")
                     dead_letters(events, batch_id).write.mode("append").parquet(f"{root}/_dead_letters")
                 finally:
                     events.unpersist()

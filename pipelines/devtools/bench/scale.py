@@ -42,7 +42,7 @@ from pipelines.devtools.bench.common import (
 )
 from pipelines.devtools.bench.plots import grouped_bars
 from pipelines.devtools.generator import ShopSource, WorkloadConfig, produce
-from pipelines.ingest.bronze import BatchReport, BronzeBatchWriter
+from pipelines.ingest.writer import BatchReport, BronzeBatchWriter
 from pipelines.table_stats import table_stats
 
 SIZES = (100_000, 2_000_000)

@@ -1,6 +1,7 @@
 """Decoding one file (Parquet, Hudi log, HFile, raw bytes) and matching what it holds against the subject.
 """
 
+from __future__ import annotations
 
 import json
 import re

@@ -1,6 +1,7 @@
 """The scan's JVM side: Hudi's own readers of log files and HFiles, called through py4j in batches.
 """
 
+from __future__ import annotations
 
 import struct
 from collections.abc import Iterator

@@ -2,6 +2,7 @@
 the decoders share.
 """
 
+from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field

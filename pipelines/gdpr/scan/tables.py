@@ -2,6 +2,7 @@
 customer id, an order id or text, and how its record keys name them.
 """
 
+from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace

@@ -1,0 +1,205 @@
+"""Kafka records of a source topic -> classified rows: a change with its image, a truncate, a tombstone,
+a message to ignore, or a dead letter with its reason. Every record yields one row: nothing is dropped
+without a trace.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from pipelines import contract
+from pipelines.ingest.schema import Shape
+from pipelines.ingest.state import KEY
+from pipelines.settings import unavailable_placeholder
+
+# --------------------------------------------------------------------------- parsing
+
+_SOURCE = T.StructType([
+    T.StructField("version", T.StringType()),
+    T.StructField("connector", T.StringType()),
+    T.StructField("name", T.StringType()),
+    T.StructField("ts_ms", T.LongType()),
+    T.StructField("snapshot", T.StringType()),
+    T.StructField("db", T.StringType()),
+    T.StructField("sequence", T.StringType()),
+    T.StructField("schema", T.StringType()),
+    T.StructField("table", T.StringType()),
+    T.StructField("txId", T.LongType()),
+    T.StructField("lsn", T.LongType()),
+    T.StructField("xmin", T.LongType()),
+])
+
+
+def row_schema(table: str) -> T.StructType:
+    """The `before`/`after` image: bigint columns as numbers, the rest kept as delivered (strings).
+
+    Bronze mirrors the source as it arrived; typing and cleaning are silver's job, so a
+    value silver will reject still lands here and can be traced back.
+    """
+    return T.StructType([
+        T.StructField(c, T.LongType() if c in contract.BIGINT_COLUMNS[table] else T.StringType())
+        for c in contract.COLUMNS[table]
+    ])
+
+
+# A row image as column name -> the value's JSON text (strings unquoted): every column the
+# source sends is kept, including those added after the table was created (pipelines.ingest.schema).
+_IMAGE = T.MapType(T.StringType(), T.StringType())
+
+
+def _envelope_fields() -> list[T.StructField]:
+    return [
+        T.StructField("before", _IMAGE),
+        T.StructField("after", _IMAGE),
+        T.StructField("source", _SOURCE),
+        T.StructField("op", T.StringType()),
+        T.StructField("ts_ms", T.LongType()),
+    ]
+
+
+def value_schema() -> T.StructType:
+    """Both converter settings in one schema: the bare envelope, or `{"schema", "payload"}`."""
+    return T.StructType([
+        # A Kafka Connect schema (`schemas.enable=true`) as its JSON text: it is the same for every
+        # record of a shape, so a batch hashes it and reads `after`'s fields from one record per
+        # new hash (`BronzeBatchWriter._declared_fields`); parsed into arrays for every record, it
+        # was most of the cost of parsing a backlog.
+        T.StructField("schema", T.StringType()),
+        T.StructField("payload", T.StructType(_envelope_fields())),
+        *_envelope_fields(),
+        T.StructField("_corrupt", T.StringType()),
+    ])
+
+
+def literal_array(values: list[str] | tuple[str, ...]) -> Column:
+    return F.array(*[F.lit(v) for v in values]) if values else F.array().cast("array<string>")
+
+
+def parse_events(raw: DataFrame, table: str, shape: Shape | None = None, known_declared: tuple[int, ...] = (),
+                 placeholder: str | None = None) -> DataFrame:
+    """Kafka records of one table's topic -> one row per record, classified.
+
+    `kind` is `row` (a change with its image), `truncate`, `tombstone`, `ignored` (op=m)
+    or `dead` (with `reason` and the raw `value`). Every input record yields exactly one
+    output row, so nothing is dropped without a trace.
+
+    The image is kept as a map (`_image`); `image_columns` types it by the table's shape. Beside
+    it, what the schema decision needs (pipelines.ingest.schema), empty for a record of a known
+    shape: `_decl_hash` (of the Connect schema's text, for a wrapped record), `_decl_new` (true when
+    that hash is not in `known_declared`),
+    `_new_keys` (columns not in `shape`), `_missing` (contract columns absent from a bare
+    `after`), `_badcast` (bare values that do not fit their column's type), `_toast` (columns
+    carrying the unavailable-value `placeholder`). The raw value is kept for dead letters and
+    for records of an unknown shape (they may be held).
+    """
+    shape = shape or Shape.initial(table)
+    placeholder = placeholder or unavailable_placeholder()
+    text = F.col("value").cast("string")
+    parsed = F.from_json(text, value_schema(), {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": "_corrupt"})
+    df = raw.select(
+        F.col("topic").alias("kafka_topic"), F.col("partition").alias("kafka_partition"),
+        F.col("offset").alias("kafka_offset"), F.col("timestamp").alias("kafka_timestamp"),
+        "key", "value", text.alias("_text"), parsed.alias("_v"),
+    )
+    v = F.col("_v")
+    bare = F.struct(*[v[f.name].alias(f.name) for f in _envelope_fields()])
+    env = F.when(v["payload"].isNotNull(), v["payload"]).otherwise(bare)
+    df = df.withColumn("_env", env)
+    e = F.col("_env")
+    op, lsn = e["op"], e["source"]["lsn"]
+    image = F.when(op == "d", e["before"]).otherwise(e["after"])
+    key_text = image[KEY]
+
+    def dead(reason: Column) -> Column:
+        return F.struct(F.lit("dead").alias("kind"), reason.alias("reason"))
+
+    def ok(kind: str) -> Column:
+        return F.struct(F.lit(kind).alias("kind"), F.lit(None).cast("string").alias("reason"))
+
+    def not_bigint(c: str) -> Column:
+        return image[c].isNotNull() & image[c].cast("bigint").isNull()
+
+    where = f"on topic {contract.topic(table)}"
+    mistyped = functools.reduce(lambda a, b: a | b, [not_bigint(c) for c in sorted(contract.BIGINT_COLUMNS[table])])
+    classified = (
+        F.when(F.col("value").isNull(), ok("tombstone"))
+        .when(F.encode(F.col("_text"), "UTF-8") != F.col("value"), dead(F.lit("value is not valid UTF-8 text")))
+        .when(v.isNull() | v["_corrupt"].isNotNull(), dead(
+            F.when(F.get_json_object("_text", "$").isNull(), F.lit("value is not valid JSON"))
+            .when(~F.ltrim(F.col("_text")).startswith("{"),
+                  F.lit("JSON value is not an object, so not a Debezium envelope"))
+            .otherwise(F.lit(f"fields do not have the types of the {table} envelope "
+                             "(row images must be objects and source.lsn a JSON number)"))))
+        .when(op.isNull(), dead(F.lit("no 'op' field: not a Debezium envelope")))
+        .when(~op.isin(*contract.ROW_OPS, *contract.OTHER_OPS),
+              dead(F.concat(F.lit("unknown op '"), op, F.lit("'"))))
+        .when(op == "m", ok("ignored"))
+        .when(lsn.isNull(), dead(F.concat(F.lit("op="), op, F.lit(" without source.lsn"))))
+        .when(e["source"]["table"].isNotNull() & (e["source"]["table"] != table),
+              dead(F.concat(F.lit("event of table '"), e["source"]["table"], F.lit(f"' {where}"))))
+        .when(op == "t", ok("truncate"))
+        .when(image.isNull(), dead(F.concat(
+            F.lit("op="), op, F.when(op == "d", F.lit(" without 'before'")).otherwise(F.lit(" without 'after'")))))
+        .when(key_text.isNull(), dead(F.concat(
+            F.lit("op="), op, F.when(op == "d", F.lit(" without before.id")).otherwise(F.lit(" without after.id")))))
+        .when(mistyped, dead(F.lit(f"fields do not have the types of the {table} envelope "
+                                   f"({', '.join(sorted(contract.BIGINT_COLUMNS[table]))} must be JSON integers)")))
+        .otherwise(ok("row"))
+    )
+    is_row = F.col("_c.kind") == "row"
+    upsert = is_row & (op != "d")
+    connect_schema = v["schema"]  # its JSON text; null for a bare envelope
+    decl_hash = F.xxhash64(connect_schema)
+    unknown_shape = connect_schema.isNotNull() & ~decl_hash.isin(*known_declared) if known_declared \
+        else connect_schema.isNotNull()
+    empty = F.array().cast("array<string>")
+    # An image whose columns are the shape's, in its order (nearly every record), has nothing new and
+    # lacks nothing: one array comparison instead of two set differences per record.
+    as_shape = F.map_keys(image) == literal_array(list(shape.columns))
+    new_keys = F.when(is_row & ~as_shape, F.array_except(F.map_keys(image), literal_array(list(shape.columns)))) \
+        .otherwise(empty)
+    missing = F.when(upsert & connect_schema.isNull() & ~as_shape, F.array_except(
+        literal_array(contract.COLUMNS[table]), F.map_keys(image))).otherwise(empty)
+    typed = [c for c in shape.extras if shape.columns[c].type != "string"]
+    badcast = F.when(is_row & connect_schema.isNull(), F.array_compact(F.array(*[
+        F.when(image[c].isNotNull() & image[c].cast(shape.columns[c].type).isNull(), F.lit(c)) for c in typed
+    ]))).otherwise(empty) if typed else empty
+    toast = F.when(upsert & F.col("_text").contains(placeholder),
+                   F.map_keys(F.map_filter(image, lambda _, x: x == placeholder))).otherwise(empty)
+    df = df.withColumn("_c", classified).select(
+        "*", F.when(is_row & unknown_shape, F.lit(True)).alias("_decl_new"),
+        F.when(is_row & connect_schema.isNotNull(), decl_hash).alias("_decl_hash"),
+        new_keys.alias("_new_keys"), missing.alias("_missing"), badcast.alias("_badcast"), toast.alias("_toast"))
+    odd = F.col("_decl_new").isNotNull() | (F.size("_new_keys") > 0) | (F.size("_missing") > 0) | \
+        (F.size("_badcast") > 0)
+    columns = [F.col("_c.kind").alias("kind"), F.col("_c.reason").alias("reason"),
+               op.alias("_op"), lsn.alias("_lsn"), F.timestamp_millis(e["source"]["ts_ms"]).alias("_source_ts"),
+               e["source"]["txId"].alias("_tx_id"), image.alias("_image")]
+    # The raw value is kept for dead letters (and records that may become one) only: the batch's
+    # parsed rows stay cached while every table is written, and a wrapped envelope's value is
+    # mostly its schema (kilobytes).
+    return df.select(
+        "kafka_topic", "kafka_partition", "kafka_offset", "kafka_timestamp", "key",
+        F.when((F.col("_c.kind") == "dead") | odd, F.col("value")).alias("value"), *columns,
+        "_decl_new", "_decl_hash", "_new_keys", "_missing", "_badcast", "_toast")
+
+
+def image_columns(shape: Shape) -> list[Column]:
+    """The image's values as the shape's typed columns (a column the image lacks: null)."""
+    return [(F.col("_image")[c] if col.type == "string" else F.col("_image")[c].cast(col.type)).alias(c)
+            for c, col in shape.columns.items()]
+
+
+def dead_letters(events: DataFrame, batch_id: int) -> DataFrame:
+    """The `dead` rows of parsed events, in the dead-letter table's shape."""
+    return events.filter(F.col("kind") == "dead").select(
+        F.concat_ws("/", "kafka_topic", "kafka_partition", "kafka_offset").alias("position"),
+        "kafka_topic", "kafka_partition", "kafka_offset", "kafka_timestamp", "key", "value",
+        F.concat(F.col("reason"), F.lit(" (at "), F.col("kafka_topic"), F.lit("/"), F.col("kafka_partition"),
+                 F.lit("@"), F.col("kafka_offset"), F.lit(")")).alias("reason"),
+        F.lit(batch_id).cast("long").alias("batch_id"), F.current_timestamp().alias("ingested_at"),
+    )

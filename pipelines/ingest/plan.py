@@ -1,0 +1,80 @@
+"""What a batch still has to write, per key: the newest event of the batch, applied only if it is newer
+than everything applied for the key (live row, change-log delete, ledger). The rules only move a key
+forward in LSN, so a replayed batch, or one re-run after a crash, writes exactly what is missing.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from pipelines.ingest.parse import image_columns
+from pipelines.ingest.schema import Shape
+from pipelines.ingest.state import KEY
+
+# --------------------------------------------------------------------------- planning
+
+def change_rows(events: DataFrame, table: str, shape: Shape | None = None) -> DataFrame:
+    shape = shape or Shape.initial(table)
+    return events.filter(F.col("kind") == "row").select(
+        *image_columns(shape), "_op", "_lsn", "_source_ts", "_tx_id",
+        F.col("kafka_partition").alias("_kafka_partition"), F.col("kafka_offset").alias("_kafka_offset"),
+        F.col("kafka_timestamp").alias("_kafka_ts"))
+
+
+def truncate_deletes(events: DataFrame, main_state: DataFrame, shape: Shape) -> DataFrame | None:
+    """A truncate at LSN L, as deletes at L of every key that is older than L.
+
+    Keys come from the table (all of them, so `main_state` must not be narrowed to the
+    batch) and from the batch itself; the newest-event rule then lets a change newer
+    than the truncate survive it. None when the batch has no truncate.
+    """
+    truncates = events.filter(F.col("kind") == "truncate")
+    newest = truncates.orderBy(F.col("_lsn").desc()).limit(1).collect()
+    if not newest:
+        return None
+    t = newest[0]
+    columns = shape.types()
+    keys = main_state.filter(F.col("_lsn") < t["_lsn"]).select(KEY).union(
+        change_rows(events, shape.table, shape).select(KEY)).distinct()
+    return keys.select(
+        KEY, *[F.lit(None).cast(kind).alias(c) for c, kind in columns.items() if c != KEY],
+        F.lit("d").alias("_op"), F.lit(t["_lsn"]).alias("_lsn"), F.lit(t["_source_ts"]).alias("_source_ts"),
+        F.lit(t["_tx_id"]).cast("long").alias("_tx_id"), F.lit(t["kafka_partition"]).alias("_kafka_partition"),
+        F.lit(t["kafka_offset"]).alias("_kafka_offset"), F.lit(t["kafka_timestamp"]).alias("_kafka_ts"),
+    ).select(*columns, "_op", "_lsn", "_source_ts", "_tx_id", "_kafka_partition", "_kafka_offset", "_kafka_ts")
+
+
+def newest_per_key(changes: DataFrame) -> DataFrame:
+    """One row per key: the highest LSN; for a re-delivered event, its first delivery.
+
+    A struct max is one aggregation with no sort: fields compare left to right.
+    """
+    others = [c for c in changes.columns if c not in (KEY, "_lsn", "_kafka_offset")]
+    best = F.max(F.struct(F.col("_lsn"), (-F.col("_kafka_offset")).alias("_neg_offset"), *others)).alias("_b")
+    return changes.groupBy(KEY).agg(best).select(
+        KEY, "_b._lsn", (-F.col("_b._neg_offset")).alias("_kafka_offset"), *[f"_b.{c}" for c in others])
+
+
+def plan(newest: DataFrame, main_state: DataFrame, delete_state: DataFrame) -> DataFrame:
+    """Decide, per key, what the tables still lack: columns `to_main` and `to_log`.
+
+    `main_state` is (id, _lsn) of main's live rows, `delete_state` (id, _lsn) of the deletes
+    applied (change log and ledger; several per key allowed). An event is applied when it
+    is newer than both; a delete reaches main only while main holds an older row. The rules
+    only ever move a key forward in LSN, so a table that already reflects the event gets
+    nothing. A delete equal to the newest known one is still sent to a main that holds an
+    older row: that is a batch re-run after its change-log commit and before main's.
+    """
+    deletes = delete_state.groupBy(KEY).agg(F.max("_lsn").alias("_t_lsn"))
+    m = F.coalesce(F.col("_m_lsn"), F.lit(-1))
+    t = F.coalesce(F.col("_t_lsn"), F.lit(-1))
+    lsn = F.col("_lsn")
+    is_delete = F.col("_op") == "d"
+    upsert = ~is_delete & (lsn > m) & (lsn > t)
+    joined = (newest
+              .join(main_state.select(KEY, F.col("_lsn").alias("_m_lsn")), KEY, "left")
+              .join(deletes, KEY, "left"))
+    to_main = upsert | (is_delete & (lsn > m) & (lsn >= t) & F.col("_m_lsn").isNotNull())
+    new_delete = is_delete & (lsn > m) & (lsn > t)
+    return joined.select("*", to_main.alias("to_main"), (to_main | new_delete).alias("to_log"))

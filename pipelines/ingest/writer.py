@@ -1,0 +1,478 @@
+"""The micro-batch writer: parse, the schema decision, plan, then the change logs, the main tables and
+the dead letters, each table's commits side by side, with the batch's Kafka position in every commit.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import re
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.storagelevel import StorageLevel
+
+import hudi_configs
+from pipelines import contract
+from pipelines.gdpr.registry import dead_letters_without_erased, read_registry, registry_path, without_erased
+from pipelines.gdpr.request import erasure_key
+from pipelines.hudi_timeline import latest_completion, latest_meta, repair_torn_timeline
+from pipelines.ingest.parse import dead_letters, literal_array, parse_events
+from pipelines.ingest.plan import change_rows, newest_per_key, plan, truncate_deletes
+from pipelines.ingest.schema import COLUMNS_META, SCHEMA_REASON, Shape, decide, infer_type, read_accepted
+from pipelines.ingest.state import (
+    BATCH_ID_META,
+    DECLARED_META,
+    DELETED_FLAG,
+    KEY,
+    META_COLUMNS,
+    POSITIONS_META,
+    REGISTRY_META,
+    KnownRows,
+    discard_unborn,
+    has_commits,
+    hudi_options,
+    live_rows,
+    newest_deletes,
+    positions_of,
+    read_deletes,
+    read_state,
+    union_all,
+)
+from pipelines.settings import changelog_path, dead_letter_path, main_path, unavailable_placeholder
+
+log = logging.getLogger(__name__)
+
+
+_BATCH_LINE = re.compile(r"batch (\d+): (\d+) records in ([\d.]+)s")
+
+
+@dataclass
+class BatchReport:
+    """What a batch did and where its time went (the phases are what tuning starts from)."""
+
+    batch_id: int
+    seconds: float = 0.0
+    records: int = 0
+    counts: dict[str, dict[str, int]] = field(default_factory=dict)
+    phases: dict[str, float] = field(default_factory=dict)
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        started = time.monotonic()
+        try:
+            yield
+        finally:
+            self.phases[name] = self.phases.get(name, 0.0) + time.monotonic() - started
+
+    @classmethod
+    def parse(cls, line: str) -> BatchReport | None:
+        """The batch id, records, seconds and phases of a logged `line()`; None for any other log line."""
+        found = _BATCH_LINE.search(line)
+        if not found:
+            return None
+        timing = line.rsplit("| seconds: ", 1)[1].split() if "| seconds: " in line else []
+        return cls(int(found[1]), float(found[3]), int(found[2]),
+                   phases={k: float(v) for k, _, v in (item.partition("=") for item in timing)})
+
+    def line(self) -> str:
+        parts = [f"{t}: " + " ".join(f"{k}={v}" for k, v in sorted(c.items())) for t, c in self.counts.items()]
+        timing = " ".join(f"{k}={v:.1f}" for k, v in self.phases.items())
+        return (f"batch {self.batch_id}: {self.records} records in {self.seconds:.1f}s | " + " | ".join(parts)
+                + f" | seconds: {timing}")
+
+
+def run_together(jobs: list[Callable[[], None]], *, parallel: bool = True) -> None:
+    """Run `jobs` in threads of their own; when all are done, raise the first failure.
+
+    Each source table's commits (change log, then main) and the dead letters' are independent
+    Hudi tables, and most of a commit's time is single-threaded driver work (timeline, metadata
+    table, markers; `lakehouse bench commits`): one table's commit path runs while the other's
+    tasks use the cores. A crash leaves some of them committed and others not, which the re-run
+    handles table by table (each commit records the positions it covers).
+    """
+    if len(jobs) <= 1 or not parallel:
+        for job in jobs:
+            job()
+        return
+    with ThreadPoolExecutor(max_workers=len(jobs), thread_name_prefix="bronze-table") as pool:
+        futures = [pool.submit(job) for job in jobs]
+    errors = [e for f in futures if (e := f.exception()) is not None]
+    if errors:
+        raise errors[0]
+
+
+class BronzeBatchWriter:
+    """The `foreachBatch` function of the ingest stream."""
+
+    def __init__(self, spark: SparkSession, root: str, *, parallel: bool = True) -> None:
+        self.spark = spark
+        self.root = root
+        # The tables' commits side by side (`run_together`); False only for a benchmark's reference.
+        self.parallel = parallel
+        self._registry: tuple[DataFrame, str, str] | None = None
+        # The stream's position, and each table's, as its newest commit records them (read
+        # once, then kept up to date by this writer's own commits).
+        self._position: dict[str, int] | None = None
+        self._applied: dict[str, dict[str, int]] = {}
+        # Per table, what main holds (id, _lsn, _live) and every delete applied (id, _lsn):
+        # read once, then kept up to date by this writer's own commits (KnownRows).
+        self._main: dict[str, KnownRows] = {}
+        self._deletes: dict[str, KnownRows] = {}
+        # Per table, its shape (columns, pipelines.ingest.schema) and the hashes of the declared
+        # shapes already applied: read from main's newest commit once, then kept by this writer.
+        self._shapes: dict[str, Shape] = {}
+        self._declared: dict[str, set[int]] = {}
+        self.placeholder = unavailable_placeholder()
+        # Only this writer creates these tables (one stream per lake): an unborn one is a crash's.
+        for path in [*(f(t, root) for t in contract.TABLES for f in (main_path, changelog_path)),
+                     dead_letter_path(root)]:
+            discard_unborn(path)
+            repair_torn_timeline(path)
+
+    def _positions(self, path: str) -> dict[str, int]:
+        if path not in self._applied:
+            self._applied[path] = positions_of(self.spark, path)
+        return self._applied[path]
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        started = time.monotonic()
+        log.info("batch %d: started", batch_id)
+        report = BatchReport(batch_id)
+        # Each table's records parsed once and cached while its tables are written; the raw batch
+        # is not cached (a wrapped envelope is kilobytes of schema, parsed away here).
+        shapes = {t: self._shape(t) for t in contract.TABLES}
+        parsed = {t: parse_events(batch.filter(F.col("topic") == contract.topic(t)), t, shapes[t],
+                                  tuple(sorted(self._declared[t])), self.placeholder).persist(
+            StorageLevel.MEMORY_AND_DISK) for t in contract.TABLES}
+        cached = list(parsed.values())
+        try:
+            with report.phase("read+parse"):
+                offsets = self._end_offsets(union_all([
+                    events.select(F.col("kafka_topic").alias("topic"), F.col("kafka_partition").alias("partition"),
+                                  F.col("kafka_offset").alias("offset")) for events in parsed.values()]))
+            report.records = sum(n for *_, n in offsets)
+            ends = {f"{t}/{p}": o + 1 for t, p, o, _ in offsets}
+            if self._position is None:
+                self._position = {}
+                for path in [main_path(t, self.root) for t in contract.TABLES] + [dead_letter_path(self.root)]:
+                    for tp, o in self._positions(path).items():
+                        self._position[tp] = max(self._position.get(tp, 0), o)
+            position = {tp: max(self._position.get(tp, 0), ends.get(tp, 0)) for tp in {*self._position, *ends}}
+            commit_meta = {BATCH_ID_META: str(batch_id), POSITIONS_META: json.dumps(position, sort_keys=True)}
+            with report.phase("registry"):
+                erased = self._erased()
+            if erased:
+                commit_meta[REGISTRY_META] = erased[2]
+            surveys: dict[str, Survey] = {}
+            with report.phase("schema"):
+                accepted = read_accepted(self.root)
+                for table in contract.TABLES:
+                    surveys[table] = self._survey(table, parsed[table], accepted, batch_id)
+                    parsed[table] = surveys[table].events
+            jobs: list[Callable[[], None]] = []
+            if not self._covered(dead_letter_path(self.root), ends):
+                jobs.append(functools.partial(self._write_dead_letters, parsed, batch_id, commit_meta, report, erased))
+            for table, events in parsed.items():
+                mine = {tp: o for tp, o in ends.items() if tp.startswith(contract.topic(table) + "/")}
+                if mine and self._covered(main_path(table, self.root), mine):
+                    report.counts[table] = {"already_applied": sum(n for t, _, _, n in offsets
+                                                                   if t == contract.topic(table))}
+                    continue
+                jobs.append(functools.partial(self._apply, table, events, surveys[table], commit_meta, report, erased))
+            with report.phase("tables"):
+                run_together(jobs, parallel=self.parallel)
+            self._position = position
+            for table, survey in surveys.items():
+                self._declared[table] |= survey.applied_declared
+        finally:
+            for events in cached:
+                events.unpersist()
+        report.seconds = time.monotonic() - started
+        log.info(report.line())
+
+    def _known(self, table: str) -> tuple[KnownRows, KnownRows]:
+        """What main holds and the deletes applied, for `table`."""
+        if table not in self._main:
+            main = main_path(table, self.root)
+            self._main[table] = KnownRows(
+                lambda: read_state(self.spark, main).withColumn("_live", F.lit(True)), live_rows)
+            self._deletes[table] = KnownRows(lambda: read_deletes(self.spark, table, self.root), newest_deletes)
+        return self._main[table], self._deletes[table]
+
+    def _covered(self, path: str, ends: dict[str, int]) -> bool:
+        """True when the newest commit of `path` was made at or after these end offsets: a replayed batch."""
+        applied = self._positions(path)
+        return bool(applied) and all(applied.get(tp, 0) >= o for tp, o in ends.items())
+
+    def _committed(self, path: str, meta: dict[str, str]) -> None:
+        self._applied[path] = json.loads(meta[POSITIONS_META])
+
+    def _erased(self) -> tuple[DataFrame, str, str] | None:
+        """The erasure registry, the key of its pseudonyms and the registry's version; None before any erasure.
+
+        Looked up every batch (an erasure may have added to it), read again only when it changed.
+        """
+        path = registry_path(self.root)
+        version = latest_completion(self.spark, path) if has_commits(self.spark, path) else None
+        if version is None:
+            return None
+        if self._registry is None or self._registry[2] != version:
+            self._registry = (read_registry(self.spark, self.root).localCheckpoint(), erasure_key(), version)
+        return self._registry
+
+    @staticmethod
+    def _end_offsets(batch: DataFrame) -> list[tuple[str, int, int, int]]:
+        """(topic, partition, last offset, records) of the batch: what it consumed."""
+        rows = batch.groupBy("topic", "partition").agg(F.max("offset").alias("o"), F.count("*").alias("n"))
+        return [(r["topic"], r["partition"], r["o"], r["n"]) for r in rows.collect()]
+
+    def _write_dead_letters(self, parsed: dict[str, DataFrame], batch_id: int, meta: dict[str, str],
+                            report: BatchReport, erased: tuple[DataFrame, str, str] | None) -> None:
+        path = dead_letter_path(self.root)
+        rows = union_all([dead_letters(events, batch_id) for events in parsed.values()])
+        # The store is written with inserts (no index lookup, whose cost grows with the store):
+        # what an earlier commit already holds, a batch re-run after a crash, is left out here.
+        held = [(F.col("kafka_topic") == tp.rsplit("/", 1)[0]) & (F.col("kafka_partition") == int(tp.rsplit("/", 1)[1]))
+                & (F.col("kafka_offset") < o) for tp, o in self._positions(path).items()]
+        if held:
+            rows = rows.filter(~functools.reduce(lambda a, b: a | b, held))
+        if erased is not None:  # a malformed record of an erased customer is not kept either
+            rows = dead_letters_without_erased(rows, *erased[:2])
+        rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            with report.phase("dead_letters"):
+                n = rows.count()
+                report.counts.setdefault("dead_letters", {})["written"] = n
+                if n:
+                    rows.write.format("hudi").options(**hudi_options("dead_letters", "bronze_dead_letters", **meta)) \
+                        .mode("append").save(path)
+                    self._committed(path, meta)
+        finally:
+            rows.unpersist()
+
+    def _shape(self, table: str) -> Shape:
+        """The table's columns as its newest main commit records them (read once per stream)."""
+        if table not in self._shapes:
+            path = main_path(table, self.root)
+            recorded = has_commits(self.spark, path)
+            self._shapes[table] = Shape.from_meta(table, latest_meta(self.spark, path, COLUMNS_META)
+                                                  if recorded else None)
+            hashes = latest_meta(self.spark, path, DECLARED_META) if recorded else None
+            self._declared[table] = set(json.loads(hashes)) if hashes else set()
+        return self._shapes[table]
+
+    def _survey(self, table: str, events: DataFrame, accepted: set[str], batch_id: int) -> Survey:
+        """The batch's kinds and shapes for `table`: its new shape, and its events of a shape it cannot apply
+        turned into dead letters (reason `schema: ...`). One aggregation over the cached batch; the rest
+        runs only when a shape is new."""
+        def distinct(column: str) -> Column:
+            return F.collect_set(F.when(F.size(column) > 0, F.col(column)))
+
+        # Grouped by the Connect schema's hash too (a handful of groups), so that the same pass
+        # picks one record of each new schema, whose `after` fields the decision reads.
+        groups = events.groupBy("kind", "_decl_hash").agg(
+            F.count("*").alias("n"), F.first(F.when(F.col("_decl_new"), F.col("value")), ignorenulls=True)
+            .alias("sample"), distinct("_missing").alias("missing"), distinct("_badcast").alias("badcast"),
+            F.array_distinct(F.flatten(F.collect_set("_new_keys"))).alias("new_keys"),
+            F.array_distinct(F.flatten(F.collect_set("_toast"))).alias("toast")).collect()
+        kinds: dict[str, int] = {}
+        for g in groups:
+            kinds[g["kind"]] = kinds.get(g["kind"], 0) + g["n"]
+        row = [g for g in groups if g["kind"] == "row"]
+        shape = self._shapes[table]
+        survey = Survey(events, kinds, shape)
+        if not row:
+            return survey
+
+        def union(column: str) -> list:
+            return sorted({tuple(v) if isinstance(v, list) else v for g in row for v in g[column]})
+
+        survey.toast = union("toast")
+        declared = self._declared_fields(table, {g["_decl_hash"]: g["sample"] for g in row if g["sample"]})
+        missing = [list(m) for m in union("missing")]
+        badcast = [list(b) for b in union("badcast")]
+        new_keys = [k for k in union("new_keys") if not any(k in dict(f) for f in declared.values())]
+        if not (declared or missing or badcast or new_keys):
+            return survey
+        inferred = {k: self._infer(events, k) for k in new_keys}
+        decision = decide(shape, list(declared.values()), missing, inferred, accepted, batch_id)
+        survey.shape, survey.changed = decision.shape, decision.changed
+        held_declared = {h: decision.held_declared[tuple(f)] for h, f in declared.items()
+                         if tuple(f) in decision.held_declared}
+        survey.applied_declared = set(declared) - set(held_declared)
+        holds: list[tuple[Column, str]] = [(F.col("_decl_hash") == h, reason) for h, reason in held_declared.items()]
+        holds += [(F.col("_missing") == literal_array(list(m)), reason) for m, reason in decision.held_missing.items()]
+        for cast_failed in badcast:
+            # (a column this batch widens holds the values now)
+            gone = [c for c in cast_failed if f"{table}.{c}" not in accepted
+                    and survey.shape.columns[c].type == shape.columns[c].type]
+            if gone:
+                holds.append((F.col("_badcast") == literal_array(cast_failed),
+                              f"{SCHEMA_REASON}{table}.{','.join(gone)}: values that do not fit bronze's type "
+                              + ", ".join(shape.columns[c].type for c in gone)))
+        if holds:
+            is_row = F.col("kind") == "row"
+            reason = functools.reduce(lambda acc, h: acc.when(is_row & h[0], F.lit(h[1])),
+                                      holds[1:], F.when(is_row & holds[0][0], F.lit(holds[0][1])))
+            held = reason.isNotNull()
+            survey.events = events.withColumn("reason", F.when(held, reason).otherwise(F.col("reason"))) \
+                .withColumn("kind", F.when(held, F.lit("dead")).otherwise(F.col("kind")))
+            survey.kinds = {r["kind"]: r["count"] for r in survey.events.groupBy("kind").count().collect()}
+            log.warning("bronze/%s held: %s", table, "; ".join(sorted({h[1] for h in holds})))
+        if survey.changed:
+            log.warning("bronze/%s changes shape: %s", table, ", ".join(
+                f"{c.name} {c.type}" for c in survey.shape.columns.values() if shape.columns.get(c.name) != c))
+        return survey
+
+    @staticmethod
+    def _declared_fields(table: str, samples: dict[int, bytes]) -> dict[int, list[tuple[str, str]]]:
+        """Per new Connect schema (by hash), `after`'s declared (field, type) list, read from one of its records."""
+        declared = {}
+        for digest, value in samples.items():
+            schema = json.loads(value).get("schema") or {}
+            after = next((f for f in schema.get("fields") or [] if isinstance(f, dict) and f.get("field") == "after"),
+                         None)
+            if after is None or not isinstance(after.get("fields"), list):
+                log.warning("bronze/%s: a Connect schema (hash %s) has no field list for `after`: the columns its "
+                            "records add are not typed from it", table, digest)
+                continue
+            declared[digest] = [(f.get("field"), f.get("type")) for f in after["fields"]]
+        return declared
+
+    @staticmethod
+    def _infer(events: DataFrame, column: str, sample: int = 200) -> str | None:
+        """The type of a column new to the table, from the JSON values of the bare images that carry it."""
+        rows = events.filter((F.col("kind") == "row") & F.col("_decl_hash").isNull()
+                             & F.col("_image")[column].isNotNull()).select("value").limit(sample).collect()
+        values = []
+        for r in rows:
+            doc = json.loads(r["value"])
+            envelope = doc.get("payload", doc) if "schema" in doc else doc
+            image = envelope.get("after") or envelope.get("before") or {}
+            values.append(image.get(column))
+        return infer_type(values)
+
+    def _fill_unavailable(self, newest: DataFrame, changes: DataFrame, table: str, columns: list[str],
+                          main_state: DataFrame) -> DataFrame:
+        """Placeholders (an unchanged TOASTed value) replaced by the value the source still holds.
+
+        That value is the one of the newest event before it: among the batch's events of the key
+        (a replayed older one does not count when main holds a newer row), else main's row, read
+        for the keys that still need one only. `main_state`: (id, _lsn) of main for the batch's keys.
+        """
+        ph = self.placeholder
+        def real(c: str) -> Column:  # the LSN of an event carrying a real value of `c` (null is one)
+            return F.when(~F.col(c).eqNullSafe(ph), F.col("_lsn"))
+
+        known = changes.filter(F.col("_op") != "d").groupBy(KEY).agg(*[
+            agg for c in columns for agg in (F.max_by(F.col(c), real(c)).alias(f"_batch_{c}"),
+                                             F.max(real(c)).alias(f"_found_{c}"))])
+        stored_lsn = F.coalesce(F.col("_m_lsn"), F.lit(-1))
+
+        def need(c: str) -> Column:
+            return F.col(c).eqNullSafe(ph) & F.coalesce(F.col(f"_found_{c}") < stored_lsn, F.lit(True))
+
+        filled = newest.join(known, KEY, "left").join(main_state.select(KEY, F.col("_lsn").alias("_m_lsn")), KEY,
+                                                      "left").select(*[
+            F.when(F.col(c) == ph, F.col(f"_batch_{c}")).otherwise(F.col(c)).alias(c) if c in columns else F.col(c)
+            for c in newest.columns], *[need(c).alias(f"_need_{c}") for c in columns])
+        need = functools.reduce(lambda a, b: a | b, [F.col(f"_need_{c}") for c in columns]) & (F.col("_op") != "d")
+        main = main_path(table, self.root)
+        stored_columns = [c for c in columns if c in self._shapes[table].columns]
+        if has_commits(self.spark, main) and stored_columns:
+            keys = filled.filter(need).select(KEY).distinct()
+            stored = self.spark.read.format("hudi").options(**hudi_configs.section("bronze", "unavailable_read")) \
+                .load(main).join(F.broadcast(keys), KEY, "left_semi") \
+                .select(KEY, *[F.col(c).alias(f"_stored_{c}") for c in stored_columns])
+            filled = filled.join(stored, KEY, "left")
+        return filled.select(*[
+            F.when(F.col(f"_need_{c}"), F.col(f"_stored_{c}") if c in stored_columns else F.lit(None).cast("string"))
+            .otherwise(F.col(c)).alias(c) if c in columns else F.col(c) for c in newest.columns])
+
+    def _apply(self, table: str, events: DataFrame, survey: Survey, meta: dict[str, str], report: BatchReport,
+               erased: tuple[DataFrame, str, str] | None) -> None:
+        counts = report.counts.setdefault(table, {})
+        kinds = survey.kinds
+        for kind in ("tombstone", "ignored", "truncate", "dead"):
+            if kinds.get(kind):
+                counts[kind] = kinds[kind]
+        if not kinds.get("row") and not kinds.get("truncate"):
+            return
+        shape = survey.shape
+        main = main_path(table, self.root)
+        known_main, known_deletes = self._known(table)
+        if not known_main.loaded:  # the stream's first batch of this table: one read of the table
+            with report.phase(f"{table}.load_state"):
+                known_main.load()
+                known_deletes.load()
+        changes = change_rows(events, table, shape)
+        if erased is not None:  # events of erased customers and their orders never reach the lake again
+            changes = without_erased(changes, table, *erased[:2])
+        # A truncate deletes every key the table holds: the one plan that needs them all.
+        synthetic = truncate_deletes(events, known_main.all(), shape) if kinds.get("truncate") else None
+        if synthetic is not None:
+            changes = changes.unionByName(synthetic)
+        newest = newest_per_key(changes)
+        if survey.toast:
+            newest = self._fill_unavailable(newest, changes, table, [c for c in survey.toast if c in shape.columns],
+                                            known_main.lookup(newest.select(KEY)))
+        newest = newest.persist(StorageLevel.MEMORY_AND_DISK)
+        keys = newest.select(KEY)
+        planned = plan(newest, known_main.lookup(keys), known_deletes.lookup(keys)).persist(
+            StorageLevel.MEMORY_AND_DISK)
+        try:
+            with report.phase(f"{table}.plan"):
+                tally = planned.groupBy("to_main", "to_log", "_op").count().collect()
+            for r in tally:
+                outcome = "stale" if not r["to_log"] else "delete" if r["_op"] == "d" else "upsert"
+                counts[outcome] = counts.get(outcome, 0) + r["count"]
+            # One instant for the batch's writes: a key's change-log row and its bronze row
+            # say the same about when it was ingested.
+            now = F.lit(datetime.now(UTC)).cast("timestamp").alias("_ingested_at")
+            meta_columns = [c for c in META_COLUMNS if c != "_ingested_at"]
+            # Every write carries every column of the shape, the contract's first and those added
+            # since last (Hudi adds a column at the end only); a dropped column is written null.
+            contract_columns, extras = list(contract.COLUMNS[table]), shape.extras
+            main_meta = meta | {COLUMNS_META: shape.to_meta(),
+                                DECLARED_META: json.dumps(sorted(self._declared[table] | survey.applied_declared))}
+
+            def save(rows: DataFrame, part: str, name: str, path: str, options: dict[str, str]) -> None:
+                with report.phase(f"{table}.{part}"):
+                    rows.write.format("hudi").options(**hudi_options(part, name, **options)).mode("append").save(path)
+
+            if any(r["to_log"] for r in tally):
+                save(planned.filter("to_log").select(
+                    *contract_columns, *meta_columns, now,
+                    F.date_format(now, "yyyy-MM-dd").alias("_ingest_date"), *extras,
+                ), "changelog", f"bronze_changelog_{table}", changelog_path(table, self.root), meta)
+                known_deletes.add(planned.filter("to_log AND _op = 'd'").select(KEY, "_lsn"))
+            if any(r["to_main"] for r in tally):
+                save(planned.filter("to_main").select(
+                    *contract_columns, *meta_columns, now, (F.col("_op") == "d").alias(DELETED_FLAG), *extras,
+                ), "table", f"bronze_{table}", main, main_meta)
+                self._committed(main, meta)
+                known_main.add(planned.filter("to_main").select(KEY, "_lsn", (F.col("_op") != "d").alias("_live")))
+            self._shapes[table] = shape
+        finally:
+            planned.unpersist()
+            newest.unpersist()
+
+
+@dataclass
+class Survey:
+    """One table's part of a batch after the schema decision (`BronzeBatchWriter._survey`)."""
+
+    events: DataFrame  # held events turned into dead letters
+    kinds: dict[str, int]
+    shape: Shape
+    changed: bool = False
+    toast: list[str] = field(default_factory=list)  # columns carrying the unavailable-value placeholder
+    applied_declared: set[int] = field(default_factory=set)  # hashes of the declared shapes applied
