@@ -25,8 +25,8 @@ side (`writer.run_together`). Ordering and exactly-once come from one rule (`pla
 keep the newest event of the batch (highest `source.lsn`), then apply it only if it is newer
 than everything applied for the key, live row or delete (main's row, the change log's
 deletes, the ledger). What is applied goes first to the change log (a crash after it appends
-the same change again on the re-run, which readers fold away by LSN), then to main, where Hudi's own ordering on `_lsn` is a second
-line of defence. Every write is computed from what the tables hold, so a batch re-run
+the same change again on the re-run, which readers fold away by LSN), then to main, where
+Hudi's own ordering on `_lsn` is a second line of defence. Every write is computed from what the tables hold, so a batch re-run
 after a crash at any point writes exactly what is still missing, and a replay of old
 events changes nothing.
 
