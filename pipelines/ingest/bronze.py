@@ -19,16 +19,16 @@ and `bronze/_dead_letters` (COW) for all: every Kafka record that is not a usabl
 envelope, with the reason, the raw key and value and its Kafka position, keyed by that
 position.
 
-A batch makes at most two commits per source table it changes (change log, then main) and
-one to the dead-letter store when it has malformed records; the tables' commits run side by
-side (`writer.run_together`). Ordering and exactly-once come from one rule (`plan`): per key,
-keep the newest event of the batch (highest `source.lsn`), then apply it only if it is newer
-than everything applied for the key, live row or delete (main's row, the change log's
-deletes, the ledger). What is applied goes first to the change log (a crash after it appends
-the same change again on the re-run, which readers fold away by LSN), then to main, where
-Hudi's own ordering on `_lsn` is a second line of defence. Every write is computed from what the tables hold, so a batch re-run
-after a crash at any point writes exactly what is still missing, and a replay of old
-events changes nothing.
+A batch makes at most two commits per source table it changes (change log, then main) and one to
+the dead-letter store when it has malformed records; the tables' commits run side by side
+(`writer.run_together`). Ordering and exactly-once come from one rule (`plan`): per key, keep
+the newest event of the batch (highest `source.lsn`), then apply it only if it is newer than
+everything applied for the key, live row or delete (main's row, the change log's deletes, the
+ledger). What is applied goes first to the change log (a crash after it appends the same change
+again on the re-run, which readers fold away by LSN), then to main, where Hudi's own ordering on
+`_lsn` is a second line of defence. Every write is computed from what the tables hold, so a
+batch re-run after a crash at any point writes exactly what is still missing, and a replay of
+old events changes nothing.
 
 What the tables hold is read once per stream, at its first batch (main's `(id, _lsn)`,
 the change log's deletes, the ledger), and then kept up to date by the writer's own
