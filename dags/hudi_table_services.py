@@ -27,14 +27,11 @@ from datetime import timedelta
 from airflow.sdk import DAG
 from lakehouse_common import DEFAULT_ARGS, START, job, spark_task
 
-from pipelines.contract import TABLES
+from pipelines.catalog import LAKE_TABLES, names
 
-LAYERS = {
-    "bronze": [f"bronze/{t}" for t in TABLES] + [f"bronze/_deletes/{t}" for t in TABLES]
-    + [f"bronze/_changelog/{t}" for t in TABLES] + ["bronze/_dead_letters"],
-    "silver": [f"silver/{t}" for t in TABLES] + [f"silver/_quarantine/{t}" for t in TABLES],
-    "gold": ["gold/_customer_orders", "gold/customer_ltv", "gold/daily_revenue"],
-}
+LAYERS = {layer: names(layer) for layer in ("bronze", "silver", "gold")}
+MERGE_ON_READ = [t for t in LAKE_TABLES if t.writer == "table" and t.layer == "bronze"]
+CHANGE_LOGS = names("bronze", writer="changelog")
 
 
 def _tables(names: list[str]) -> list[str]:
@@ -52,15 +49,15 @@ with DAG(
     doc_md=__doc__,
     tags=["lakehouse", "hudi", "maintenance"],
 ):
-    compactions = [spark_task(job(f"compact_bronze_{t}", "services", "--only", "compact", "--table", f"bronze/{t}"),
-                              doc_md=f"Compaction of bronze/{t}, when it has log files.") for t in TABLES]
+    compactions = [spark_task(job(f"compact_bronze_{t.source}", "services", "--only", "compact", "--table", t.name),
+                              doc_md=f"Compaction of {t.name}, when it has log files.") for t in MERGE_ON_READ]
     changelogs = spark_task(job("expire_cluster_changelogs", "services", "--only", "expire", "--only", "cluster",
-                                *_tables([f"bronze/_changelog/{t}" for t in TABLES])),
+                                *_tables(CHANGE_LOGS)),
                             doc_md="Drop consumed days past the retention from bronze's change logs; "
                                    "cluster the small files of the other past days.")
     cleanups = [spark_task(job(f"clean_archive_{layer}", "services", "--only", "clean", "--only", "archive",
-                               *_tables(names)), doc_md=f"Cleaning and archival of every {layer} table.")
-                for layer, names in LAYERS.items()]
+                               *_tables(tables)), doc_md=f"Cleaning and archival of every {layer} table.")
+                for layer, tables in LAYERS.items()]
     # Clean bronze after its compactions and the change-log upkeep: what they replaced goes
     # in the same run once it is past the retention.
     [*compactions, changelogs] >> cleanups[0]

@@ -1,4 +1,6 @@
-"""The table catalog: what the project does with each source table beyond what the contract fixes.
+"""The table catalog: every table of the lake, and what the project does with each source table beyond
+what the contract fixes. The one place a table is added: the CLI, the DAGs, table services and the
+erasure read it.
 
 One line per source table. The contract (`pipelines.contract`) fixes the columns every layer
 must hold; this is where a deployment chooses the rest.
@@ -49,3 +51,68 @@ def silver_extra_columns(table: str) -> tuple[str, ...]:
         raise ValueError(f"pipelines/catalog.py, {table}: silver_extra_columns {wrong} collide with the columns "
                          f"silver and Hudi add themselves (names starting with '_', {sorted(SILVER_OWN_COLUMNS)})")
     return tuple(dict.fromkeys(c for c in named if c not in contract.COLUMNS[table]))
+
+
+# --------------------------------------------------------------------------- the lake's tables
+
+@dataclass(frozen=True)
+class Table:
+    """One Hudi table of the lake: where it lives, its key, whose rows it holds, how it is written.
+
+    `name` is its path under the lake root and the name every command, DAG task and report uses.
+    `writer` names its writer's options (`hudi_configs/<layer>.toml`): bronze's sections (`table`,
+    `changelog`, `ledger`, `dead_letters`), silver's one, gold's table. `holds` says whose data its
+    rows are (`customer`: keyed by a customer id, `order`: by an order id, `customer_id`: a column
+    naming the customer) for the erasure; `change_feed` that `lakehouse changes` offers it.
+    """
+
+    name: str
+    key: tuple[str, ...]
+    writer: str
+    source: str | None = None  # the source table it follows
+    holds: str | None = None
+    change_feed: bool = False
+
+    @property
+    def layer(self) -> str:
+        return self.name.split("/", 1)[0]
+
+    def path(self, root: str | None = None) -> str:
+        from pipelines.settings import lake_root
+
+        return f"{(root or lake_root()).rstrip('/')}/{self.name}"
+
+
+def _lake_tables() -> tuple[Table, ...]:
+    holds = {"customers": "customer", "orders": "order"}
+    bronze = [t for s in CATALOG for t in (
+        Table(f"bronze/{s}", (contract.PRIMARY_KEY,), "table", s, holds[s], change_feed=True),
+        Table(f"bronze/_deletes/{s}", (contract.PRIMARY_KEY,), "ledger", s, holds[s]),
+        Table(f"bronze/_changelog/{s}", (contract.PRIMARY_KEY,), "changelog", s, holds[s]))]
+    bronze.append(Table("bronze/_dead_letters", ("position",), "dead_letters"))
+    silver = [t for s in CATALOG for t in (
+        Table(f"silver/{s}", (contract.PRIMARY_KEY,), "table", s, holds[s], change_feed=True),
+        Table(f"silver/_quarantine/{s}", (contract.PRIMARY_KEY,), "table", s, holds[s]))]
+    gold = [Table("gold/_customer_orders", ("customer_id",), "customer_orders", holds="customer_id"),
+            Table("gold/customer_ltv", ("customer_id",), "customer_ltv", holds="customer_id", change_feed=True),
+            Table("gold/daily_revenue", ("order_date", "country", "currency"), "daily_revenue", change_feed=True)]
+    return (*bronze, *silver, *gold)
+
+
+# Every table the pipeline writes, bronze first, in the order the services and the erasure work.
+# A new source table is a line in CATALOG above; a new kind of table is a line here.
+LAKE_TABLES: tuple[Table, ...] = _lake_tables()
+
+
+def lake_table(name: str) -> Table:
+    """The catalog's table of that name (e.g. `silver/orders`); KeyError naming the known ones."""
+    for table in LAKE_TABLES:
+        if table.name == name:
+            return table
+    raise KeyError(f"no lake table {name!r}; the catalog has {', '.join(t.name for t in LAKE_TABLES)}")
+
+
+def names(layer: str | None = None, *, holds: str | None = None, writer: str | None = None) -> list[str]:
+    """Names of the catalog's tables, in its order: of one layer, holding one kind of subject, of one writer."""
+    return [t.name for t in LAKE_TABLES if (layer is None or t.layer == layer)
+            and (holds is None or t.holds == holds) and (writer is None or t.writer == writer)]

@@ -238,6 +238,7 @@ def status() -> None:
 
     Read with hudi-rs: no Spark needed.
     """
+    from pipelines.catalog import names
     from pipelines.contract import TABLES, topic
     from pipelines.settings import dead_letter_path, main_path, quarantine_path, silver_path
     from pipelines.table_stats import exists, read_table, table_stats
@@ -267,7 +268,7 @@ def status() -> None:
             quarantined = table_stats(quarantine_path(table)).rows if exists(quarantine_path(table)) else 0
             click.echo(f"silver/{table:<11}{s.rows:>9}{s.commits:>9}{s.file_groups:>13}{s.log_files:>11}"
                        f"{'':>14}{'':>14}  quarantined: {quarantined}")
-    for table in ("customer_ltv", "daily_revenue"):
+    for table in [n.split("/", 1)[1] for n in names("gold") if not n.startswith("gold/_")]:  # not the internal
         path = settings.gold_path(table)
         if exists(path):
             s = table_stats(path)

@@ -10,7 +10,7 @@ import os
 import re
 from pathlib import Path
 
-from pipelines.contract import TABLES
+from pipelines.catalog import LAKE_TABLES
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 # The ingest stream's micro-batch interval: with the etl schedule, it sets how many commits a
@@ -47,11 +47,7 @@ def jvm_dir() -> Path:
 
 # Lake tables whose changes `lakehouse changes` serves, with their key columns (pure Python:
 # the CLI lists them without Spark).
-CHANGE_FEED_TABLES: dict[str, tuple[str, ...]] = {
-    **{f"{layer}/{table}": ("id",) for layer in ("bronze", "silver") for table in TABLES},
-    "gold/customer_ltv": ("customer_id",),
-    "gold/daily_revenue": ("order_date", "country", "currency"),
-}
+CHANGE_FEED_TABLES: dict[str, tuple[str, ...]] = {t.name: t.key for t in LAKE_TABLES if t.change_feed}
 
 
 def table_path(layer: str, table: str, root: str | None = None) -> str:

@@ -16,16 +16,14 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 import hudi_configs
+from pipelines.catalog import names
 from pipelines.services.table_services import lake_tables
 from pipelines.table_stats import exists
-from pipelines.transform import gold
 
-# Tables whose rows hold a customer (key `id`) or an order (key `id`), by name in lake_tables().
-CUSTOMER_TABLES = ("bronze/customers", "bronze/_deletes/customers", "bronze/_changelog/customers",
-                   "silver/customers", "silver/_quarantine/customers")
-ORDER_TABLES = ("bronze/orders", "bronze/_deletes/orders", "bronze/_changelog/orders",
-                "silver/orders", "silver/_quarantine/orders")
-GOLD_BY_CUSTOMER = (f"gold/{gold.STATE}", f"gold/{gold.LTV}")
+# Tables whose rows hold a customer (key `id`), an order (key `id`), or name a customer (`customer_id`).
+CUSTOMER_TABLES = tuple(names(holds="customer"))
+ORDER_TABLES = tuple(names(holds="order"))
+GOLD_BY_CUSTOMER = tuple(names("gold", holds="customer_id"))
 # Texts shorter than this are not searched: they would be found everywhere.
 MIN_TEXT = 4
 T = TypeVar("T")

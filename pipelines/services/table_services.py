@@ -37,15 +37,10 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 import hudi_configs
-from pipelines import contract
+from pipelines.catalog import LAKE_TABLES, Table, lake_table
 from pipelines.hudi_timeline import READABLE_FROM_META, checkpoint, consumed, meta_client, repair_torn_timeline
 from pipelines.ingest.state import LEDGER_COLUMNS, hudi_options
 from pipelines.settings import (
-    changelog_path,
-    dead_letter_path,
-    gold_path,
-    ledger_path,
-    main_path,
     quarantine_path,
     silver_path,
 )
@@ -79,24 +74,28 @@ class LakeTable:
 
 
 def lake_tables(root: str) -> list[LakeTable]:
-    """Every Hudi table the pipeline writes, with the options its writer uses."""
+    """Every Hudi table the pipeline writes (pipelines.catalog), with the options its writer uses."""
     tables = []
-    for t in contract.TABLES:
-        ledger = (f"bronze/_deletes/{t}", ledger_path(t, root), hudi_options("ledger", f"bronze_deletes_{t}"))
-        tables += [LakeTable(f"bronze/{t}", main_path(t, root), hudi_options("table", f"bronze_{t}")),
-                   LakeTable(*ledger),
-                   LakeTable(f"bronze/_changelog/{t}", changelog_path(t, root),
-                             hudi_options("changelog", f"bronze_changelog_{t}"),
-                             readers=(silver_path(t, root), quarantine_path(t, root)), ledger=ledger)]
-    tables.append(LakeTable("bronze/_dead_letters", dead_letter_path(root),
-                            hudi_options("dead_letters", "bronze_dead_letters")))
-    for t in contract.TABLES:
-        tables += [LakeTable(f"silver/{t}", silver_path(t, root), silver_options(f"silver_{t}")),
-                   LakeTable(f"silver/_quarantine/{t}", quarantine_path(t, root),
-                             silver_options(f"silver_quarantine_{t}"))]
-    for t in (gold.STATE, gold.LTV, gold.DAILY):
-        tables.append(LakeTable(f"gold/{t}", gold_path(t, root), gold.options(t)))
+    for t in LAKE_TABLES:
+        path, options = t.path(root), writer_options(t)
+        if t.writer == "changelog":  # silver reads it; expiry moves its deletes to the source's ledger
+            ledger = lake_table(f"bronze/_deletes/{t.source}")
+            tables.append(LakeTable(t.name, path, options,
+                                    readers=(silver_path(t.source, root), quarantine_path(t.source, root)),
+                                    ledger=(ledger.name, ledger.path(root), writer_options(ledger))))
+        else:
+            tables.append(LakeTable(t.name, path, options))
     return tables
+
+
+def writer_options(table: Table) -> dict[str, str]:
+    """The options the writer of a catalog table uses (hoodie.table.name: its name, with `_` for `/`)."""
+    hudi_name = table.name.replace("/_", "_").replace("/", "_")
+    if table.layer == "bronze":
+        return hudi_options(table.writer, hudi_name)
+    if table.layer == "silver":
+        return silver_options(hudi_name)
+    return gold.options(table.name.split("/", 1)[1])
 
 
 class _Client:
