@@ -1,4 +1,4 @@
-"""The erasure proof (pipelines/gdpr/scan.py) on real Hudi tables written by Spark, no mocks.
+"""The erasure proof (pipelines/gdpr/scan/) on real Hudi tables written by Spark, no mocks.
 
 The lake holds the subject (customer 42, order 4200, e-mail and name) in every kind of
 file Hudi writes: base files, log data blocks, log delete blocks, CDC logs, the metadata

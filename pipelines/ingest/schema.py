@@ -1,6 +1,6 @@
 """The shape of each bronze table, following the source's columns as they change (contract section 6).
 
-Bronze parses a row image as a map of column name to JSON text (`pipelines.ingest.bronze`), so no column
+Bronze parses a row image as a map of column name to JSON text (`pipelines.ingest.parse`), so no column
 the source adds is lost at parsing; this module decides, per batch and table, what the bronze
 table's columns become:
 

@@ -136,8 +136,8 @@ def run(sizes: tuple[int, ...], changes: int, seed: int) -> dict[str, Any]:
 
     spark = get_spark("lakehouse-bench-scale")
     reports = _Reports()
-    logging.getLogger("pipelines.ingest.bronze").addHandler(reports)
-    logging.getLogger("pipelines.ingest.bronze").setLevel(logging.INFO)
+    logging.getLogger("pipelines.ingest.writer").addHandler(reports)
+    logging.getLogger("pipelines.ingest.writer").setLevel(logging.INFO)
     results = [_one_size(spark, rows, changes, seed, reports) for rows in sorted(sizes)]
     small, large = results[0], results[-1]
     figures = {
