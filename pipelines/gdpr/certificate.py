@@ -17,7 +17,7 @@ def certificate_path(root: str, reference: str) -> str:
 
 
 def write_certificate(root: str, certificate: dict[str, object]) -> None:
-    """The certificate, and one line of the audit log, beside the lake (on its object store too)."""
+    """The certificate, and one line of the audit log, beside the lake (on its object store too); sets its path."""
     path = certificate_path(root, str(certificate["reference"]))
     text = json.dumps(certificate, indent=2, sort_keys=True, default=str)
     if storage.exists(path):  # a repeated request keeps every run's certificate
@@ -29,3 +29,4 @@ def write_certificate(root: str, certificate: dict[str, object]) -> None:
               "rows_removed": sum(int(t.get("rows_removed", 0)) for t in certificate["tables"].values()),
               "run_references": certificate["run"]["references"]}
     storage.append_text(f"{gdpr_path(root)}/audit.jsonl", json.dumps(audit, sort_keys=True, default=str) + "\n")
+    certificate["certificate"] = path
