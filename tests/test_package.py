@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import site
 import subprocess
 import sys
 import zipfile
@@ -20,9 +21,12 @@ step = pipelines.deploy.jobs.SparkJob("etl", ("etl",)).emr_step("s3://code/lakeh
 print(" ".join(step["HadoopJarStep"]["Args"]))
 """
 
+# Run with -S too, with the environment's libraries (click, pyarrow) put back by hand: site's .pth
+# files would install this checkout's editable finder, which finds `pipelines.devtools` beside the zip.
 CLI_PROBE = """
 import sys
 sys.path.insert(0, sys.argv[1])
+sys.path.extend(sys.argv[2:])
 import pipelines.cli
 assert pipelines.cli.__file__.startswith(sys.argv[1]), pipelines.cli.__file__
 print(" ".join(pipelines.cli.main.commands))
@@ -44,7 +48,7 @@ def test_bundle_loads_from_the_zip_and_pins_what_the_cluster_lacks(tmp_path) -> 
 
     # The bundle's CLI, from the zip (with the environment's click and pyarrow): the pipeline's
     # commands, none of the dev tools'.
-    cli = subprocess.run([sys.executable, "-c", CLI_PROBE, str(files["lakehouse.zip"])],
+    cli = subprocess.run([sys.executable, "-S", "-c", CLI_PROBE, str(files["lakehouse.zip"]), *site.getsitepackages()],
                          capture_output=True, text=True, timeout=60)
     assert cli.returncode == 0, cli.stderr
     assert set(cli.stdout.split()) >= {"ingest", "etl", "gdpr", "services", "quality", "stream"}, cli.stdout
