@@ -44,6 +44,11 @@ def produce(
             bootstrap_servers=bootstrap,
             acks="all",
             linger_ms=20,
+            # Batches of up to 1 MiB instead of kafka-python's 16 KiB: a record with its Connect
+            # schema is about 2 KB, so the default sent a handful per request. 83,671 records on
+            # the local broker: 5,675 records/s with the default, 13,959 with this (both with the
+            # crc32c extension, pyproject.toml; 1,479 and 2,200 without it).
+            batch_size=1 << 20,
             **optional_config(KafkaProducer, enable_idempotence=True, bootstrap_timeout_ms=15_000),
         )
     except KafkaError as exc:
