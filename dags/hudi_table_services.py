@@ -27,10 +27,10 @@ from datetime import timedelta
 from airflow.sdk import DAG
 from lakehouse_common import DEFAULT_ARGS, START, job, spark_task
 
-from pipelines.catalog import LAKE_TABLES, names
+from pipelines.catalog import names
 
 LAYERS = {layer: names(layer) for layer in ("bronze", "silver", "gold")}
-MERGE_ON_READ = [t for t in LAKE_TABLES if t.writer == "table" and t.layer == "bronze"]
+MERGE_ON_READ = names("bronze", writer="table")
 CHANGE_LOGS = names("bronze", writer="changelog")
 
 
@@ -49,8 +49,9 @@ with DAG(
     doc_md=__doc__,
     tags=["lakehouse", "hudi", "maintenance"],
 ):
-    compactions = [spark_task(job(f"compact_bronze_{t.source}", "services", "--only", "compact", "--table", t.name),
-                              doc_md=f"Compaction of {t.name}, when it has log files.") for t in MERGE_ON_READ]
+    compactions = [spark_task(job(f"compact_{name.replace('/', '_')}", "services", "--only", "compact",
+                                  "--table", name),
+                              doc_md=f"Compaction of {name}, when it has log files.") for name in MERGE_ON_READ]
     changelogs = spark_task(job("expire_cluster_changelogs", "services", "--only", "expire", "--only", "cluster",
                                 *_tables(CHANGE_LOGS)),
                             doc_md="Drop consumed days past the retention from bronze's change logs; "

@@ -78,9 +78,9 @@ class Table:
         return self.name.split("/", 1)[0]
 
     def path(self, root: str | None = None) -> str:
-        from pipelines.settings import lake_root
+        from pipelines.settings import table_path  # settings reads this module at import
 
-        return f"{(root or lake_root()).rstrip('/')}/{self.name}"
+        return table_path(self.layer, self.name.split("/", 1)[1], root)
 
 
 def _lake_tables() -> tuple[Table, ...]:
