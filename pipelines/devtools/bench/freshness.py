@@ -260,13 +260,18 @@ def steady_messages(source: ShopSource, records: int, seed: int) -> list[Message
 
 def batch_summary(log: Path, after: int | None) -> dict[str, Any]:
     """Batches after `after` as the ingest job logged them (its own wall time per batch)."""
-    reports = filter(None, map(BatchReport.parse, log.read_text(errors="replace").splitlines()))
-    batches = [(r.batch_id, r.records, r.seconds) for r in reports if after is None or r.batch_id > after]
-    seconds = np.array([s for *_, s in batches]) if batches else np.zeros(1)
-    records = sum(n for _, n, _ in batches)
-    return {"count": len(batches), "records": records, "records_mean": round(records / max(1, len(batches)), 1),
+    reports = [r for r in filter(None, map(BatchReport.parse, log.read_text(errors="replace").splitlines()))
+               if after is None or r.batch_id > after]
+    seconds = np.array([r.seconds for r in reports]) if reports else np.zeros(1)
+    records = sum(r.records for r in reports)
+    # Where a batch's time goes: each phase's mean over the batches (the table phases run side
+    # by side, so they add up to more than `tables`, their wall time).
+    names = sorted({name for r in reports for name in r.phases})
+    phases = {name: round(sum(r.phases.get(name, 0.0) for r in reports) / len(reports), 2) for name in names}
+    return {"count": len(reports), "records": records, "records_mean": round(records / max(1, len(reports)), 1),
             "seconds_mean": round(float(seconds.mean()), 2), "seconds_p50": round(float(np.median(seconds)), 2),
-            "seconds_max": round(float(seconds.max()), 2)}
+            "seconds_max": round(float(seconds.max()), 2),
+            "phases_mean": dict(sorted(phases.items(), key=lambda kv: -kv[1]))}
 
 
 def _wait(probe: LagProbe, ingest: subprocess.Popen, log: Path, samples: list[tuple[float, dict[str, int]]],
@@ -431,4 +436,7 @@ def report(figures: dict[str, Any]) -> str:
            "changes": f"{figures['events']:,}", "p50 s": d["p50"], "p95 s": d["p95"], "p99 s": d["p99"],
            "max s": d["max"], "max lag": max(s["total"] for s in figures["lag"] if s["t"] >= 0),
            "batches": b["count"], "batch s (mean)": b["seconds_mean"]}
-    return table([row], list(row))
+    phases = b.get("phases_mean") or {}
+    where = ("\nwhere a batch's time goes (mean s per batch; table phases run side by side): "
+             + " ".join(f"{k}={v:g}" for k, v in phases.items())) if phases else ""
+    return table([row], list(row)) + where
