@@ -103,6 +103,9 @@ class Purger(_Client):
         "hoodie.clean.policy": "KEEP_LATEST_COMMITS",
         "hoodie.clean.commits.retained": "1",
         "hoodie.cleaner.commits.retained": "1",
+        # A clean whenever asked, whatever the table's own trigger (the dead letters' waits for 10 commits).
+        "hoodie.clean.trigger.strategy": "NUM_COMMITS",
+        "hoodie.clean.max.commits": "1",
     }
 
     def __init__(self, spark: SparkSession, table: LakeTable) -> None:
