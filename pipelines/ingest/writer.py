@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from pyspark import SparkContext
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.storagelevel import StorageLevel
@@ -66,7 +67,11 @@ class BatchReport:
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
+        """Time the block; its Spark jobs carry the phase's name (Spark UI, event log) where Hudi names none."""
         started = time.monotonic()
+        context = SparkContext._active_spark_context
+        if context is not None:  # a thread's own property (pinned threads): side-by-side phases keep theirs
+            context.setJobDescription(f"batch {self.batch_id}: {name}")
         try:
             yield
         finally:
