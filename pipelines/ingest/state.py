@@ -164,7 +164,10 @@ class KnownRows:
         """Rows this writer has just committed (materialized now: `rows` may derive from a cache about to go)."""
         self._rows()
         assert self._pieces is not None
-        self._pieces.append(rows.localCheckpoint())
+        # One partition per batch's piece: a lookup scans every partition of every piece, and a
+        # batch's rows arrive in as many partitions as its shuffles made (4 locally, 64 on EMR),
+        # most of them tiny, so the lookups' tasks grew by that many per batch up to the merge.
+        self._pieces.append(rows.coalesce(1).localCheckpoint())
         if len(self._pieces) > self.MAX_PIECES:
             self._pieces = [self._fold(union_all(self._pieces)).localCheckpoint()]
 

@@ -164,7 +164,8 @@ class BronzeBatchWriter:
                     events.select(F.col("kafka_topic").alias("topic"), F.col("kafka_partition").alias("partition"),
                                   F.col("kafka_offset").alias("offset")) for events in parsed.values()]))
             report.records = sum(n for *_, n in offsets)
-            ends = {f"{t}/{p}": o + 1 for t, p, o, _ in offsets}
+            ends = {f"{t}/{p}": o + 1 for t, p, _, o, _ in offsets}
+            starts = {f"{t}/{p}": o for t, p, o, _, _ in offsets}
             if self._position is None:
                 self._position = {}
                 for path in [main_path(t, self.root) for t in contract.TABLES] + [dead_letter_path(self.root)]:
@@ -187,11 +188,12 @@ class BronzeBatchWriter:
             # real Debezium source) runs no job for the store.
             dead = sum(s.kinds.get("dead", 0) for s in surveys.values())
             if dead and not self._covered(dead_letter_path(self.root), ends):
-                jobs.append(functools.partial(self._write_dead_letters, parsed, batch_id, commit_meta, report, erased))
+                jobs.append(functools.partial(self._write_dead_letters, parsed, batch_id, commit_meta, report, erased,
+                                              dead, starts))
             for table, events in parsed.items():
                 mine = {tp: o for tp, o in ends.items() if tp.startswith(contract.topic(table) + "/")}
                 if mine and self._covered(main_path(table, self.root), mine):
-                    report.counts[table] = {"already_applied": sum(n for t, _, _, n in offsets
+                    report.counts[table] = {"already_applied": sum(n for t, _, _, _, n in offsets
                                                                    if t == contract.topic(table))}
                     continue
                 jobs.append(functools.partial(self._apply, table, events, surveys[table], commit_meta, report, erased))
@@ -237,34 +239,37 @@ class BronzeBatchWriter:
         return self._registry
 
     @staticmethod
-    def _end_offsets(batch: DataFrame) -> list[tuple[str, int, int, int]]:
-        """(topic, partition, last offset, records) of the batch: what it consumed."""
-        rows = batch.groupBy("topic", "partition").agg(F.max("offset").alias("o"), F.count("*").alias("n"))
-        return [(r["topic"], r["partition"], r["o"], r["n"]) for r in rows.collect()]
+    def _end_offsets(batch: DataFrame) -> list[tuple[str, int, int, int, int]]:
+        """(topic, partition, first offset, last offset, records) of the batch: what it consumed."""
+        rows = batch.groupBy("topic", "partition").agg(F.min("offset").alias("a"), F.max("offset").alias("o"),
+                                                       F.count("*").alias("n"))
+        return [(r["topic"], r["partition"], r["a"], r["o"], r["n"]) for r in rows.collect()]
 
     def _write_dead_letters(self, parsed: dict[str, DataFrame], batch_id: int, meta: dict[str, str],
-                            report: BatchReport, erased: tuple[DataFrame, str, str] | None) -> None:
+                            report: BatchReport, erased: tuple[DataFrame, str, str] | None, dead: int,
+                            starts: dict[str, int]) -> None:
+        """The batch's `dead` records (as the surveys counted them) into the store, those it lacks only.
+
+        The store is written with bulk inserts (no index lookup, whose cost grows with the store):
+        what an earlier commit already holds, a batch re-run after a crash, is left out here.
+        """
         path = dead_letter_path(self.root)
         rows = union_all([dead_letters(events, batch_id) for events in parsed.values()])
-        # The store is written with inserts (no index lookup, whose cost grows with the store):
-        # what an earlier commit already holds, a batch re-run after a crash, is left out here.
         held = [(F.col("kafka_topic") == tp.rsplit("/", 1)[0]) & (F.col("kafka_partition") == int(tp.rsplit("/", 1)[1]))
-                & (F.col("kafka_offset") < o) for tp, o in self._positions(path).items()]
+                & (F.col("kafka_offset") < o) for tp, o in self._positions(path).items() if o > starts.get(tp, o)]
         if held:
             rows = rows.filter(~functools.reduce(lambda a, b: a | b, held))
         if erased is not None:  # a malformed record of an erased customer is not kept either
             rows = dead_letters_without_erased(rows, *erased[:2])
-        rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
-        try:
-            with report.phase("dead_letters"):
-                n = rows.count()
-                report.counts.setdefault("dead_letters", {})["written"] = n
-                if n:
-                    rows.write.format("hudi").options(**hudi_options("dead_letters", "bronze_dead_letters", **meta)) \
-                        .mode("append").save(path)
-                    self._committed(path, meta)
-        finally:
-            rows.unpersist()
+        with report.phase("dead_letters"):
+            # Nearly every batch is neither a re-run nor filtered by the registry: its count is the
+            # surveys', and its rows, read from the cached batch, are computed once, by the write.
+            n = dead if not held and erased is None else rows.count()
+            report.counts.setdefault("dead_letters", {})["written"] = n
+            if n:
+                rows.write.format("hudi").options(**hudi_options("dead_letters", "bronze_dead_letters", **meta)) \
+                    .mode("append").save(path)
+                self._committed(path, meta)
 
     def _shape(self, table: str) -> Shape:
         """The table's columns as its newest main commit records them (read once per stream)."""
