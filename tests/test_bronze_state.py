@@ -6,47 +6,49 @@ import random
 
 from pipelines import hudi_timeline
 from pipelines.hudi_timeline import is_torn
-from pipelines.ingest.state import KnownRows, live_rows, newest_deletes
+from pipelines.ingest.state import KnownRows, known_rows
 
 
 def test_known_rows_follow_upserts_deletes_and_reinserts_across_many_pieces(spark, monkeypatch) -> None:
-    """Each piece is one batch's writes to main; the lookup must say what main holds, before and after merging."""
+    """Each piece is one batch's commits (change-log deletes, then main); a lookup must say what main holds
+    and the newest delete applied, per key, as a plain-Python fold of the same writes does, before and after
+    the pieces are merged."""
     monkeypatch.setattr(KnownRows, "MAX_PIECES", 3)  # merge the pieces several times during the test
     rng = random.Random(5)
-    start = [(k, 10 * k, True) for k in range(0, 40, 2)]
-    truth = {k: lsn for k, lsn, _ in start}
+    main_rows = [(k, 10 * k, True) for k in range(0, 40, 2)]
+    ledger = [(k, 10 * k + 3) for k in range(1, 40, 4)] + [(5, 2)]  # two deletes of key 5: the newer counts
+    in_main = {k: lsn for k, lsn, _ in main_rows}
+    deleted: dict[int, int] = {}
+    for k, lsn in ledger:
+        deleted[k] = max(deleted.get(k, -1), lsn)
     loads = []
 
     def load():
         loads.append(1)
-        return spark.createDataFrame(start, "id long, _lsn long, _live boolean")
+        return known_rows(spark.createDataFrame(main_rows, "id long, _lsn long, _live boolean"),
+                          spark.createDataFrame(ledger, "id long, _lsn long"))
 
-    main = KnownRows(load, live_rows)
+    known = KnownRows(load)
     lsn = 1_000
     for _ in range(6):
-        piece = []
+        to_main, to_log = [], []
         for key in rng.sample(range(50), 12):
             lsn += 1
-            live = rng.random() < 0.6
-            piece.append((key, lsn, live))
-            if live:
-                truth[key] = lsn
-            else:
-                truth.pop(key, None)
-        main.add(spark.createDataFrame(piece, "id long, _lsn long, _live boolean"))
-        assert {r["id"]: r["_lsn"] for r in main.all().collect()} == truth
+            if rng.random() < 0.6:
+                to_main.append((key, lsn, True))
+                in_main[key] = lsn
+            else:  # a delete: to the change log always, to main when main held the key
+                to_log.append((key, lsn))
+                deleted[key] = lsn
+                if in_main.pop(key, None) is not None:
+                    to_main.append((key, lsn, False))
+        known.add(known_rows(deletes=spark.createDataFrame(to_log, "id long, _lsn long")))
+        known.add(known_rows(main=spark.createDataFrame(to_main, "id long, _lsn long, _live boolean")))
+        assert {r["id"]: r["_lsn"] for r in known.main().collect()} == in_main
         keys = spark.createDataFrame([(k,) for k in range(0, 50, 3)], "id long")
-        assert {r["id"]: r["_lsn"] for r in main.lookup(keys).collect()} == {
-            k: v for k, v in truth.items() if k % 3 == 0}
+        expected = {k: (in_main.get(k), deleted.get(k)) for k in range(0, 50, 3) if k in in_main or k in deleted}
+        assert {r["id"]: (r["_m_lsn"], r["_t_lsn"]) for r in known.lookup(keys).collect()} == expected
     assert len(loads) == 1, "the tables are read once per writer"
-
-
-def test_known_deletes_keep_the_newest_per_key(spark) -> None:
-    deletes = KnownRows(lambda: spark.createDataFrame([(1, 5), (1, 9), (2, 3)], "id long, _lsn long"),
-                        newest_deletes)
-    deletes.add(spark.createDataFrame([(2, 7), (3, 1)], "id long, _lsn long"))
-    keys = spark.createDataFrame([(1,), (2,), (4,)], "id long")
-    assert sorted(tuple(r) for r in deletes.lookup(keys).collect()) == [(1, 9), (2, 7)]
 
 
 def _avro_container(blocks: list[bytes], sync: bytes = bytes(range(16))) -> bytes:

@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
 from pipelines.contract import COLUMNS, TABLES, topic
 from pipelines.devtools.generator import Message
-from pipelines.ingest.parse import image_columns, parse_events
+from pipelines.ingest.parse import TableParse, image_columns, parse_events, parse_topics
 from pipelines.ingest.schema import Shape
 from tests.model import row_event, unwrap
 
@@ -75,3 +75,26 @@ def test_parser_on_captured_envelopes(spark: SparkSession, name: str, wrapped: b
             assert (got["_op"], got["id"], got["_lsn"]) == (op, key, lsn)
             if op != "d":  # a delete's image is its key (REPLICA IDENTITY DEFAULT)
                 assert {c: got[c] for c in COLUMNS[table]} == {c: image[c] for c in COLUMNS[table]}
+
+
+def test_one_pass_over_every_topic_parses_each_record_as_its_table(spark: SparkSession) -> None:
+    """The ingest parses a batch's topics in one pass (`parse_topics`); each record must come out exactly as a
+    pass over its own topic alone (`parse_events`) reads it, including a record whose envelope names the other
+    table (a dead letter of the topic it arrived on)."""
+    records = _load("schemas_true") + _load("schemas_false")
+    stamp = datetime(2026, 3, 1, tzinfo=UTC)
+    rows = [(r["topic"], r["partition"], i, stamp, _message(r).key, _message(r).value) for i, r in enumerate(records)]
+    stray = next(r for r in records if r["topic"] == topic("customers") and r["value"])
+    rows.append((topic("orders"), 0, len(rows), stamp, None, stray["value"].encode()))
+    raw = spark.createDataFrame(rows, KAFKA_SCHEMA)
+
+    def by_position(df: DataFrame) -> dict[tuple[str, int], dict[str, Any]]:
+        return {(p["kafka_topic"], p["kafka_offset"]): p.asDict(recursive=True) for p in df.collect()}
+
+    one_pass = by_position(parse_topics(raw, {t: TableParse(Shape.initial(t)) for t in TABLES}))
+    alone: dict[tuple[str, int], dict[str, Any]] = {}
+    for table in TABLES:
+        alone |= by_position(parse_events(raw.filter(raw.topic == topic(table)), table))
+    assert len(one_pass) == len(rows) and one_pass == alone
+    assert one_pass[(topic("orders"), len(rows) - 1)]["reason"].startswith("event of table 'customers'")
+    assert {r["kind"] for r in one_pass.values()} >= {"row", "tombstone", "truncate", "dead"}

@@ -6,6 +6,8 @@ without a trace.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
@@ -79,24 +81,42 @@ def literal_array(values: list[str] | tuple[str, ...]) -> Column:
     return F.array(*[F.lit(v) for v in values]) if values else F.array().cast("array<string>")
 
 
+@dataclass(frozen=True)
+class TableParse:
+    """What parsing one table's records needs: its shape, and the Connect schemas (hashes) it has applied."""
+
+    shape: Shape
+    known_declared: tuple[int, ...] = ()
+
+
 def parse_events(raw: DataFrame, table: str, shape: Shape | None = None, known_declared: tuple[int, ...] = (),
                  placeholder: str | None = None) -> DataFrame:
-    """Kafka records of one table's topic -> one row per record, classified.
+    """Kafka records of one table's topic -> one row per record, classified (`parse_topics`, for one table)."""
+    return parse_topics(raw, {table: TableParse(shape or Shape.initial(table), known_declared)}, placeholder)
+
+
+def parse_topics(raw: DataFrame, tables: dict[str, TableParse], placeholder: str | None = None) -> DataFrame:
+    """Kafka records -> one row per record, classified as its topic's table says; one pass over the records.
 
     `kind` is `row` (a change with its image), `truncate`, `tombstone`, `ignored` (op=m)
     or `dead` (with `reason` and the raw `value`). Every input record yields exactly one
-    output row, so nothing is dropped without a trace.
+    output row, so nothing is dropped without a trace. With several tables, each record is
+    parsed by the table of its topic (a record of another topic is a dead letter); with one,
+    every record is that table's.
+
+    One pass for every table's topic: a frame per table filtered from the stream's batch would read
+    and decode each Kafka record once per table (Spark's Kafka source cannot skip a topic's
+    partitions on a filter), half of the batch's reading thrown away with two tables.
 
     The image is kept as a map (`_image`); `image_columns` types it by the table's shape. Beside
     it, what the schema decision needs (pipelines.ingest.schema), empty for a record of a known
     shape: `_decl_hash` (of the Connect schema's text, for a wrapped record), `_decl_new` (true when
-    that hash is not in `known_declared`),
+    that hash is not in the table's `known_declared`),
     `_new_keys` (columns not in `shape`), `_missing` (contract columns absent from a bare
     `after`), `_badcast` (bare values that do not fit their column's type), `_toast` (columns
     carrying the unavailable-value `placeholder`). The raw value is kept for dead letters and
     for records of an unknown shape (they may be held).
     """
-    shape = shape or Shape.initial(table)
     placeholder = placeholder or unavailable_placeholder()
     text = F.col("value").cast("string")
     parsed = F.from_json(text, value_schema(), {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": "_corrupt"})
@@ -120,60 +140,92 @@ def parse_events(raw: DataFrame, table: str, shape: Shape | None = None, known_d
     def ok(kind: str) -> Column:
         return F.struct(F.lit(kind).alias("kind"), F.lit(None).cast("string").alias("reason"))
 
+    def by_topic(build: Callable[[str, TableParse], Column], other: Column | None = None) -> Column:
+        """`build`'s column for each record's table (`other` for a record of no table's topic)."""
+        if len(tables) == 1:
+            return build(*next(iter(tables.items())))
+        chosen: Column | None = None
+        for table, spec in tables.items():
+            mine = F.col("kafka_topic") == contract.topic(table)
+            chosen = F.when(mine, build(table, spec)) if chosen is None else chosen.when(mine, build(table, spec))
+        assert chosen is not None
+        return chosen if other is None else chosen.otherwise(other)
+
+    no_image = F.concat(F.lit("op="), op, F.when(op == "d", F.lit(" without 'before'"))
+                        .otherwise(F.lit(" without 'after'")))
+    no_key = F.concat(F.lit("op="), op, F.when(op == "d", F.lit(" without before.id"))
+                      .otherwise(F.lit(" without after.id")))
+
     def not_bigint(c: str) -> Column:
         return image[c].isNotNull() & image[c].cast("bigint").isNull()
 
-    where = f"on topic {contract.topic(table)}"
-    mistyped = functools.reduce(lambda a, b: a | b, [not_bigint(c) for c in sorted(contract.BIGINT_COLUMNS[table])])
-    classified = (
-        F.when(F.col("value").isNull(), ok("tombstone"))
-        .when(F.encode(F.col("_text"), "UTF-8") != F.col("value"), dead(F.lit("value is not valid UTF-8 text")))
-        .when(v.isNull() | v["_corrupt"].isNotNull(), dead(
-            F.when(F.get_json_object("_text", "$").isNull(), F.lit("value is not valid JSON"))
-            .when(~F.ltrim(F.col("_text")).startswith("{"),
-                  F.lit("JSON value is not an object, so not a Debezium envelope"))
-            .otherwise(F.lit(f"fields do not have the types of the {table} envelope "
-                             "(row images must be objects and source.lsn a JSON number)"))))
-        .when(op.isNull(), dead(F.lit("no 'op' field: not a Debezium envelope")))
-        .when(~op.isin(*contract.ROW_OPS, *contract.OTHER_OPS),
-              dead(F.concat(F.lit("unknown op '"), op, F.lit("'"))))
-        .when(op == "m", ok("ignored"))
-        .when(lsn.isNull(), dead(F.concat(F.lit("op="), op, F.lit(" without source.lsn"))))
-        .when(e["source"]["table"].isNotNull() & (e["source"]["table"] != table),
-              dead(F.concat(F.lit("event of table '"), e["source"]["table"], F.lit(f"' {where}"))))
-        .when(op == "t", ok("truncate"))
-        .when(image.isNull(), dead(F.concat(
-            F.lit("op="), op, F.when(op == "d", F.lit(" without 'before'")).otherwise(F.lit(" without 'after'")))))
-        .when(key_text.isNull(), dead(F.concat(
-            F.lit("op="), op, F.when(op == "d", F.lit(" without before.id")).otherwise(F.lit(" without after.id")))))
-        .when(mistyped, dead(F.lit(f"fields do not have the types of the {table} envelope "
-                                   f"({', '.join(sorted(contract.BIGINT_COLUMNS[table]))} must be JSON integers)")))
-        .otherwise(ok("row"))
-    )
+    def classified(table: str, _: TableParse) -> Column:
+        where = f"on topic {contract.topic(table)}"
+        mistyped = functools.reduce(lambda a, b: a | b,
+                                    [not_bigint(c) for c in sorted(contract.BIGINT_COLUMNS[table])])
+        return (
+            F.when(F.col("value").isNull(), ok("tombstone"))
+            .when(F.encode(F.col("_text"), "UTF-8") != F.col("value"), dead(F.lit("value is not valid UTF-8 text")))
+            .when(v.isNull() | v["_corrupt"].isNotNull(), dead(
+                F.when(F.get_json_object("_text", "$").isNull(), F.lit("value is not valid JSON"))
+                .when(~F.ltrim(F.col("_text")).startswith("{"),
+                      F.lit("JSON value is not an object, so not a Debezium envelope"))
+                .otherwise(F.lit(f"fields do not have the types of the {table} envelope "
+                                 "(row images must be objects and source.lsn a JSON number)"))))
+            .when(op.isNull(), dead(F.lit("no 'op' field: not a Debezium envelope")))
+            .when(~op.isin(*contract.ROW_OPS, *contract.OTHER_OPS),
+                  dead(F.concat(F.lit("unknown op '"), op, F.lit("'"))))
+            .when(op == "m", ok("ignored"))
+            .when(lsn.isNull(), dead(F.concat(F.lit("op="), op, F.lit(" without source.lsn"))))
+            .when(e["source"]["table"].isNotNull() & (e["source"]["table"] != table),
+                  dead(F.concat(F.lit("event of table '"), e["source"]["table"], F.lit(f"' {where}"))))
+            .when(op == "t", ok("truncate"))
+            .when(image.isNull(), dead(no_image))
+            .when(key_text.isNull(), dead(no_key))
+            .when(mistyped, dead(F.lit(f"fields do not have the types of the {table} envelope "
+                                       f"({', '.join(sorted(contract.BIGINT_COLUMNS[table]))} must be JSON integers)")))
+            .otherwise(ok("row"))
+        )
+
     is_row = F.col("_c.kind") == "row"
     upsert = is_row & (op != "d")
     connect_schema = v["schema"]  # its JSON text; null for a bare envelope
     decl_hash = F.xxhash64(connect_schema)
-    unknown_shape = connect_schema.isNotNull() & ~decl_hash.isin(*known_declared) if known_declared \
-        else connect_schema.isNotNull()
     empty = F.array().cast("array<string>")
-    # An image whose columns are the shape's, in its order (nearly every record), has nothing new and
-    # lacks nothing: one array comparison instead of two set differences per record.
-    as_shape = F.map_keys(image) == literal_array(list(shape.columns))
-    new_keys = F.when(is_row & ~as_shape, F.array_except(F.map_keys(image), literal_array(list(shape.columns)))) \
-        .otherwise(empty)
-    missing = F.when(upsert & connect_schema.isNull() & ~as_shape, F.array_except(
-        literal_array(contract.COLUMNS[table]), F.map_keys(image))).otherwise(empty)
-    typed = [c for c in shape.extras if shape.columns[c].type != "string"]
-    badcast = F.when(is_row & connect_schema.isNull(), F.array_compact(F.array(*[
-        F.when(image[c].isNotNull() & image[c].cast(shape.columns[c].type).isNull(), F.lit(c)) for c in typed
-    ]))).otherwise(empty) if typed else empty
+
+    def decl_new(_: str, spec: TableParse) -> Column:
+        unknown = connect_schema.isNotNull() & ~decl_hash.isin(*spec.known_declared) if spec.known_declared \
+            else connect_schema.isNotNull()
+        return F.when(is_row & unknown, F.lit(True))
+
+    def as_shape(spec: TableParse) -> Column:
+        # An image whose columns are the shape's, in its order (nearly every record), has nothing new and
+        # lacks nothing: one array comparison instead of two set differences per record.
+        return F.map_keys(image) == literal_array(list(spec.shape.columns))
+
+    def new_keys(_: str, spec: TableParse) -> Column:
+        return F.when(is_row & ~as_shape(spec), F.array_except(
+            F.map_keys(image), literal_array(list(spec.shape.columns)))).otherwise(empty)
+
+    def missing(table: str, spec: TableParse) -> Column:
+        return F.when(upsert & connect_schema.isNull() & ~as_shape(spec), F.array_except(
+            literal_array(contract.COLUMNS[table]), F.map_keys(image))).otherwise(empty)
+
+    def badcast(_: str, spec: TableParse) -> Column:
+        shape = spec.shape
+        typed = [c for c in shape.extras if shape.columns[c].type != "string"]
+        return F.when(is_row & connect_schema.isNull(), F.array_compact(F.array(*[
+            F.when(image[c].isNotNull() & image[c].cast(shape.columns[c].type).isNull(), F.lit(c)) for c in typed
+        ]))).otherwise(empty) if typed else empty
+
     toast = F.when(upsert & F.col("_text").contains(placeholder),
                    F.map_keys(F.map_filter(image, lambda _, x: x == placeholder))).otherwise(empty)
-    df = df.withColumn("_c", classified).select(
-        "*", F.when(is_row & unknown_shape, F.lit(True)).alias("_decl_new"),
+    not_mine = dead(F.concat(F.lit("topic '"), F.col("kafka_topic"), F.lit("' is no source table's")))
+    df = df.withColumn("_c", by_topic(classified, not_mine)).select(
+        "*", by_topic(decl_new).alias("_decl_new"),
         F.when(is_row & connect_schema.isNotNull(), decl_hash).alias("_decl_hash"),
-        new_keys.alias("_new_keys"), missing.alias("_missing"), badcast.alias("_badcast"), toast.alias("_toast"))
+        by_topic(new_keys, empty).alias("_new_keys"), by_topic(missing, empty).alias("_missing"),
+        by_topic(badcast, empty).alias("_badcast"), toast.alias("_toast"))
     odd = F.col("_decl_new").isNotNull() | (F.size("_new_keys") > 0) | (F.size("_missing") > 0) | \
         (F.size("_badcast") > 0)
     columns = [F.col("_c.kind").alias("kind"), F.col("_c.reason").alias("reason"),

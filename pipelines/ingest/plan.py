@@ -56,25 +56,22 @@ def newest_per_key(changes: DataFrame) -> DataFrame:
         KEY, "_b._lsn", (-F.col("_b._neg_offset")).alias("_kafka_offset"), *[f"_b.{c}" for c in others])
 
 
-def plan(newest: DataFrame, main_state: DataFrame, delete_state: DataFrame) -> DataFrame:
+def plan(newest: DataFrame, known: DataFrame) -> DataFrame:
     """Decide, per key, what the tables still lack: columns `to_main` and `to_log`.
 
-    `main_state` is (id, _lsn) of main's live rows, `delete_state` (id, _lsn) of the deletes
-    applied (change log and ledger; several per key allowed). An event is applied when it
-    is newer than both; a delete reaches main only while main holds an older row. The rules
-    only ever move a key forward in LSN, so a table that already reflects the event gets
-    nothing. A delete equal to the newest known one is still sent to a main that holds an
-    older row: that is a batch re-run after its change-log commit and before main's.
+    `known` is `state.known_state` of the batch's keys: `_m_lsn`, the LSN of main's row (null when
+    main does not hold the key), and `_t_lsn`, the newest delete applied (change log and ledger). An
+    event is applied when it is newer than both; a delete reaches main only while main holds an
+    older row. The rules only ever move a key forward in LSN, so a table that already reflects the
+    event gets nothing. A delete equal to the newest known one is still sent to a main that holds
+    an older row: that is a batch re-run after its change-log commit and before main's.
     """
-    deletes = delete_state.groupBy(KEY).agg(F.max("_lsn").alias("_t_lsn"))
     m = F.coalesce(F.col("_m_lsn"), F.lit(-1))
     t = F.coalesce(F.col("_t_lsn"), F.lit(-1))
     lsn = F.col("_lsn")
     is_delete = F.col("_op") == "d"
     upsert = ~is_delete & (lsn > m) & (lsn > t)
-    joined = (newest
-              .join(main_state.select(KEY, F.col("_lsn").alias("_m_lsn")), KEY, "left")
-              .join(deletes, KEY, "left"))
+    joined = newest.join(known.select(KEY, "_m_lsn", "_t_lsn"), KEY, "left")
     to_main = upsert | (is_delete & (lsn > m) & (lsn >= t) & F.col("_m_lsn").isNotNull())
     new_delete = is_delete & (lsn > m) & (lsn > t)
     return joined.select("*", to_main.alias("to_main"), (to_main | new_delete).alias("to_log"))

@@ -123,25 +123,58 @@ def positions_of(spark: SparkSession, path: str) -> dict[str, int]:
     return json.loads(found) if found else {}
 
 
+def known_rows(main: DataFrame | None = None, deletes: DataFrame | None = None) -> DataFrame:
+    """Rows a writer knows, in the one shape `KnownRows` keeps: (id, _lsn, _live, _delete).
+
+    `main`: (id, _lsn, _live) of main's rows (`_live` false for a delete main applied);
+    `deletes`: (id, _lsn) of deletes applied (change log, ledger).
+    """
+    frames = []
+    if main is not None:
+        frames.append(main.select(KEY, "_lsn", "_live", F.lit(False).alias("_delete")))
+    if deletes is not None:
+        frames.append(deletes.select(KEY, "_lsn", F.lit(False).alias("_live"), F.lit(True).alias("_delete")))
+    return union_all(frames)
+
+
+def known_state(rows: DataFrame) -> DataFrame:
+    """Known rows -> per key, what the plan compares with: (id, _m_lsn, _t_lsn).
+
+    `_m_lsn`: the LSN of main's row, null when main does not hold the key (its newest main row
+    is a delete, or it has none); `_t_lsn`: the newest delete applied, null if none.
+    """
+    is_main = ~F.col("_delete")
+    newest = rows.groupBy(KEY).agg(
+        F.max_by(F.struct("_lsn", "_live"), F.when(is_main, F.col("_lsn"))).alias("_m"),  # nulls are skipped
+        F.max(F.when(F.col("_delete"), F.col("_lsn"))).alias("_t_lsn"))
+    return newest.select(KEY, F.when(F.col("_m._live"), F.col("_m._lsn")).alias("_m_lsn"), "_t_lsn")
+
+
+def _compacted(rows: DataFrame) -> DataFrame:
+    """Known rows -> at most two per key (main's live row, the newest delete) that say the same."""
+    state = known_state(rows)
+    return known_rows(state.filter(F.col("_m_lsn").isNotNull()).select(KEY, F.col("_m_lsn").alias("_lsn"),
+                                                                       F.lit(True).alias("_live")),
+                      state.filter(F.col("_t_lsn").isNotNull()).select(KEY, F.col("_t_lsn").alias("_lsn")))
+
+
 class KnownRows:
-    """Rows of (id, _lsn, ...) one table's writer knows: read from the tables once, then grown by its own batches.
+    """What one table's writer knows of main and of the deletes: read from the tables once, then grown by its batches.
 
     The stream is the only writer that adds to what main and the change log hold (erasure only
     takes keys away, and those never return: their events are filtered out before planning),
     so what it read at start plus what it wrote since is exact. A batch then looks up only its
     own keys, in cached rows (a broadcast semi-join: no Hudi read, no shuffle of the table),
     where reading main's `(id, _lsn)` every batch merged every file slice of the table: that
-    plan phase grew from 4.5 s to 9.0 s between 20k and 463k rows (issue 16).
-
-    `fold` turns rows into what the plan compares with (the newest per key); it also merges the
-    pieces into one when a long-running stream has added many.
+    plan phase grew from 4.5 s to 9.0 s between 20k and 463k rows (issue 16). Main's rows and
+    the deletes are kept together (`known_rows`), so that a lookup is one scan and one fold.
+    The pieces (one per batch) are merged into one when a long-running stream has added many.
     """
 
     MAX_PIECES = 32
 
-    def __init__(self, load: Callable[[], DataFrame], fold: Callable[[DataFrame], DataFrame]) -> None:
-        self._load = load
-        self._fold = fold
+    def __init__(self, load: Callable[[], DataFrame]) -> None:
+        self._load = load  # known_rows(...) of the tables
         self._pieces: list[DataFrame] | None = None
 
     @property
@@ -152,16 +185,16 @@ class KnownRows:
         """Read the tables now (the stream's first batch of the table pays for it, once)."""
         self._rows()
 
-    def all(self) -> DataFrame:
-        """Every known row, folded."""
-        return self._fold(self._rows())
+    def main(self) -> DataFrame:
+        """(id, _lsn) of every row main holds."""
+        return known_state(self._rows()).filter(F.col("_m_lsn").isNotNull()).select(KEY, F.col("_m_lsn").alias("_lsn"))
 
     def lookup(self, keys: DataFrame) -> DataFrame:
-        """The known rows of `keys` (a frame of one column, the key), folded."""
-        return self._fold(self._rows().join(F.broadcast(keys), KEY, "left_semi"))
+        """`known_state` of `keys` (a frame of one column, the key); a key nothing is known of has no row."""
+        return known_state(self._rows().join(F.broadcast(keys), KEY, "left_semi"))
 
     def add(self, rows: DataFrame) -> None:
-        """Rows this writer has just committed (materialized now: `rows` may derive from a cache about to go)."""
+        """`known_rows` this writer has just committed (materialized now: they may derive from a cache about to go)."""
         self._rows()
         assert self._pieces is not None
         # One partition per batch's piece: a lookup scans every partition of every piece, and a
@@ -169,23 +202,13 @@ class KnownRows:
         # most of them tiny, so the lookups' tasks grew by that many per batch up to the merge.
         self._pieces.append(rows.coalesce(1).localCheckpoint())
         if len(self._pieces) > self.MAX_PIECES:
-            self._pieces = [self._fold(union_all(self._pieces)).localCheckpoint()]
+            self._pieces = [_compacted(union_all(self._pieces)).localCheckpoint()]
 
     def _rows(self) -> DataFrame:
         if self._pieces is None:
             self._pieces = [self._load().localCheckpoint()]
         return union_all(self._pieces)
 
-
-def live_rows(rows: DataFrame) -> DataFrame:
-    """(id, _lsn, _live) rows -> those of the keys whose newest row is live: what main holds."""
-    newest = rows.groupBy(KEY).agg(F.max_by(F.struct("_lsn", "_live"), F.col("_lsn")).alias("_n"))
-    return newest.filter("_n._live").select(KEY, F.col("_n._lsn").alias("_lsn"), F.lit(True).alias("_live"))
-
-
-def newest_deletes(rows: DataFrame) -> DataFrame:
-    """(id, _lsn) deletes -> the newest per key (what the plan compares with)."""
-    return rows.groupBy(KEY).agg(F.max("_lsn").alias("_lsn"))
 
 def union_all(frames: list[DataFrame]) -> DataFrame:
     """The rows of all `frames`, matched by column name."""

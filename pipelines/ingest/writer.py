@@ -25,7 +25,7 @@ from pipelines import contract
 from pipelines.gdpr.registry import dead_letters_without_erased, read_registry, registry_path, without_erased
 from pipelines.gdpr.request import erasure_key
 from pipelines.hudi_timeline import latest_completion, latest_meta, repair_torn_timeline
-from pipelines.ingest.parse import dead_letters, literal_array, parse_events
+from pipelines.ingest.parse import TableParse, dead_letters, literal_array, parse_topics
 from pipelines.ingest.plan import change_rows, newest_per_key, plan, truncate_deletes
 from pipelines.ingest.schema import COLUMNS_META, SCHEMA_REASON, Shape, decide, infer_type, read_accepted
 from pipelines.ingest.state import (
@@ -40,8 +40,7 @@ from pipelines.ingest.state import (
     discard_unborn,
     has_commits,
     hudi_options,
-    live_rows,
-    newest_deletes,
+    known_rows,
     positions_of,
     read_deletes,
     read_state,
@@ -127,10 +126,9 @@ class BronzeBatchWriter:
         # once, then kept up to date by this writer's own commits).
         self._position: dict[str, int] | None = None
         self._applied: dict[str, dict[str, int]] = {}
-        # Per table, what main holds (id, _lsn, _live) and every delete applied (id, _lsn):
-        # read once, then kept up to date by this writer's own commits (KnownRows).
-        self._main: dict[str, KnownRows] = {}
-        self._deletes: dict[str, KnownRows] = {}
+        # Per table, what main holds and every delete applied: read once, then kept up to date
+        # by this writer's own commits (KnownRows).
+        self._known: dict[str, KnownRows] = {}
         # Per table, its shape (columns, pipelines.ingest.schema) and the hashes of the declared
         # shapes already applied: read from main's newest commit once, then kept by this writer.
         self._shapes: dict[str, Shape] = {}
@@ -151,18 +149,17 @@ class BronzeBatchWriter:
         started = time.monotonic()
         log.info("batch %d: started", batch_id)
         report = BatchReport(batch_id)
-        # Each table's records parsed once and cached while its tables are written; the raw batch
-        # is not cached (a wrapped envelope is kilobytes of schema, parsed away here).
-        shapes = {t: self._shape(t) for t in contract.TABLES}
-        parsed = {t: parse_events(batch.filter(F.col("topic") == contract.topic(t)), t, shapes[t],
-                                  tuple(sorted(self._declared[t])), self.placeholder).persist(
-            StorageLevel.MEMORY_AND_DISK) for t in contract.TABLES}
-        cached = list(parsed.values())
+        # The batch's records parsed in one pass and cached while its tables are written, each
+        # table's a filter of it; the raw batch is not cached (a wrapped envelope is kilobytes of
+        # schema, parsed away here).
+        every = parse_topics(batch, {t: TableParse(self._shape(t), tuple(sorted(self._declared[t])))
+                                     for t in contract.TABLES}, self.placeholder).persist(StorageLevel.MEMORY_AND_DISK)
+        parsed = {t: every.filter(F.col("kafka_topic") == contract.topic(t)) for t in contract.TABLES}
         try:
             with report.phase("read+parse"):
-                offsets = self._end_offsets(union_all([
-                    events.select(F.col("kafka_topic").alias("topic"), F.col("kafka_partition").alias("partition"),
-                                  F.col("kafka_offset").alias("offset")) for events in parsed.values()]))
+                offsets = self._end_offsets(every.select(
+                    F.col("kafka_topic").alias("topic"), F.col("kafka_partition").alias("partition"),
+                    F.col("kafka_offset").alias("offset")))
             report.records = sum(n for *_, n in offsets)
             ends = {f"{t}/{p}": o + 1 for t, p, _, o, _ in offsets}
             starts = {f"{t}/{p}": o for t, p, o, _, _ in offsets}
@@ -203,19 +200,18 @@ class BronzeBatchWriter:
             for table, survey in surveys.items():
                 self._declared[table] |= survey.applied_declared
         finally:
-            for events in cached:
-                events.unpersist()
+            every.unpersist()
         report.seconds = time.monotonic() - started
         log.info(report.line())
 
-    def _known(self, table: str) -> tuple[KnownRows, KnownRows]:
+    def _known_rows(self, table: str) -> KnownRows:
         """What main holds and the deletes applied, for `table`."""
-        if table not in self._main:
+        if table not in self._known:
             main = main_path(table, self.root)
-            self._main[table] = KnownRows(
-                lambda: read_state(self.spark, main).withColumn("_live", F.lit(True)), live_rows)
-            self._deletes[table] = KnownRows(lambda: read_deletes(self.spark, table, self.root), newest_deletes)
-        return self._main[table], self._deletes[table]
+            self._known[table] = KnownRows(lambda: known_rows(
+                read_state(self.spark, main).withColumn("_live", F.lit(True)),
+                read_deletes(self.spark, table, self.root)))
+        return self._known[table]
 
     def _covered(self, path: str, ends: dict[str, int]) -> bool:
         """True when the newest commit of `path` was made at or after these end offsets: a replayed batch."""
@@ -374,12 +370,12 @@ class BronzeBatchWriter:
         return infer_type(values)
 
     def _fill_unavailable(self, newest: DataFrame, changes: DataFrame, table: str, columns: list[str],
-                          main_state: DataFrame) -> DataFrame:
+                          state: DataFrame) -> DataFrame:
         """Placeholders (an unchanged TOASTed value) replaced by the value the source still holds.
 
         That value is the one of the newest event before it: among the batch's events of the key
         (a replayed older one does not count when main holds a newer row), else main's row, read
-        for the keys that still need one only. `main_state`: (id, _lsn) of main for the batch's keys.
+        for the keys that still need one only. `state`: `known_state` of the batch's keys.
         """
         ph = self.placeholder
         def real(c: str) -> Column:  # the LSN of an event carrying a real value of `c` (null is one)
@@ -393,8 +389,7 @@ class BronzeBatchWriter:
         def need(c: str) -> Column:
             return F.col(c).eqNullSafe(ph) & F.coalesce(F.col(f"_found_{c}") < stored_lsn, F.lit(True))
 
-        filled = newest.join(known, KEY, "left").join(main_state.select(KEY, F.col("_lsn").alias("_m_lsn")), KEY,
-                                                      "left").select(*[
+        filled = newest.join(known, KEY, "left").join(state.select(KEY, "_m_lsn"), KEY, "left").select(*[
             F.when(F.col(c) == ph, F.col(f"_batch_{c}")).otherwise(F.col(c)).alias(c) if c in columns else F.col(c)
             for c in newest.columns], *[need(c).alias(f"_need_{c}") for c in columns])
         need = functools.reduce(lambda a, b: a | b, [F.col(f"_need_{c}") for c in columns]) & (F.col("_op") != "d")
@@ -421,25 +416,24 @@ class BronzeBatchWriter:
             return
         shape = survey.shape
         main = main_path(table, self.root)
-        known_main, known_deletes = self._known(table)
-        if not known_main.loaded:  # the stream's first batch of this table: one read of the table
+        known = self._known_rows(table)
+        if not known.loaded:  # the stream's first batch of this table: one read of the tables
             with report.phase(f"{table}.load_state"):
-                known_main.load()
-                known_deletes.load()
+                known.load()
         changes = change_rows(events, table, shape)
         if erased is not None:  # events of erased customers and their orders never reach the lake again
             changes = without_erased(changes, table, *erased[:2])
         # A truncate deletes every key the table holds: the one plan that needs them all.
-        synthetic = truncate_deletes(events, known_main.all(), shape) if kinds.get("truncate") else None
+        synthetic = truncate_deletes(events, known.main(), shape) if kinds.get("truncate") else None
         if synthetic is not None:
             changes = changes.unionByName(synthetic)
         newest = newest_per_key(changes)
         if survey.toast:
             newest = self._fill_unavailable(newest, changes, table, [c for c in survey.toast if c in shape.columns],
-                                            known_main.lookup(newest.select(KEY)))
+                                            known.lookup(newest.select(KEY)))
         newest = newest.persist(StorageLevel.MEMORY_AND_DISK)
         keys = newest.select(KEY)
-        planned = plan(newest, known_main.lookup(keys), known_deletes.lookup(keys)).persist(
+        planned = plan(newest, known.lookup(keys)).persist(
             StorageLevel.MEMORY_AND_DISK)
         try:
             with report.phase(f"{table}.plan"):
@@ -466,13 +460,14 @@ class BronzeBatchWriter:
                     *contract_columns, *meta_columns, now,
                     F.date_format(now, "yyyy-MM-dd").alias("_ingest_date"), *extras,
                 ), "changelog", f"bronze_changelog_{table}", changelog_path(table, self.root), meta)
-                known_deletes.add(planned.filter("to_log AND _op = 'd'").select(KEY, "_lsn"))
+                known.add(known_rows(deletes=planned.filter("to_log AND _op = 'd'").select(KEY, "_lsn")))
             if any(r["to_main"] for r in tally):
                 save(planned.filter("to_main").select(
                     *contract_columns, *meta_columns, now, (F.col("_op") == "d").alias(DELETED_FLAG), *extras,
                 ), "table", f"bronze_{table}", main, main_meta)
                 self._committed(main, meta)
-                known_main.add(planned.filter("to_main").select(KEY, "_lsn", (F.col("_op") != "d").alias("_live")))
+                known.add(known_rows(main=planned.filter("to_main").select(
+                    KEY, "_lsn", (F.col("_op") != "d").alias("_live"))))
             self._shapes[table] = shape
         finally:
             planned.unpersist()
