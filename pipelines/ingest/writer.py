@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from pyspark import SparkContext
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.storagelevel import StorageLevel
 
@@ -157,9 +157,8 @@ class BronzeBatchWriter:
         parsed = {t: every.filter(F.col("kafka_topic") == contract.topic(t)) for t in contract.TABLES}
         try:
             with report.phase("read+parse"):
-                offsets = self._end_offsets(every.select(
-                    F.col("kafka_topic").alias("topic"), F.col("kafka_partition").alias("partition"),
-                    F.col("kafka_offset").alias("offset")))
+                tally = self._tally(every)
+            offsets = self._end_offsets(tally)
             report.records = sum(n for *_, n in offsets)
             ends = {f"{t}/{p}": o + 1 for t, p, _, o, _ in offsets}
             starts = {f"{t}/{p}": o for t, p, o, _, _ in offsets}
@@ -178,7 +177,8 @@ class BronzeBatchWriter:
             with report.phase("schema"):
                 accepted = read_accepted(self.root)
                 for table in contract.TABLES:
-                    surveys[table] = self._survey(table, parsed[table], accepted, batch_id)
+                    groups = [g for g in tally if g["kafka_topic"] == contract.topic(table)]
+                    surveys[table] = self._survey(table, parsed[table], groups, accepted, batch_id)
                     parsed[table] = surveys[table].events
             jobs: list[Callable[[], None]] = []
             # The surveys counted the dead letters: a batch without any (nearly every batch of a
@@ -235,11 +235,29 @@ class BronzeBatchWriter:
         return self._registry
 
     @staticmethod
-    def _end_offsets(batch: DataFrame) -> list[tuple[str, int, int, int, int]]:
+    def _tally(every: DataFrame) -> list[Row]:
+        """One aggregation of the parsed batch: per Kafka partition, kind and Connect schema (a handful of
+        groups), the offsets and what the schema decision needs (`_survey`). The first job over the
+        batch, so it also fills the cache."""
+        def distinct(column: str) -> Column:
+            return F.collect_set(F.when(F.size(column) > 0, F.col(column)))
+
+        # A record of each new Connect schema comes along, whose `after` fields the decision reads.
+        return every.groupBy("kafka_topic", "kafka_partition", "kind", "_decl_hash").agg(
+            F.min("kafka_offset").alias("first"), F.max("kafka_offset").alias("last"), F.count("*").alias("n"),
+            F.first(F.when(F.col("_decl_new"), F.col("value")), ignorenulls=True).alias("sample"),
+            distinct("_missing").alias("missing"), distinct("_badcast").alias("badcast"),
+            F.array_distinct(F.flatten(F.collect_set("_new_keys"))).alias("new_keys"),
+            F.array_distinct(F.flatten(F.collect_set("_toast"))).alias("toast")).collect()
+
+    @staticmethod
+    def _end_offsets(tally: list[Row]) -> list[tuple[str, int, int, int, int]]:
         """(topic, partition, first offset, last offset, records) of the batch: what it consumed."""
-        rows = batch.groupBy("topic", "partition").agg(F.min("offset").alias("a"), F.max("offset").alias("o"),
-                                                       F.count("*").alias("n"))
-        return [(r["topic"], r["partition"], r["a"], r["o"], r["n"]) for r in rows.collect()]
+        found: dict[tuple[str, int], tuple[int, int, int]] = {}
+        for g in tally:
+            first, last, n = found.get((g["kafka_topic"], g["kafka_partition"]), (g["first"], g["last"], 0))
+            found[(g["kafka_topic"], g["kafka_partition"])] = (min(first, g["first"]), max(last, g["last"]), n + g["n"])
+        return [(t, p, a, o, n) for (t, p), (a, o, n) in found.items()]
 
     def _write_dead_letters(self, parsed: dict[str, DataFrame], batch_id: int, meta: dict[str, str],
                             report: BatchReport, erased: tuple[DataFrame, str, str] | None, dead: int,
@@ -278,20 +296,10 @@ class BronzeBatchWriter:
             self._declared[table] = set(json.loads(hashes)) if hashes else set()
         return self._shapes[table]
 
-    def _survey(self, table: str, events: DataFrame, accepted: set[str], batch_id: int) -> Survey:
+    def _survey(self, table: str, events: DataFrame, groups: list[Row], accepted: set[str], batch_id: int) -> Survey:
         """The batch's kinds and shapes for `table`: its new shape, and its events of a shape it cannot apply
-        turned into dead letters (reason `schema: ...`). One aggregation over the cached batch; the rest
-        runs only when a shape is new."""
-        def distinct(column: str) -> Column:
-            return F.collect_set(F.when(F.size(column) > 0, F.col(column)))
-
-        # Grouped by the Connect schema's hash too (a handful of groups), so that the same pass
-        # picks one record of each new schema, whose `after` fields the decision reads.
-        groups = events.groupBy("kind", "_decl_hash").agg(
-            F.count("*").alias("n"), F.first(F.when(F.col("_decl_new"), F.col("value")), ignorenulls=True)
-            .alias("sample"), distinct("_missing").alias("missing"), distinct("_badcast").alias("badcast"),
-            F.array_distinct(F.flatten(F.collect_set("_new_keys"))).alias("new_keys"),
-            F.array_distinct(F.flatten(F.collect_set("_toast"))).alias("toast")).collect()
+        turned into dead letters (reason `schema: ...`). `groups`: the table's rows of the batch's `_tally`;
+        the rest runs only when a shape is new."""
         kinds: dict[str, int] = {}
         for g in groups:
             kinds[g["kind"]] = kinds.get(g["kind"], 0) + g["n"]
