@@ -8,9 +8,9 @@ see `hudi_configs/table_services.toml`):
 - **compact** each bronze merge-on-read table: a plan is made only when there are log
   files to compact, then every pending plan is executed;
 - **expire and cluster** bronze's change logs (insert-only, one or two small files per
-  ingest batch: the one place where small files pile up): past days that silver has
-  consumed and that are older than the retention are dropped, the other past days'
-  small files are rewritten into large ones;
+  ingest batch): past days that silver has consumed and that are older than the retention
+  are dropped, the other past days' small files are rewritten into large ones; and
+  **cluster** the dead-letter store (a small file per batch that has malformed records);
 - **clean and archive** every table of each layer: file slices older than the retention
   are deleted, failed writes rolled back, old instants archived.
 
@@ -31,7 +31,8 @@ from pipelines.catalog import names
 
 LAYERS = {layer: names(layer) for layer in ("bronze", "silver", "gold")}
 MERGE_ON_READ = names("bronze", writer="table")
-CHANGE_LOGS = names("bronze", writer="changelog")
+# Bronze's insert-only tables, where small files pile up: the change logs and the dead-letter store.
+APPEND_ONLY = [*names("bronze", writer="changelog"), *names("bronze", writer="dead_letters")]
 
 
 def _tables(names: list[str]) -> list[str]:
@@ -53,9 +54,9 @@ with DAG(
                                   "--table", name),
                               doc_md=f"Compaction of {name}, when it has log files.") for name in MERGE_ON_READ]
     changelogs = spark_task(job("expire_cluster_changelogs", "services", "--only", "expire", "--only", "cluster",
-                                *_tables(CHANGE_LOGS)),
+                                *_tables(APPEND_ONLY)),
                             doc_md="Drop consumed days past the retention from bronze's change logs; "
-                                   "cluster the small files of the other past days.")
+                                   "cluster the small files of their other past days and of the dead-letter store.")
     cleanups = [spark_task(job(f"clean_archive_{layer}", "services", "--only", "clean", "--only", "archive",
                                *_tables(tables)), doc_md=f"Cleaning and archival of every {layer} table.")
                 for layer, tables in LAYERS.items()]

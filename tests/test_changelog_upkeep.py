@@ -1,4 +1,5 @@
-"""Bronze's change logs: small files clustered, consumed past days expired, and every reader still exact.
+"""Bronze's change logs: small files clustered, consumed past days expired, and every reader still exact;
+the dead-letter store's small files clustered too.
 
 The change log is partitioned by ingest day (a UTC date). Two days are made in one test by
 ingesting under two session time zones, UTC-12 then UTC+14, whose dates always differ.
@@ -18,7 +19,7 @@ from pipelines.devtools.generator import ShopSource, WorkloadConfig, ensure_topi
 from pipelines.hudi_timeline import checkpoint, consumed, earliest_checkpoint
 from pipelines.ingest.bronze import run_ingest
 from pipelines.services.table_services import run_services
-from pipelines.settings import changelog_path, main_path, silver_path
+from pipelines.settings import changelog_path, dead_letter_path, main_path, silver_path
 from pipelines.transform.changes import read_changes
 from pipelines.transform.etl import run_etl
 from tests.lake import assert_lake_equals_model, with_overrides
@@ -31,6 +32,7 @@ OVERRIDES = """
 "hoodie.clustering.plan.strategy.daybased.skipfromlatest.partitions" = 0
 """
 CHANGELOGS = [f"bronze/_changelog/{t}" for t in TABLES]
+DEAD_LETTERS = "bronze/_dead_letters"
 
 
 def _ingest_on_day(spark, zone: str, **kwargs) -> None:
@@ -47,11 +49,18 @@ def _disk_files(path: str) -> dict[str, int]:
     return {d.name: len(list(d.glob("*.parquet"))) for d in sorted(Path(path).glob("_ingest_date=*"))}
 
 
-def _live_files(spark, path: str) -> dict[str, int]:
-    """Files per day that a snapshot read of a change log opens."""
-    rows = spark.read.format("hudi").load(path).groupBy("_ingest_date") \
-        .agg(F.countDistinct("_hoodie_file_name").alias("n")).collect()
-    return {f"_ingest_date={r['_ingest_date']}": r["n"] for r in rows}
+def _live_files(spark, path: str, by: str | None = "_ingest_date") -> dict[str, int] | list[str]:
+    """Files per day that a snapshot read of a change log opens; without `by`, the files of any table."""
+    table = spark.read.format("hudi").load(path)
+    if by is None:
+        return [r[0] for r in table.select("_hoodie_file_name").distinct().collect()]
+    rows = table.groupBy(by).agg(F.countDistinct("_hoodie_file_name").alias("n")).collect()
+    return {f"{by}={r[by]}": r["n"] for r in rows}
+
+
+def _positions(spark, path: str) -> list[str]:
+    """The Kafka positions the dead-letter store holds, sorted."""
+    return sorted(r[0] for r in spark.read.format("hudi").load(path).select("position").collect())
 
 
 @pytest.mark.slow
@@ -79,7 +88,14 @@ def test_changelog_days_are_clustered_and_expired_without_losing_a_change(
     before = _live_files(spark, orders_log)
     assert before[day_one] > 1 and before[day_two] > 1, before
 
-    report = run_services(spark, root, CHANGELOGS, ("expire", "cluster", "clean"))
+    # The dead-letter store, written a new small file per batch with malformed records, is clustered too.
+    dead = dead_letter_path(root)
+    letters = _positions(spark, dead)
+    assert len(_live_files(spark, dead, None)) > 1
+
+    report = run_services(spark, root, [*CHANGELOGS, DEAD_LETTERS], ("expire", "cluster", "clean"))
+    assert report[DEAD_LETTERS]["cluster"]["executed"], report[DEAD_LETTERS]
+    assert len(_live_files(spark, dead, None)) == 1 and _positions(spark, dead) == letters
     for name in CHANGELOGS:
         assert report[name]["cluster"]["executed"], (name, report[name])
         assert report[name]["expire"]["expired"] == [day_one], (name, report[name])
@@ -104,8 +120,9 @@ def test_changelog_days_are_clustered_and_expired_without_losing_a_change(
     assert upserts == live
 
     # A second run finds nothing to do; ingest and etl go on, exact.
-    again = run_services(spark, root, CHANGELOGS, ("expire", "cluster"))
-    assert all(not again[n]["cluster"]["executed"] and not again[n]["expire"]["expired"] for n in CHANGELOGS), again
+    again = run_services(spark, root, [*CHANGELOGS, DEAD_LETTERS], ("expire", "cluster"))
+    assert all(not again[n]["cluster"]["executed"] and not again[n]["expire"]["expired"]
+               for n in [*CHANGELOGS, DEAD_LETTERS]), again
     # Day one's records delivered again (a connector replay): its deletes now live in the
     # ledgers only, and no replayed insert brings a deleted row back.
     produce(day_one_records + source.changes(cfg), broker.bootstrap)
