@@ -15,9 +15,12 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from pathlib import Path
 
+from pipelines.contract import TABLES
 from pipelines.devtools.generator import Message, ShopSource, WorkloadConfig, ensure_topics, produce
 from pipelines.ingest.bronze import run_ingest
+from pipelines.settings import changelog_path, dead_letter_path
 from tests.kill import bronze_as_model, pending_instants, torn_read
 from tests.lake import LakeCopy, assert_bronze_equals_model, dead_letters
 from tests.model import fold_with_lsn, is_malformed
@@ -55,6 +58,12 @@ def test_bronze_equals_model_across_ingest_runs(spark, broker, tmp_path) -> None
                           max_offsets_per_trigger=500 if phase == 1 else None)
     # Nothing new on the topics: a further run changes nothing.
     _ingest_and_check(spark, broker.bootstrap, root, source, sent)
+    # The insert-only tables get one file per commit for a batch's rows (writer.in_files), not one per
+    # Spark partition: the store's small files are what the table services then have to cluster.
+    for path in [dead_letter_path(root), *(changelog_path(t, root) for t in TABLES)]:
+        commits = list(Path(path, ".hoodie", "timeline").glob("*_*.commit"))
+        files = [f for f in Path(path).rglob("*.parquet") if ".hoodie" not in f.parts]
+        assert commits and len(files) == len(commits), (path, len(files), len(commits))
 
 
 def test_lost_checkpoint_resumes_from_the_commits_and_applies_nothing_twice(spark, lake: LakeCopy) -> None:

@@ -281,8 +281,8 @@ class BronzeBatchWriter:
             n = dead if not held and erased is None else rows.count()
             report.counts.setdefault("dead_letters", {})["written"] = n
             if n:
-                rows.write.format("hudi").options(**hudi_options("dead_letters", "bronze_dead_letters", **meta)) \
-                    .mode("append").save(path)
+                options = hudi_options("dead_letters", "bronze_dead_letters", **meta)
+                in_files(rows, n, options).write.format("hudi").options(**options).mode("append").save(path)
                 self._committed(path, meta)
 
     def _shape(self, table: str) -> Shape:
@@ -463,11 +463,14 @@ class BronzeBatchWriter:
                 with report.phase(f"{table}.{part}"):
                     rows.write.format("hudi").options(**hudi_options(part, name, **options)).mode("append").save(path)
 
-            if any(r["to_log"] for r in tally):
-                save(planned.filter("to_log").select(
-                    *contract_columns, *meta_columns, now,
-                    F.date_format(now, "yyyy-MM-dd").alias("_ingest_date"), *extras,
-                ), "changelog", f"bronze_changelog_{table}", changelog_path(table, self.root), meta)
+            if to_log := sum(r["count"] for r in tally if r["to_log"]):
+                log_options = hudi_options("changelog", f"bronze_changelog_{table}", **meta)
+                with report.phase(f"{table}.changelog"):
+                    in_files(planned.filter("to_log").select(
+                        *contract_columns, *meta_columns, now,
+                        F.date_format(now, "yyyy-MM-dd").alias("_ingest_date"), *extras,
+                    ), to_log, log_options).write.format("hudi").options(**log_options).mode("append") \
+                        .save(changelog_path(table, self.root))
                 known.add(known_rows(deletes=planned.filter("to_log AND _op = 'd'").select(KEY, "_lsn")))
             if any(r["to_main"] for r in tally):
                 save(planned.filter("to_main").select(
@@ -480,6 +483,22 @@ class BronzeBatchWriter:
         finally:
             planned.unpersist()
             newest.unpersist()
+
+
+# Rows per file of a bulk insert (change log, dead letters): a streaming batch's rows make one file.
+ROWS_PER_FILE = 100_000
+
+
+def in_files(rows: DataFrame, n: int, options: dict[str, str]) -> DataFrame:
+    """`rows` (`n` of them) in as many Spark partitions as a bulk insert of them should write files.
+
+    Hudi 1.0.2's row writer, in sort mode NONE, writes a file per non-empty partition of its input,
+    whatever `hoodie.bulkinsert.shuffle.parallelism` says (the datasource does not enforce it): a
+    change log of 4 shuffle partitions got 4 files per commit, the dead-letter store 6 (one per
+    Kafka partition). One file per ROWS_PER_FILE rows, at most that parallelism; no shuffle.
+    """
+    files = min(int(options.get("hoodie.bulkinsert.shuffle.parallelism", "1")), -(-n // ROWS_PER_FILE))
+    return rows.coalesce(max(1, files))
 
 
 @dataclass
