@@ -69,7 +69,7 @@ def test_changelog_days_are_clustered_and_expired_without_losing_a_change(
     monkeypatch.setenv("LAKEHOUSE_HUDI_OVERRIDES", with_overrides(tmp_path / "overrides.toml", OVERRIDES))
     root = str(tmp_path / "lake")
     source = ShopSource(83)
-    cfg = WorkloadConfig(seed=83, customers=60, orders=200, changes=200, delete_fraction=0.1)
+    cfg = WorkloadConfig(seed=83, customers=60, orders=200, changes=200, delete_fraction=0.1, malformed_fraction=0.05)
     ensure_topics(broker.bootstrap)
 
     # Day one, in small batches: many small files. Silver consumes it; an outside consumer
