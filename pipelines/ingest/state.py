@@ -150,11 +150,15 @@ def known_state(rows: DataFrame) -> DataFrame:
     return newest.select(KEY, F.when(F.col("_m._live"), F.col("_m._lsn")).alias("_m_lsn"), "_t_lsn")
 
 
+def _held(state: DataFrame) -> DataFrame:
+    """`known_state` -> (id, _lsn) of the rows main holds."""
+    return state.filter(F.col("_m_lsn").isNotNull()).select(KEY, F.col("_m_lsn").alias("_lsn"))
+
+
 def _compacted(rows: DataFrame) -> DataFrame:
     """Known rows -> at most two per key (main's live row, the newest delete) that say the same."""
     state = known_state(rows)
-    return known_rows(state.filter(F.col("_m_lsn").isNotNull()).select(KEY, F.col("_m_lsn").alias("_lsn"),
-                                                                       F.lit(True).alias("_live")),
+    return known_rows(_held(state).withColumn("_live", F.lit(True)),
                       state.filter(F.col("_t_lsn").isNotNull()).select(KEY, F.col("_t_lsn").alias("_lsn")))
 
 
@@ -187,7 +191,7 @@ class KnownRows:
 
     def main(self) -> DataFrame:
         """(id, _lsn) of every row main holds."""
-        return known_state(self._rows()).filter(F.col("_m_lsn").isNotNull()).select(KEY, F.col("_m_lsn").alias("_lsn"))
+        return _held(known_state(self._rows()))
 
     def lookup(self, keys: DataFrame) -> DataFrame:
         """`known_state` of `keys` (a frame of one column, the key); a key nothing is known of has no row."""

@@ -281,8 +281,7 @@ class BronzeBatchWriter:
             n = dead if not held and erased is None else rows.count()
             report.counts.setdefault("dead_letters", {})["written"] = n
             if n:
-                options = hudi_options("dead_letters", "bronze_dead_letters", **meta)
-                in_files(rows, n, options).write.format("hudi").options(**options).mode("append").save(path)
+                append(rows, path, hudi_options("dead_letters", "bronze_dead_letters", **meta), n)
                 self._committed(path, meta)
 
     def _shape(self, table: str) -> Shape:
@@ -459,18 +458,16 @@ class BronzeBatchWriter:
             main_meta = meta | {COLUMNS_META: shape.to_meta(),
                                 DECLARED_META: json.dumps(sorted(self._declared[table] | survey.applied_declared))}
 
-            def save(rows: DataFrame, part: str, name: str, path: str, options: dict[str, str]) -> None:
+            def save(rows: DataFrame, part: str, name: str, path: str, options: dict[str, str],
+                     n: int | None = None) -> None:
                 with report.phase(f"{table}.{part}"):
-                    rows.write.format("hudi").options(**hudi_options(part, name, **options)).mode("append").save(path)
+                    append(rows, path, hudi_options(part, name, **options), n)
 
             if to_log := sum(r["count"] for r in tally if r["to_log"]):
-                log_options = hudi_options("changelog", f"bronze_changelog_{table}", **meta)
-                with report.phase(f"{table}.changelog"):
-                    in_files(planned.filter("to_log").select(
-                        *contract_columns, *meta_columns, now,
-                        F.date_format(now, "yyyy-MM-dd").alias("_ingest_date"), *extras,
-                    ), to_log, log_options).write.format("hudi").options(**log_options).mode("append") \
-                        .save(changelog_path(table, self.root))
+                save(planned.filter("to_log").select(
+                    *contract_columns, *meta_columns, now,
+                    F.date_format(now, "yyyy-MM-dd").alias("_ingest_date"), *extras,
+                ), "changelog", f"bronze_changelog_{table}", changelog_path(table, self.root), meta, to_log)
                 known.add(known_rows(deletes=planned.filter("to_log AND _op = 'd'").select(KEY, "_lsn")))
             if any(r["to_main"] for r in tally):
                 save(planned.filter("to_main").select(
@@ -499,6 +496,13 @@ def in_files(rows: DataFrame, n: int, options: dict[str, str]) -> DataFrame:
     """
     files = min(int(options.get("hoodie.bulkinsert.shuffle.parallelism", "1")), -(-n // ROWS_PER_FILE))
     return rows.coalesce(max(1, files))
+
+
+def append(rows: DataFrame, path: str, options: dict[str, str], n: int | None = None) -> None:
+    """One Hudi commit of `rows` at `path`; a bulk insert of `n` rows in as few files as `in_files` says."""
+    if n is not None:
+        rows = in_files(rows, n, options)
+    rows.write.format("hudi").options(**options).mode("append").save(path)
 
 
 @dataclass
