@@ -49,13 +49,16 @@ def _disk_files(path: str) -> dict[str, int]:
     return {d.name: len(list(d.glob("*.parquet"))) for d in sorted(Path(path).glob("_ingest_date=*"))}
 
 
-def _live_files(spark, path: str, by: str | None = "_ingest_date") -> dict[str, int] | list[str]:
-    """Files per day that a snapshot read of a change log opens; without `by`, the files of any table."""
-    table = spark.read.format("hudi").load(path)
-    if by is None:
-        return [r[0] for r in table.select("_hoodie_file_name").distinct().collect()]
-    rows = table.groupBy(by).agg(F.countDistinct("_hoodie_file_name").alias("n")).collect()
-    return {f"{by}={r[by]}": r["n"] for r in rows}
+def _live_files(spark, path: str) -> dict[str, int]:
+    """Files per day that a snapshot read of a change log opens."""
+    rows = spark.read.format("hudi").load(path).groupBy("_ingest_date") \
+        .agg(F.countDistinct("_hoodie_file_name").alias("n")).collect()
+    return {f"_ingest_date={r['_ingest_date']}": r["n"] for r in rows}
+
+
+def _file_count(spark, path: str) -> int:
+    """Files that a snapshot read of an unpartitioned table (the dead-letter store) opens."""
+    return spark.read.format("hudi").load(path).select("_hoodie_file_name").distinct().count()
 
 
 def _positions(spark, path: str) -> list[str]:
@@ -91,11 +94,11 @@ def test_changelog_days_are_clustered_and_expired_without_losing_a_change(
     # The dead-letter store, written a new small file per batch with malformed records, is clustered too.
     dead = dead_letter_path(root)
     letters = _positions(spark, dead)
-    assert len(_live_files(spark, dead, None)) > 1
+    assert _file_count(spark, dead) > 1
 
     report = run_services(spark, root, [*CHANGELOGS, DEAD_LETTERS], ("expire", "cluster", "clean"))
     assert report[DEAD_LETTERS]["cluster"]["executed"], report[DEAD_LETTERS]
-    assert len(_live_files(spark, dead, None)) == 1 and _positions(spark, dead) == letters
+    assert _file_count(spark, dead) == 1 and _positions(spark, dead) == letters
     for name in CHANGELOGS:
         assert report[name]["cluster"]["executed"], (name, report[name])
         assert report[name]["expire"]["expired"] == [day_one], (name, report[name])
