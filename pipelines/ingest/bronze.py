@@ -19,16 +19,21 @@ and `bronze/_dead_letters` (COW) for all: every Kafka record that is not a usabl
 envelope, with the reason, the raw key and value and its Kafka position, keyed by that
 position.
 
-A batch makes at most two commits per source table it changes (change log, then main) and one to
-the dead-letter store when it has malformed records; the tables' commits run side by side
+A batch makes at most two commits per source table it changes (change log and main) and one to
+the dead-letter store when it has malformed records; all of them run side by side
 (`writer.run_together`). Ordering and exactly-once come from one rule (`plan`): per key, keep
 the newest event of the batch (highest `source.lsn`), then apply it only if it is newer than
 everything applied for the key, live row or delete (main's row, the change log's deletes, the
-ledger). What is applied goes first to the change log (a crash after it appends the same change
-again on the re-run, which readers fold away by LSN), then to main, where Hudi's own ordering on
-`_lsn` is a second line of defence. Every write is computed from what the tables hold, so a
-batch re-run after a crash at any point writes exactly what is still missing, and a replay of
-old events changes nothing.
+ledger). What main gets, the change log gets too, with the same Kafka positions in both commits;
+Hudi's own ordering on `_lsn` in main is a second line of defence. Every write is computed from
+what the tables hold, so a batch re-run after a crash at any point writes exactly what is still
+missing, and a replay of old events changes nothing. A crash between the two commits leaves
+one of two states: the change log holds the batch and main does not (the re-run applies it to
+main, and appends the same changes to the change log again, which readers fold away by LSN), or
+main holds it and the change log does not, which shows as main's position ahead of the change
+log's: the re-run then logs again what main holds at exactly the batch's LSNs (`plan`'s `relog`).
+A truncate is the exception: its deletes name keys only main's earlier rows know, so its change
+log commits first.
 
 What the tables hold is read once per stream, at its first batch (main's `(id, _lsn)`,
 the change log's deletes, the ledger), and then kept up to date by the writer's own
@@ -45,9 +50,10 @@ holding only that table. An update's placeholder for an unchanged TOASTed value 
 the value the source still holds (`BronzeBatchWriter._fill_unavailable`).
 
 Progress lives in the tables' own commits: each carries the stream's Kafka position after
-its batch (`_lakehouse.kafka_positions`). A replayed batch that main already covers is
-skipped without reading anything, and a lost Spark checkpoint resumes each topic from the
-position in its main table's newest commit (`starting_offsets`).
+its batch (`_lakehouse.kafka_positions`). A replayed batch that main and the change log already
+cover is skipped without reading anything, and a lost Spark checkpoint resumes each topic from
+the older of the positions in its main table's and its change log's newest commits
+(`starting_offsets`).
 
 Where each part lives: `parse` classifies the Kafka records, `plan` decides what each key still
 needs, `state` knows what the tables hold, `writer` is the micro-batch (`BronzeBatchWriter`), and
@@ -68,7 +74,14 @@ from pipelines import contract
 from pipelines.ingest.state import positions_of
 from pipelines.ingest.stream import STOP_REQUEST, StreamLease
 from pipelines.ingest.writer import BronzeBatchWriter
-from pipelines.settings import INGEST_TRIGGER_SECONDS, ingest_checkpoint_path, kafka_bootstrap, lake_root, main_path
+from pipelines.settings import (
+    INGEST_TRIGGER_SECONDS,
+    changelog_path,
+    ingest_checkpoint_path,
+    kafka_bootstrap,
+    lake_root,
+    main_path,
+)
 
 log = logging.getLogger(__name__)
 
@@ -91,17 +104,20 @@ def checkpoint_lost(spark: SparkSession, checkpoint: str) -> bool:
 
 
 def starting_offsets(spark: SparkSession, root: str, partitions: dict[str, list[int]]) -> str | None:
-    """Spark's `startingOffsets` for a stream without checkpoint: each topic from its main table's position.
+    """Spark's `startingOffsets` for a stream without checkpoint: each topic from its table's position.
 
-    `partitions` lists every partition of each table's topic (Spark wants all of them);
-    a partition the table has no position for starts at the earliest offset (-2). None
-    when no main table has a position: the first run of a lake starts from the earliest.
+    A table's position is the older of its main table's and its change log's (they differ only
+    after a crash between their side-by-side commits: the batch main holds is read again, and
+    logged again, `writer.BronzeBatchWriter._log_behind`). `partitions` lists every partition of
+    each table's topic (Spark wants all of them); a partition without a position starts at the
+    earliest offset (-2). None when no table has a position: the first run of a lake starts
+    from the earliest.
     """
     found: dict[str, dict[str, int]] = {}
     for table in contract.TABLES:
         topic = contract.topic(table)
-        applied = positions_of(spark, main_path(table, root))
-        found[topic] = {str(p): applied.get(f"{topic}/{p}", -2) for p in partitions.get(topic, [])}
+        applied = [positions_of(spark, where(table, root)) for where in (main_path, changelog_path)]
+        found[topic] = {str(p): min(a.get(f"{topic}/{p}", -2) for a in applied) for p in partitions.get(topic, [])}
     if not any(o >= 0 for offsets in found.values() for o in offsets.values()):
         return None
     return json.dumps({t: o for t, o in found.items() if o}, sort_keys=True)

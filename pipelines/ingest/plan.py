@@ -56,7 +56,7 @@ def newest_per_key(changes: DataFrame) -> DataFrame:
         KEY, "_b._lsn", (-F.col("_b._neg_offset")).alias("_kafka_offset"), *[f"_b.{c}" for c in others])
 
 
-def plan(newest: DataFrame, known: DataFrame) -> DataFrame:
+def plan(newest: DataFrame, known: DataFrame, *, relog: bool = False) -> DataFrame:
     """Decide, per key, what the tables still lack: columns `to_main` and `to_log`.
 
     `known` is `state.known_state` of the batch's keys: `_m_lsn`, the LSN of main's row (null when
@@ -65,6 +65,12 @@ def plan(newest: DataFrame, known: DataFrame) -> DataFrame:
     older row. The rules only ever move a key forward in LSN, so a table that already reflects the
     event gets nothing. A delete equal to the newest known one is still sent to a main that holds
     an older row: that is a batch re-run after its change-log commit and before main's.
+
+    `relog`: main holds a batch the change log lacks (a crash between the two commits, which run
+    side by side). Main's rows and the batch's own events still say everything that batch logged:
+    an upsert main holds at exactly its LSN is logged again, and a delete main applied is newer
+    than every delete the change log knows, so the usual rule logs it. A key the batch's change
+    already reached the change log for gets a second row at the same LSN, which readers fold.
     """
     m = F.coalesce(F.col("_m_lsn"), F.lit(-1))
     t = F.coalesce(F.col("_t_lsn"), F.lit(-1))
@@ -74,4 +80,7 @@ def plan(newest: DataFrame, known: DataFrame) -> DataFrame:
     joined = newest.join(known.select(KEY, "_m_lsn", "_t_lsn"), KEY, "left")
     to_main = upsert | (is_delete & (lsn > m) & (lsn >= t) & F.col("_m_lsn").isNotNull())
     new_delete = is_delete & (lsn > m) & (lsn > t)
-    return joined.select("*", to_main.alias("to_main"), (to_main | new_delete).alias("to_log"))
+    to_log = to_main | new_delete
+    if relog:
+        to_log = to_log | (~is_delete & (lsn == m) & (lsn > t))
+    return joined.select("*", to_main.alias("to_main"), to_log.alias("to_log"))

@@ -1,5 +1,5 @@
 """The micro-batch writer: parse, the schema decision, plan, then the change logs, the main tables and
-the dead letters, each table's commits side by side, with the batch's Kafka position in every commit.
+the dead letters, all their commits side by side, with the batch's Kafka position in every commit.
 """
 
 from __future__ import annotations
@@ -96,11 +96,11 @@ class BatchReport:
 def run_together(jobs: list[Callable[[], None]], *, parallel: bool = True) -> None:
     """Run `jobs` in threads of their own; when all are done, raise the first failure.
 
-    Each source table's commits (change log, then main) and the dead letters' are independent
-    Hudi tables, and most of a commit's time is single-threaded driver work (timeline, metadata
-    table, markers; `lakehouse bench commits`): one table's commit path runs while the other's
-    tasks use the cores. A crash leaves some of them committed and others not, which the re-run
-    handles table by table (each commit records the positions it covers).
+    The change logs, the main tables and the dead letters are independent Hudi tables, and most
+    of a commit's time is single-threaded driver work (timeline, metadata table, markers;
+    `lakehouse bench commits`): one table's commit path runs while the other's tasks use the
+    cores. A crash leaves some of them committed and others not, which the re-run handles table
+    by table (each commit records the positions it covers).
     """
     if len(jobs) <= 1 or not parallel:
         for job in jobs:
@@ -189,7 +189,7 @@ class BronzeBatchWriter:
                                               dead, starts))
             for table, events in parsed.items():
                 mine = {tp: o for tp, o in ends.items() if tp.startswith(contract.topic(table) + "/")}
-                if mine and self._covered(main_path(table, self.root), mine):
+                if mine and all(self._covered(where(table, self.root), mine) for where in (main_path, changelog_path)):
                     report.counts[table] = {"already_applied": sum(n for t, _, _, _, n in offsets
                                                                    if t == contract.topic(table))}
                     continue
@@ -217,6 +217,16 @@ class BronzeBatchWriter:
         """True when the newest commit of `path` was made at or after these end offsets: a replayed batch."""
         applied = self._positions(path)
         return bool(applied) and all(applied.get(tp, 0) >= o for tp, o in ends.items())
+
+    def _log_behind(self, table: str) -> bool:
+        """True when main's newest commit covers a position the change log's does not.
+
+        Every batch that commits to main also commits to the change log (what main gets, the
+        change log gets), with the same positions, and the two commits run side by side: so this
+        is a crash between them, and the batch main holds is missing from the change log.
+        """
+        logged = self._positions(changelog_path(table, self.root))
+        return any(logged.get(tp, 0) < o for tp, o in self._positions(main_path(table, self.root)).items())
 
     def _committed(self, path: str, meta: dict[str, str]) -> None:
         self._applied[path] = json.loads(meta[POSITIONS_META])
@@ -440,8 +450,11 @@ class BronzeBatchWriter:
                                             known.lookup(newest.select(KEY)))
         newest = newest.persist(StorageLevel.MEMORY_AND_DISK)
         keys = newest.select(KEY)
-        planned = plan(newest, known.lookup(keys)).persist(
-            StorageLevel.MEMORY_AND_DISK)
+        relog = self._log_behind(table)
+        if relog:
+            log.warning("bronze/%s: main holds a batch its change log lacks (a crash between their commits): "
+                        "that batch's changes are logged again from main's rows", table)
+        planned = plan(newest, known.lookup(keys), relog=relog).persist(StorageLevel.MEMORY_AND_DISK)
         try:
             with report.phase(f"{table}.plan"):
                 tally = planned.groupBy("to_main", "to_log", "_op").count().collect()
@@ -463,16 +476,25 @@ class BronzeBatchWriter:
                 with report.phase(f"{table}.{part}"):
                     append(rows, path, hudi_options(part, name, **options), n)
 
+            writes: list[Callable[[], None]] = []
             if to_log := sum(r["count"] for r in tally if r["to_log"]):
-                save(planned.filter("to_log").select(
+                writes.append(functools.partial(save, planned.filter("to_log").select(
                     *contract_columns, *meta_columns, now,
                     F.date_format(now, "yyyy-MM-dd").alias("_ingest_date"), *extras,
-                ), "changelog", f"bronze_changelog_{table}", changelog_path(table, self.root), meta, to_log)
-                known.add(known_rows(deletes=planned.filter("to_log AND _op = 'd'").select(KEY, "_lsn")))
-            if any(r["to_main"] for r in tally):
-                save(planned.filter("to_main").select(
+                ), "changelog", f"bronze_changelog_{table}", changelog_path(table, self.root), meta, to_log))
+            if to_main := any(r["to_main"] for r in tally):
+                writes.append(functools.partial(save, planned.filter("to_main").select(
                     *contract_columns, *meta_columns, now, (F.col("_op") == "d").alias(DELETED_FLAG), *extras,
-                ), "table", f"bronze_{table}", main, main_meta)
+                ), "table", f"bronze_{table}", main, main_meta))
+            # Side by side: main's commit, which makes the changes visible, no longer waits for the
+            # change log's. A crash between them is re-planned from main's rows (`relog`), except
+            # a truncate's: its deletes name keys that only main's rows before it know, so there
+            # the change log commits first, as a write-ahead log.
+            run_together(writes, parallel=self.parallel and synthetic is None)
+            if to_log:
+                self._committed(changelog_path(table, self.root), meta)
+                known.add(known_rows(deletes=planned.filter("to_log AND _op = 'd'").select(KEY, "_lsn")))
+            if to_main:
                 self._committed(main, meta)
                 known.add(known_rows(main=planned.filter("to_main").select(
                     KEY, "_lsn", (F.col("_op") != "d").alias("_live"))))
