@@ -131,7 +131,7 @@ def test_emr_ensure_adds_one_step_and_stop_requests_then_cancels(tmp_path: Path,
         (step,) = emr.list_steps(ClusterId=cluster)["Steps"]
         assert step["Name"] == "lakehouse bronze-stream" and step["ActionOnFailure"] == "CONTINUE"
         args = step["Config"]["Args"]
-        assert f"{code}/lakehouse.zip" in args and args[-3:] == ["ingest", "--trigger-seconds", "10"]
+        assert f"{code}/lakehouse.zip" in args and args[-3:] == ["ingest", "--trigger-seconds", "5"]
         assert {"spark.yarn.appMasterEnv.LAKEHOUSE_ROOT=s3://lake/prod",
                 "spark.yarn.appMasterEnv.LAKEHOUSE_TABLE_SERVICES=external"} <= set(args)
         assert supervise_emr_stream("ensure", cluster, code).startswith("starting: ")
