@@ -113,6 +113,11 @@ def run_together(jobs: list[Callable[[], None]], *, parallel: bool = True) -> No
         raise errors[0]
 
 
+def _reaches(applied: dict[str, int], ends: dict[str, int]) -> bool:
+    """True when the positions `applied` are at or past `ends` in every partition `ends` names."""
+    return all(applied.get(tp, 0) >= o for tp, o in ends.items())
+
+
 class BronzeBatchWriter:
     """The `foreachBatch` function of the ingest stream."""
 
@@ -216,7 +221,7 @@ class BronzeBatchWriter:
     def _covered(self, path: str, ends: dict[str, int]) -> bool:
         """True when the newest commit of `path` was made at or after these end offsets: a replayed batch."""
         applied = self._positions(path)
-        return bool(applied) and all(applied.get(tp, 0) >= o for tp, o in ends.items())
+        return bool(applied) and _reaches(applied, ends)
 
     def _log_behind(self, table: str) -> bool:
         """True when main's newest commit covers a position the change log's does not.
@@ -225,8 +230,8 @@ class BronzeBatchWriter:
         change log gets), with the same positions, and the two commits run side by side: so this
         is a crash between them, and the batch main holds is missing from the change log.
         """
-        logged = self._positions(changelog_path(table, self.root))
-        return any(logged.get(tp, 0) < o for tp, o in self._positions(main_path(table, self.root)).items())
+        return not _reaches(self._positions(changelog_path(table, self.root)),
+                            self._positions(main_path(table, self.root)))
 
     def _committed(self, path: str, meta: dict[str, str]) -> None:
         self._applied[path] = json.loads(meta[POSITIONS_META])

@@ -452,11 +452,13 @@ def plot(figures: dict[str, Any], delays: list[float], path: Path, warmup_delays
                title=f"Consumer lag: {figures['rate_records_per_s']:g} records/s, "
                      f"trigger {figures['trigger_seconds']:g}s")
     lag_ax.legend(loc="upper right")
-    xs = np.sort(np.array(delays))
-    cdf_ax.plot(xs, np.arange(1, len(xs) + 1) / max(1, len(xs)), lw=1.5, label="counted")
+    def cdf(values: list[float], **style: Any) -> None:
+        xs = np.sort(np.array(values))
+        cdf_ax.plot(xs, np.arange(1, len(xs) + 1) / max(1, len(xs)), **style)
+
+    cdf(delays, lw=1.5, label="counted")
     if warmup_delays:
-        ws = np.sort(np.array(warmup_delays))
-        cdf_ax.plot(ws, np.arange(1, len(ws) + 1) / len(ws), lw=1, color="0.6", label="warm-up")
+        cdf(warmup_delays, lw=1, color="0.6", label="warm-up")
     for q, style in (("p50", ":"), ("p95", "--"), ("p99", "-.")):
         value = figures["delay_seconds"][q]
         cdf_ax.axvline(value, color="C3", ls=style, label=f"{q} {value:.1f}s")
