@@ -26,7 +26,7 @@ from filelock import FileLock
 from pyspark.sql import SparkSession
 
 from hudi_configs import test_profile
-from pipelines.devtools.kafka_local import JAVA_OPTS_VARIABLE, QUICK_START, KafkaBroker, free_port
+from pipelines.devtools.kafka_local import JAVA_OPTS_VARIABLE, QUICK_START, KafkaBroker
 from tests.lake import BASE_WORKLOAD, LakeCopy, base_workload, build_base_lake
 
 # tests/dags run in Airflow's environment (`make test` runs them there, apart from these).
@@ -57,7 +57,7 @@ def spark() -> Iterator[SparkSession]:
 @pytest.fixture
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
     """A fresh broker (about 3 s to start), so that every test owns the contract's topic names."""
-    b = KafkaBroker(tmp_path_factory.mktemp("kafka"), port=free_port())
+    b = KafkaBroker(tmp_path_factory.mktemp("kafka"))
     b.start()
     try:
         yield b
@@ -91,7 +91,7 @@ def base_lake(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory, wor
 def lake(base_lake: LakeCopy, tmp_path: Path) -> Iterator[LakeCopy]:
     """A private copy of `base_lake`: lake, broker data (served on new ports), source and sent records."""
     shutil.copytree(base_lake.dir, tmp_path, dirs_exist_ok=True)
-    broker = KafkaBroker(tmp_path / "kafka", port=free_port(), controller_port=free_port())
+    broker = KafkaBroker(tmp_path / "kafka", controller_port=0)
     broker.start()
     try:
         yield LakeCopy(tmp_path, broker, copy.deepcopy(base_lake.source), list(base_lake.sent), BASE_WORKLOAD)

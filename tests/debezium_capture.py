@@ -54,7 +54,7 @@ SESSION_SQL = (
 
 def capture(schemas_enable: bool, work: Path) -> list[dict]:
     """Every record the connector wrote for the session, per topic in partition and offset order."""
-    with KafkaBroker(work / "kafka", port=free_port()) as broker:
+    with KafkaBroker(work / "kafka") as broker:
         real = RealSource(work / "source", free_port(), free_port(), broker.bootstrap, schemas_enable)
         postgres = real.postgres.start()
         with postgres.connect() as conn:

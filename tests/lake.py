@@ -14,7 +14,7 @@ from pyspark.sql import SparkSession
 from hudi_configs import test_profile
 from pipelines.contract import COLUMNS, TABLES
 from pipelines.devtools.generator import Message, ShopSource, WorkloadConfig, ensure_topics, produce
-from pipelines.devtools.kafka_local import KafkaBroker, free_port
+from pipelines.devtools.kafka_local import KafkaBroker
 from pipelines.ingest.bronze import run_ingest
 from pipelines.settings import changelog_path, dead_letter_path, ledger_path, main_path, quarantine_path, silver_path
 from pipelines.table_stats import exists, read_table
@@ -60,7 +60,7 @@ def base_workload() -> tuple[ShopSource, list[Message]]:
 
 def build_base_lake(spark: SparkSession, where: Path) -> None:
     """BASE_WORKLOAD's snapshot and changes, ingested once, then one etl cycle; the broker stopped after."""
-    broker = KafkaBroker(where / "kafka", port=free_port())
+    broker = KafkaBroker(where / "kafka")
     broker.start()
     try:
         ensure_topics(broker.bootstrap)

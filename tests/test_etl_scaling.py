@@ -19,7 +19,7 @@ import pytest
 
 from pipelines.contract import CURRENCIES
 from pipelines.devtools.generator import COUNTRIES, ShopSource, WorkloadConfig, ensure_topics, produce
-from pipelines.devtools.kafka_local import KafkaBroker, free_port
+from pipelines.devtools.kafka_local import KafkaBroker
 from pipelines.ingest.bronze import run_ingest
 from pipelines.metrics import ReadMeter, Reads
 from pipelines.settings import silver_path
@@ -76,7 +76,7 @@ def _total(reads: dict[str, Reads], *, but: str = "") -> Reads:
 def _cycle_reads(spark, tmp: Path, customers: int) -> tuple[Reads, dict[str, Reads], int]:
     """Reads of the first (full) cycle, of each step of the cycle after the change, and the days it touched."""
     root = str(tmp / f"lake-{customers}")
-    broker = KafkaBroker(tmp / f"kafka-{customers}", port=free_port())
+    broker = KafkaBroker(tmp / f"kafka-{customers}")
     broker.start()
     try:
         ensure_topics(broker.bootstrap)

@@ -20,7 +20,7 @@ from pipelines.devtools.kafka_local import KafkaBroker, free_port, kafka
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
     # One broker for the module: a start costs seconds, and every test leaves it running.
-    with KafkaBroker(tmp_path_factory.mktemp("kafka"), port=free_port()) as running:
+    with KafkaBroker(tmp_path_factory.mktemp("kafka")) as running:
         yield running
 
 
@@ -117,6 +117,24 @@ def test_start_failure_reports_server_log_and_cleans_up(tmp_path: Path) -> None:
     assert "Address already in use" in str(raised.value)  # the cause, not just the shutdown that follows
     assert failing.pid() is None and not failing.pid_path.exists()
     assert broker_processes(failing.config_path) == ""
+
+
+def test_a_chosen_port_taken_before_the_bind_is_chosen_again(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """`free_port` only says a port is free now: another process may bind it before the broker does."""
+    import pipelines.devtools.kafka_local as kafka_local
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        ports = iter([taken.getsockname()[1]])
+        real_free_port = kafka_local.free_port
+        monkeypatch.setattr(kafka_local, "free_port", lambda: next(ports, None) or real_free_port())
+        with KafkaBroker(tmp_path) as started:
+            assert started.port != taken.getsockname()[1]
+            assert b"Address already in use" in started.log_path.read_bytes()  # the first try did fail
+            produce(started.bootstrap, "chosen-again", b"k", b"served")
+            assert b"served" in consume_until(started.bootstrap, "chosen-again", b"served")
 
 
 # `up` drops its handle on a broker it leaves running on purpose; Python flags that as a resource leak.

@@ -41,6 +41,8 @@ LOG_ERROR_LINES = 10
 ERROR_LINE = re.compile(r"\] (ERROR|FATAL) |^Caused by: ")
 # Seconds one metadata probe may take; short, so a broker that dies meanwhile is noticed soon.
 PROBE_TIMEOUT = 3.0
+# Starts tried when a port the broker chose itself was taken before the broker bound it.
+PORT_ATTEMPTS = 3
 # Exits 0 once a client can fetch cluster metadata (the admin client bootstraps in its constructor).
 METADATA_PROBE = """
 import sys
@@ -125,7 +127,9 @@ class KafkaBroker:
     """
 
     data_dir: Path
-    port: int = 9092
+    # 0: a free port, chosen by `start`. The controller's: None reuses the one the data dir's
+    # config names (KRaft's log remembers its voters), else a free one, as 0 does.
+    port: int = 0
     controller_port: int | None = None
     _process: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False, compare=False)
 
@@ -150,20 +154,43 @@ class KafkaBroker:
         return self.data_dir / "broker.pid"
 
     def start(self, timeout: float = 90.0) -> KafkaBroker:
-        """Start the broker, or adopt the one already running from `data_dir`, and wait until it serves metadata."""
+        """Start the broker, or adopt the one already running from `data_dir`, and wait until it serves metadata.
+
+        A port given as 0 is chosen here, and chosen again if another process takes it between the
+        choice and the broker's bind (`free_port` can only say a port is free now).
+        """
         deadline = time.monotonic() + timeout
-        log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
         pid = self.pid()
         if pid is not None:
             running_port = self.configured_port()
-            if running_port != self.port:
+            if self.port and running_port != self.port:
                 raise RuntimeError(
                     f"a broker from {self.data_dir} already runs on port {running_port} (pid {pid}); stop it first"
                 )
-            self._wait_ready(pid, deadline, log_start)
+            self.port = running_port
+            self._wait_ready(pid, deadline, self._log_size())
             return self
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.controller_port = self.controller_port or self._stored_controller_port() or free_port()
+        choose_port = self.port == 0
+        if self.controller_port is None:
+            self.controller_port = self._stored_controller_port() or 0
+        choose_controller = self.controller_port == 0
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            if choose_port:
+                self.port = free_port()
+            if choose_controller:
+                self.controller_port = free_port()
+            log_start = self._log_size()
+            try:
+                self._launch(deadline, log_start)
+                return self
+            except RuntimeError:
+                retry = (choose_port or choose_controller) and self._bind_failed(log_start)
+                if attempt == PORT_ATTEMPTS or not retry:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _launch(self, deadline: float, log_start: int) -> None:
         self._write_configs()
         self._format_storage(log_start)
         with self.log_path.open("ab") as log:
@@ -182,7 +209,14 @@ class KafkaBroker:
             # A half-started broker would hold the ports and the KRaft log lock for the next attempt.
             self.stop()
             raise
-        return self
+
+    def _log_size(self) -> int:
+        return self.log_path.stat().st_size if self.log_path.exists() else 0
+
+    def _bind_failed(self, log_start: int) -> bool:
+        """Whether the start that logged from `log_start` on failed because a port was taken."""
+        log = self.log_path.read_bytes()[log_start:] if self.log_path.exists() else b""
+        return b"Address already in use" in log
 
     def stop(self, timeout: float = 30.0) -> None:
         """SIGTERM for a controlled shutdown (clean log segments), SIGKILL if that hangs."""

@@ -97,7 +97,7 @@ def broker(name: str, sinks: tuple[str, ...] = SINKS) -> Iterator[KafkaBroker]:
     if data.exists():
         KafkaBroker(data).stop()
         shutil.rmtree(data)
-    node = KafkaBroker(data, port=free_port())
+    node = KafkaBroker(data)
     node.start()
     real = None
     try:
