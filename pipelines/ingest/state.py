@@ -179,14 +179,11 @@ class KnownRows:
 
     def __init__(self, load: Callable[[], DataFrame]) -> None:
         self._load = load  # known_rows(...) of the tables
-        # The union of the pieces, grown by one piece per `add`: building it from all the pieces
-        # at each lookup analyzed a plan per piece, 0.2 s for 32 of them on an idle driver.
-        self._union: DataFrame | None = None
-        self._pieces = 0
+        self._pieces: list[DataFrame] | None = None
 
     @property
     def loaded(self) -> bool:
-        return self._union is not None
+        return self._pieces is not None
 
     def load(self) -> None:
         """Read the tables now (the stream's first batch of the table pays for it, once)."""
@@ -202,18 +199,19 @@ class KnownRows:
 
     def add(self, rows: DataFrame) -> None:
         """`known_rows` this writer has just committed (materialized now: they may derive from a cache about to go)."""
+        self._rows()
+        assert self._pieces is not None
         # One partition per batch's piece: a lookup scans every partition of every piece, and a
         # batch's rows arrive in as many partitions as its shuffles made (4 locally, 64 on EMR),
         # most of them tiny, so the lookups' tasks grew by that many per batch up to the merge.
-        self._union = self._rows().unionByName(rows.coalesce(1).localCheckpoint())
-        self._pieces += 1
-        if self._pieces > self.MAX_PIECES:
-            self._union, self._pieces = _compacted(self._union).localCheckpoint(), 1
+        self._pieces.append(rows.coalesce(1).localCheckpoint())
+        if len(self._pieces) > self.MAX_PIECES:
+            self._pieces = [_compacted(union_all(self._pieces)).localCheckpoint()]
 
     def _rows(self) -> DataFrame:
-        if self._union is None:
-            self._union, self._pieces = self._load().localCheckpoint(), 1
-        return self._union
+        if self._pieces is None:
+            self._pieces = [self._load().localCheckpoint()]
+        return union_all(self._pieces)
 
 
 def union_all(frames: list[DataFrame]) -> DataFrame:
