@@ -14,6 +14,7 @@ from click.testing import CliRunner
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 from kafka.admin import NewTopic
 
+from pipelines.devtools import kafka_local
 from pipelines.devtools.kafka_local import KafkaBroker, free_port, kafka
 
 
@@ -122,8 +123,6 @@ def test_start_failure_reports_server_log_and_cleans_up(tmp_path: Path) -> None:
 def test_a_chosen_port_taken_before_the_bind_is_chosen_again(tmp_path: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """`free_port` only says a port is free now: another process may bind it before the broker does."""
-    import pipelines.devtools.kafka_local as kafka_local
-
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -132,7 +131,8 @@ def test_a_chosen_port_taken_before_the_bind_is_chosen_again(tmp_path: Path,
         monkeypatch.setattr(kafka_local, "free_port", lambda: next(ports, None) or real_free_port())
         with KafkaBroker(tmp_path) as started:
             assert started.port != taken.getsockname()[1]
-            assert b"Address already in use" in started.log_path.read_bytes()  # the first try did fail
+            # the first try did fail, on that port
+            assert f"{taken.getsockname()[1]}: Address already in use".encode() in started.log_path.read_bytes()
             produce(started.bootstrap, "chosen-again", b"k", b"served")
             assert b"served" in consume_until(started.bootstrap, "chosen-again", b"served")
 

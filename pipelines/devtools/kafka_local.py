@@ -43,6 +43,7 @@ ERROR_LINE = re.compile(r"\] (ERROR|FATAL) |^Caused by: ")
 PROBE_TIMEOUT = 3.0
 # Starts tried when a port the broker chose itself was taken before the broker bound it.
 PORT_ATTEMPTS = 3
+BIND_FAILURE = re.compile(rb"failed to bind to [\d.]+:(\d+): Address already in use")
 # Exits 0 once a client can fetch cluster metadata (the admin client bootstraps in its constructor).
 METADATA_PROBE = """
 import sys
@@ -185,8 +186,9 @@ class KafkaBroker:
                 self._launch(deadline, log_start)
                 return self
             except RuntimeError:
-                retry = (choose_port or choose_controller) and self._bind_failed(log_start)
-                if attempt == PORT_ATTEMPTS or not retry:
+                chosen = {port for port, mine in ((self.port, choose_port), (self.controller_port, choose_controller))
+                          if mine}
+                if attempt == PORT_ATTEMPTS or self._taken_port(log_start) not in chosen:
                     raise
         raise AssertionError("unreachable")
 
@@ -213,10 +215,11 @@ class KafkaBroker:
     def _log_size(self) -> int:
         return self.log_path.stat().st_size if self.log_path.exists() else 0
 
-    def _bind_failed(self, log_start: int) -> bool:
-        """Whether the start that logged from `log_start` on failed because a port was taken."""
+    def _taken_port(self, log_start: int) -> int | None:
+        """The port the start that logged from `log_start` on could not bind (another process had it), if any."""
         log = self.log_path.read_bytes()[log_start:] if self.log_path.exists() else b""
-        return b"Address already in use" in log
+        found = BIND_FAILURE.search(log)
+        return int(found[1]) if found else None
 
     def stop(self, timeout: float = 30.0) -> None:
         """SIGTERM for a controlled shutdown (clean log segments), SIGKILL if that hangs."""
