@@ -117,15 +117,20 @@ def meta_at(spark: SparkSession, path: str, completion: str, key: str) -> str | 
     return timeline.readCommitMetadata(done[-1]).getExtraMetadata().get(key) if done else None
 
 
-def latest_meta(spark: SparkSession, path: str, key: str) -> str | None:
-    """Commit metadata `key` of the newest completed commit that has it (commits of other writers lack it)."""
+def latest_extra(spark: SparkSession, path: str, key: str) -> dict[str, str] | None:
+    """All commit metadata of the newest completed commit that has `key` (commits of other writers lack it)."""
     timeline = _completed(spark, path)
     instants = timeline.getReverseOrderedInstants().iterator()
     while instants.hasNext():
-        value = timeline.readCommitMetadata(instants.next()).getExtraMetadata().get(key)
-        if value is not None:
-            return value
+        extra = timeline.readCommitMetadata(instants.next()).getExtraMetadata()
+        if extra.get(key) is not None:
+            return dict(extra)
     return None
+
+
+def latest_meta(spark: SparkSession, path: str, key: str) -> str | None:
+    """Commit metadata `key` of the newest completed commit that has it (commits of other writers lack it)."""
+    return (latest_extra(spark, path, key) or {}).get(key)
 
 
 def instant_of_batch(spark: SparkSession, path: str, key: str, batch: int) -> str | None:

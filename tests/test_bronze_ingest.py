@@ -278,3 +278,41 @@ def test_cli_ingest_names_an_unreachable_broker(tmp_path) -> None:
                           capture_output=True, text=True)
     assert done.returncode != 0
     assert "cannot reach Kafka at 127.0.0.1:" in done.stderr
+
+
+def test_held_dead_letters_lost_with_their_writer_are_read_again_from_kafka(spark, lake: LakeCopy, monkeypatch,
+                                                                            caplog) -> None:
+    """A batch's dead letters wait in the writer for a later commit (held_letters). A writer killed while
+    it holds some, after its batches committed, leaves the store behind the stream: the next writer reads
+    the records since the store's position again, and the store ends with every dead letter once."""
+    from pipelines.ingest.state import DEAD_LETTERS_META, POSITIONS_META, positions_of
+    from pipelines.ingest.writer import BronzeBatchWriter
+    from pipelines.settings import main_path
+
+    def store_commits() -> int:
+        return len(list(Path(dead_letter_path(lake.root), ".hoodie", "timeline").glob("*_*.commit")))
+
+    lake.produce(lake.source.changes(WorkloadConfig(seed=31, changes=600, malformed_fraction=0.05)))
+    before = store_commits()
+    # A SIGKILL after the last batch: its writer never writes what it holds.
+    monkeypatch.setattr(BronzeBatchWriter, "flush", lambda self: None)
+    run_ingest(once=True, root=lake.root, bootstrap=lake.bootstrap, spark=spark, max_offsets_per_trigger=400)
+    assert store_commits() == before, "the batches held their dead letters back"
+    expected, lsns = fold_with_lsn(lake.sent)
+    assert_bronze_equals_model(spark, lake.root, expected, lsns)
+    from pipelines.hudi_timeline import latest_extra
+
+    meta = latest_extra(spark, main_path("orders", lake.root), POSITIONS_META)
+    assert json.loads(meta[DEAD_LETTERS_META]) != json.loads(meta[POSITIONS_META]), "main says the store is behind"
+    assert json.loads(meta[DEAD_LETTERS_META]) == positions_of(spark, dead_letter_path(lake.root))
+
+    monkeypatch.undo()
+    with caplog.at_level("WARNING", logger="pipelines.ingest.writer"):
+        _ingest_and_check(spark, lake.bootstrap, lake.root, lake.source, lake.sent)
+    assert "reading the records since" in caplog.text
+    assert store_commits() == before + 1, "the held letters went to the store in one commit"
+    # Caught up: a further run reads nothing again and changes nothing.
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="pipelines.ingest.writer"):
+        _ingest_and_check(spark, lake.bootstrap, lake.root, lake.source, lake.sent)
+    assert "reading the records since" not in caplog.text

@@ -19,21 +19,23 @@ and `bronze/_dead_letters` (COW) for all: every Kafka record that is not a usabl
 envelope, with the reason, the raw key and value and its Kafka position, keyed by that
 position.
 
-A batch makes at most two commits per source table it changes (change log and main) and one to
-the dead-letter store when it has malformed records; all of them run side by side
-(`writer.run_together`). Ordering and exactly-once come from one rule (`plan`): per key, keep
-the newest event of the batch (highest `source.lsn`), then apply it only if it is newer than
-everything applied for the key, live row or delete (main's row, the change log's deletes, the
-ledger). What main gets, the change log gets too, with the same Kafka positions in both commits;
-Hudi's own ordering on `_lsn` in main is a second line of defence. Every write is computed from
-what the tables hold, so a batch re-run after a crash at any point writes exactly what is still
-missing, and a replay of old events changes nothing. A crash between the two commits leaves
-one of two states: the change log holds the batch and main does not (the re-run applies it to
-main, and appends the same changes to the change log again, which readers fold away by LSN), or
-main holds it and the change log does not, which shows as main's position ahead of the change
-log's: the re-run then logs again what main holds at exactly the batch's LSNs (`plan`'s `relog`).
-A truncate is the exception: its deletes name keys only main's earlier rows know, so its change
-log commits first.
+A batch makes two commits per source table it changes (change log and main), side by side
+(`writer.run_together`). Its malformed records are held back and reach the dead-letter store in
+one commit every minute or so, and when the stream stops (`held_letters`): a source that sends a
+malformed record now and then does not add a commit to every batch.
+
+Ordering and exactly-once come from one rule (`plan`): per key, keep the newest event of the batch
+(highest `source.lsn`), then apply it only if it is newer than everything applied for the key, live
+row or delete (main's row, the change log's deletes, the ledger). What main gets, the change log
+gets too, with the same Kafka positions in both commits; Hudi's own ordering on `_lsn` in main is a
+second line of defence. Every write is computed from what the tables hold, so a batch re-run after a
+crash at any point writes exactly what is still missing, and a replay of old events changes nothing.
+A crash between the two commits leaves one of two states: the change log holds the batch and main
+does not (the re-run applies it to main, and appends the same changes to the change log again, which
+readers fold away by LSN), or main holds it and the change log does not, which shows as main's
+position ahead of the change log's: the re-run then logs again what main holds at exactly the
+batch's LSNs (`plan`'s `relog`). A truncate is the exception: its deletes name keys only main's
+earlier rows know, so its change log commits first.
 
 What the tables hold is read once per stream, at its first batch (main's `(id, _lsn)`,
 the change log's deletes, the ledger), and then kept up to date by the writer's own
@@ -162,13 +164,14 @@ def run_ingest(*, once: bool, root: str | None = None, bootstrap: str | None = N
         reader = reader.option("startingOffsets", start)
     if max_offsets_per_trigger:
         reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
-    writer = (reader.load().writeStream.queryName("bronze_ingest")
-              .foreachBatch(BronzeBatchWriter(spark, root))
+    batches = BronzeBatchWriter(spark, root, bootstrap)
+    writer = (reader.load().writeStream.queryName("bronze_ingest").foreachBatch(batches)
               .option("checkpointLocation", ingest_checkpoint_path(root)))
     writer = writer.trigger(availableNow=True) if once else writer.trigger(processingTime=f"{trigger_seconds} seconds")
     # One writer per checkpoint: wait for a previous stream's heartbeat to go stale, or fail.
     lease = StreamLease(root)
     lease.claim()
+    batches.recover()
     query = writer.start()
     try:
         while not query.awaitTermination(lease.lim.heartbeat_seconds):
@@ -183,7 +186,10 @@ def run_ingest(*, once: bool, root: str | None = None, bootstrap: str | None = N
     finally:
         if query.isActive:
             query.stop()
-        lease.release()
+        try:
+            batches.flush()  # no batch runs any more: the dead letters held back go to the store
+        finally:
+            lease.release()
 
 
 def _let_batch_finish(query: StreamingQuery, timeout: float) -> None:

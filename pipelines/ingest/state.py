@@ -37,6 +37,9 @@ BATCH_ID_META = "_lakehouse.batch_id"
 # The stream's Kafka position after the batch, {"topic/partition": next offset}, for every
 # partition the stream has consumed from: where a lost checkpoint resumes.
 POSITIONS_META = "_lakehouse.kafka_positions"
+# The stream's position up to which every dead letter is in the store ({"topic/partition": next
+# offset}): behind POSITIONS_META while the writer holds letters back (pipelines.ingest.held_letters).
+DEAD_LETTERS_META = "_lakehouse.dead_letters_through"
 # The erasure registry's version (completion time of its newest commit) the batch filtered
 # with: an erasure finds the batches that may have read an older one (pipelines.gdpr.erase).
 REGISTRY_META = "_lakehouse.erasure_registry"
@@ -212,6 +215,23 @@ class KnownRows:
         if self._pieces is None:
             self._pieces = [self._load().localCheckpoint()]
         return union_all(self._pieces)
+
+
+def materialized(frame: DataFrame) -> DataFrame:
+    """`frame` computed now, as a leaf of every plan built on it; `release` frees it.
+
+    A cached frame keeps its whole plan (the parse's JSON schemas, the plan's joins), and each
+    Dataset built on it has that plan analyzed again, Hudi's analyzer rules walking every node.
+    A leaf costs nothing to analyze: a batch's freshness runs measured its batches about 0.7 s
+    shorter (BENCHMARKS.md, "Leaf plans").
+    """
+    return frame.localCheckpoint()
+
+
+def release(frame: DataFrame) -> None:
+    """Free a `materialized` frame's blocks now: unreferenced, they would wait for the JVM's
+    garbage collector (Spark's ContextCleaner, up to 30 minutes), a parsed batch each."""
+    frame._jdf.queryExecution().logical().rdd().unpersist(False)
 
 
 def union_all(frames: list[DataFrame]) -> DataFrame:

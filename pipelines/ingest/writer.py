@@ -25,11 +25,13 @@ from pipelines import contract
 from pipelines.gdpr.registry import dead_letters_without_erased, read_registry, registry_path, without_erased
 from pipelines.gdpr.request import erasure_key
 from pipelines.hudi_timeline import latest_completion, latest_meta, repair_torn_timeline
+from pipelines.ingest.held_letters import HeldLetters, hold_limits, kafka_range, stored_through
 from pipelines.ingest.parse import TableParse, dead_letters, literal_array, parse_topics
 from pipelines.ingest.plan import change_rows, newest_per_key, plan, truncate_deletes
 from pipelines.ingest.schema import COLUMNS_META, SCHEMA_REASON, Shape, decide, infer_type, read_accepted
 from pipelines.ingest.state import (
     BATCH_ID_META,
+    DEAD_LETTERS_META,
     DECLARED_META,
     DELETED_FLAG,
     KEY,
@@ -41,9 +43,11 @@ from pipelines.ingest.state import (
     has_commits,
     hudi_options,
     known_rows,
+    materialized,
     positions_of,
     read_deletes,
     read_state,
+    release,
     union_all,
 )
 from pipelines.settings import changelog_path, dead_letter_path, main_path, unavailable_placeholder
@@ -121,9 +125,11 @@ def _reaches(applied: dict[str, int], ends: dict[str, int]) -> bool:
 class BronzeBatchWriter:
     """The `foreachBatch` function of the ingest stream."""
 
-    def __init__(self, spark: SparkSession, root: str, *, parallel: bool = True) -> None:
+    def __init__(self, spark: SparkSession, root: str, bootstrap: str, *, parallel: bool = True) -> None:
         self.spark = spark
         self.root = root
+        # Where the records are read again that dead letters held back by a killed writer came from.
+        self.bootstrap = bootstrap
         # The tables' commits side by side (`run_together`); False only for a benchmark's reference.
         self.parallel = parallel
         self._registry: tuple[DataFrame, str, str] | None = None
@@ -131,6 +137,12 @@ class BronzeBatchWriter:
         # once, then kept up to date by this writer's own commits).
         self._position: dict[str, int] | None = None
         self._applied: dict[str, dict[str, int]] = {}
+        # Dead letters held back from the store (pipelines.ingest.held_letters), and the stream's
+        # position up to which every dead letter is in the store.
+        self._held = HeldLetters(hold_limits())
+        self._through: dict[str, int] = {}
+        self._last_batch: int | None = None
+        self._recovering = False
         # Per table, what main holds and every delete applied: read once, then kept up to date
         # by this writer's own commits (KnownRows).
         self._known: dict[str, KnownRows] = {}
@@ -145,6 +157,36 @@ class BronzeBatchWriter:
             discard_unborn(path)
             repair_torn_timeline(path)
 
+    def _start(self) -> None:
+        """Where the tables and the dead-letter store stand, as their newest commits record it."""
+        self._position = {}
+        for path in [main_path(t, self.root) for t in contract.TABLES] + [dead_letter_path(self.root)]:
+            for tp, o in self._positions(path).items():
+                self._position[tp] = max(self._position.get(tp, 0), o)
+        self._through = stored_through(self.spark, [f(t, self.root) for t in contract.TABLES
+                                                    for f in (main_path, changelog_path)], dead_letter_path(self.root))
+
+    def recover(self) -> None:
+        """Before the stream starts: the dead letters a killed writer held back, read again from Kafka and stored.
+
+        The records since the store's position run as one batch under the newest batch id the
+        tables record: main and the change log hold them already (nothing to write, by the LSN
+        rule), and the store gets the letters it lacks, in one commit.
+        """
+        self._start()
+        assert self._position is not None
+        behind = kafka_range(self.spark, self.bootstrap, self._through, self._position)
+        if behind is None:
+            return
+        paths = [*(main_path(t, self.root) for t in contract.TABLES), dead_letter_path(self.root)]
+        last = max((int(b) for path in paths
+                    if has_commits(self.spark, path) and (b := latest_meta(self.spark, path, BATCH_ID_META))),
+                   default=0)
+        log.warning("dead letters held by a writer that stopped without writing them: reading the records since %s "
+                    "again (as batch %d)", json.dumps(self._through, sort_keys=True), last)
+        self._recovering = True
+        self(behind, last)
+
     def _positions(self, path: str) -> dict[str, int]:
         if path not in self._applied:
             self._applied[path] = positions_of(self.spark, path)
@@ -154,11 +196,15 @@ class BronzeBatchWriter:
         started = time.monotonic()
         log.info("batch %d: started", batch_id)
         report = BatchReport(batch_id)
-        # The batch's records parsed in one pass and cached while its tables are written, each
-        # table's a filter of it; the raw batch is not cached (a wrapped envelope is kilobytes of
+        recovering, self._recovering = self._recovering, False
+        if self._position is None:
+            self._start()
+        # The batch's records parsed in one pass and kept while its tables are written, each
+        # table's a filter of it; the raw batch is not kept (a wrapped envelope is kilobytes of
         # schema, parsed away here).
-        every = parse_topics(batch, {t: TableParse(self._shape(t), tuple(sorted(self._declared[t])))
-                                     for t in contract.TABLES}, self.placeholder).persist(StorageLevel.MEMORY_AND_DISK)
+        with report.phase("read+parse"):
+            every = materialized(parse_topics(batch, {t: TableParse(self._shape(t), tuple(sorted(self._declared[t])))
+                                                      for t in contract.TABLES}, self.placeholder))
         parsed = {t: every.filter(F.col("kafka_topic") == contract.topic(t)) for t in contract.TABLES}
         try:
             with report.phase("read+parse"):
@@ -167,11 +213,6 @@ class BronzeBatchWriter:
             report.records = sum(n for *_, n in offsets)
             ends = {f"{t}/{p}": o + 1 for t, p, _, o, _ in offsets}
             starts = {f"{t}/{p}": o for t, p, o, _, _ in offsets}
-            if self._position is None:
-                self._position = {}
-                for path in [main_path(t, self.root) for t in contract.TABLES] + [dead_letter_path(self.root)]:
-                    for tp, o in self._positions(path).items():
-                        self._position[tp] = max(self._position.get(tp, 0), o)
             position = {tp: max(self._position.get(tp, 0), ends.get(tp, 0)) for tp in {*self._position, *ends}}
             commit_meta = {BATCH_ID_META: str(batch_id), POSITIONS_META: json.dumps(position, sort_keys=True)}
             with report.phase("registry"):
@@ -187,11 +228,26 @@ class BronzeBatchWriter:
                     parsed[table] = surveys[table].events
             jobs: list[Callable[[], None]] = []
             # The surveys counted the dead letters: a batch without any (nearly every batch of a
-            # real Debezium source) runs no job for the store.
+            # real Debezium source) runs no job for the store, and one with a few holds them back.
             dead = sum(s.kinds.get("dead", 0) for s in surveys.values())
-            if dead and not self._covered(dead_letter_path(self.root), ends):
-                jobs.append(functools.partial(self._write_dead_letters, parsed, batch_id, commit_meta, report, erased,
-                                              dead, starts))
+            letters, exact = (self._letters(parsed, batch_id, starts) if dead and
+                              not self._covered(dead_letter_path(self.root), ends) else (None, False))
+            hold = letters is not None and not recovering and self._held.keep(dead, report.records)
+            flush = (letters is not None and not hold) or (bool(self._held.pieces) and (
+                recovering or not self._held.keep(0, report.records)))
+            # What this batch's commits say of the store holds whatever becomes of its own commit.
+            commit_meta[DEAD_LETTERS_META] = json.dumps(
+                self._through if letters is not None or self._held.pieces else position, sort_keys=True)
+            staged: list[DataFrame] = []
+            if flush:
+                pieces, count = list(self._held.pieces), self._held.rows
+                if letters is not None:
+                    pieces.append(letters)
+                    count = count + dead if exact else None
+                jobs.append(functools.partial(self._write_dead_letters, union_all(pieces), count, commit_meta, report,
+                                              erased))
+            elif hold:
+                jobs.append(lambda: staged.append(materialized(letters)))
             for table, events in parsed.items():
                 mine = {tp: o for tp, o in ends.items() if tp.startswith(contract.topic(table) + "/")}
                 if mine and all(self._covered(where(table, self.root), mine) for where in (main_path, changelog_path)):
@@ -201,11 +257,16 @@ class BronzeBatchWriter:
                 jobs.append(functools.partial(self._apply, table, events, surveys[table], commit_meta, report, erased))
             with report.phase("tables"):
                 run_together(jobs, parallel=self.parallel)
-            self._position = position
+            self._position, self._last_batch = position, batch_id
+            if staged:
+                self._held.add(staged[0], dead if exact else staged[0].count())
+                report.counts.setdefault("dead_letters", {})["held"] = self._held.rows
+            if not self._held.pieces:
+                self._through = position
             for table, survey in surveys.items():
                 self._declared[table] |= survey.applied_declared
         finally:
-            every.unpersist()
+            release(every)
         report.seconds = time.monotonic() - started
         log.info(report.line())
 
@@ -252,8 +313,7 @@ class BronzeBatchWriter:
     @staticmethod
     def _tally(every: DataFrame) -> list[Row]:
         """One aggregation of the parsed batch: per Kafka partition, kind and Connect schema (a handful of
-        groups), the offsets and what the schema decision needs (`_survey`). The first job over the
-        batch, so it also fills the cache."""
+        groups), the offsets and what the schema decision needs (`_survey`)."""
         def distinct(column: str) -> Column:
             return F.collect_set(F.when(F.size(column) > 0, F.col(column)))
 
@@ -274,30 +334,48 @@ class BronzeBatchWriter:
             found[(g["kafka_topic"], g["kafka_partition"])] = (min(first, g["first"]), max(last, g["last"]), n + g["n"])
         return [(t, p, a, o, n) for (t, p), (a, o, n) in found.items()]
 
-    def _write_dead_letters(self, parsed: dict[str, DataFrame], batch_id: int, meta: dict[str, str],
-                            report: BatchReport, erased: tuple[DataFrame, str, str] | None, dead: int,
-                            starts: dict[str, int]) -> None:
-        """The batch's `dead` records (as the surveys counted them) into the store, those it lacks only.
+    def _letters(self, parsed: dict[str, DataFrame], batch_id: int, starts: dict[str, int]) -> tuple[DataFrame, bool]:
+        """The batch's dead letters that the store lacks, and whether they are all the batch's (the surveys' count).
 
         The store is written with bulk inserts (no index lookup, whose cost grows with the store):
         what an earlier commit already holds, a batch re-run after a crash, is left out here.
         """
         path = dead_letter_path(self.root)
         rows = union_all([dead_letters(events, batch_id) for events in parsed.values()])
-        held = [(F.col("kafka_topic") == tp.rsplit("/", 1)[0]) & (F.col("kafka_partition") == int(tp.rsplit("/", 1)[1]))
-                & (F.col("kafka_offset") < o) for tp, o in self._positions(path).items() if o > starts.get(tp, o)]
-        if held:
-            rows = rows.filter(~functools.reduce(lambda a, b: a | b, held))
+        stored = [(F.col("kafka_topic") == tp.rsplit("/", 1)[0])
+                  & (F.col("kafka_partition") == int(tp.rsplit("/", 1)[1])) & (F.col("kafka_offset") < o)
+                  for tp, o in self._positions(path).items() if o > starts.get(tp, o)]
+        if stored:
+            rows = rows.filter(~functools.reduce(lambda a, b: a | b, stored))
+        return rows, not stored
+
+    def _write_dead_letters(self, rows: DataFrame, n: int | None, meta: dict[str, str], report: BatchReport,
+                            erased: tuple[DataFrame, str, str] | None) -> None:
+        """`rows` (`n` of them, None: not counted yet), the held letters among them, into the store in one commit."""
         if erased is not None:  # a malformed record of an erased customer is not kept either
-            rows = dead_letters_without_erased(rows, *erased[:2])
+            rows, n = dead_letters_without_erased(rows, *erased[:2]), None
         with report.phase("dead_letters"):
             # Nearly every batch is neither a re-run nor filtered by the registry: its count is the
-            # surveys', and its rows, read from the cached batch, are computed once, by the write.
-            n = dead if not held and erased is None else rows.count()
+            # surveys', and its rows are computed once, by the write.
+            n = rows.count() if n is None else n
             report.counts.setdefault("dead_letters", {})["written"] = n
             if n:
+                path = dead_letter_path(self.root)
                 append(rows, path, hudi_options("dead_letters", "bronze_dead_letters", **meta), n)
                 self._committed(path, meta)
+        # In the store now, whatever becomes of the batch's other commits: not to be written again.
+        self._held.clear()
+
+    def flush(self) -> None:
+        """Write the dead letters held back (the stream is stopping): the store then holds every one."""
+        if not self._held.pieces or self._position is None:
+            return
+        report = BatchReport(self._last_batch if self._last_batch is not None else -1)
+        position = json.dumps(self._position, sort_keys=True)
+        meta = {BATCH_ID_META: str(report.batch_id), POSITIONS_META: position, DEAD_LETTERS_META: position}
+        self._write_dead_letters(union_all(self._held.pieces), self._held.rows, meta, report, self._erased())
+        self._through = dict(self._position)
+        log.info("dead letters held back, written as the stream stops: %d", report.counts["dead_letters"]["written"])
 
     def _shape(self, table: str) -> Shape:
         """The table's columns as its newest main commit records them (read once per stream)."""
@@ -459,7 +537,11 @@ class BronzeBatchWriter:
         if relog:
             log.warning("bronze/%s: main holds a batch its change log lacks (a crash between their commits): "
                         "that batch's changes are logged again from main's rows", table)
-        planned = plan(newest, known.lookup(keys), relog=relog).persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            with report.phase(f"{table}.plan"):
+                planned = materialized(plan(newest, known.lookup(keys), relog=relog))
+        finally:
+            newest.unpersist()
         try:
             with report.phase(f"{table}.plan"):
                 tally = planned.groupBy("to_main", "to_log", "_op").count().collect()
@@ -505,8 +587,7 @@ class BronzeBatchWriter:
                     KEY, "_lsn", (F.col("_op") != "d").alias("_live"))))
             self._shapes[table] = shape
         finally:
-            planned.unpersist()
-            newest.unpersist()
+            release(planned)
 
 
 # Rows per file of a bulk insert (change log, dead letters): a streaming batch's rows make one file.

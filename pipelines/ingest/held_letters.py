@@ -1,0 +1,108 @@
+"""Dead letters held back from the store for a while, so that a batch with a malformed record does not
+make a Hudi commit of its own for it.
+
+A commit costs about the same whatever it holds (a dozen Spark jobs, the metadata table, markers:
+BENCHMARKS.md), and a source that sends malformed records now and then would make every batch pay
+one more commit, beside the tables', for a handful of rows. The writer keeps a batch's dead letters
+in memory instead, and writes what it holds in one commit when the oldest has waited
+`max_seconds`, when it holds `max_rows`, in a large batch (a catch-up: one commit among much work),
+and when the stream stops (`ingest --once` done, SIGTERM, a stop request).
+
+What keeps held letters safe is the stream's position, as the tables' own commits record it: each
+commit of a batch says up to where every dead letter is in the store (`DEAD_LETTERS_META`). A writer
+that starts (after a SIGKILL, say) on a lake where that position is behind the stream's reads the
+Kafka records in between again (the topics keep them; a gap fails the job, `failOnDataLoss`) and
+runs them with its first batch: main and the change log hold them already, so by the LSN rule they
+change nothing there, and the store gets exactly the letters it lacks (the writer leaves out the
+positions the store's commits cover).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+
+from pyspark.sql import DataFrame, SparkSession
+
+import hudi_configs
+from pipelines.hudi_timeline import latest_extra
+from pipelines.ingest.state import DEAD_LETTERS_META, POSITIONS_META, has_commits, release
+
+
+@dataclass(frozen=True)
+class HoldLimits:
+    max_seconds: float
+    max_rows: int
+    max_batch_records: int
+
+
+def hold_limits() -> HoldLimits:
+    """bronze.toml `[dead_letter_hold]`, with the deployment's overrides."""
+    values = hudi_configs.section("bronze", "dead_letter_hold")
+    return HoldLimits(float(values["max_seconds"]), int(values["max_rows"]), int(values["max_batch_records"]))
+
+
+@dataclass
+class HeldLetters:
+    """The dead letters of committed batches that the store does not have yet (materialized frames)."""
+
+    limits: HoldLimits
+    pieces: list[DataFrame] = field(default_factory=list)
+    rows: int = 0
+    since: float | None = None  # when the oldest was held (time.monotonic)
+
+    def add(self, piece: DataFrame, rows: int) -> None:
+        self.pieces.append(piece)
+        self.rows += rows
+        self.since = self.since if self.since is not None else time.monotonic()
+
+    def keep(self, new_rows: int, batch_records: int) -> bool:
+        """True when a batch's `new_rows` letters may wait for a later batch's commit."""
+        if batch_records >= self.limits.max_batch_records or self.rows + new_rows >= self.limits.max_rows:
+            return False
+        return self.since is None or time.monotonic() - self.since < self.limits.max_seconds
+
+    def clear(self) -> None:
+        """Forget what was held (once it is in the store) and free its blocks."""
+        for piece in self.pieces:
+            release(piece)
+        self.pieces, self.rows, self.since = [], 0, None
+
+
+def stored_through(spark: SparkSession, tables: list[str], store: str) -> dict[str, int]:
+    """The stream's position up to which every dead letter is in the store, per topic partition.
+
+    The newest of what the tables' commits say (their `DEAD_LETTERS_META`; a commit without it, of a
+    writer that held nothing, says its own position) and the store's own position.
+    """
+    through: dict[str, int] = {}
+    for path in [*tables, store]:
+        if not has_commits(spark, path):
+            continue
+        meta = latest_extra(spark, path, POSITIONS_META) or {}
+        said = meta.get(DEAD_LETTERS_META) if path != store else None
+        for tp, offset in json.loads(said or meta.get(POSITIONS_META) or "{}").items():
+            through[tp] = max(through.get(tp, 0), offset)
+    return through
+
+
+EARLIEST = -2  # Kafka's "earliest" in startingOffsets: a partition the store's position does not name yet
+
+
+def kafka_range(spark: SparkSession, bootstrap: str, start: dict[str, int], end: dict[str, int]) -> DataFrame | None:
+    """The Kafka records from `start` up to `end` ({"topic/partition": offset}), read as a batch; None if none."""
+    wanted = {tp: (start.get(tp, EARLIEST), o) for tp, o in end.items() if start.get(tp, EARLIEST) < o}
+    if not wanted:
+        return None
+    by_topic: dict[str, dict[str, tuple[int, int]]] = {}
+    for tp, span in wanted.items():
+        topic, partition = tp.rsplit("/", 1)
+        by_topic.setdefault(topic, {})[partition] = span
+    def offsets(end: int) -> str:
+        return json.dumps({t: {p: span[end] for p, span in ps.items()} for t, ps in by_topic.items()})
+
+    return (spark.read.format("kafka").option("kafka.bootstrap.servers", bootstrap)
+            .option("assign", json.dumps({t: [int(p) for p in ps] for t, ps in by_topic.items()}))
+            .option("startingOffsets", offsets(0)).option("endingOffsets", offsets(1))
+            .option("failOnDataLoss", "true").load())
