@@ -12,9 +12,9 @@ What keeps held letters safe is the stream's position, as the tables' own commit
 commit of a batch says up to where every dead letter is in the store (`DEAD_LETTERS_META`). A writer
 that starts (after a SIGKILL, say) on a lake where that position is behind the stream's reads the
 Kafka records in between again (the topics keep them; a gap fails the job, `failOnDataLoss`) and
-runs them with its first batch: main and the change log hold them already, so by the LSN rule they
-change nothing there, and the store gets exactly the letters it lacks (the writer leaves out the
-positions the store's commits cover).
+runs them as a batch of their own before its stream starts (`BronzeBatchWriter.recover`): main and
+the change log hold them already, so by the LSN rule they change nothing there, and the store gets
+exactly the letters it lacks (the writer leaves out the positions the store's commits cover).
 """
 
 from __future__ import annotations
