@@ -285,6 +285,7 @@ def test_held_dead_letters_lost_with_their_writer_are_read_again_from_kafka(spar
     """A batch's dead letters wait in the writer for a later commit (held_letters). A writer killed while
     it holds some, after its batches committed, leaves the store behind the stream: the next writer reads
     the records since the store's position again, and the store ends with every dead letter once."""
+    from pipelines.hudi_timeline import latest_extra
     from pipelines.ingest.state import DEAD_LETTERS_META, POSITIONS_META, positions_of
     from pipelines.ingest.writer import BronzeBatchWriter
     from pipelines.settings import main_path
@@ -300,8 +301,6 @@ def test_held_dead_letters_lost_with_their_writer_are_read_again_from_kafka(spar
     assert store_commits() == before, "the batches held their dead letters back"
     expected, lsns = fold_with_lsn(lake.sent)
     assert_bronze_equals_model(spark, lake.root, expected, lsns)
-    from pipelines.hudi_timeline import latest_extra
-
     meta = latest_extra(spark, main_path("orders", lake.root), POSITIONS_META)
     assert json.loads(meta[DEAD_LETTERS_META]) != json.loads(meta[POSITIONS_META]), "main says the store is behind"
     assert json.loads(meta[DEAD_LETTERS_META]) == positions_of(spark, dead_letter_path(lake.root))

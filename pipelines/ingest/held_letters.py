@@ -26,8 +26,7 @@ from dataclasses import dataclass, field
 from pyspark.sql import DataFrame, SparkSession
 
 import hudi_configs
-from pipelines.hudi_timeline import latest_extra
-from pipelines.ingest.state import DEAD_LETTERS_META, POSITIONS_META, has_commits, release
+from pipelines.ingest.state import DEAD_LETTERS_META, POSITIONS_META, release
 
 
 @dataclass(frozen=True)
@@ -70,19 +69,17 @@ class HeldLetters:
         self.pieces, self.rows, self.since = [], 0, None
 
 
-def stored_through(spark: SparkSession, tables: list[str], store: str) -> dict[str, int]:
+def stored_through(tables: list[dict[str, str]], store: dict[str, str]) -> dict[str, int]:
     """The stream's position up to which every dead letter is in the store, per topic partition.
 
-    The newest of what the tables' commits say (their `DEAD_LETTERS_META`; a commit without it, of a
+    From the newest ingest commits' metadata (`state.ingest_meta`) of the tables and of the store:
+    the newest of what the tables' commits say (their `DEAD_LETTERS_META`; a commit without it, of a
     writer that held nothing, says its own position) and the store's own position.
     """
     through: dict[str, int] = {}
-    for path in [*tables, store]:
-        if not has_commits(spark, path):
-            continue
-        meta = latest_extra(spark, path, POSITIONS_META) or {}
-        said = meta.get(DEAD_LETTERS_META) if path != store else None
-        for tp, offset in json.loads(said or meta.get(POSITIONS_META) or "{}").items():
+    for said in [*(meta.get(DEAD_LETTERS_META) or meta.get(POSITIONS_META) for meta in tables),
+                 store.get(POSITIONS_META)]:
+        for tp, offset in json.loads(said or "{}").items():
             through[tp] = max(through.get(tp, 0), offset)
     return through
 

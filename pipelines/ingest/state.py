@@ -16,7 +16,7 @@ from pyspark.sql import types as T
 
 import hudi_configs
 from pipelines import contract, storage
-from pipelines.hudi_timeline import latest_completion, latest_meta
+from pipelines.hudi_timeline import latest_completion, latest_extra
 from pipelines.settings import changelog_path, ledger_path
 from pipelines.table_stats import exists as has_completed_commit
 
@@ -118,12 +118,14 @@ def read_deletes(spark: SparkSession, table: str, root: str) -> DataFrame:
     return log_deletes.unionByName(read_state(spark, ledger_path(table, root)))
 
 
+def ingest_meta(spark: SparkSession, path: str) -> dict[str, str]:
+    """The commit metadata of the newest ingest commit of `path` (the newest with a position; {} if none)."""
+    return (latest_extra(spark, path, POSITIONS_META) or {}) if has_commits(spark, path) else {}
+
+
 def positions_of(spark: SparkSession, path: str) -> dict[str, int]:
     """The Kafka position recorded by the newest ingest commit of `path` ({} if none)."""
-    if not has_commits(spark, path):
-        return {}
-    found = latest_meta(spark, path, POSITIONS_META)
-    return json.loads(found) if found else {}
+    return json.loads(ingest_meta(spark, path).get(POSITIONS_META) or "{}")
 
 
 def known_rows(main: DataFrame | None = None, deletes: DataFrame | None = None) -> DataFrame:

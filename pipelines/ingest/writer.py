@@ -42,6 +42,7 @@ from pipelines.ingest.state import (
     discard_unborn,
     has_commits,
     hudi_options,
+    ingest_meta,
     known_rows,
     materialized,
     positions_of,
@@ -137,8 +138,8 @@ class BronzeBatchWriter:
         # once, then kept up to date by this writer's own commits).
         self._position: dict[str, int] | None = None
         self._applied: dict[str, dict[str, int]] = {}
-        # Dead letters held back from the store (pipelines.ingest.held_letters), and the stream's
-        # position up to which every dead letter is in the store.
+        # Dead letters held back from the store (pipelines.ingest.held_letters), the stream's
+        # position up to which every dead letter is in the store, and the newest batch committed.
         self._held = HeldLetters(hold_limits())
         self._through: dict[str, int] = {}
         self._last_batch: int | None = None
@@ -158,13 +159,20 @@ class BronzeBatchWriter:
             repair_torn_timeline(path)
 
     def _start(self) -> None:
-        """Where the tables and the dead-letter store stand, as their newest commits record it."""
+        """Where the tables and the dead-letter store stand, from their newest ingest commits (one read each)."""
+        mains = [main_path(t, self.root) for t in contract.TABLES]
+        logs = [changelog_path(t, self.root) for t in contract.TABLES]
+        store = dead_letter_path(self.root)
+        newest = {path: ingest_meta(self.spark, path) for path in [*mains, *logs, store]}
+        for path, meta in newest.items():
+            self._applied[path] = json.loads(meta.get(POSITIONS_META) or "{}")
         self._position = {}
-        for path in [main_path(t, self.root) for t in contract.TABLES] + [dead_letter_path(self.root)]:
-            for tp, o in self._positions(path).items():
+        for path in [*mains, store]:
+            for tp, o in self._applied[path].items():
                 self._position[tp] = max(self._position.get(tp, 0), o)
-        self._through = stored_through(self.spark, [f(t, self.root) for t in contract.TABLES
-                                                    for f in (main_path, changelog_path)], dead_letter_path(self.root))
+        self._through = stored_through([newest[p] for p in [*mains, *logs]], newest[store])
+        self._last_batch = max((int(newest[p][BATCH_ID_META]) for p in [*mains, store]
+                                if BATCH_ID_META in newest[p]), default=None)
 
     def recover(self) -> None:
         """Before the stream starts: the dead letters a killed writer held back, read again from Kafka and stored.
@@ -178,10 +186,7 @@ class BronzeBatchWriter:
         behind = kafka_range(self.spark, self.bootstrap, self._through, self._position)
         if behind is None:
             return
-        paths = [*(main_path(t, self.root) for t in contract.TABLES), dead_letter_path(self.root)]
-        last = max((int(b) for path in paths
-                    if has_commits(self.spark, path) and (b := latest_meta(self.spark, path, BATCH_ID_META))),
-                   default=0)
+        last = self._last_batch if self._last_batch is not None else 0
         log.warning("dead letters held by a writer that stopped without writing them: reading the records since %s "
                     "again (as batch %d)", json.dumps(self._through, sort_keys=True), last)
         self._recovering = True
