@@ -14,7 +14,7 @@ do, and what the ingest job's delete ledger is for.
 Precisely, Hudi keeps a delete's `_lsn` while the delete record sits in an uncompacted log
 file (readers then still reject an older replay); it forgets it when the delete found no
 stored row (the first write of a file group drops it) or once compaction has merged it
-away (every 5 delta commits here). Every delete this test's replays reach back to was in
+away (every 10 delta commits here). Every delete this test's replays reach back to was in
 the first commit, so "a delete forgets at once" is exact for it. Truncates are left out:
 the sink drops them by design, which would only add the truncated table's rows.
 """

@@ -39,7 +39,7 @@ from tests.model import fold_with_lsn, is_malformed
 
 pytestmark = pytest.mark.slow
 
-# Inline compaction every 3 delta commits instead of 5: it happens within a smaller workload.
+# Inline compaction every 3 delta commits instead of 10: it happens within a smaller workload.
 OVERRIDES = """
 [bronze.table]
 "hoodie.compact.inline.max.delta.commits" = 3
