@@ -211,7 +211,9 @@ class KnownRows:
         # most of them tiny, so the lookups' tasks grew by that many per batch up to the merge.
         self._pieces.append(rows.coalesce(1).localCheckpoint())
         if len(self._pieces) > self.MAX_PIECES:
-            self._pieces = [_compacted(union_all(self._pieces)).localCheckpoint()]
+            pieces, self._pieces = self._pieces, [_compacted(union_all(self._pieces)).localCheckpoint()]
+            for piece in pieces:  # merged now (localCheckpoint is eager): their blocks go at once
+                release(piece)
 
     def _rows(self) -> DataFrame:
         if self._pieces is None:

@@ -24,7 +24,7 @@ import hudi_configs
 from pipelines import contract
 from pipelines.gdpr.registry import dead_letters_without_erased, read_registry, registry_path, without_erased
 from pipelines.gdpr.request import erasure_key
-from pipelines.hudi_timeline import latest_completion, latest_meta, repair_torn_timeline
+from pipelines.hudi_timeline import latest_completion, repair_torn_timeline
 from pipelines.ingest.held_letters import HeldLetters, hold_limits, kafka_range, stored_through
 from pipelines.ingest.parse import TableParse, dead_letters, literal_array, parse_topics
 from pipelines.ingest.plan import change_rows, newest_per_key, plan, truncate_deletes
@@ -169,6 +169,7 @@ class BronzeBatchWriter:
         self._held = HeldLetters(hold_limits())
         self._through: dict[str, int] = {}
         self._last_batch: int | None = None
+        self._main_meta: dict[str, dict[str, str]] = {}
         self._recovering = False
         # Per table, what main holds and every delete applied: read once, then kept up to date
         # by this writer's own commits (KnownRows).
@@ -193,6 +194,8 @@ class BronzeBatchWriter:
         logs = [changelog_path(t, self.root) for t in contract.TABLES]
         store = dead_letter_path(self.root)
         newest = {path: ingest_meta(self.spark, path) for path in [*mains, *logs, store]}
+        # Main's newest ingest commit also records the table's shape (`_shape`).
+        self._main_meta = {t: newest[main_path(t, self.root)] for t in contract.TABLES}
         for path, meta in newest.items():
             self._applied[path] = json.loads(meta.get(POSITIONS_META) or "{}")
         self._position = {}
@@ -412,14 +415,11 @@ class BronzeBatchWriter:
         log.info("dead letters held back, written as the stream stops: %d", report.counts["dead_letters"]["written"])
 
     def _shape(self, table: str) -> Shape:
-        """The table's columns as its newest main commit records them (read once per stream)."""
+        """The table's columns as its newest ingest commit of main records them (read by `_start`)."""
         if table not in self._shapes:
-            path = main_path(table, self.root)
-            recorded = has_commits(self.spark, path)
-            self._shapes[table] = Shape.from_meta(table, latest_meta(self.spark, path, COLUMNS_META)
-                                                  if recorded else None)
-            hashes = latest_meta(self.spark, path, DECLARED_META) if recorded else None
-            self._declared[table] = set(json.loads(hashes)) if hashes else set()
+            meta = self._main_meta[table]
+            self._shapes[table] = Shape.from_meta(table, meta.get(COLUMNS_META))
+            self._declared[table] = set(json.loads(meta.get(DECLARED_META) or "[]"))
         return self._shapes[table]
 
     def _survey(self, table: str, events: DataFrame, groups: list[Row], accepted: set[str], batch_id: int) -> Survey:
