@@ -104,9 +104,9 @@ def test_repair_steps_back_each_instant_whose_newest_file_a_crash_cut(tmp_path, 
     assert {str(p.relative_to(table / ".hoodie")) for p in (table / ".hoodie").rglob("*") if p.is_file()} == left
 
 
-def _compactions(writes: dict[str, list[int]], every: int) -> dict[str, list[int]]:
-    """For each table, how many of its writes each compaction came after, by Hudi's rule (a plan at the
-    n-th delta commit since the last compaction, or at any later one) under the writer's turns."""
+def _compactions(writes: dict[str, list[int]], every: int) -> dict[str, list[tuple[int, int]]]:
+    """For each table, its compactions as (batch, writes since the last one), by Hudi's rule (a plan at
+    the n-th delta commit since the last compaction, or at any later one) under the writer's turns."""
     from pipelines.ingest.writer import CompactionTurns
 
     turns, since, done = CompactionTurns(tuple(writes)), dict.fromkeys(writes, 0), {t: [] for t in writes}

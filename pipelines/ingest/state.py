@@ -123,9 +123,14 @@ def ingest_meta(spark: SparkSession, path: str) -> dict[str, str]:
     return (latest_extra(spark, path, POSITIONS_META) or {}) if has_commits(spark, path) else {}
 
 
+def positions_in(meta: dict[str, str]) -> dict[str, int]:
+    """The Kafka position an ingest commit's metadata records ({} if none)."""
+    return json.loads(meta.get(POSITIONS_META) or "{}")
+
+
 def positions_of(spark: SparkSession, path: str) -> dict[str, int]:
     """The Kafka position recorded by the newest ingest commit of `path` ({} if none)."""
-    return json.loads(ingest_meta(spark, path).get(POSITIONS_META) or "{}")
+    return positions_in(ingest_meta(spark, path))
 
 
 def known_rows(main: DataFrame | None = None, deletes: DataFrame | None = None) -> DataFrame:

@@ -45,7 +45,7 @@ from pipelines.ingest.state import (
     ingest_meta,
     known_rows,
     materialized,
-    positions_of,
+    positions_in,
     read_deletes,
     read_state,
     release,
@@ -195,9 +195,8 @@ class BronzeBatchWriter:
         store = dead_letter_path(self.root)
         newest = {path: ingest_meta(self.spark, path) for path in [*mains, *logs, store]}
         # Main's newest ingest commit also records the table's shape (`_shape`).
-        self._main_meta = {t: newest[main_path(t, self.root)] for t in contract.TABLES}
-        for path, meta in newest.items():
-            self._applied[path] = json.loads(meta.get(POSITIONS_META) or "{}")
+        self._main_meta = {t: newest[path] for t, path in zip(contract.TABLES, mains, strict=True)}
+        self._applied = {path: positions_in(meta) for path, meta in newest.items()}
         self._position = {}
         for path in [*mains, store]:
             for tp, o in self._applied[path].items():
@@ -223,11 +222,6 @@ class BronzeBatchWriter:
                     "again (as batch %d)", json.dumps(self._through, sort_keys=True), last)
         self._recovering = True
         self(behind, last)
-
-    def _positions(self, path: str) -> dict[str, int]:
-        if path not in self._applied:
-            self._applied[path] = positions_of(self.spark, path)
-        return self._applied[path]
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
@@ -318,7 +312,7 @@ class BronzeBatchWriter:
 
     def _covered(self, path: str, ends: dict[str, int]) -> bool:
         """True when the newest commit of `path` was made at or after these end offsets: a replayed batch."""
-        applied = self._positions(path)
+        applied = self._applied[path]
         return bool(applied) and _reaches(applied, ends)
 
     def _log_behind(self, table: str) -> bool:
@@ -328,11 +322,11 @@ class BronzeBatchWriter:
         change log gets), with the same positions, and the two commits run side by side: so this
         is a crash between them, and the batch main holds is missing from the change log.
         """
-        return not _reaches(self._positions(changelog_path(table, self.root)),
-                            self._positions(main_path(table, self.root)))
+        return not _reaches(self._applied[changelog_path(table, self.root)],
+                            self._applied[main_path(table, self.root)])
 
     def _committed(self, path: str, meta: dict[str, str]) -> None:
-        self._applied[path] = json.loads(meta[POSITIONS_META])
+        self._applied[path] = positions_in(meta)
 
     def _erased(self) -> tuple[DataFrame, str, str] | None:
         """The erasure registry, the key of its pseudonyms and the registry's version; None before any erasure.
@@ -381,7 +375,7 @@ class BronzeBatchWriter:
         rows = union_all([dead_letters(events, batch_id) for events in parsed.values()])
         stored = [(F.col("kafka_topic") == tp.rsplit("/", 1)[0])
                   & (F.col("kafka_partition") == int(tp.rsplit("/", 1)[1])) & (F.col("kafka_offset") < o)
-                  for tp, o in self._positions(path).items() if o > starts.get(tp, o)]
+                  for tp, o in self._applied[path].items() if o > starts.get(tp, o)]
         if stored:
             rows = rows.filter(~functools.reduce(lambda a, b: a | b, stored))
         return rows, not stored
