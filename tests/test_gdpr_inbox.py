@@ -10,7 +10,6 @@ import pytest
 from click.testing import CliRunner
 
 from pipelines.cli import main
-from pipelines.devtools.kafka_local import free_port
 from pipelines.devtools.object_store import BUCKET, ObjectStore
 from pipelines.gdpr import inbox
 from pipelines.gdpr.request import InvalidRequest, parse_request, parse_requests
@@ -51,7 +50,7 @@ def test_inbox_in_a_folder(tmp_path: Path) -> None:
 
 
 def test_inbox_on_s3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    with ObjectStore(tmp_path / "s3", free_port()) as store:
+    with ObjectStore(tmp_path / "s3", 0) as store:
         for key, value in store.env().items():
             monkeypatch.setenv(key, value)
         _round_trip(f"s3://{BUCKET}/ops/gdpr/inbox")

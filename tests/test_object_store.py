@@ -24,7 +24,6 @@ from pyspark.sql import SparkSession
 from pipelines import storage
 from pipelines.contract import TABLES
 from pipelines.devtools.generator import ShopSource, WorkloadConfig, ensure_topics, produce
-from pipelines.devtools.kafka_local import free_port
 from pipelines.devtools.object_store import BUCKET, ObjectStore
 from pipelines.services.quality import data_docs_index
 from pipelines.settings import changelog_path, gdpr_path, ingest_checkpoint_path, main_path, silver_path
@@ -46,7 +45,7 @@ OVERRIDES = """
 
 @pytest.fixture(scope="module")
 def object_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ObjectStore]:
-    with ObjectStore(tmp_path_factory.mktemp("s3"), free_port()) as store:
+    with ObjectStore(tmp_path_factory.mktemp("s3"), 0) as store:
         yield store
 
 

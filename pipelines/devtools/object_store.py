@@ -44,7 +44,10 @@ DEFAULT_DIR = PROJECT_ROOT / ".s3"
 
 @dataclass
 class ObjectStore:
-    """One moto server, found again through `<data_dir>/server.pid` and `server.port`."""
+    """One moto server, found again through `<data_dir>/server.pid` and `server.port`.
+
+    `port` 0 lets the server bind any free port; `start` then reads back the one it got.
+    """
 
     data_dir: Path
     port: int = DEFAULT_PORT
@@ -74,12 +77,15 @@ class ObjectStore:
         """Start the server (unless this folder's already runs) and create the bucket; idempotent."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         if self.pid() is None:
+            # The server writes the port it bound (port 0: the one the kernel gave it), so a test
+            # never races another process for a port chosen free beforehand.
+            self.port_path.unlink(missing_ok=True)
             with self.log_path.open("ab") as log:
                 process = subprocess.Popen(
-                    [sys.executable, "-m", "pipelines.devtools.object_store", HOST, str(self.port)],
+                    [sys.executable, "-m", "pipelines.devtools.object_store", HOST, str(self.port),
+                     str(self.port_path)],
                     stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
             self.pid_path.write_text(f"{process.pid}\n")
-            self.port_path.write_text(f"{self.port}\n")
             self._wait_ready(process, time.monotonic() + timeout)
         else:
             self.port = int(self.port_path.read_text())
@@ -128,6 +134,10 @@ class ObjectStore:
                 tail = self.log_path.read_text(errors="replace").splitlines()[-10:]
                 raise RuntimeError(f"the object store exited with {process.returncode} at start "
                                    f"(port {self.port}); {self.log_path}:\n" + "\n".join(tail))
+            if not self.port_path.exists():  # not bound yet
+                time.sleep(0.1)
+                continue
+            self.port = int(self.port_path.read_text())
             try:
                 urllib.request.urlopen(self.endpoint, timeout=2).close()  # ListBuckets
                 return
@@ -165,8 +175,8 @@ def s3() -> None:
 
 
 @s3.command()
-@click.option("--port", type=click.IntRange(1, 65535), default=DEFAULT_PORT, show_default=True,
-              help="Port on 127.0.0.1.")
+@click.option("--port", type=click.IntRange(0, 65535), default=DEFAULT_PORT, show_default=True,
+              help="Port on 127.0.0.1 (0: any free port, printed).")
 @_DATA_DIR
 def up(port: int, data_dir: Path) -> None:
     """Start the store (if not running) and create the bucket `lake`."""
@@ -192,20 +202,26 @@ def env(data_dir: Path) -> None:
         click.echo(f"export {key}={value}")
 
 
-def serve(host: str, port: int) -> None:
+def serve(host: str, port: int, port_file: Path) -> None:
     """Serve moto's S3 API alone, the way `python -m moto.server` serves all of AWS.
 
     moto's all-services dispatcher finds the service of every request among some 180 by its
     host and signature, about 6 ms a request on this machine; a Hudi commit through S3A makes
     hundreds of requests, so that overhead was a third of the object-store test's time
     (tests/test_object_store.py). The S3 application alone answers the same requests.
+    `port` 0 binds any free port; the port bound is written to `port_file` (whole or not at all)
+    once the socket listens, which is what `ObjectStore.start` waits for.
     """
     from moto.server import MotoRequestHandler, create_backend_app
-    from werkzeug.serving import run_simple
+    from werkzeug.serving import make_server
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    run_simple(host, port, create_backend_app("s3"), threaded=True, request_handler=MotoRequestHandler)
+    server = make_server(host, port, create_backend_app("s3"), threaded=True, request_handler=MotoRequestHandler)
+    partial = port_file.with_suffix(".tmp")
+    partial.write_text(f"{server.port}\n")
+    partial.replace(port_file)
+    server.serve_forever()
 
 
 if __name__ == "__main__":
-    serve(sys.argv[1], int(sys.argv[2]))
+    serve(sys.argv[1], int(sys.argv[2]), Path(sys.argv[3]))
