@@ -412,7 +412,8 @@ def kafka() -> None:
 
 
 @kafka.command()
-@click.option("--port", default=9092, show_default=True, help="Client port (PLAINTEXT on 127.0.0.1).")
+@click.option("--port", default=9092, show_default=True,
+              help="Client port (PLAINTEXT on 127.0.0.1); 0: any free port, printed.")
 @DATA_DIR_OPTION
 @click.option("--timeout", default=90.0, show_default=True, help="Seconds to wait for the broker.")
 def up(port: int, data_dir: Path, timeout: float) -> None:

@@ -7,6 +7,7 @@ The lake tables they work on are built by the real pipeline, through the project
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from hudi_configs import test_profile
-from pipelines.devtools.kafka_local import JAVA_OPTS_VARIABLE, QUICK_START, free_port
+from pipelines.devtools.kafka_local import JAVA_OPTS_VARIABLE, QUICK_START
 
 PROJECT = Path(__file__).resolve().parents[2]
 DAGS = PROJECT / "dags"
@@ -64,6 +65,12 @@ OVERRIDES = """
 """
 
 
+def kafka_up(data_dir: Path, env: dict[str, str] | None = None) -> int:
+    """Start a broker from `data_dir` on a port it chooses (chosen again if taken before its bind): that port."""
+    ready = lakehouse("kafka", "up", "--port", "0", "--data-dir", str(data_dir), env=env)
+    return int(re.search(r"ready at [\d.]+:(\d+)", ready)[1])
+
+
 def _lake_env(where: Path, port: int) -> dict[str, str]:
     return {"LAKEHOUSE_ROOT": str(where / "lake"), "KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{port}",
             "LAKEHOUSE_SOURCE_STATE": str(where / "source.json"), "LAKEHOUSE_TABLE_SERVICES": "external",
@@ -77,10 +84,7 @@ def built_lake(tmp_path_factory: pytest.TempPathFactory) -> Path:
     compaction), built once per run; its broker stopped. Tests take a copy (`lake`)."""
     where = tmp_path_factory.mktemp("dag-lake")
     (where / "overrides.toml").write_text(OVERRIDES)
-    port = free_port()
-    env = _lake_env(where, port)
-    kafka = ("--port", str(port), "--data-dir", str(where / "kafka"))
-    lakehouse("kafka", "up", *kafka, env=env)
+    env = _lake_env(where, kafka_up(where / "kafka"))
     try:
         lakehouse("generate", "--seed", "5", "--customers", "150", "--orders", "400", "--changes", "800", env=env)
         lakehouse("ingest", "--once", env=env)
@@ -95,12 +99,10 @@ def built_lake(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def lake(built_lake: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """A private copy of `built_lake` (lake, broker data on a new port, source state); the environment points at it."""
     shutil.copytree(built_lake, tmp_path, dirs_exist_ok=True)
-    port = free_port()
-    for key, value in _lake_env(tmp_path, port).items():
+    kafka_dir = tmp_path / "kafka"
+    for key, value in _lake_env(tmp_path, kafka_up(kafka_dir)).items():
         monkeypatch.setenv(key, value)
-    kafka_dir = str(tmp_path / "kafka")
-    lakehouse("kafka", "up", "--port", str(port), "--data-dir", kafka_dir)
     try:
         yield tmp_path / "lake"
     finally:
-        lakehouse("kafka", "down", "--data-dir", kafka_dir)
+        lakehouse("kafka", "down", "--data-dir", str(kafka_dir))

@@ -14,6 +14,7 @@ import copy
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import threading
@@ -25,7 +26,6 @@ from types import SimpleNamespace
 import pytest
 from conftest import DAGS, lakehouse
 
-from pipelines.devtools.kafka_local import free_port
 from pipelines.gdpr.request import MAX_IDS
 
 DAG_ID = "gdpr_erasure"
@@ -241,7 +241,9 @@ def api_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]
     import uvicorn
     from airflow.api_fastapi.app import create_app
 
-    port, password = free_port(), "not-a-secret"
+    # The socket bound here, before uvicorn runs on it: no other process can take the port between.
+    sock = socket.create_server(("127.0.0.1", 0))
+    port, password = sock.getsockname()[1], "not-a-secret"
     passwords = tmp_path / "passwords.json"
     passwords.write_text(json.dumps({"dpo": password}))
     monkeypatch.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS", "dpo:admin")
@@ -249,7 +251,7 @@ def api_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]
     monkeypatch.setenv("AIRFLOW__API_AUTH__JWT_SECRET", "test-secret-of-this-run-only")
     monkeypatch.setenv("AIRFLOW_CONN_AIRFLOW_API", f"http://dpo:{password}@127.0.0.1:{port}")
     server = uvicorn.Server(uvicorn.Config(create_app(apps="core"), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 120
     while not server.started:

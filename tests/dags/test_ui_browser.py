@@ -14,7 +14,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import DAGS, free_port
+from conftest import DAGS
+
+from pipelines.devtools.kafka_local import free_port
 
 DAG_IDS = ("lakehouse_incremental_etl", "hudi_table_services", "data_quality")
 
