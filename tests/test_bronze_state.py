@@ -51,6 +51,21 @@ def test_known_rows_follow_upserts_deletes_and_reinserts_across_many_pieces(spar
     assert len(loads) == 1, "the tables are read once per writer"
 
 
+def test_known_rows_of_empty_tables_answer_without_a_join_until_a_batch_adds_rows(spark) -> None:
+    """A new lake's first batch looks its keys up in nothing: an empty relation the optimizer folds
+    away (no broadcast of the batch's keys); rows added afterwards are found."""
+    known = KnownRows(lambda: known_rows(spark.createDataFrame([], "id long, _lsn long, _live boolean"),
+                                         spark.createDataFrame([], "id long, _lsn long")))
+    keys = spark.createDataFrame([(1,), (2,)], "id long")
+    empty = known.lookup(keys)
+    assert empty.columns == ["id", "_m_lsn", "_t_lsn"] and empty.collect() == []
+    plan = keys.join(empty, "id", "left")._jdf.queryExecution().optimizedPlan().toString()
+    assert "Join" not in plan and "Aggregate" not in plan, plan  # the keys with null columns, nothing else
+    known.add(known_rows(main=spark.createDataFrame([(1, 7, True)], "id long, _lsn long, _live boolean")))
+    known.add(known_rows(deletes=spark.createDataFrame([(2, 9)], "id long, _lsn long")))
+    assert sorted(tuple(r) for r in known.lookup(keys).collect()) == [(1, 7, None), (2, None, 9)]
+
+
 def _avro_container(blocks: list[bytes], sync: bytes = bytes(range(16))) -> bytes:
     """An Avro object container as Hudi 1.x writes commit metadata: header (magic, metadata map, sync), blocks."""
     def long(n: int) -> bytes:

@@ -190,6 +190,9 @@ class KnownRows:
     def __init__(self, load: Callable[[], DataFrame]) -> None:
         self._load = load  # known_rows(...) of the tables
         self._pieces: list[DataFrame] | None = None
+        # Nothing known: the tables were empty when read and nothing was added since (a new lake's
+        # first batch, the initial snapshot: the largest batch a stream ever gets).
+        self._nothing = False
 
     @property
     def loaded(self) -> bool:
@@ -204,13 +207,21 @@ class KnownRows:
         return _held(known_state(self._rows()))
 
     def lookup(self, keys: DataFrame) -> DataFrame:
-        """`known_state` of `keys` (a frame of one column, the key); a key nothing is known of has no row."""
-        return known_state(self._rows().join(F.broadcast(keys), KEY, "left_semi"))
+        """`known_state` of `keys` (a frame of one column, the key); a key nothing is known of has no row.
+
+        When nothing is known the answer is an empty relation Spark's optimizer sees as one, so
+        the plan's join with it disappears: no broadcast of the batch's keys, no join.
+        """
+        rows = self._rows()
+        if self._nothing:
+            return known_state(rows).limit(0)
+        return known_state(rows.join(F.broadcast(keys), KEY, "left_semi"))
 
     def add(self, rows: DataFrame) -> None:
         """`known_rows` this writer has just committed (materialized now: they may derive from a cache about to go)."""
         self._rows()
         assert self._pieces is not None
+        self._nothing = False
         # One partition per batch's piece: a lookup scans every partition of every piece, and a
         # batch's rows arrive in as many partitions as its shuffles made (4 locally, 64 on EMR),
         # most of them tiny, so the lookups' tasks grew by that many per batch up to the merge.
@@ -223,6 +234,7 @@ class KnownRows:
     def _rows(self) -> DataFrame:
         if self._pieces is None:
             self._pieces = [self._load().localCheckpoint()]
+            self._nothing = self._pieces[0].isEmpty()
         return union_all(self._pieces)
 
 
