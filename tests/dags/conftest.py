@@ -65,9 +65,9 @@ OVERRIDES = """
 """
 
 
-def kafka_up(data_dir: Path, env: dict[str, str] | None = None) -> int:
+def kafka_up(data_dir: Path) -> int:
     """Start a broker from `data_dir` on a port it chooses (chosen again if taken before its bind): that port."""
-    ready = lakehouse("kafka", "up", "--port", "0", "--data-dir", str(data_dir), env=env)
+    ready = lakehouse("kafka", "up", "--port", "0", "--data-dir", str(data_dir))
     return int(re.search(r"ready at [\d.]+:(\d+)", ready)[1])
 
 
