@@ -20,7 +20,7 @@ from pathlib import Path
 from pipelines.contract import TABLES
 from pipelines.devtools.generator import Message, ShopSource, WorkloadConfig, ensure_topics, produce
 from pipelines.ingest.bronze import run_ingest
-from pipelines.settings import changelog_path, dead_letter_path
+from pipelines.settings import changelog_path, dead_letter_path, main_path
 from tests.kill import bronze_as_model, pending_instants, torn_read
 from tests.lake import LakeCopy, assert_bronze_equals_model, dead_letters
 from tests.model import fold_with_lsn, is_malformed
@@ -58,12 +58,27 @@ def test_bronze_equals_model_across_ingest_runs(spark, broker, tmp_path) -> None
                           max_offsets_per_trigger=500 if phase == 1 else None)
     # Nothing new on the topics: a further run changes nothing.
     _ingest_and_check(spark, broker.bootstrap, root, source, sent)
+    # Main's first commit (the snapshot, into an empty table) is a bulk insert, every later one an upsert.
+    for table in TABLES:
+        assert _operations(spark, main_path(table, root))[:3] == ["BULK_INSERT", "UPSERT", "UPSERT"], table
     # The insert-only tables get one file per commit for a batch's rows (writer.in_files), not one per
     # Spark partition: the store's small files are what the table services then have to cluster.
     for path in [dead_letter_path(root), *(changelog_path(t, root) for t in TABLES)]:
         commits = list(Path(path, ".hoodie", "timeline").glob("*_*.commit"))
         files = [f for f in Path(path).rglob("*.parquet") if ".hoodie" not in f.parts]
         assert commits and len(files) == len(commits), (path, len(files), len(commits))
+
+
+def _operations(spark, path: str) -> list[str]:
+    """The write operation of each completed delta commit of `path`, oldest first."""
+    from pipelines.hudi_timeline import meta_client
+
+    timeline = meta_client(spark, path).getActiveTimeline().getDeltaCommitTimeline().filterCompletedInstants()
+    instants = timeline.getInstants().iterator()
+    found = []
+    while instants.hasNext():
+        found.append(timeline.readCommitMetadata(instants.next()).getOperationType().name())
+    return found
 
 
 def test_lost_checkpoint_resumes_from_the_commits_and_applies_nothing_twice(spark, lake: LakeCopy) -> None:
@@ -97,7 +112,7 @@ def _crash_after_main_commits(spark, root: str) -> list[str]:
     not in the checkpoint's commit log, so that Spark runs it again. Returns the tables so cut."""
     from pipelines.hudi_timeline import instant_of_batch, latest_meta
     from pipelines.ingest.state import BATCH_ID_META
-    from pipelines.settings import ingest_checkpoint_path, main_path
+    from pipelines.settings import ingest_checkpoint_path
 
     commits = Path(ingest_checkpoint_path(root), "commits")
     batch = max(int(p.name) for p in commits.iterdir() if p.name.isdigit())
@@ -126,7 +141,7 @@ def test_a_crash_between_main_and_its_change_log_is_logged_again(spark, lake: La
     import shutil
 
     from pipelines.ingest.state import positions_of
-    from pipelines.settings import ingest_checkpoint_path, main_path
+    from pipelines.settings import ingest_checkpoint_path
     from pipelines.transform.etl import run_etl
     from tests.lake import assert_lake_equals_model
 
@@ -288,7 +303,6 @@ def test_held_dead_letters_lost_with_their_writer_are_read_again_from_kafka(spar
     from pipelines.hudi_timeline import latest_extra
     from pipelines.ingest.state import DEAD_LETTERS_META, POSITIONS_META, positions_of
     from pipelines.ingest.writer import BronzeBatchWriter
-    from pipelines.settings import main_path
 
     def store_commits() -> int:
         return len(list(Path(dead_letter_path(lake.root), ".hoodie", "timeline").glob("*_*.commit")))

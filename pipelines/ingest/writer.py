@@ -170,6 +170,8 @@ class BronzeBatchWriter:
         self._through: dict[str, int] = {}
         self._last_batch: int | None = None
         self._main_meta: dict[str, dict[str, str]] = {}
+        # Main tables with a completed commit; a table without one gets its first batch by bulk insert.
+        self._born: set[str] = set()
         self._recovering = False
         # Per table, what main holds and every delete applied: read once, then kept up to date
         # by this writer's own commits (KnownRows).
@@ -196,6 +198,7 @@ class BronzeBatchWriter:
         newest = {path: ingest_meta(self.spark, path) for path in [*mains, *logs, store]}
         # Main's newest ingest commit also records the table's shape (`_shape`).
         self._main_meta = {t: newest[path] for t, path in zip(contract.TABLES, mains, strict=True)}
+        self._born = {t for t, path in zip(contract.TABLES, mains, strict=True) if has_commits(self.spark, path)}
         self._applied = {path: positions_in(meta) for path, meta in newest.items()}
         self._position = {}
         for path in [*mains, store]:
@@ -600,6 +603,11 @@ class BronzeBatchWriter:
             if to_main := any(r["to_main"] for r in tally):
                 if self._turns and not self._turns.allows(table, int(meta[BATCH_ID_META])):
                     main_meta["hoodie.compact.inline"] = "false"  # not this table's turn: its log files wait a batch
+                if table not in self._born:
+                    # Main has nothing yet, so nothing known says it holds a key: every row planned
+                    # for it is an upsert (a delete reaches main only where main holds a row), one
+                    # per key, and a bulk insert writes exactly what an upsert would.
+                    main_meta |= hudi_configs.section("bronze", "table_first_commit")
                 writes.append(functools.partial(save, planned.filter("to_main").select(
                     *contract_columns, *meta_columns, now, (F.col("_op") == "d").alias(DELETED_FLAG), *extras,
                 ), "table", f"bronze_{table}", main, main_meta))
@@ -613,6 +621,7 @@ class BronzeBatchWriter:
                 known.add(known_rows(deletes=planned.filter("to_log AND _op = 'd'").select(KEY, "_lsn")))
             if to_main:
                 self._committed(main, meta)
+                self._born.add(table)
                 known.add(known_rows(main=planned.filter("to_main").select(
                     KEY, "_lsn", (F.col("_op") != "d").alias("_live"))))
             self._shapes[table] = shape
