@@ -117,34 +117,3 @@ def test_repair_steps_back_each_instant_whose_newest_file_a_crash_cut(tmp_path, 
     assert left == set(files) - gone
     hudi_timeline.repair_torn_timeline(str(table))  # nothing more to do
     assert {str(p.relative_to(table / ".hoodie")) for p in (table / ".hoodie").rglob("*") if p.is_file()} == left
-
-
-def _compactions(writes: dict[str, list[int]], every: int) -> dict[str, list[tuple[int, int]]]:
-    """For each table, its compactions as (batch, writes since the last one), by Hudi's rule (a plan at
-    the n-th delta commit since the last compaction, or at any later one) under the writer's turns."""
-    from pipelines.ingest.writer import CompactionTurns
-
-    turns, since, done = CompactionTurns(tuple(writes)), dict.fromkeys(writes, 0), {t: [] for t in writes}
-    for batch in range(max(max(b) for b in writes.values()) + 1):
-        for table, batches in writes.items():
-            if batch in batches:
-                since[table] += 1
-                if turns.allows(table, batch) and since[table] >= every:
-                    done[table].append((batch, since[table]))
-                    since[table] = 0
-    return done
-
-
-def test_inline_compaction_takes_turns_between_tables_and_is_never_starved() -> None:
-    """Tables changed by every batch reach their n-th delta commit together: at most one of them
-    compacts in a batch, each still within (number of tables - 1) writes of its n-th. A table
-    written only off its turn compacts at most one write late."""
-    every = list(range(300))
-    done = _compactions({"customers": every, "orders": every, "payments": every}, 10)
-    batches = [b for compactions in done.values() for b, _ in compactions]
-    assert len(batches) == len(set(batches)), done
-    assert all(10 <= n <= 12 for compactions in done.values() for _, n in compactions), done
-    assert all(len(compactions) >= 300 // 12 for compactions in done.values()), done
-    odd = list(range(1, 300, 2))  # the customers' turns are the even batches
-    alone = _compactions({"customers": odd, "orders": every}, 10)["customers"]
-    assert len(alone) >= 150 // 11 and all(10 <= n <= 11 for _, n in alone), alone

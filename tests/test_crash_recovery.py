@@ -33,13 +33,14 @@ from pipelines.ingest.bronze import run_ingest
 from pipelines.settings import changelog_path, main_path
 from pipelines.table_stats import exists
 from pipelines.transform.etl import run_etl
+from tests.hudi_files import pending_compactions
 from tests.kill import beside_job, pending_instants, run_until
 from tests.lake import assert_bronze_equals_model, assert_lake_equals_model, dead_letters, with_overrides
 from tests.model import fold_with_lsn, is_malformed
 
 pytestmark = pytest.mark.slow
 
-# Inline compaction every 3 delta commits instead of 10: it happens within a smaller workload.
+# A compaction planned every 3 delta commits instead of 10: it happens within a smaller workload.
 OVERRIDES = """
 [bronze.table]
 "hoodie.compact.inline.max.delta.commits" = 3
@@ -186,6 +187,12 @@ def test_random_sigkills_then_restart_give_the_model(broker, spark, tmp_path, mo
 
     monkeypatch.setenv("LAKEHOUSE_HUDI_OVERRIDES", env["LAKEHOUSE_HUDI_OVERRIDES"])
     run_ingest(once=True, root=str(root), bootstrap=broker.bootstrap, spark=spark)
+    # The compactions ran beside the batches, and a run to the end leaves none pending (a killed
+    # one ran again). A merge-on-read compaction completes as a `commit`.
+    for table in MAIN_TABLES:
+        timeline = root / table / ".hoodie" / "timeline"
+        assert list(timeline.glob("*_*.commit")), f"{table}: never compacted:\n{context}"
+        assert not pending_compactions(root / table), f"{table}: a compaction left pending:\n{context}"
     expected, lsns = fold_with_lsn(sent)
     assert expected == source.state
     try:

@@ -73,6 +73,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 import hudi_configs
 from pipelines import contract
+from pipelines.ingest.compactor import Compactor, compactions_run_here
 from pipelines.ingest.state import positions_of
 from pipelines.ingest.stream import STOP_REQUEST, StreamLease
 from pipelines.ingest.writer import BronzeBatchWriter
@@ -171,23 +172,33 @@ def run_ingest(*, once: bool, root: str | None = None, bootstrap: str | None = N
     # One writer per checkpoint: wait for a previous stream's heartbeat to go stale, or fail.
     lease = StreamLease(root)
     lease.claim()
-    batches.recover()
-    query = writer.start()
+    # Inline mode: main's compactions run beside the batches (a plan left by a killed process first).
+    compactor = Compactor(spark, root, every=trigger_seconds).start() if compactions_run_here() else None
+    caught_up = False
     try:
-        while not query.awaitTermination(lease.lim.heartbeat_seconds):
-            lease.beat(query.lastProgress, query.status["isTriggerActive"])
-            if lease.stop_requested():
-                log.info("stop requested (%s): stopping after the batch in progress", STOP_REQUEST)
-                _let_batch_finish(query, stop_timeout)
-                break
-    except KeyboardInterrupt:
-        _let_batch_finish(query, stop_timeout)
-        raise
-    finally:
-        if query.isActive:
-            query.stop()
+        batches.recover()
+        query = writer.start()
         try:
+            while not query.awaitTermination(lease.lim.heartbeat_seconds):
+                lease.beat(query.lastProgress, query.status["isTriggerActive"])
+                if lease.stop_requested():
+                    log.info("stop requested (%s): stopping after the batch in progress", STOP_REQUEST)
+                    _let_batch_finish(query, stop_timeout)
+                    break
+            else:
+                caught_up = once
+        except KeyboardInterrupt:
+            _let_batch_finish(query, stop_timeout)
+            raise
+        finally:
+            if query.isActive:
+                query.stop()
             batches.flush()  # no batch runs any more: the dead letters held back go to the store
+    finally:
+        try:
+            if compactor is not None:
+                # A run to the end leaves no plan pending; a stop waits for the compaction in progress only.
+                compactor.close(drain=caught_up)
         finally:
             lease.release()
 

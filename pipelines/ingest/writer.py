@@ -9,7 +9,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -123,32 +123,6 @@ def _reaches(applied: dict[str, int], ends: dict[str, int]) -> bool:
     return all(applied.get(tp, 0) >= o for tp, o in ends.items())
 
 
-class CompactionTurns:
-    """Which main table may compact inline in a batch.
-
-    When every batch changes every source table, the main tables reach their n-th delta commit
-    (hoodie.compact.inline.max.delta.commits) in the same batch, and that batch compacted them
-    all: such batches set the stream's latency percentiles (BENCHMARKS.md). A table may compact
-    in the batches whose id modulo the number of tables is its index, and in any write after one
-    that was not its turn, so the tables drift apart by a batch and a table written only off its
-    turn still compacts at every other write. Hudi decides whether a compaction is due; this only
-    says when it may run.
-    """
-
-    def __init__(self, tables: Sequence[str]) -> None:
-        self._tables = tuple(tables)
-        self._deferred = dict.fromkeys(self._tables, 0)  # writes in a row that were not the table's turn
-
-    def allows(self, table: str, batch_id: int) -> bool:
-        """Whether `table`'s write in batch `batch_id` may compact (called once per write)."""
-        turns = len(self._tables)
-        if batch_id % turns == self._tables.index(table) or self._deferred[table] >= turns - 1:
-            self._deferred[table] = 0
-            return True
-        self._deferred[table] += 1
-        return False
-
-
 class BronzeBatchWriter:
     """The `foreachBatch` function of the ingest stream."""
 
@@ -180,9 +154,6 @@ class BronzeBatchWriter:
         # shapes already applied: read from main's newest commit once, then kept by this writer.
         self._shapes: dict[str, Shape] = {}
         self._declared: dict[str, set[int]] = {}
-        # Inline compaction (the local default) of one main table per batch at most.
-        self._turns = CompactionTurns(contract.TABLES) \
-            if hudi_options("table", "bronze").get("hoodie.compact.inline") == "true" else None
         self.placeholder = unavailable_placeholder()
         # Only this writer creates these tables (one stream per lake): an unborn one is a crash's.
         for path in [*(f(t, root) for t in contract.TABLES for f in (main_path, changelog_path)),
@@ -601,8 +572,6 @@ class BronzeBatchWriter:
                     F.date_format(now, "yyyy-MM-dd").alias("_ingest_date"), *extras,
                 ), "changelog", f"bronze_changelog_{table}", changelog_path(table, self.root), meta, to_log))
             if to_main := any(r["to_main"] for r in tally):
-                if self._turns and not self._turns.allows(table, int(meta[BATCH_ID_META])):
-                    main_meta["hoodie.compact.inline"] = "false"  # not this table's turn: its log files wait a batch
                 if table not in self._born:
                     # Main has nothing yet, so nothing known says it holds a key: every row planned
                     # for it is an upsert (a delete reaches main only where main holds a row), one

@@ -99,9 +99,9 @@ def writer_options(table: Table) -> dict[str, str]:
 
 
 class _Client:
-    """A Hudi SparkRDDWriteClient on one table, with the services' options."""
+    """A Hudi SparkRDDWriteClient on one table, with the services' options (`options`: others, as given)."""
 
-    def __init__(self, spark: SparkSession, table: LakeTable) -> None:
+    def __init__(self, spark: SparkSession, table: LakeTable, options: dict[str, str] | None = None) -> None:
         jvm = spark.sparkContext._jvm
         self._jvm = jvm
         self._spark = spark
@@ -109,7 +109,7 @@ class _Client:
         hudi = jvm.org.apache.hudi
         self.meta = meta_client(spark, table.path)
         props = jvm.java.util.Properties()
-        for key, value in hudi_configs.services(table.options).items():
+        for key, value in (hudi_configs.services(table.options) if options is None else options).items():
             props.setProperty(key, value)
         schema = hudi.common.table.TableSchemaResolver(self.meta).getTableAvroSchema(False).toString()
         self._config = (hudi.config.HoodieWriteConfig.newBuilder().withPath(table.path).withProperties(props)
@@ -133,11 +133,15 @@ class _Client:
 
     def compact(self) -> dict[str, object]:
         planned = self.client.scheduleCompaction(self._jvm.org.apache.hudi.common.util.Option.empty())
+        return {"planned": planned.get() if planned.isPresent() else None, "executed": self.run_compactions()}
+
+    def run_compactions(self) -> list[str]:
+        """Execute every pending compaction plan, oldest first (one a crash cut short is rolled back and run again)."""
         done = []
         for instant in self._pending("Compaction"):
             self.client.compact(instant)
             done.append(instant)
-        return {"planned": planned.get() if planned.isPresent() else None, "executed": done}
+        return done
 
     def cluster(self) -> dict[str, object]:
         """Plan (days other than the newest, files under the small-file limit) and run every pending plan."""

@@ -12,7 +12,7 @@ the columns of bronze main (the source columns as delivered, `_op`, `_lsn`, `_so
 `_tx_id`, `_kafka_partition`, `_kafka_offset`, `_kafka_ts`, `_ingested_at`, and the delete
 flag `_hoodie_is_deleted`) and every option bronze main is written with
 (`pipelines.ingest.state.hudi_options("table", ...)`: key `id`, precombine `_lsn` with event-time
-ordering, bucket index, inline compaction, cleaning...). The envelopes are decoded by the
+ordering, bucket index, compaction plans, cleaning...). The envelopes are decoded by the
 ingest job's own parser (`parse_events`, `change_rows`), so decoding costs the same.
 
 What it leaves out, by design of a plain sink, so its figure is plain Hudi's and not an
@@ -51,10 +51,11 @@ from pipelines.ingest.parse import parse_events
 from pipelines.ingest.plan import change_rows
 from pipelines.ingest.state import DELETED_FLAG, META_COLUMNS, hudi_options
 
-# What the streaming sink needs on top of bronze main's options. Async compaction would
-# replace the configured inline compaction only if that were off (LAKEHOUSE_TABLE_SERVICES
-# =external), where the job does not compact either; a failed batch must fail the run,
-# not be skipped into a fast figure of nothing.
+# What the streaming sink needs on top of bronze main's options. Main's writer plans compactions
+# for the job's own thread to run (pipelines/ingest/compactor.py), which the sink does not have;
+# the sink's async compaction stays off as well: a catch-up of a few micro-batches plans no
+# compaction (one comes every 10 delta commits), so neither side compacts. A failed batch must
+# fail the run, not be skipped into a fast figure of nothing.
 SINK_OPTIONS = {
     "hoodie.datasource.compaction.async.enable": "false",
     "hoodie.datasource.write.streaming.ignore.failed.batch": "false",

@@ -1,0 +1,103 @@
+"""Compaction of bronze's main tables beside the stream, in inline mode (the local default).
+
+Each main table's writer plans a compaction every N delta commits (`hoodie.compact.schedule.inline`,
+hudi_configs/bronze.toml) and this thread of the ingest process runs the plans while the next batches
+run: Hudi's async compaction, as its own streaming sink and HoodieStreamer's continuous mode run it.
+A batch that compacted inline took about twice a steady batch's time, and with a compaction every 10th
+delta commit of each table, one batch in five did: those batches, and the larger batches after them,
+set the stream's latency percentiles (BENCHMARKS.md).
+
+The writer's delta commits and a compaction commit the same table at the same time. Hudi serializes
+their commits, and their updates of the metadata table, with an in-process lock (bronze.toml), and a
+delta commit after a plan writes to the file slice the plan opens, never to one being compacted. A
+writer rolls back only its own failed delta commits (compactions are not writes to it). The thread's
+Spark jobs run in a pool of their own (spark.toml: FAIR scheduling), so a batch's jobs get their share
+of the cores while a compaction runs.
+
+A killed compaction stays pending on the timeline: the next process runs it again, after Hudi rolls the
+failed attempt back. External mode (EMR, Airflow's services job) plans and runs compactions elsewhere,
+and no thread runs here.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+
+from pyspark import SparkContext
+from pyspark.sql import SparkSession
+
+from pipelines import contract
+from pipelines.hudi_timeline import meta_client
+from pipelines.ingest.state import has_commits, hudi_options
+from pipelines.settings import main_path
+
+log = logging.getLogger(__name__)
+
+# The Spark scheduler pool of the compactions (spark.toml sets FAIR scheduling between pools).
+POOL = "bronze-compaction"
+
+
+def compactions_run_here() -> bool:
+    """Whether main's writer plans compactions for this process to run (inline mode), not the services job."""
+    options = hudi_options("table", "bronze")
+    return options.get("hoodie.compact.schedule.inline") == "true" and options.get("hoodie.compact.inline") != "true"
+
+
+class Compactor:
+    """Runs the pending compaction plans of the main tables, polled every `every` seconds, on a thread of its own."""
+
+    def __init__(self, spark: SparkSession, root: str, every: float,
+                 tables: Sequence[str] = contract.TABLES) -> None:
+        self.spark = spark
+        self.every = every
+        self.tables = {t: main_path(t, root) for t in tables}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> Compactor:
+        self._thread = threading.Thread(target=self._loop, name="bronze-compactor", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self, *, drain: bool) -> None:
+        """Stop the thread once its compaction in progress is done; then, with `drain`, run every plan left."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        if drain:
+            self.run_pending()
+
+    def run_pending(self, stop: threading.Event | None = None) -> list[str]:
+        """Run every pending plan of every main table; `stop`, checked between tables, ends it early."""
+        from pipelines.services.table_services import LakeTable, _Client
+
+        done = []
+        for table, path in self.tables.items():
+            if stop is not None and stop.is_set():
+                break
+            if not has_commits(self.spark, path) or \
+                    meta_client(self.spark, path).getActiveTimeline().filterPendingCompactionTimeline().empty():
+                continue
+            started = time.monotonic()
+            options = hudi_options("table", f"bronze_{table}")
+            with _Client(self.spark, LakeTable(f"bronze/{table}", path, options), options) as client:
+                instants = client.run_compactions()
+            log.info("bronze/%s: compacted %s in %.1fs, beside the stream", table, ", ".join(instants),
+                     time.monotonic() - started)
+            done += instants
+        return done
+
+    def _loop(self) -> None:
+        context = SparkContext._active_spark_context
+        if context is not None:  # thread-local (pinned threads): only this thread's jobs run in the pool
+            context.setLocalProperty("spark.scheduler.pool", POOL)
+            context.setJobDescription("bronze compaction")
+        while not self._stop.wait(self.every):
+            try:
+                self.run_pending(self._stop)
+            except Exception:  # a compaction that fails is tried again; the stream goes on meanwhile
+                log.exception("a compaction of bronze failed (tried again in %.0fs; its plan stays pending)",
+                              self.every)
