@@ -35,24 +35,18 @@ from pipelines.table_stats import exists
 from pipelines.transform.etl import run_etl
 from tests.hudi_files import pending_compactions
 from tests.kill import beside_job, pending_instants, run_until
-from tests.lake import assert_bronze_equals_model, assert_lake_equals_model, dead_letters, with_overrides
+from tests.lake import assert_bronze_equals_model, assert_lake_equals_model, dead_letters
 from tests.model import fold_with_lsn, is_malformed
 
 pytestmark = pytest.mark.slow
 
-# A compaction planned every 3 delta commits instead of 10: it happens within a smaller workload.
-OVERRIDES = """
-[bronze.table]
-"hoodie.compact.inline.max.delta.commits" = 3
-"""
 KILLS = 20
 MAIN_TABLES = {f"bronze/{t}" for t in TABLES}
 CRASH_SEED = int(os.environ.get("LAKEHOUSE_CRASH_SEED", "2027"))
 
 
-def _env(root: Path, bootstrap: str, tmp_path: Path) -> dict[str, str]:
-    return {**os.environ, "LAKEHOUSE_ROOT": str(root), "KAFKA_BOOTSTRAP_SERVERS": bootstrap,
-            "LAKEHOUSE_HUDI_OVERRIDES": with_overrides(tmp_path / "overrides.toml", OVERRIDES)}
+def _env(root: Path, bootstrap: str) -> dict[str, str]:
+    return {**os.environ, "LAKEHOUSE_ROOT": str(root), "KAFKA_BOOTSTRAP_SERVERS": bootstrap}
 
 
 def _first_commit_in_flight(root: Path, tables: str = "bronze/**"):
@@ -71,7 +65,7 @@ def _first_commit_in_flight(root: Path, tables: str = "bronze/**"):
 
 def test_a_first_commit_killed_in_flight_does_not_break_the_next_run(broker, spark, tmp_path, monkeypatch) -> None:
     root = tmp_path / "lake"
-    env = _env(root, broker.bootstrap, tmp_path)
+    env = _env(root, broker.bootstrap)
     source = ShopSource(41)
     cfg = WorkloadConfig(seed=41, customers=60, orders=150, changes=200, malformed_fraction=0.03)
     ensure_topics(broker.bootstrap)
@@ -107,7 +101,6 @@ def test_a_first_commit_killed_in_flight_does_not_break_the_next_run(broker, spa
     (bare / "timeline" / "history").mkdir(parents=True, exist_ok=True)
     (bare / "hoodie.properties").unlink(missing_ok=True)
 
-    monkeypatch.setenv("LAKEHOUSE_HUDI_OVERRIDES", env["LAKEHOUSE_HUDI_OVERRIDES"])
     run_ingest(once=True, root=str(root), bootstrap=broker.bootstrap, spark=spark)
     expected, lsns = fold_with_lsn(sent)
     assert_bronze_equals_model(spark, str(root), expected, lsns)
@@ -143,7 +136,7 @@ def _kill_at(root: Path, rng: random.Random) -> tuple[str, Callable[[str], bool]
 def test_random_sigkills_then_restart_give_the_model(broker, spark, tmp_path, monkeypatch) -> None:
     rng = random.Random(CRASH_SEED)
     root = tmp_path / "lake"
-    env = _env(root, broker.bootstrap, tmp_path)
+    env = _env(root, broker.bootstrap)
     cmd = [sys.executable, "-m", "pipelines.cli", "ingest", "--once", "--max-offsets-per-trigger", "300"]
     source = ShopSource(CRASH_SEED)
     cfg = WorkloadConfig(seed=CRASH_SEED, customers=120, orders=300, changes=500, malformed_fraction=0.02,
@@ -185,7 +178,6 @@ def test_random_sigkills_then_restart_give_the_model(broker, spark, tmp_path, mo
     # commit (rollbacks and the change logs' commits come first): the window is 45.
     assert in_main, f"no kill interrupted a commit of a main table:\n{context}"
 
-    monkeypatch.setenv("LAKEHOUSE_HUDI_OVERRIDES", env["LAKEHOUSE_HUDI_OVERRIDES"])
     run_ingest(once=True, root=str(root), bootstrap=broker.bootstrap, spark=spark)
     # The compactions ran beside the batches, and a run to the end leaves none pending (a killed
     # one ran again). A merge-on-read compaction completes as a `commit`.

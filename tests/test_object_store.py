@@ -29,18 +29,12 @@ from pipelines.services.quality import data_docs_index
 from pipelines.settings import changelog_path, gdpr_path, ingest_checkpoint_path, main_path, silver_path
 from tests.hudi_files import not_completed
 from tests.kill import run_until
-from tests.lake import assert_bronze_equals_model, assert_lake_equals_model, dead_letters, run_cli, with_overrides
+from tests.lake import assert_bronze_equals_model, assert_lake_equals_model, dead_letters, run_cli
 from tests.model import expected_silver, fold_with_lsn, is_malformed
 from tests.test_gdpr import _orders_stayed, erased_model, orders_of, texts_of
 
 pytestmark = pytest.mark.slow
 
-# Compaction within the few batches of this lake, so that `services` and the erasure meet log files
-# and base files both.
-OVERRIDES = """
-[bronze.table]
-"hoodie.compact.inline.max.delta.commits" = 3
-"""
 
 
 @pytest.fixture(scope="module")
@@ -81,8 +75,7 @@ def test_the_pipeline_on_an_object_store(spark, broker, object_store: ObjectStor
                                          monkeypatch: pytest.MonkeyPatch) -> None:
     root = f"s3://{BUCKET}/{uuid.uuid4().hex[:8]}"
     env = {**object_store.env(), "LAKEHOUSE_ROOT": root, "KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap,
-           "LAKEHOUSE_ERASURE_KEY_FILE": str(tmp_path / "erasure.key"),
-           "LAKEHOUSE_HUDI_OVERRIDES": with_overrides(tmp_path / "overrides.toml", OVERRIDES)}
+           "LAKEHOUSE_ERASURE_KEY_FILE": str(tmp_path / "erasure.key")}
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     _point_session_at(spark, object_store)

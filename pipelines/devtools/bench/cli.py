@@ -57,12 +57,16 @@ def ingest(events: int, contenders: tuple[str, ...], overrides: Path | None, see
 @click.option("--warmup-minutes", type=click.FloatRange(min=0), default=FRESHNESS_WARMUP_MINUTES, show_default=True,
               help="Steady production before the counted minutes, while the new ingest JVM compiles its code; "
                    "its figures are reported apart.")
+@click.option("--snapshot-rows", type=click.IntRange(min=4), default=2000, show_default=True,
+              help="Live rows of the source's snapshot, ingested before the steady phase (a quarter customers): "
+                   "how large the tables are that the steady batches change and compact.")
 @SEED
-def freshness(minutes: float, rate: float, trigger_seconds: float, warmup_minutes: float, seed: int) -> None:
+def freshness(minutes: float, rate: float, trigger_seconds: float, warmup_minutes: float, snapshot_rows: int,
+              seed: int) -> None:
     """Delay from an event's source time to its visibility in bronze (p50/p95/p99), and lag over time."""
     from pipelines.devtools.bench import freshness as b
 
-    click.echo(b.report(b.run(minutes, rate, trigger_seconds, seed, warmup_minutes)))
+    click.echo(b.report(b.run(minutes, rate, trigger_seconds, seed, warmup_minutes, snapshot_rows)))
 
 
 @bench.command()

@@ -60,7 +60,7 @@ from hudi import HudiTableBuilder
 from kafka import KafkaConsumer, TopicPartition
 
 from pipelines.contract import TABLES, topic
-from pipelines.devtools.bench.common import DELETE_FRACTION, bench_dir, broker, save, say, table
+from pipelines.devtools.bench.common import DELETE_FRACTION, bench_dir, broker, produce_snapshot, save, say, table
 from pipelines.devtools.generator import Message, ShopSource, WorkloadConfig, produce
 from pipelines.ingest.state import BATCH_ID_META, POSITIONS_META
 from pipelines.ingest.writer import BatchReport
@@ -70,7 +70,9 @@ from pipelines.table_stats import read_table
 log = logging.getLogger(__name__)
 
 NAME = "freshness"
-SNAPSHOT = WorkloadConfig(customers=500, orders=1500, changes=0)
+# Rows of the source's snapshot, loaded before the steady phase: a small lake by default, which the
+# steady phase grows (to about 170,000 live rows in 8 minutes); `--snapshot-rows` starts from a large one.
+SNAPSHOT_ROWS = 2000
 # Changes per generator call: each call may re-deliver a run of older records (a connector
 # restart), so calls are kept the size of a few seconds of a busy source, not one per event.
 _CHUNK_CHANGES = 2000
@@ -325,7 +327,8 @@ def _stop(ingest: subprocess.Popen) -> None:
             ingest.wait()
 
 
-def run(minutes: float, rate: float, trigger_seconds: float, seed: int, warmup_minutes: float = 0.0) -> dict[str, Any]:
+def run(minutes: float, rate: float, trigger_seconds: float, seed: int, warmup_minutes: float = 0.0,
+        snapshot_rows: int = SNAPSHOT_ROWS) -> dict[str, Any]:
     """Steady production for `warmup_minutes` then `minutes` at `rate` records/s into a running ingest; the
     figures of the changes produced in the last `minutes`, and apart those of the warm-up, saved and plotted.
 
@@ -341,8 +344,8 @@ def run(minutes: float, rate: float, trigger_seconds: float, seed: int, warmup_m
     samples: list[tuple[float, dict[str, int]]] = []
     with broker(NAME, sinks=("kafka",)) as node:
         source = ShopSource(seed)
-        say(f"snapshot: {SNAPSHOT.customers + SNAPSHOT.orders:,} rows")
-        produce(source.snapshot(SNAPSHOT), node.bootstrap)
+        say(f"snapshot: {snapshot_rows:,} rows")
+        produce_snapshot(source, node.bootstrap, snapshot_rows, seed)
         env = {**os.environ, "LAKEHOUSE_ROOT": str(root), "KAFKA_BOOTSTRAP_SERVERS": node.bootstrap,
                "LAKEHOUSE_ERASURE_KEY_FILE": str(out / "erasure.key"), "TZ": WRITER_TZ}
         with ExitStack() as stack:
@@ -404,7 +407,7 @@ def run(minutes: float, rate: float, trigger_seconds: float, seed: int, warmup_m
     warm = [v for v in every if v.kafka_ts < measured_from]
     figures = {
         "rate_records_per_s": rate, "minutes": minutes, "warmup_minutes": warmup_minutes,
-        "trigger_seconds": trigger_seconds, "seed": seed,
+        "snapshot_rows": snapshot_rows, "trigger_seconds": trigger_seconds, "seed": seed,
         "source_time": "Kafka record timestamp (producer time, when the event entered Kafka), not source.ts_ms: "
                        "the generator's clock is simulated",
         "visible": "completion time of the bronze main table's delta commit of the event's batch "
