@@ -174,7 +174,7 @@ def run_ingest(*, once: bool, root: str | None = None, bootstrap: str | None = N
     lease.claim()
     # Inline mode: main's compactions run beside the batches (a plan left by a killed process first).
     compactor = Compactor(spark, root, every=trigger_seconds).start() if compactions_run_here() else None
-    caught_up = False
+    stopped = False  # a run to its end, a stop request or an interrupt: not a failure
     try:
         batches.recover()
         query = writer.start()
@@ -185,10 +185,10 @@ def run_ingest(*, once: bool, root: str | None = None, bootstrap: str | None = N
                     log.info("stop requested (%s): stopping after the batch in progress", STOP_REQUEST)
                     _let_batch_finish(query, stop_timeout)
                     break
-            else:
-                caught_up = once
+            stopped = True
         except KeyboardInterrupt:
             _let_batch_finish(query, stop_timeout)
+            stopped = True
             raise
         finally:
             if query.isActive:
@@ -197,8 +197,9 @@ def run_ingest(*, once: bool, root: str | None = None, bootstrap: str | None = N
     finally:
         try:
             if compactor is not None:
-                # A run to the end leaves no plan pending; a stop waits for the compaction in progress only.
-                compactor.close(drain=caught_up)
+                # A stream that stops leaves no plan pending (one plan is one bucket: seconds);
+                # one that failed only waits for the compaction in progress.
+                compactor.close(drain=stopped)
         finally:
             lease.release()
 

@@ -1,22 +1,25 @@
 """Compaction of bronze's main tables beside the stream, in inline mode (the local default).
 
-Each main table's writer plans a compaction every N delta commits (`hoodie.compact.schedule.inline`,
-hudi_configs/bronze.toml) and this thread of the ingest process runs the plans while the next batches
-run: Hudi's async compaction, as its own streaming sink and HoodieStreamer's continuous mode run it.
-A batch that compacted inline took about twice a steady batch's time, and with a compaction every 10th
-delta commit of each table, one batch in five did: those batches, and the larger batches after them,
-set the stream's latency percentiles (BENCHMARKS.md).
+Main's writer plans a compaction every 3rd delta commit (`hoodie.compact.schedule.inline`,
+hudi_configs/bronze.toml), and this thread of the ingest process runs the plans while the next
+batches run. This is Hudi's async compaction, as its own streaming sink and HoodieStreamer's
+continuous mode run it. Compacting inline made the batch that compacted pay for rewriting the
+table's base files, a cost that follows the table's size, not the batch's. On tables of 2M rows
+such batches took 22 to 30 s against 7 (BENCHMARKS.md).
 
-The writer's delta commits and a compaction commit the same table at the same time. Hudi serializes
-their commits, and their updates of the metadata table, with an in-process lock (bronze.toml), and a
-delta commit after a plan writes to the file slice the plan opens, never to one being compacted. A
-writer rolls back only its own failed delta commits (compactions are not writes to it). The thread's
-Spark jobs run in a pool of their own (spark.toml: FAIR scheduling), so a batch's jobs get their share
-of the cores while a compaction runs.
+A plan takes one bucket, so its Spark job is one task on one core. A task of a plan of every
+bucket held both cores for 5 to 10 s, and Spark does not preempt a running task. The thread's jobs
+run in a scheduler pool of their own (spark.toml: FAIR scheduling), so a batch's tasks get the
+other core.
 
-A killed compaction stays pending on the timeline: the next process runs it again, after Hudi rolls the
-failed attempt back. External mode (EMR, Airflow's services job) plans and runs compactions elsewhere,
-and no thread runs here.
+The writer's delta commits and a compaction commit the same table at the same time. Hudi
+serializes their commits, and their updates of the metadata table, with an in-process lock
+(bronze.toml). A delta commit after a plan writes to the file slice the plan opens, never to one
+being compacted. A writer rolls back only its own failed delta commits, never a compaction.
+
+A killed compaction stays pending on the timeline. The next process runs it again, after Hudi
+rolls the failed attempt back. In external mode (EMR, Airflow's services job) compactions are
+planned and run elsewhere, and no thread runs here.
 """
 
 from __future__ import annotations
@@ -31,8 +34,9 @@ from pyspark.sql import SparkSession
 
 from pipelines import contract
 from pipelines.hudi_timeline import meta_client
-from pipelines.ingest.state import has_commits, hudi_options
+from pipelines.ingest.state import hudi_options
 from pipelines.settings import main_path
+from pipelines.table_stats import exists as has_completed_commit
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +82,8 @@ class Compactor:
         for table, path in self.tables.items():
             if stop is not None and stop.is_set():
                 break
-            if not has_commits(self.spark, path) or \
+            # A completed commit's file first: a table being created has no timeline Hudi can load yet.
+            if not has_completed_commit(path) or \
                     meta_client(self.spark, path).getActiveTimeline().filterPendingCompactionTimeline().empty():
                 continue
             started = time.monotonic()
