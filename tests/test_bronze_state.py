@@ -10,13 +10,13 @@ from pipelines.ingest.state import KnownRows, known_rows
 
 
 def test_known_rows_follow_upserts_deletes_and_reinserts_across_many_pieces(spark, monkeypatch) -> None:
-    """Each piece is one batch's commits (change-log deletes, then main); a lookup must say what main holds
-    and the newest delete applied, per key, as a plain-Python fold of the same writes does, before and after
-    the pieces are merged."""
-    monkeypatch.setattr(KnownRows, "MAX_PIECES", 3)  # merge the pieces several times during the test
+    """Each piece is one batch's commits (change-log deletes, main); a lookup must say what main holds and
+    the newest delete applied, per key, as a plain-Python fold of the same writes does, while the pieces
+    are merged tier upon tier (a delete there hides a live row of the table read at start, never merged)."""
+    monkeypatch.setattr(KnownRows, "FAN_IN", 2)  # tiers of 2: three tiers in the test's 12 batches
     rng = random.Random(5)
-    main_rows = [(k, 10 * k, True) for k in range(0, 40, 2)]
-    ledger = [(k, 10 * k + 3) for k in range(1, 40, 4)] + [(5, 2)]  # two deletes of key 5: the newer counts
+    main_rows = [(k, 10 * k, True) for k in range(0, 60, 2)]
+    ledger = [(k, 10 * k + 3) for k in range(1, 60, 4)] + [(5, 2)]  # two deletes of key 5: the newer counts
     in_main = {k: lsn for k, lsn, _ in main_rows}
     deleted: dict[int, int] = {}
     for k, lsn in ledger:
@@ -29,10 +29,10 @@ def test_known_rows_follow_upserts_deletes_and_reinserts_across_many_pieces(spar
                           spark.createDataFrame(ledger, "id long, _lsn long"))
 
     known = KnownRows(load)
-    lsn = 1_000
-    for _ in range(6):
+    lsn = 10_000  # newer than every row of the tables
+    for _ in range(12):
         to_main, to_log = [], []
-        for key in rng.sample(range(50), 12):
+        for key in rng.sample(range(70), 12):
             lsn += 1
             if rng.random() < 0.6:
                 to_main.append((key, lsn, True))
@@ -42,12 +42,16 @@ def test_known_rows_follow_upserts_deletes_and_reinserts_across_many_pieces(spar
                 deleted[key] = lsn
                 if in_main.pop(key, None) is not None:
                     to_main.append((key, lsn, False))
-        known.add(known_rows(deletes=spark.createDataFrame(to_log, "id long, _lsn long")))
-        known.add(known_rows(main=spark.createDataFrame(to_main, "id long, _lsn long, _live boolean")))
+        known.add(known_rows(main=spark.createDataFrame(to_main, "id long, _lsn long, _live boolean"),
+                             deletes=spark.createDataFrame(to_log, "id long, _lsn long")))
+        tiers = known.tiers
+        assert tiers[0] is None and tiers[1:] == sorted(tiers[1:], reverse=True) and \
+            all(tiers.count(t) < KnownRows.FAN_IN for t in tiers[1:]), tiers  # merged as they come
         assert {r["id"]: r["_lsn"] for r in known.main().collect()} == in_main
-        keys = spark.createDataFrame([(k,) for k in range(0, 50, 3)], "id long")
-        expected = {k: (in_main.get(k), deleted.get(k)) for k in range(0, 50, 3) if k in in_main or k in deleted}
+        keys = spark.createDataFrame([(k,) for k in range(0, 70, 3)], "id long")
+        expected = {k: (in_main.get(k), deleted.get(k)) for k in range(0, 70, 3) if k in in_main or k in deleted}
         assert {r["id"]: (r["_m_lsn"], r["_t_lsn"]) for r in known.lookup(keys).collect()} == expected
+    assert known.tiers == [None, 3, 2], "12 pieces: one of tier 3 (8 batches), one of tier 2 (4)"
     assert len(loads) == 1, "the tables are read once per writer"
 
 

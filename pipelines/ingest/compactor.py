@@ -1,6 +1,6 @@
 """Compaction of bronze's main tables beside the stream, in inline mode (the local default).
 
-Main's writer plans a compaction every 3rd delta commit (`hoodie.compact.schedule.inline`,
+Main's writer plans a compaction every 6th delta commit (`hoodie.compact.schedule.inline`,
 hudi_configs/bronze.toml), and this thread of the ingest process runs the plans while the next
 batches run. This is Hudi's async compaction, as its own streaming sink and HoodieStreamer's
 continuous mode run it. Compacting inline made the batch that compacted pay for rewriting the

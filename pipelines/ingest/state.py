@@ -153,11 +153,15 @@ def known_state(rows: DataFrame) -> DataFrame:
     `_m_lsn`: the LSN of main's row, null when main does not hold the key (its newest main row
     is a delete, or it has none); `_t_lsn`: the newest delete applied, null if none.
     """
+    return _newest(rows).select(KEY, F.when(F.col("_m._live"), F.col("_m._lsn")).alias("_m_lsn"), "_t_lsn")
+
+
+def _newest(rows: DataFrame) -> DataFrame:
+    """Known rows -> per key, main's newest row (`_m`: struct of _lsn, _live; null if none) and the newest delete."""
     is_main = ~F.col("_delete")
-    newest = rows.groupBy(KEY).agg(
+    return rows.groupBy(KEY).agg(
         F.max_by(F.struct("_lsn", "_live"), F.when(is_main, F.col("_lsn"))).alias("_m"),  # nulls are skipped
         F.max(F.when(F.col("_delete"), F.col("_lsn"))).alias("_t_lsn"))
-    return newest.select(KEY, F.when(F.col("_m._live"), F.col("_m._lsn")).alias("_m_lsn"), "_t_lsn")
 
 
 def _held(state: DataFrame) -> DataFrame:
@@ -166,10 +170,14 @@ def _held(state: DataFrame) -> DataFrame:
 
 
 def _compacted(rows: DataFrame) -> DataFrame:
-    """Known rows -> at most two per key (main's live row, the newest delete) that say the same."""
-    state = known_state(rows)
-    return known_rows(_held(state).withColumn("_live", F.lit(True)),
-                      state.filter(F.col("_t_lsn").isNotNull()).select(KEY, F.col("_t_lsn").alias("_lsn")))
+    """Known rows -> at most two per key (main's newest row, the newest delete) that say the same.
+
+    Main's newest row stays when it is a delete (`_live` false): the rows merged are newer than
+    the table read at start, where that row hides the key's live row.
+    """
+    newest = _newest(rows)
+    return known_rows(newest.filter(F.col("_m").isNotNull()).select(KEY, "_m._lsn", "_m._live"),
+                      newest.filter(F.col("_t_lsn").isNotNull()).select(KEY, F.col("_t_lsn").alias("_lsn")))
 
 
 class KnownRows:
@@ -182,14 +190,22 @@ class KnownRows:
     where reading main's `(id, _lsn)` every batch merged every file slice of the table: that
     plan phase grew from 4.5 s to 9.0 s between 20k and 463k rows (issue 16). Main's rows and
     the deletes are kept together (`known_rows`), so that a lookup is one scan and one fold.
-    The pieces (one per batch) are merged into one when a long-running stream has added many.
+
+    Each batch adds a piece, and the pieces are merged in tiers, never with the table read at
+    start: FAN_IN pieces of one tier become one of the next. A merge then takes the rows of the
+    batches it covers, not the table's, and a lookup scans at most FAN_IN - 1 pieces per tier (a
+    tier more for each FAN_IN-fold of batches: 4 tiers hold a day of 10 s batches). Merging every
+    piece, the table's included, every 32nd batch took that batch 10 to 15 s on tables of 2M rows;
+    merging the two newest pieces whenever the older was no larger took 1.2 s of every batch
+    (BENCHMARKS.md, 2026-11-28).
     """
 
-    MAX_PIECES = 32
+    FAN_IN = 8
 
     def __init__(self, load: Callable[[], DataFrame]) -> None:
         self._load = load  # known_rows(...) of the tables
-        self._pieces: list[DataFrame] | None = None
+        # Oldest first, each with its tier; the table read at start has none (it is never merged).
+        self._pieces: list[tuple[DataFrame, int | None]] | None = None
         # Nothing known: the tables were empty when read and nothing was added since (a new lake's
         # first batch, the initial snapshot: the largest batch a stream ever gets).
         self._nothing = False
@@ -197,6 +213,11 @@ class KnownRows:
     @property
     def loaded(self) -> bool:
         return self._pieces is not None
+
+    @property
+    def tiers(self) -> list[int | None]:
+        """The tier of each piece, oldest first (None: the table read at start)."""
+        return [tier for _, tier in self._pieces or []]
 
     def load(self) -> None:
         """Read the tables now (the stream's first batch of the table pays for it, once)."""
@@ -222,20 +243,24 @@ class KnownRows:
         self._rows()
         assert self._pieces is not None
         self._nothing = False
-        # One partition per batch's piece: a lookup scans every partition of every piece, and a
-        # batch's rows arrive in as many partitions as its shuffles made (4 locally, 64 on EMR),
-        # most of them tiny, so the lookups' tasks grew by that many per batch up to the merge.
-        self._pieces.append(rows.coalesce(1).localCheckpoint())
-        if len(self._pieces) > self.MAX_PIECES:
-            pieces, self._pieces = self._pieces, [_compacted(union_all(self._pieces)).localCheckpoint()]
-            for piece in pieces:  # merged now (localCheckpoint is eager): their blocks go at once
-                release(piece)
+        # One partition per piece: a lookup scans every partition of every piece, and a batch's
+        # rows arrive in as many partitions as its shuffles made (4 locally, 64 on EMR), most of
+        # them tiny.
+        self._pieces.append((rows.coalesce(1).localCheckpoint(), 0))
+        while len(self._pieces) > self.FAN_IN and \
+                len({tier for _, tier in self._pieces[-self.FAN_IN:]}) == 1:
+            merging, tier = self._pieces[-self.FAN_IN:], self._pieces[-1][1]
+            assert tier is not None
+            merged = _compacted(union_all([frame for frame, _ in merging])).coalesce(1).localCheckpoint()
+            self._pieces[-self.FAN_IN:] = [(merged, tier + 1)]
+            for frame, _ in merging:  # merged now (localCheckpoint is eager): their blocks go at once
+                release(frame)
 
     def _rows(self) -> DataFrame:
         if self._pieces is None:
-            self._pieces = [self._load().localCheckpoint()]
-            self._nothing = self._pieces[0].isEmpty()
-        return union_all(self._pieces)
+            self._pieces = [(self._load().localCheckpoint(), None)]
+            self._nothing = self._pieces[0][0].isEmpty()
+        return union_all([frame for frame, _ in self._pieces])
 
 
 def materialized(frame: DataFrame) -> DataFrame:

@@ -587,12 +587,13 @@ class BronzeBatchWriter:
             run_together(writes, parallel=self.parallel and synthetic is None)
             if to_log:
                 self._committed(changelog_path(table, self.root), meta)
-                known.add(known_rows(deletes=planned.filter("to_log AND _op = 'd'").select(KEY, "_lsn")))
             if to_main:
                 self._committed(main, meta)
                 self._born.add(table)
-                known.add(known_rows(main=planned.filter("to_main").select(
-                    KEY, "_lsn", (F.col("_op") != "d").alias("_live"))))
+            with report.phase(f"{table}.known"):
+                known.add(known_rows(
+                    main=planned.filter("to_main").select(KEY, "_lsn", (F.col("_op") != "d").alias("_live")),
+                    deletes=planned.filter("to_log AND _op = 'd'").select(KEY, "_lsn")))
             self._shapes[table] = shape
         finally:
             release(planned)
