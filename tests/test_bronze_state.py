@@ -12,8 +12,9 @@ from pipelines.ingest.state import KnownRows, known_rows
 def test_known_rows_follow_upserts_deletes_and_reinserts_across_many_pieces(spark, monkeypatch) -> None:
     """Each piece is one batch's commits (change-log deletes, main); a lookup must say what main holds and
     the newest delete applied, per key, as a plain-Python fold of the same writes does, while the pieces
-    are merged tier upon tier (a delete there hides a live row of the table read at start, never merged)."""
-    monkeypatch.setattr(KnownRows, "FAN_IN", 2)  # tiers of 2: three tiers in the test's 12 batches
+    are merged, among themselves first (a delete there hides a live row of the table read at start), then
+    with the table's."""
+    monkeypatch.setattr(KnownRows, "FAN_IN", 2)  # tiers of 2: many merges in the test's 12 batches
     rng = random.Random(5)
     main_rows = [(k, 10 * k, True) for k in range(0, 60, 2)]
     ledger = [(k, 10 * k + 3) for k in range(1, 60, 4)] + [(5, 2)]  # two deletes of key 5: the newer counts
@@ -30,6 +31,7 @@ def test_known_rows_follow_upserts_deletes_and_reinserts_across_many_pieces(spar
 
     known = KnownRows(load)
     lsn = 10_000  # newer than every row of the tables
+    added, among_themselves = [], False
     for _ in range(12):
         to_main, to_log = [], []
         for key in rng.sample(range(70), 12):
@@ -42,16 +44,18 @@ def test_known_rows_follow_upserts_deletes_and_reinserts_across_many_pieces(spar
                 deleted[key] = lsn
                 if in_main.pop(key, None) is not None:
                     to_main.append((key, lsn, False))
+        added.append(len(to_main) + len(to_log))
         known.add(known_rows(main=spark.createDataFrame(to_main, "id long, _lsn long, _live boolean"),
-                             deletes=spark.createDataFrame(to_log, "id long, _lsn long")))
-        tiers = known.tiers
-        assert tiers[0] is None and tiers[1:] == sorted(tiers[1:], reverse=True) and \
-            all(tiers.count(t) < KnownRows.FAN_IN for t in tiers[1:]), tiers  # merged as they come
+                             deletes=spark.createDataFrame(to_log, "id long, _lsn long")), added[-1])
+        sizes = known.sizes
+        assert sum(sizes) == len(main_rows) + len(ledger) + sum(added) and len(sizes) <= 6, sizes
+        among_themselves |= sizes[0] == len(main_rows) + len(ledger) and any(n not in added for n in sizes[1:])
         assert {r["id"]: r["_lsn"] for r in known.main().collect()} == in_main
         keys = spark.createDataFrame([(k,) for k in range(0, 70, 3)], "id long")
         expected = {k: (in_main.get(k), deleted.get(k)) for k in range(0, 70, 3) if k in in_main or k in deleted}
         assert {r["id"]: (r["_m_lsn"], r["_t_lsn"]) for r in known.lookup(keys).collect()} == expected
-    assert known.tiers == [None, 3, 2], "12 pieces: one of tier 3 (8 batches), one of tier 2 (4)"
+    assert among_themselves and known.sizes[0] > len(main_rows) + len(ledger), \
+        "the batches' pieces were merged among themselves, then with the table's"
     assert len(loads) == 1, "the tables are read once per writer"
 
 
@@ -65,8 +69,8 @@ def test_known_rows_of_empty_tables_answer_without_a_join_until_a_batch_adds_row
     assert empty.columns == ["id", "_m_lsn", "_t_lsn"] and empty.collect() == []
     plan = keys.join(empty, "id", "left")._jdf.queryExecution().optimizedPlan().toString()
     assert "Join" not in plan and "Aggregate" not in plan, plan  # the keys with null columns, nothing else
-    known.add(known_rows(main=spark.createDataFrame([(1, 7, True)], "id long, _lsn long, _live boolean")))
-    known.add(known_rows(deletes=spark.createDataFrame([(2, 9)], "id long, _lsn long")))
+    known.add(known_rows(main=spark.createDataFrame([(1, 7, True)], "id long, _lsn long, _live boolean")), 1)
+    known.add(known_rows(deletes=spark.createDataFrame([(2, 9)], "id long, _lsn long")), 1)
     assert sorted(tuple(r) for r in known.lookup(keys).collect()) == [(1, 7, None), (2, None, 9)]
 
 

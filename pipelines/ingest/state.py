@@ -172,8 +172,8 @@ def _held(state: DataFrame) -> DataFrame:
 def _compacted(rows: DataFrame) -> DataFrame:
     """Known rows -> at most two per key (main's newest row, the newest delete) that say the same.
 
-    Main's newest row stays when it is a delete (`_live` false): the rows merged are newer than
-    the table read at start, where that row hides the key's live row.
+    Main's newest row stays when it is a delete (`_live` false): an older piece may hold the key's
+    live row, which that row hides.
     """
     newest = _newest(rows)
     return known_rows(newest.filter(F.col("_m").isNotNull()).select(KEY, "_m._lsn", "_m._live"),
@@ -191,21 +191,20 @@ class KnownRows:
     plan phase grew from 4.5 s to 9.0 s between 20k and 463k rows (issue 16). Main's rows and
     the deletes are kept together (`known_rows`), so that a lookup is one scan and one fold.
 
-    Each batch adds a piece, and the pieces are merged in tiers, never with the table read at
-    start: FAN_IN pieces of one tier become one of the next. A merge then takes the rows of the
-    batches it covers, not the table's, and a lookup scans at most FAN_IN - 1 pieces per tier (a
-    tier more for each FAN_IN-fold of batches: 4 tiers hold a day of 10 s batches). Merging every
-    piece, the table's included, every 32nd batch took that batch 10 to 15 s on tables of 2M rows;
-    merging the two newest pieces whenever the older was no larger took 1.2 s of every batch
-    (BENCHMARKS.md, 2026-11-28).
+    Each batch adds a piece, and the pieces are merged size-tiered, as a log-structured store
+    merges its runs: a piece of n rows is in tier log_FAN_IN(n), and once FAN_IN pieces at the newest
+    piece's tier or below follow each other at the end, they become one. A merge takes the rows of
+    the pieces it covers, a row is merged about once per tier (a handful: tier 6 holds 262k to 2.1M rows), and a
+    lookup scans at most FAN_IN - 1 pieces per tier. Merging every piece, the table's included, every
+    32nd batch took that batch 10 to 15 s on tables of 2M rows; merging by the count of batches
+    merged the initial snapshot's 2M rows into the 8th batch's (BENCHMARKS.md, 2026-11-28).
     """
 
     FAN_IN = 8
 
     def __init__(self, load: Callable[[], DataFrame]) -> None:
         self._load = load  # known_rows(...) of the tables
-        # Oldest first, each with its tier; the table read at start has none (it is never merged).
-        self._pieces: list[tuple[DataFrame, int | None]] | None = None
+        self._pieces: list[tuple[DataFrame, int]] | None = None  # oldest first, each with its rows
         # Nothing known: the tables were empty when read and nothing was added since (a new lake's
         # first batch, the initial snapshot: the largest batch a stream ever gets).
         self._nothing = False
@@ -215,9 +214,9 @@ class KnownRows:
         return self._pieces is not None
 
     @property
-    def tiers(self) -> list[int | None]:
-        """The tier of each piece, oldest first (None: the table read at start)."""
-        return [tier for _, tier in self._pieces or []]
+    def sizes(self) -> list[int]:
+        """The rows of each piece, oldest first (a merged piece counts the rows it took in)."""
+        return [n for _, n in self._pieces or []]
 
     def load(self) -> None:
         """Read the tables now (the stream's first batch of the table pays for it, once)."""
@@ -238,28 +237,43 @@ class KnownRows:
             return known_state(rows).limit(0)
         return known_state(rows.join(F.broadcast(keys), KEY, "left_semi"))
 
-    def add(self, rows: DataFrame) -> None:
-        """`known_rows` this writer has just committed (materialized now: they may derive from a cache about to go)."""
+    def add(self, rows: DataFrame, n: int) -> None:
+        """`known_rows` this writer has just committed, `n` of them (materialized now: they may derive from
+        a cache about to go)."""
         self._rows()
         assert self._pieces is not None
+        if not n:
+            return
         self._nothing = False
         # One partition per piece: a lookup scans every partition of every piece, and a batch's
         # rows arrive in as many partitions as its shuffles made (4 locally, 64 on EMR), most of
         # them tiny.
-        self._pieces.append((rows.coalesce(1).localCheckpoint(), 0))
-        while len(self._pieces) > self.FAN_IN and \
-                len({tier for _, tier in self._pieces[-self.FAN_IN:]}) == 1:
-            merging, tier = self._pieces[-self.FAN_IN:], self._pieces[-1][1]
-            assert tier is not None
+        self._pieces.append((rows.coalesce(1).localCheckpoint(), n))
+        while True:
+            tier = self._tier(self._pieces[-1][1])
+            run = 0
+            while run < len(self._pieces) and self._tier(self._pieces[-1 - run][1]) <= tier:
+                run += 1
+            if run < self.FAN_IN:
+                return
+            merging = self._pieces[-run:]
             merged = _compacted(union_all([frame for frame, _ in merging])).coalesce(1).localCheckpoint()
-            self._pieces[-self.FAN_IN:] = [(merged, tier + 1)]
+            self._pieces[-run:] = [(merged, sum(size for _, size in merging))]
             for frame, _ in merging:  # merged now (localCheckpoint is eager): their blocks go at once
                 release(frame)
 
+    @classmethod
+    def _tier(cls, n: int) -> int:
+        tier = 0
+        while n >= cls.FAN_IN:
+            n, tier = n // cls.FAN_IN, tier + 1
+        return tier
+
     def _rows(self) -> DataFrame:
         if self._pieces is None:
-            self._pieces = [(self._load().localCheckpoint(), None)]
-            self._nothing = self._pieces[0][0].isEmpty()
+            rows = self._load().localCheckpoint()
+            self._pieces = [(rows, rows.count())]
+            self._nothing = self._pieces[0][1] == 0
         return union_all([frame for frame, _ in self._pieces])
 
 

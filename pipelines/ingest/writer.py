@@ -593,7 +593,8 @@ class BronzeBatchWriter:
             with report.phase(f"{table}.known"):
                 known.add(known_rows(
                     main=planned.filter("to_main").select(KEY, "_lsn", (F.col("_op") != "d").alias("_live")),
-                    deletes=planned.filter("to_log AND _op = 'd'").select(KEY, "_lsn")))
+                    deletes=planned.filter("to_log AND _op = 'd'").select(KEY, "_lsn")),
+                    sum(r["count"] for r in tally if r["to_main"] or (r["to_log"] and r["_op"] == "d")))
             self._shapes[table] = shape
         finally:
             release(planned)
