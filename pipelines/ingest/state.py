@@ -192,12 +192,13 @@ class KnownRows:
     the deletes are kept together (`known_rows`), so that a lookup is one scan and one fold.
 
     Each batch adds a piece, and the pieces are merged size-tiered, as a log-structured store
-    merges its runs: a piece of n rows is in tier log_FAN_IN(n), and once FAN_IN pieces at the newest
-    piece's tier or below follow each other at the end, they become one. A merge takes the rows of
-    the pieces it covers, a row is merged about once per tier (a handful: tier 6 holds 262k to 2.1M rows), and a
-    lookup scans at most FAN_IN - 1 pieces per tier. Merging every piece, the table's included, every
-    32nd batch took that batch 10 to 15 s on tables of 2M rows; merging by the count of batches
-    merged the initial snapshot's 2M rows into the 8th batch's (BENCHMARKS.md, 2026-11-28).
+    merges its runs: a piece of n rows is in tier log_FAN_IN(n), and once FAN_IN pieces at the
+    newest piece's tier or below follow each other at the end, they become one. A merge takes the
+    rows of the pieces it covers, a row is merged about once per tier (a handful: tier 6 holds 262k
+    to 2.1M rows), and a lookup scans at most FAN_IN - 1 pieces per tier. Merging every piece, the
+    table's included, every 32nd batch took that batch 10 to 15 s on tables of 2M rows; merging by
+    the count of batches merged the initial snapshot's 2M rows into the 8th batch's (BENCHMARKS.md,
+    2026-11-28).
     """
 
     FAN_IN = 8

@@ -594,7 +594,9 @@ class BronzeBatchWriter:
                 known.add(known_rows(
                     main=planned.filter("to_main").select(KEY, "_lsn", (F.col("_op") != "d").alias("_live")),
                     deletes=planned.filter("to_log AND _op = 'd'").select(KEY, "_lsn")),
-                    sum(r["count"] for r in tally if r["to_main"] or (r["to_log"] and r["_op"] == "d")))
+                    # A delete main applies is a row of each part.
+                    sum(r["count"] for r in tally if r["to_main"])
+                    + sum(r["count"] for r in tally if r["to_log"] and r["_op"] == "d"))
             self._shapes[table] = shape
         finally:
             release(planned)
