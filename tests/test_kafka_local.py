@@ -58,7 +58,9 @@ def broker_processes(config_path: Path) -> str:
 def test_produce_and_consume_on_a_three_partition_topic(broker: KafkaBroker) -> None:
     admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
     try:
-        admin.create_topics([NewTopic("roundtrip", num_partitions=3, replication_factor=1)])
+        # Until the broker's metadata has the new topic, a describe may see no partitions (seen
+        # under the full suite's load): wait for it, as the generator's ensure_topics does.
+        admin.create_topics([NewTopic("roundtrip", num_partitions=3, replication_factor=1)], wait_for_metadata=True)
         [description] = admin.describe_topics(["roundtrip"])
     finally:
         admin.close()
