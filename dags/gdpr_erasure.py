@@ -46,7 +46,7 @@ from datetime import timedelta
 
 from airflow.exceptions import AirflowFailException
 from airflow.sdk import DAG, Param, task
-from lakehouse_common import DEFAULT_ARGS, START, job, spark_task, table_asset
+from lakehouse_common import DEFAULT_ARGS, START, etl_outputs, job, spark_task
 
 from pipelines.gdpr.inbox import file_request
 from pipelines.gdpr.request import MAX_ID, MAX_IDS, REFERENCE_PATTERN, InvalidRequest, parse_request
@@ -130,7 +130,6 @@ with DAG(
 
     validate_request() >> spark_task(
         job("gdpr_erase", "gdpr", "erase", "--pending"),
-        outlets=[table_asset("silver", "customers"), table_asset("silver", "orders"),
-                 table_asset("gold", "customer_ltv"), table_asset("gold", "daily_revenue")],
+        outlets=etl_outputs(),
         doc_md="Erase every pending request in one run and verify (`lakehouse gdpr erase --pending`); exit 0 only "
                "when the erasure is verified.") >> forget_request()

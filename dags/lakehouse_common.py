@@ -18,8 +18,9 @@ from datetime import datetime, timedelta
 from airflow.providers.standard.operators.bash import BashOperator
 from airflow.sdk import Asset, TaskGroup
 
+from pipelines.catalog import CHANGE_FEED_TABLES, lake_table
 from pipelines.deploy.jobs import JOB_ENV, SparkJob
-from pipelines.settings import PROJECT_ROOT, lake_root, table_path
+from pipelines.settings import PROJECT_ROOT, lake_root
 
 START = datetime(2026, 1, 1)
 DEFAULT_ARGS = {
@@ -54,8 +55,15 @@ def job(name: str, *args: str) -> SparkJob:
     return SparkJob(name, args, {**env, "LAKEHOUSE_TABLE_SERVICES": "external"})
 
 
-def table_asset(layer: str, table: str) -> Asset:
-    return Asset(name=f"{layer}/{table}", uri=_uri(table_path(layer, table, lake_root())))
+def table_asset(name: str) -> Asset:
+    """The Asset of a catalog table (`silver/orders`), named as the catalog names it."""
+    return Asset(name=name, uri=_uri(lake_table(name).path(lake_root())))
+
+
+def etl_outputs() -> list[Asset]:
+    """The tables an etl cycle (or an erasure) changes that consumers read: the catalog's silver and gold
+    tables with a change feed. DAGs scheduled on them run after each."""
+    return [table_asset(name) for name in CHANGE_FEED_TABLES if not name.startswith("bronze/")]
 
 
 def _uri(path: str) -> str:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from airflow.sdk import DAG
-from lakehouse_common import DEFAULT_ARGS, START, job, spark_task, table_asset
+from lakehouse_common import DEFAULT_ARGS, START, etl_outputs, job, spark_task
 
 with DAG(
     dag_id="lakehouse_incremental_etl",
@@ -30,6 +30,5 @@ with DAG(
     tags=["lakehouse", "etl"],
 ):
     spark_task(job("etl", "etl"),
-               outlets=[table_asset("silver", "customers"), table_asset("silver", "orders"),
-                        table_asset("gold", "customer_ltv"), table_asset("gold", "daily_revenue")],
+               outlets=etl_outputs(),
                doc_md="One incremental cycle bronze -> silver -> gold (`lakehouse etl`).")

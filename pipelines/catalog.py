@@ -21,9 +21,11 @@ bronze/<table>`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import hudi_configs
 from pipelines import contract
+from pipelines.settings import quarantine_path, silver_path, table_path
 
 
 @dataclass(frozen=True)
@@ -78,8 +80,6 @@ class Table:
         return self.name.split("/", 1)[0]
 
     def path(self, root: str | None = None) -> str:
-        from pipelines.settings import table_path  # settings reads this module at import
-
         return table_path(self.layer, self.name.split("/", 1)[1], root)
 
 
@@ -116,3 +116,81 @@ def names(layer: str | None = None, *, holds: str | None = None, writer: str | N
     """Names of the catalog's tables, in its order: of one layer, holding one kind of subject, of one writer."""
     return [t.name for t in LAKE_TABLES if (layer is None or t.layer == layer)
             and (holds is None or t.holds == holds) and (writer is None or t.writer == writer)]
+
+
+# Lake tables whose changes `lakehouse changes` serves, with their key columns (pure Python:
+# the CLI lists them without Spark).
+CHANGE_FEED_TABLES: dict[str, tuple[str, ...]] = {t.name: t.key for t in LAKE_TABLES if t.change_feed}
+
+
+# --------------------------------------------------------------------------- how each table is written
+
+def hudi_table_name(name: str) -> str:
+    """`hoodie.table.name` of a lake table: its name with `_` for `/` (`bronze/_deletes/orders` ->
+    `bronze_deletes_orders`)."""
+    return name.replace("/_", "_").replace("/", "_")
+
+
+def bronze_options(part: str, name: str, **extra: str) -> dict[str, str]:
+    """Writer options of a bronze table of `[part]` in bronze.toml, named `name` (hoodie.table.name)."""
+    opts = hudi_configs.writer("bronze", part)
+    opts["hoodie.table.name"] = name
+    opts.setdefault("hoodie.datasource.write.recordkey.field", contract.PRIMARY_KEY)
+    opts.update(extra)
+    return opts
+
+
+def silver_options(name: str) -> dict[str, str]:
+    """Writer options of a silver or quarantine table named `name` (hoodie.table.name)."""
+    return {**hudi_configs.writer("silver", "table"), "hoodie.table.name": name}
+
+
+def gold_options(table: str) -> dict[str, str]:
+    """Writer options of gold table `table` (`customer_ltv`, `_customer_orders`, ...)."""
+    name = table.lstrip("_")
+    return {**hudi_configs.writer("gold", "common"), **hudi_configs.section("gold", name),
+            "hoodie.table.name": f"gold_{name}"}
+
+
+def writer_options(table: Table) -> dict[str, str]:
+    """The options the writer of a catalog table uses."""
+    if table.layer == "bronze":
+        return bronze_options(table.writer, hudi_table_name(table.name))
+    if table.layer == "silver":
+        return silver_options(hudi_table_name(table.name))
+    return gold_options(table.name.split("/", 1)[1])
+
+
+@dataclass(frozen=True)
+class LakeTable:
+    """A catalog table at one lake root, with its writer's options: what the services and the erasure act on."""
+
+    name: str  # as `lakehouse status` and the DAG's task ids spell it: bronze/customers, ...
+    path: str
+    options: dict[str, str] = field(repr=False)
+    readers: tuple[str, ...] = ()  # tables that checkpoint their reads of this one: expiry waits for them
+    # A change log's delete ledger (name, path, options): expiry moves the deletes of the days it drops there.
+    ledger: tuple[str, str, dict[str, str]] | None = field(default=None, repr=False)
+
+    @property
+    def merge_on_read(self) -> bool:
+        return self.options.get("hoodie.datasource.write.table.type") == "MERGE_ON_READ"
+
+    @property
+    def append_only(self) -> bool:
+        return self.options.get("hoodie.datasource.write.operation") in ("insert", "bulk_insert")
+
+
+def lake_tables(root: str) -> list[LakeTable]:
+    """Every Hudi table the pipeline writes, at `root`, with the options its writer uses."""
+    tables = []
+    for t in LAKE_TABLES:
+        path, options = t.path(root), writer_options(t)
+        if t.writer == "changelog":  # silver reads it; expiry moves its deletes to the source's ledger
+            ledger = lake_table(f"bronze/_deletes/{t.source}")
+            tables.append(LakeTable(t.name, path, options,
+                                    readers=(silver_path(t.source, root), quarantine_path(t.source, root)),
+                                    ledger=(ledger.name, ledger.path(root), writer_options(ledger))))
+        else:
+            tables.append(LakeTable(t.name, path, options))
+    return tables

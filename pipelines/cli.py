@@ -10,15 +10,15 @@ import importlib.util
 import logging
 import signal
 import socket
-import sys
 import time
 from pathlib import Path
-from typing import TextIO
 
 import click
 
 from pipelines import console, settings
+from pipelines.catalog import CHANGE_FEED_TABLES
 from pipelines.deploy.stream_local import stream
+from pipelines.gdpr.cli import gdpr
 from pipelines.ingest.schema_cli import schema
 
 
@@ -42,6 +42,7 @@ def main(ctx: click.Context, verbose: bool) -> None:
 
 main.add_command(stream)
 main.add_command(schema)
+main.add_command(gdpr)
 # The dev tools (generator, local broker, source and store, benchmarks) where they are installed: the
 # EMR bundle leaves them out (pipelines.deploy.package), and its CLI has the pipeline's commands only.
 if importlib.util.find_spec("pipelines.devtools") is not None:
@@ -90,7 +91,7 @@ def ingest(once: bool, trigger_seconds: float, max_offsets_per_trigger: int | No
         click.echo(f"ingest stopped after {time.monotonic() - started:.0f} s", err=True)
         return
     except Exception as exc:  # the stream's failure, already logged by Spark: name it and exit 1
-        raise click.ClickException(f"ingest failed: {_first_line(exc)}{console.see_log()}") from exc
+        raise click.ClickException(f"ingest failed: {console.first_line(exc)}{console.see_log()}") from exc
     if once:
         click.echo(f"ingest: caught up with {brokers} in {time.monotonic() - started:.1f} s")
 
@@ -104,7 +105,7 @@ def etl() -> None:
     try:
         report = run_etl()
     except Exception as exc:  # Spark/Hudi failures: name them and exit 1
-        raise click.ClickException(f"etl failed: {_first_line(exc)}{console.see_log()}") from exc
+        raise click.ClickException(f"etl failed: {console.first_line(exc)}{console.see_log()}") from exc
     changed = [table for table, counts in report.items() if counts]
     click.echo(f"etl: {len(changed)} of {len(report)} tables changed in {time.monotonic() - started:.1f} s"
                + (f" ({', '.join(changed)})" if changed else ""))
@@ -135,7 +136,7 @@ def services(tables: tuple[str, ...], only: tuple[str, ...]) -> None:
     except ValueError as exc:
         raise click.ClickException(str(exc)) from exc
     except Exception as exc:  # Spark/Hudi failures: name them and exit 1
-        raise click.ClickException(f"services failed: {_first_line(exc)}{console.see_log()}") from exc
+        raise click.ClickException(f"services failed: {console.first_line(exc)}{console.see_log()}") from exc
     for table, done in report.items():
         click.echo(json.dumps({"table": table, **done}, default=str))
 
@@ -166,7 +167,7 @@ def quality(layers: tuple[str, ...], max_age_hours: float) -> None:
 
 
 @main.command()
-@click.argument("table", type=click.Choice(list(settings.CHANGE_FEED_TABLES)))
+@click.argument("table", type=click.Choice(list(CHANGE_FEED_TABLES)))
 @click.option("--since", default=None, help="Checkpoint returned by the previous call  [default: from the start]")
 @click.option("--checkpoint-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Read --since from this file if it exists, and store the new checkpoint in it after printing.")
@@ -192,11 +193,6 @@ def changes(table: str, since: str | None, checkpoint_file: Path | None) -> None
         click.echo("snapshot: these rows are the whole table (first read, or the checkpoint is no longer "
                    "readable): replace your copy rather than merging", err=True)
     click.echo(f"checkpoint: {change_set.checkpoint}", err=True)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 @main.command()
@@ -238,9 +234,9 @@ def status() -> None:
 
     Read with hudi-rs: no Spark needed.
     """
-    from pipelines.catalog import names
-    from pipelines.contract import TABLES, topic
-    from pipelines.settings import dead_letter_path, main_path, quarantine_path, silver_path
+    from pipelines.catalog import LAKE_TABLES, lake_table
+    from pipelines.contract import topic
+    from pipelines.settings import dead_letter_path
     from pipelines.table_stats import exists, read_table, table_stats
 
     dead = {}
@@ -254,25 +250,23 @@ def status() -> None:
     click.echo(f"lake root: {settings.lake_root()}")
     click.echo(f"{'table':<18}{'rows':>9}{'commits':>9}{'file groups':>13}{'log files':>11}{'deleted keys':>14}"
                f"{'dead letters':>14}")
-    for table in TABLES:
-        if not exists(main_path(table)):
-            click.echo(f"bronze/{table:<11}  (not created yet)")
+    # The catalog's tables that people read: bronze's and silver's of each source table, gold's
+    # aggregates; not the internal ones (names with a `_` part: change logs, ledgers, quarantine).
+    for table in [t for t in LAKE_TABLES if "/_" not in t.name]:
+        path = table.path()
+        if not exists(path):
+            if table.layer == "bronze":
+                click.echo(f"{table.name:<18}  (not created yet)")
             continue
-        s = table_stats(main_path(table))
-        deleted = _deleted_keys(table)
-        click.echo(f"bronze/{table:<11}{s.rows:>9}{s.commits:>9}{s.file_groups:>13}{s.log_files:>11}"
-                   f"{deleted:>14}{dead.get(topic(table), 0):>14}")
-    for table in TABLES:
-        if exists(silver_path(table)):
-            s = table_stats(silver_path(table))
-            quarantined = table_stats(quarantine_path(table)).rows if exists(quarantine_path(table)) else 0
-            click.echo(f"silver/{table:<11}{s.rows:>9}{s.commits:>9}{s.file_groups:>13}{s.log_files:>11}"
-                       f"{'':>14}{'':>14}  quarantined: {quarantined}")
-    for table in [n.split("/", 1)[1] for n in names("gold") if not n.startswith("gold/_")]:  # not the internal
-        path = settings.gold_path(table)
-        if exists(path):
-            s = table_stats(path)
-            click.echo(f"gold/{table:<13}{s.rows:>9}{s.commits:>9}{s.file_groups:>13}{s.log_files:>11}")
+        s = table_stats(path)
+        line = f"{table.name:<18}{s.rows:>9}{s.commits:>9}{s.file_groups:>13}{s.log_files:>11}"
+        if table.layer == "bronze":
+            line += f"{_deleted_keys(table.source):>14}{dead.get(topic(table.source), 0):>14}"
+        elif table.layer == "silver":
+            quarantine = lake_table(f"silver/_quarantine/{table.source}").path()
+            quarantined = table_stats(quarantine).rows if exists(quarantine) else 0
+            line += f"{'':>14}{'':>14}  quarantined: {quarantined}"
+        click.echo(line)
     from pipelines.ingest.schema_cli import held_tables
 
     for table, (n, reason) in sorted(held_tables(reasons).items()):
@@ -359,139 +353,6 @@ def dead_letters_replay(positions: tuple[str, ...], replay_all: bool, reason: st
     producer.close()
     click.echo(f"replayed {len(wanted)} dead letters to {brokers}")
 
-
-
-@main.group()
-def gdpr() -> None:
-    """GDPR erasure (contract section 4): `lakehouse gdpr erase`."""
-
-
-@gdpr.command()
-@click.option("--customer-id", "customer_id", multiple=True,
-              help="A customer to erase; repeat for several.")
-@click.option("--customer-ids", default=None, metavar="ID,ID,...",
-              help="Customers to erase, comma-separated.")
-@click.option("--customer-ids-file", type=click.File("r"), default=None,
-              help="Customers to erase, from a file (or - for stdin): ids separated by commas or line breaks; "
-                   "blank lines and lines starting with # are skipped.")
-@click.option("--requests-file", type=click.File("r"), default=None,
-              help="Several requests erased in one run, each with its own certificate: a JSON list of "
-                   '{"customer_ids": [...], "reference": ..., "requested_by": ...} (what the Airflow DAG passes). '
-                   "Not with the options above.")
-@click.option("--pending", is_flag=True,
-              help="Erase every request waiting in the inbox ($LAKEHOUSE_GDPR_INBOX, filed by `gdpr request` or "
-                   "the Airflow DAG) in one run, and take them out of it once verified. Not with the options above.")
-@click.option("--reference", default=None, help="The request's reference (ticket); names the certificate.")
-@click.option("--requested-by", default="operator", show_default=True, help="Who asked for the erasure.")
-def erase(customer_id: tuple[str, ...], customer_ids: str | None, customer_ids_file: TextIO | None,
-          requests_file: TextIO | None, pending: bool, reference: str | None, requested_by: str) -> None:
-    """Erase customers and their orders from every table, retained version, file and source topic, then prove it.
-
-    Every request is checked before anything runs: an empty, malformed or oversized id list
-    exits 2 and changes nothing. All the requests of one run share one sweep, purge and
-    verification. Exit 0 only when the verification passed; each request's certificate
-    (pseudonymised ids, tables and instants touched, rows removed, checks, timings) goes to
-    $LAKEHOUSE_ROOT/_gdpr/certificates/ and a line to _gdpr/audit.jsonl. Prints one JSON
-    line: the request's summary, or a list of them when the run erased several. Beside a
-    running ingest stream, run both with LAKEHOUSE_TABLE_SERVICES=external.
-    """
-    import json
-
-    from pipelines.gdpr import inbox
-    from pipelines.gdpr.request import MAX_IDS, InvalidRequest, parse_request, parse_requests
-
-    filed: list[inbox.Filed] = []
-    try:
-        if requests_file is not None or pending:
-            if customer_id or customer_ids is not None or customer_ids_file is not None or reference is not None \
-                    or (requests_file is not None and pending):
-                raise InvalidRequest("--requests-file and --pending name their own ids and references: give "
-                                     "neither --customer-id, --customer-ids, --customer-ids-file, --reference "
-                                     "nor the other one with them")
-            if pending:
-                for waiting in inbox.pending():  # up to MAX_IDS ids a run; the rest wait for the next
-                    if filed and sum(len(f.request.customer_ids) for f in filed) \
-                            + len(waiting.request.customer_ids) > MAX_IDS:
-                        break
-                    filed.append(waiting)
-                if not filed:
-                    click.echo(json.dumps({"status": "no pending request", "inbox": inbox.inbox()}))
-                    return
-                requests = [f.request for f in filed]
-            else:
-                requests = parse_requests(_json_of(requests_file))
-        else:
-            ids: list[str] = list(customer_id)
-            if customer_ids is not None:
-                ids += [part.strip() for part in customer_ids.split(",")]
-            if customer_ids_file is not None:
-                ids += _ids_in(customer_ids_file)
-            requests = [parse_request(ids, reference, requested_by)]
-    except InvalidRequest as exc:
-        click.echo(f"Error: {exc}", err=True)
-        sys.exit(2)
-    from pipelines.gdpr.erase import erase_all
-
-    references = ", ".join(r.reference for r in requests)
-    try:
-        certificates = erase_all(requests, bootstrap=settings.kafka_bootstrap(),
-                                 progress=lambda line: click.echo(line, err=True))
-    except Exception as exc:  # Spark/Hudi failures: name them and exit 1
-        raise click.ClickException(f"erasure {references} failed: {_first_line(exc)}") from exc
-    summaries = []
-    for certificate in certificates:
-        summary = {k: certificate[k] for k in ("reference", "status", "verified", "certificate")}
-        summary["rows_removed"] = sum(int(t.get("rows_removed", 0)) for t in certificate["tables"].values())
-        summaries.append(summary)
-    click.echo(json.dumps(summaries[0] if len(summaries) == 1 else summaries))
-    if not certificates[0]["verified"]:
-        failures = certificates[0]["verification"]["failures"]
-        raise click.ClickException(f"erasure {references} NOT verified: {len(failures)} finding(s), e.g. "
-                                   + "; ".join(failures[:5]))
-    inbox.remove(filed)
-
-
-@gdpr.command()
-@click.option("--customer-id", "customer_id", multiple=True, help="A customer to erase; repeat for several.")
-@click.option("--customer-ids", default=None, metavar="ID,ID,...", help="Customers to erase, comma-separated.")
-@click.option("--reference", default=None, help="The request's reference (ticket); names its certificate.")
-@click.option("--requested-by", default="operator", show_default=True, help="Who asked for the erasure.")
-def request(customer_id: tuple[str, ...], customer_ids: str | None, reference: str | None, requested_by: str) -> None:
-    """File an erasure request in the inbox ($LAKEHOUSE_GDPR_INBOX), for the next `gdpr erase --pending`.
-
-    Checked as `gdpr erase` checks it (exit 2, nothing filed, when invalid). Filing the same
-    reference again replaces the waiting request.
-    """
-    from pipelines.gdpr import inbox
-    from pipelines.gdpr.request import InvalidRequest, parse_request
-
-    ids = list(customer_id) + ([p.strip() for p in customer_ids.split(",")] if customer_ids is not None else [])
-    try:
-        filed = inbox.file_request(parse_request(ids, reference, requested_by))
-    except InvalidRequest as exc:
-        click.echo(f"Error: {exc}", err=True)
-        sys.exit(2)
-    click.echo(f"filed {reference}: {filed}")
-
-
-def _ids_in(stream: TextIO) -> list[str]:
-    """The ids of an id file: separated by commas or line breaks; blank and # lines skipped."""
-    ids = []
-    for line in stream:
-        if line.strip() and not line.lstrip().startswith("#"):
-            ids += [part.strip() for part in line.split(",")]
-    return ids
-
-
-def _json_of(stream: TextIO) -> object:
-    import json
-
-    from pipelines.gdpr.request import InvalidRequest
-
-    try:
-        return json.loads(stream.read())
-    except ValueError as exc:
-        raise InvalidRequest(f"--requests-file {stream.name}: not JSON ({exc})") from exc
 
 
 if __name__ == "__main__":

@@ -169,3 +169,10 @@ class _Summary(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         message = super().format(record)
         return message if record.levelno <= logging.INFO else f"{record.levelname}: {message}"
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an error's message (its type when it has none): what a failed command prints,
+    the rest (a JVM's stack) going to the log file."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

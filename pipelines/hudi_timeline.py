@@ -44,6 +44,17 @@ def latest_completion(spark: SparkSession, path: str) -> str | None:
     return last.get().getCompletionTime() if last.isPresent() else None
 
 
+def retained_instants(spark: SparkSession, path: str) -> list[str]:
+    """Instants time travel can still answer: completed commits at or after the last clean's horizon."""
+    retain = earliest_retained(spark, path) or ""
+    found, it = [], _completed(spark, path).getInstants().iterator()
+    while it.hasNext():
+        instant = it.next()
+        if instant.requestedTime() >= retain:
+            found.append(instant.requestedTime())
+    return found
+
+
 def earliest_checkpoint(spark: SparkSession, path: str) -> str | None:
     """The oldest checkpoint an incremental read of `path` can still start from; None if any can.
 

@@ -10,14 +10,12 @@ import os
 import re
 from pathlib import Path
 
-from pipelines.catalog import LAKE_TABLES
-
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 # The ingest stream's micro-batch interval: with the etl schedule, it sets how many commits a
 # retention window holds (hudi_configs/table_services.toml, "Retention"). A batch longer than it
 # starts the next at once, so under load the stream runs back to back, and a change waits for
-# at most one batch before its own instead of up to a whole interval (freshness, BENCHMARKS.md,
-# issue 16). It still bounds the commit rate of a quiet stream, for the timelines' sake
+# at most one batch before its own instead of up to a whole interval (freshness, BENCHMARKS.md).
+# It still bounds the commit rate of a quiet stream, for the timelines' sake
 # (`keep.*.commits`).
 INGEST_TRIGGER_SECONDS = 5.0
 # Debezium's `unavailable.value.placeholder`: what an update carries instead of a TOASTed value it
@@ -47,11 +45,6 @@ def log_dir() -> Path:
 def jvm_dir() -> Path:
     """Folder that `make setup` resolves jvm/pom.xml into (`spark/` and `kafka/` below it)."""
     return Path(os.environ.get("LAKEHOUSE_JVM_DIR") or PROJECT_ROOT / ".jvm")
-
-
-# Lake tables whose changes `lakehouse changes` serves, with their key columns (pure Python:
-# the CLI lists them without Spark).
-CHANGE_FEED_TABLES: dict[str, tuple[str, ...]] = {t.name: t.key for t in LAKE_TABLES if t.change_feed}
 
 
 def table_path(layer: str, table: str, root: str | None = None) -> str:

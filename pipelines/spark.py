@@ -14,7 +14,7 @@ from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
 from pipelines import console
-from pipelines.deploy.jobs import spark_conf
+from pipelines.spark_conf import spark_conf
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,8 @@ from pyspark.sql import SparkSession
 
 from pipelines.contract import TABLES
 from pipelines.ingest.bronze import run_ingest
-from pipelines.settings import CHANGE_FEED_TABLES, quarantine_path, silver_path
+from pipelines.catalog import CHANGE_FEED_TABLES
+from pipelines.settings import quarantine_path, silver_path
 from pipelines.table_stats import exists, table_stats
 from pipelines.transform.changes import read_changes
 from pipelines.transform.etl import run_etl

@@ -9,7 +9,7 @@ The generator's workload is played as SQL transactions (pipelines/devtools/sql_s
    interval is longer than the test), so the next start re-delivers all of phase 2 after phase 1;
 3. Connect again (the replays), more changes; then one `ingest --once` and one `etl`.
 
-Schema changes (contract section 6, issue 23) run as DDL in the middle of that workload while
+Schema changes (contract section 6) run as DDL in the middle of that workload while
 `lakehouse ingest` streams (started after phase 1, SIGKILLed during a batch after the DDL of
 phase 2; the `ingest --once` of phase 3 resumes): `ADD COLUMN` and updates setting it, `ALTER
 COLUMN amount TYPE numeric(14,2)` and an amount that only the new type holds, a text column of

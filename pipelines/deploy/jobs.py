@@ -11,42 +11,17 @@ a `lakehouse` CLI command; the target decides only how it is submitted:
 
 from __future__ import annotations
 
-import os
 import shlex
 from dataclasses import dataclass, field
-from pathlib import Path
 
-import hudi_configs
-from pipelines.deploy import jvm_archive
-from pipelines.settings import PROJECT_ROOT, jvm_dir
+from pipelines.settings import PROJECT_ROOT
+from pipelines.spark_conf import spark_conf
 
 # Environment variables every job receives (on EMR as YARN application-master and executor env).
 # The erasure key travels as a file path or a secret's name only, never itself: step arguments
 # are visible in the EMR console.
 JOB_ENV = ("LAKEHOUSE_ROOT", "KAFKA_BOOTSTRAP_SERVERS", "LAKEHOUSE_TABLE_SERVICES", "LAKEHOUSE_HUDI_OVERRIDES",
            "LAKEHOUSE_ERASURE_KEY_FILE", "LAKEHOUSE_ERASURE_KEY_SECRET", "LAKEHOUSE_GDPR_INBOX", "LAKEHOUSE_LOG_DIR")
-
-
-def spark_conf(for_target: str | None = None) -> dict[str, str]:
-    """The session options of a target: [common] then [<target>] of hudi_configs/spark.toml."""
-    name = for_target or hudi_configs.target()
-    conf = {**hudi_configs.section("spark", "common"), **hudi_configs.section("spark", name)}
-    if name == "local":
-        jars = sorted((jvm_dir() / "spark").glob("*.jar"))
-        if not jars:
-            raise RuntimeError(
-                f"no Spark jars in {jvm_dir() / 'spark'}: run `make setup` to resolve jvm/pom.xml"
-            )
-        # On the JVM's own class path, not `spark.jars`: Avro resolves Hudi's generated record
-        # classes through the application class loader, and with the bundle in Spark's child
-        # loader reading a metadata-table log with a delete block failed with a
-        # ClassCastException (GenericData$Record -> HoodieDeleteRecord). Local mode: one JVM.
-        conf["spark.driver.extraClassPath"] = os.pathsep.join(str(j) for j in jars)
-        log_config = Path(hudi_configs.__file__).with_name("log4j2.properties")
-        conf["spark.driver.extraJavaOptions"] = " ".join(filter(None, (
-            conf.get("spark.driver.extraJavaOptions"), f"-Dlog4j2.configurationFile={log_config}",
-            jvm_archive.java_options())))
-    return conf
 
 
 @dataclass(frozen=True)

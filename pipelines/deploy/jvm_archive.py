@@ -6,7 +6,7 @@ Hudi classes before its first commit. The JDK can keep them parsed and verified 
 memory-mapped file: `-XX:ArchiveClassesAtExit` writes it when a JVM that ran the usual work
 exits, `-XX:SharedArchiveFile` maps it at the next start. `make setup` writes it once
 (`python -m pipelines.deploy.jvm_archive`) from a short Hudi write and read with the project's own
-options, and `pipelines.deploy.jobs.spark_conf` adds it to every local session once it exists.
+options, and `pipelines.spark_conf.spark_conf` adds it to every local session once it exists.
 
 The archive is only an optimisation. A JVM of another JDK build, or with another class
 path (the jars of `.jvm/spark` changed), cannot map it and starts without it, as it would
@@ -22,40 +22,23 @@ import sys
 import tempfile
 from pathlib import Path
 
-from pipelines.settings import jvm_dir
-
-# Unified-logging tags the JDK warns under when an archive cannot be mapped.
-_QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
-
-
-def archive_path() -> Path:
-    """Where `make setup` writes the archive (beside the jars it was made for)."""
-    return jvm_dir() / "spark.jsa"
-
-
-def java_options() -> str:
-    """Driver JVM options that map the archive; empty when there is none (before `make setup`)."""
-    path = archive_path()
-    return f"-XX:SharedArchiveFile={path} {_QUIET}" if path.is_file() else ""
+from pipelines.catalog import bronze_options, silver_options
+from pipelines.spark import get_spark
+from pipelines.spark_conf import QUIET_CDS, archive_path, spark_conf
 
 
 def _warm_up(where: Path, dump: Path) -> None:
     """A small bronze (merge-on-read, bucket index) and silver (copy-on-write, record index, CDC) upsert and read."""
     from pyspark.sql import functions as F
 
-    from pipelines.deploy.jobs import spark_conf
-    from pipelines.ingest.state import hudi_options
-    from pipelines.spark import get_spark
-    from pipelines.transform.etl import silver_options
-
     # The session every local job gets, its JVM writing the archive at exit. Quiet: the dump
     # names every class it cannot keep (generated or signed ones), by design.
     java = spark_conf()["spark.driver.extraJavaOptions"]
     spark = get_spark("lakehouse-jvm-archive",
-                      {"spark.driver.extraJavaOptions": f"{java} -XX:ArchiveClassesAtExit={dump} {_QUIET}"})
+                      {"spark.driver.extraJavaOptions": f"{java} -XX:ArchiveClassesAtExit={dump} {QUIET_CDS}"})
     rows = spark.range(200).select(F.col("id"), F.concat(F.lit("x"), F.col("id").cast("string")).alias("email"),
                                    F.col("id").alias("_lsn"), F.lit(False).alias("_hoodie_is_deleted"))
-    for options, path in ((hudi_options("table", "warm_bronze"), where / "bronze"),
+    for options, path in ((bronze_options("table", "warm_bronze"), where / "bronze"),
                           (silver_options("warm_silver"), where / "silver")):
         for _ in range(2):  # a first commit, then an update of the same keys
             rows.write.format("hudi").options(**options).mode("append").save(str(path))

@@ -13,7 +13,7 @@ import click
 def commands() -> list[click.Command]:
     """The CLI groups of the dev tools: `generate`, `source`, `kafka`, `s3`, `bench`."""
     from pipelines.devtools.bench.cli import bench
-    from pipelines.devtools.generator import generate
+    from pipelines.devtools.generator.cli import generate
     from pipelines.devtools.kafka_local import kafka
     from pipelines.devtools.object_store import s3
     from pipelines.devtools.pg_source_cli import source

@@ -59,17 +59,17 @@ from pyspark.sql import functions as F
 
 import hudi_configs
 from pipelines import contract
+from pipelines.catalog import lake_tables
+from pipelines.erasure_registry import erasure_key, read_registry, registry_path, subject_hash
 from pipelines.gdpr.certificate import write_certificate
 from pipelines.gdpr.find import ORDER_TABLES, find_subject
 from pipelines.gdpr.purge import change_feed_holders, purge, sweep
-from pipelines.gdpr.registry import read_registry, registry_path
-from pipelines.gdpr.request import ErasureRequest, erasure_key, subject_hash
+from pipelines.gdpr.request import ErasureRequest
 from pipelines.gdpr.scan import Subject
 from pipelines.gdpr.verify import verify
 from pipelines.hudi_timeline import extra_meta_after, latest_completion, pending_writes, repair_torn_timeline
 from pipelines.ingest.state import BATCH_ID_META, REGISTRY_META
 from pipelines.services.quality import redact_subject
-from pipelines.services.table_services import lake_tables
 from pipelines.settings import kafka_bootstrap, lake_root
 from pipelines.table_stats import exists
 

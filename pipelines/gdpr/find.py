@@ -16,8 +16,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 import hudi_configs
-from pipelines.catalog import names
-from pipelines.services.table_services import lake_tables
+from pipelines.catalog import lake_tables, names
 from pipelines.table_stats import exists
 
 # Tables whose rows hold a customer (key `id`), an order (key `id`), or name a customer (`customer_id`).

@@ -13,12 +13,13 @@ from typing import ClassVar
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from pipelines.catalog import LakeTable, lake_tables
+from pipelines.erasure_registry import dead_letters_of_erased
 from pipelines.gdpr.find import CUSTOMER_TABLES, GOLD_BY_CUSTOMER, ORDER_TABLES, each_table, read_rows
-from pipelines.gdpr.registry import dead_letters_of_erased
 from pipelines.gdpr.scan import Subject, scan_lake
+from pipelines.hudi_client import WriteClient
 from pipelines.hudi_timeline import READABLE_FROM_META, earliest_retained, latest_completion, pending_writes
 from pipelines.ingest.state import DELETED_FLAG
-from pipelines.services.table_services import LakeTable, _Client, lake_tables
 from pipelines.settings import dead_letter_path, gold_path, silver_path
 from pipelines.table_stats import exists
 from pipelines.transform import gold
@@ -96,7 +97,7 @@ def sweep(spark: SparkSession, root: str, customers: list[int], orders: list[int
 # ---------------------------------------------------------------- purge of older versions
 
 
-class Purger(_Client):
+class Purger(WriteClient):
     """The services client with the settings of an erasure: keep only the newest version of everything."""
 
     OVERRIDES: ClassVar[dict[str, str]] = {
@@ -131,12 +132,12 @@ class Purger(_Client):
 
     def newest_slices(self) -> list[tuple[str, str, str]]:
         """(partition, file id, base instant) of the newest file slice of every file group."""
-        hudi = self._jvm.org.apache.hudi
+        hudi = self.jvm.org.apache.hudi
         view = hudi.common.table.view.HoodieTableFileSystemView.fileListingBasedFileSystemView(
-            self._context, self.meta, self.meta.reloadActiveTimeline().getCommitsTimeline().filterCompletedInstants())
+            self.context, self.meta, self.meta.reloadActiveTimeline().getCommitsTimeline().filterCompletedInstants())
         found = []
         for partition in hudi.common.fs.FSUtils.getAllPartitionPaths(
-                self._context, self.meta.getStorage(), self._table.path, False):
+                self.context, self.meta.getStorage(), self.table.path, False):
             slices = view.getLatestFileSlices(partition).iterator()
             while slices.hasNext():
                 piece = slices.next()
@@ -156,14 +157,14 @@ class Purger(_Client):
         """
         cleans, deadline = [], time.monotonic() + timeout
         while True:
-            while [i for i in pending_writes(self._spark, self._table.path) if i < marker] \
+            while [i for i in pending_writes(self.spark, self.table.path) if i < marker] \
                     and time.monotonic() < deadline:
                 time.sleep(1)
             cleans.append(done := self.clean())
             # Hudi 1.0.2 records no clean when its plan is empty: then nothing older is left
             # (keeping one commit, the plan covers every slice the newest ones replaced).
             if "earliest_retained" not in done \
-                    or (earliest_retained(self._spark, self._table.path) or "") >= marker \
+                    or (earliest_retained(self.spark, self.table.path) or "") >= marker \
                     or time.monotonic() > deadline:
                 return cleans
             time.sleep(2)  # never hold the table's lock in a tight loop: writers need it to commit
@@ -173,7 +174,7 @@ class Purger(_Client):
 
     def marker(self, readable_from: str) -> str:
         """An empty replace commit saying that no incremental read may start before `readable_from`."""
-        jvm = self._jvm
+        jvm = self.jvm
         self.meta.reloadActiveTimeline()
         action = jvm.org.apache.hudi.common.table.timeline.HoodieTimeline.REPLACE_COMMIT_ACTION
         self.client.setOperationType(jvm.org.apache.hudi.common.model.WriteOperationType.CLUSTER)
@@ -185,7 +186,7 @@ class Purger(_Client):
         extra = jvm.java.util.HashMap()
         extra.put(READABLE_FROM_META, readable_from)
         extra.put("_lakehouse.erasure", "purge")
-        empty = self._spark.sparkContext._jsc.emptyRDD()
+        empty = self.spark.sparkContext._jsc.emptyRDD()
         self.client.commit(instant, empty, jvm.org.apache.hudi.common.util.Option.of(extra), action,
                            jvm.java.util.HashMap())
         return instant

@@ -13,19 +13,14 @@ what makes the records non-personal for whoever can read the lake.
 
 from __future__ import annotations
 
-import hashlib
-import os
 import re
-import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 
 MAX_IDS = 1000
 MAX_ID = 2**63 - 1  # a PostgreSQL bigint
 REFERENCE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$"
 REQUESTER_PATTERN = r"^[\w@.+ -]{1,200}$"
-KINDS = ("customer", "order")
 
 
 class InvalidRequest(ValueError):
@@ -106,55 +101,3 @@ def parse_requests(doc: object) -> list[ErasureRequest]:
     if problems:
         raise InvalidRequest("invalid erasure requests: " + "; ".join(problems))
     return requests
-
-
-def erasure_key(key_file: Path | None = None) -> str:
-    """The secret of the pseudonymising hash, from the first of:
-
-    - LAKEHOUSE_ERASURE_KEY: the key itself;
-    - LAKEHOUSE_ERASURE_KEY_SECRET: an AWS Secrets Manager secret (name or ARN) holding it.
-      This is how EMR jobs get it: a step's driver runs on any node of the cluster, where a
-      key file would not be, and step arguments are visible in the EMR console;
-    - a key file (LAKEHOUSE_ERASURE_KEY_FILE), made on first use.
-
-    Every job that hashes (ingest, etl, erasure) must see the same key: with another one,
-    the registry no longer recognises erased customers.
-    """
-    if key := os.environ.get("LAKEHOUSE_ERASURE_KEY"):
-        return key
-    if secret := os.environ.get("LAKEHOUSE_ERASURE_KEY_SECRET"):
-        return _secret_value(secret)
-    from pipelines.settings import erasure_key_file
-
-    path = key_file or erasure_key_file()
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(secrets.token_hex(32))
-    return path.read_text().strip()
-
-
-def _secret_value(secret: str) -> str:
-    """The string of an AWS Secrets Manager secret; never made here: every job must find the same one."""
-    import boto3
-
-    # An ARN names its region; a name uses the environment's (AWS_REGION, the profile).
-    region = secret.split(":")[3] if secret.startswith("arn:") and secret.count(":") >= 6 else None
-    try:
-        value = boto3.client("secretsmanager", region_name=region).get_secret_value(SecretId=secret)
-    except Exception as exc:
-        raise RuntimeError(f"LAKEHOUSE_ERASURE_KEY_SECRET={secret}: cannot read the erasure key from AWS Secrets "
-                           f"Manager ({type(exc).__name__}: {exc})") from exc
-    key = (value.get("SecretString") or "").strip()
-    if len(key) < 32:
-        raise RuntimeError(f"LAKEHOUSE_ERASURE_KEY_SECRET={secret}: the secret's string is {len(key)} characters; "
-                           "the erasure key must be at least 32 (e.g. `openssl rand -hex 32`)")
-    return key
-
-
-def subject_hash(kind: str, value: int, key: str) -> str:
-    """Pseudonym of a customer or order id; `pipelines.gdpr.registry.hash_column` computes the same in Spark."""
-    if kind not in KINDS:
-        raise ValueError(f"kind {kind!r}: expected one of {KINDS}")
-    return hashlib.sha256(f"{key}:{kind}:{value}".encode()).hexdigest()

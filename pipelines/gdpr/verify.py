@@ -14,12 +14,17 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 import hudi_configs
+from pipelines.catalog import LakeTable, lake_tables
+from pipelines.erasure_registry import dead_letters_of_erased, read_registry
 from pipelines.gdpr.find import CUSTOMER_TABLES, ORDER_TABLES, customer_reads, read_rows, shared_texts
 from pipelines.gdpr.purge import subject_predicate
-from pipelines.gdpr.registry import dead_letters_of_erased, read_registry
 from pipelines.gdpr.scan import ScanReport, Subject, scan_lake
-from pipelines.hudi_timeline import earliest_checkpoint, earliest_retained, latest_completion, meta_client
-from pipelines.services.table_services import LakeTable, lake_tables
+from pipelines.hudi_timeline import (
+    earliest_checkpoint,
+    latest_completion,
+    meta_client,
+    retained_instants,
+)
 from pipelines.table_stats import exists
 from pipelines.transform import gold
 
@@ -160,19 +165,6 @@ def _image_patterns(name: str, customers: list[int], orders: list[int]) -> list[
     return patterns
 
 
-def _retained_instants(spark: SparkSession, path: str) -> list[str]:
-    """Instants time travel can still answer: completed commits at or after the last clean's horizon."""
-    from pipelines.hudi_timeline import _completed
-
-    retain = earliest_retained(spark, path) or ""
-    found, it = [], _completed(spark, path).getInstants().iterator()
-    while it.hasNext():
-        instant = it.next()
-        if instant.requestedTime() >= retain:
-            found.append(instant.requestedTime())
-    return found
-
-
 def _time_travel_instants(spark: SparkSession, table: LakeTable) -> tuple[list[str], int]:
     """The retained instants verification must time-travel to, and how many others they cover.
 
@@ -183,7 +175,7 @@ def _time_travel_instants(spark: SparkSession, table: LakeTable) -> tuple[list[s
     per commit (which, beside a running stream, grows with the square of its commits).
     Merge-on-read tables are read at every instant: their log merging depends on it.
     """
-    instants = _retained_instants(spark, table.path)
+    instants = retained_instants(spark, table.path)
     if table.options.get("hoodie.datasource.write.table.type") != "COPY_ON_WRITE" or len(instants) < 2:
         return instants, 0
     hudi = spark.sparkContext._jvm.org.apache.hudi

@@ -30,23 +30,17 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 import hudi_configs
-from pipelines.catalog import LAKE_TABLES, Table, lake_table
-from pipelines.hudi_timeline import READABLE_FROM_META, checkpoint, consumed, meta_client, repair_torn_timeline
-from pipelines.ingest.state import LEDGER_COLUMNS, hudi_options
-from pipelines.settings import (
-    quarantine_path,
-    silver_path,
-)
+from pipelines.catalog import lake_tables
+from pipelines.hudi_client import WriteClient
+from pipelines.hudi_timeline import READABLE_FROM_META, checkpoint, consumed, repair_torn_timeline
+from pipelines.ingest.state import LEDGER_COLUMNS
 from pipelines.table_stats import exists
-from pipelines.transform import gold
-from pipelines.transform.etl import silver_options
 
 log = logging.getLogger(__name__)
 
@@ -55,102 +49,8 @@ SERVICES = ("compact", "expire", "cluster", "clean", "archive")
 _INSTANT = "%Y%m%d%H%M%S%f"
 
 
-@dataclass(frozen=True)
-class LakeTable:
-    name: str  # as `lakehouse status` and the DAG's task ids spell it: bronze/customers, ...
-    path: str
-    options: dict[str, str] = field(repr=False)
-    readers: tuple[str, ...] = ()  # tables that checkpoint their reads of this one: expiry waits for them
-    # A change log's delete ledger (name, path, options): expiry moves the deletes of the days it drops there.
-    ledger: tuple[str, str, dict[str, str]] | None = field(default=None, repr=False)
-
-    @property
-    def merge_on_read(self) -> bool:
-        return self.options.get("hoodie.datasource.write.table.type") == "MERGE_ON_READ"
-
-    @property
-    def append_only(self) -> bool:
-        return self.options.get("hoodie.datasource.write.operation") in ("insert", "bulk_insert")
-
-
-def lake_tables(root: str) -> list[LakeTable]:
-    """Every Hudi table the pipeline writes (pipelines.catalog), with the options its writer uses."""
-    tables = []
-    for t in LAKE_TABLES:
-        path, options = t.path(root), writer_options(t)
-        if t.writer == "changelog":  # silver reads it; expiry moves its deletes to the source's ledger
-            ledger = lake_table(f"bronze/_deletes/{t.source}")
-            tables.append(LakeTable(t.name, path, options,
-                                    readers=(silver_path(t.source, root), quarantine_path(t.source, root)),
-                                    ledger=(ledger.name, ledger.path(root), writer_options(ledger))))
-        else:
-            tables.append(LakeTable(t.name, path, options))
-    return tables
-
-
-def writer_options(table: Table) -> dict[str, str]:
-    """The options the writer of a catalog table uses (hoodie.table.name: its name, with `_` for `/`)."""
-    hudi_name = table.name.replace("/_", "_").replace("/", "_")
-    if table.layer == "bronze":
-        return hudi_options(table.writer, hudi_name)
-    if table.layer == "silver":
-        return silver_options(hudi_name)
-    return gold.options(table.name.split("/", 1)[1])
-
-
-class _Client:
-    """A Hudi SparkRDDWriteClient on one table, with the services' options (`options`: others, as given)."""
-
-    def __init__(self, spark: SparkSession, table: LakeTable, options: dict[str, str] | None = None) -> None:
-        jvm = spark.sparkContext._jvm
-        self._jvm = jvm
-        self._spark = spark
-        self._table = table
-        hudi = jvm.org.apache.hudi
-        self.meta = meta_client(spark, table.path)
-        props = jvm.java.util.Properties()
-        for key, value in (hudi_configs.services(table.options) if options is None else options).items():
-            props.setProperty(key, value)
-        schema = hudi.common.table.TableSchemaResolver(self.meta).getTableAvroSchema(False).toString()
-        self._config = (hudi.config.HoodieWriteConfig.newBuilder().withPath(table.path).withProperties(props)
-                        .withSchema(schema).build())
-        self._context = hudi.client.common.HoodieSparkEngineContext(spark.sparkContext._jsc)
-        self.client = hudi.client.SparkRDDWriteClient(self._context, self._config)
-
-    def __enter__(self) -> _Client:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.client.close()
-
-    def _pending(self, kind: str) -> list[str]:
-        timeline = self.meta.reloadActiveTimeline()
-        pending = getattr(timeline, f"filterPending{kind}Timeline")().getInstants().iterator()
-        found = []
-        while pending.hasNext():
-            found.append(pending.next().requestedTime())
-        return found
-
-    def compact(self) -> dict[str, object]:
-        planned = self.client.scheduleCompaction(self._jvm.org.apache.hudi.common.util.Option.empty())
-        return {"planned": planned.get() if planned.isPresent() else None, "executed": self.run_compactions()}
-
-    def run_compactions(self) -> list[str]:
-        """Execute every pending compaction plan, oldest first (one a crash cut short is rolled back and run again)."""
-        done = []
-        for instant in self._pending("Compaction"):
-            self.client.compact(instant)
-            done.append(instant)
-        return done
-
-    def cluster(self) -> dict[str, object]:
-        """Plan (days other than the newest, files under the small-file limit) and run every pending plan."""
-        planned = self.client.scheduleClustering(self._jvm.org.apache.hudi.common.util.Option.empty())
-        done = []
-        for instant in self._pending("Clustering"):
-            self.client.cluster(instant, True)
-            done.append(instant)
-        return {"planned": planned.get() if planned.isPresent() else None, "executed": done}
+class ServicesClient(WriteClient):
+    """The write client with the services that are the lake's own: the change logs' expiry."""
 
     def expire(self) -> dict[str, object]:
         """Drop the days (partitions) that are past the retention and that every reader has consumed.
@@ -161,14 +61,14 @@ class _Client:
         E goes, with every older day, when each active commit that wrote any of those days
         is older than the boundary and completed no later than every reader's checkpoint.
         """
-        hudi = self._jvm.org.apache.hudi
+        hudi = self.jvm.org.apache.hudi
         days = sorted(hudi.common.fs.FSUtils.getAllPartitionPaths(
-            self._context, self.meta.getStorage(), self._table.path, True))
+            self.context, self.meta.getStorage(), self.table.path, True))
         commits = self.meta.reloadActiveTimeline().getCommitsTimeline().filterCompletedInstants()
         retain = hudi.common.util.CleanerUtils.getEarliestCommitToRetain(
-            self.meta.getActiveTimeline().getCommitsTimeline(), self._config.getCleanerPolicy(),
-            self._config.getCleanerCommitsRetained(), self._jvm.java.time.Instant.now(),
-            self._config.getCleanerHoursRetained(), self.meta.getTableConfig().getTimelineTimezone())
+            self.meta.getActiveTimeline().getCommitsTimeline(), self.config.getCleanerPolicy(),
+            self.config.getCleanerCommitsRetained(), self.jvm.java.time.Instant.now(),
+            self.config.getCleanerHoursRetained(), self.meta.getTableConfig().getTimelineTimezone())
         if len(days) < 2 or not retain.isPresent():
             return {"expired": []}
         boundary = retain.get().requestedTime()
@@ -199,7 +99,7 @@ class _Client:
 
     def _consumed(self) -> str | None:
         """The oldest checkpoint the table's readers hold on it (None: no reader has one)."""
-        marks = [consumed(checkpoint(self._spark, r), self._table.path) for r in self._table.readers if exists(r)]
+        marks = [consumed(checkpoint(self.spark, r), self.table.path) for r in self.table.readers if exists(r)]
         return min((m for m in marks if m), default=None)
 
     def _keep_deletes(self, days: list[str]) -> int:
@@ -209,11 +109,11 @@ class _Client:
         ledger keeps them after (an older insert replayed later must not bring a row back).
         Upserts ordered by `_lsn`: a re-run after a crash between this and the drop adds nothing.
         """
-        if self._table.ledger is None:
+        if self.table.ledger is None:
             return 0
-        _, path, options = self._table.ledger
+        _, path, options = self.table.ledger
         values = [_day(d).strftime("%Y-%m-%d") for d in days]
-        deletes = (self._spark.read.format("hudi").load(self._table.path)
+        deletes = (self.spark.read.format("hudi").load(self.table.path)
                    .filter(F.col("_ingest_date").isin(values) & (F.col("_op") == "d"))
                    .groupBy("id").agg(F.max_by(F.struct(*LEDGER_COLUMNS), F.col("_lsn")).alias("d"))
                    .select("d.*").localCheckpoint())
@@ -224,25 +124,15 @@ class _Client:
 
     def _delete_partitions(self, days: list[str], readable_from: str) -> None:
         # Through the datasource: its commit carries the write options' `_lakehouse.*` metadata.
-        empty = self._spark.read.format("hudi").load(self._table.path).limit(0)
+        empty = self.spark.read.format("hudi").load(self.table.path).limit(0)
         empty = empty.drop(*[c for c in empty.columns if c.startswith("_hoodie")])
-        writer = empty.write.format("hudi").options(**hudi_configs.services(self._table.options)) \
+        writer = empty.write.format("hudi").options(**hudi_configs.services(self.table.options)) \
             .option("hoodie.datasource.write.operation", "delete_partition") \
             .option("hoodie.datasource.write.partitions.to.delete", ",".join(days))
         if readable_from:
             writer = writer.option(READABLE_FROM_META, readable_from)
-        writer.mode("append").save(self._table.path)
+        writer.mode("append").save(self.table.path)
 
-    def clean(self) -> dict[str, object]:
-        meta = self.client.clean()
-        if meta is None:
-            return {"files_deleted": 0}
-        return {"files_deleted": meta.getTotalFilesDeleted(), "earliest_retained": meta.getEarliestCommitToRetain()}
-
-    def archive(self) -> dict[str, object]:
-        before = self.meta.reloadActiveTimeline().countInstants()
-        self.client.archive()
-        return {"instants_archived": before - self.meta.reloadActiveTimeline().countInstants()}
 
 
 def run_services(spark: SparkSession, root: str, tables: Sequence[str] | None = None,
@@ -264,7 +154,7 @@ def run_services(spark: SparkSession, root: str, tables: Sequence[str] | None = 
             report[name] = {"skipped": "no table yet"}
             continue
         done: dict[str, object] = {}
-        with _Client(spark, table) as client:
+        with ServicesClient(spark, table) as client:
             for service in services:
                 if (service == "compact" and not table.merge_on_read) or \
                         (service in ("cluster", "expire") and not table.append_only):

@@ -32,7 +32,8 @@ from pipelines.hudi_timeline import (
 )
 from pipelines.ingest.plan import newest_per_key
 from pipelines.ingest.state import LEDGER_COLUMNS, META_COLUMNS, union_all
-from pipelines.settings import CHANGE_FEED_TABLES, changelog_path, lake_root, ledger_path, main_path, table_path
+from pipelines.catalog import CHANGE_FEED_TABLES
+from pipelines.settings import changelog_path, lake_root, ledger_path, main_path, table_path
 from pipelines.table_stats import exists
 
 log = logging.getLogger(__name__)

@@ -17,11 +17,9 @@ from functools import partial
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-import hudi_configs
 from pipelines import console, contract
-from pipelines.catalog import silver_extra_columns
-from pipelines.gdpr.registry import read_registry, without_erased
-from pipelines.gdpr.request import erasure_key
+from pipelines.catalog import silver_extra_columns, silver_options
+from pipelines.erasure_registry import erasure_key, read_registry, without_erased
 from pipelines.hudi_timeline import checkpoint, consumed, repair_torn_timeline, write_with_checkpoint
 from pipelines.ingest.state import DELETED_FLAG, KEY
 from pipelines.settings import changelog_path, gold_path, lake_root, quarantine_path, silver_path
@@ -31,11 +29,6 @@ from pipelines.transform.gold import DAILY, LTV, STATE, gold_cycle
 from pipelines.transform.silver import CLEANERS
 
 log = logging.getLogger(__name__)
-
-
-def silver_options(name: str) -> dict[str, str]:
-    """Writer options of a silver or quarantine table named `name` (hoodie.table.name)."""
-    return {**hudi_configs.writer("silver", "table"), "hoodie.table.name": name}
 
 
 def _write(df: DataFrame, path: str, name: str, marks: dict[str, str]) -> None:

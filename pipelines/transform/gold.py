@@ -27,8 +27,8 @@ import logging
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-import hudi_configs
 from pipelines import console
+from pipelines.catalog import gold_options
 from pipelines.hudi_timeline import checkpoint, consumed, write_with_checkpoint
 from pipelines.ingest.state import DELETED_FLAG
 from pipelines.settings import gold_path
@@ -174,13 +174,6 @@ def state_images(cdc: DataFrame) -> DataFrame:
 # ---------------------------------------------------------------- cycles (read, compute, write)
 
 
-def options(table: str) -> dict[str, str]:
-    """Writer options of gold table `table` (STATE, LTV or DAILY)."""
-    name = table.lstrip("_")
-    return {**hudi_configs.writer("gold", "common"), **hudi_configs.section("gold", name),
-            "hoodie.table.name": f"gold_{name}"}
-
-
 def _with_stale_deletes(spark: SparkSession, path: str, rows: DataFrame, key: list[str]) -> DataFrame:
     """A full rebuild's rows plus deletes of the keys the table holds and the rebuild does not."""
     if not exists(path):
@@ -210,7 +203,7 @@ def state_cycle(spark: SparkSession, root: str, silver_customers: str, silver_or
         orders = orders if orders is not None else spark.createDataFrame([], _ORDERS_SCHEMA)
         rows = _with_stale_deletes(spark, out, build_state(customers, orders).withColumn(DELETED_FLAG, F.lit(False)),
                                    ["customer_id"])
-        write_with_checkpoint(rows, out, options(STATE), new_marks)
+        write_with_checkpoint(rows, out, gold_options(STATE), new_marks)
         return {"rebuilt": 1}
 
     # Which customers and orders changed comes from silver's CDC feed (for an order, under
@@ -240,7 +233,7 @@ def state_cycle(spark: SparkSession, root: str, silver_customers: str, silver_or
     keys = touched.select("customer_id").unionByName(customers.select("customer_id"))
     old = keyed_read(spark, out, keys).select("customer_id", "country", "orders")
     rows = advance_state(old, customers, orders, touched)
-    write_with_checkpoint(rows, out, options(STATE), new_marks)
+    write_with_checkpoint(rows, out, gold_options(STATE), new_marks)
     return {"customers": keys.distinct().count(), "orders": touched.select("order_id").distinct().count()}
 
 
@@ -269,7 +262,7 @@ def ltv_cycle(spark: SparkSession, root: str) -> dict[str, int]:
         after = images.select("customer_id", F.col("after.country").alias("country"),
                               F.coalesce(F.col("after.orders"), _no_orders()).alias("orders"))
         rows = customer_ltv(after).localCheckpoint()  # read the feed once, not once per evaluation
-    write_with_checkpoint(rows, out, options(LTV), {state: w.until})
+    write_with_checkpoint(rows, out, gold_options(LTV), {state: w.until})
     return {"rebuilt": 1} if rebuild else {"customers": rows.count()}
 
 
@@ -281,7 +274,7 @@ def daily_cycle(spark: SparkSession, root: str) -> dict[str, int]:
     if rebuild:
         rows = _with_stale_deletes(spark, out, daily_rows(revenue(spark.read.format("hudi").load(state))),
                                    list(DAILY_KEY))
-        write_with_checkpoint(rows, out, options(DAILY), {state: w.until})
+        write_with_checkpoint(rows, out, gold_options(DAILY), {state: w.until})
         return {"rebuilt": 1}
     images = state_images(cdc_window(spark, w)).persist()
     part = "customer_id", "country", "orders"
@@ -291,7 +284,7 @@ def daily_cycle(spark: SparkSession, root: str) -> dict[str, int]:
     try:
         days = [r[0] for r in delta.select("order_date").distinct().collect()]
         current = spark.read.format("hudi").load(out).filter(F.col("order_date").isin(days))
-        write_with_checkpoint(apply_delta(current, delta), out, options(DAILY), {state: w.until})
+        write_with_checkpoint(apply_delta(current, delta), out, gold_options(DAILY), {state: w.until})
         return {"keys": delta.count(), "days": len(days)}
     finally:
         delta.unpersist()

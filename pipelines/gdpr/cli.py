@@ -1,0 +1,146 @@
+"""`lakehouse gdpr`: file erasure requests, and erase them (contract section 4).
+
+Importing this module imports no Spark: the erasure's Spark work is imported when a command runs.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TextIO
+
+import click
+
+from pipelines import console, settings
+
+
+@click.group()
+def gdpr() -> None:
+    """GDPR erasure (contract section 4): `lakehouse gdpr erase`."""
+
+
+@gdpr.command()
+@click.option("--customer-id", "customer_id", multiple=True,
+              help="A customer to erase; repeat for several.")
+@click.option("--customer-ids", default=None, metavar="ID,ID,...",
+              help="Customers to erase, comma-separated.")
+@click.option("--customer-ids-file", type=click.File("r"), default=None,
+              help="Customers to erase, from a file (or - for stdin): ids separated by commas or line breaks; "
+                   "blank lines and lines starting with # are skipped.")
+@click.option("--requests-file", type=click.File("r"), default=None,
+              help="Several requests erased in one run, each with its own certificate: a JSON list of "
+                   '{"customer_ids": [...], "reference": ..., "requested_by": ...} (what the Airflow DAG passes). '
+                   "Not with the options above.")
+@click.option("--pending", is_flag=True,
+              help="Erase every request waiting in the inbox ($LAKEHOUSE_GDPR_INBOX, filed by `gdpr request` or "
+                   "the Airflow DAG) in one run, and take them out of it once verified. Not with the options above.")
+@click.option("--reference", default=None, help="The request's reference (ticket); names the certificate.")
+@click.option("--requested-by", default="operator", show_default=True, help="Who asked for the erasure.")
+def erase(customer_id: tuple[str, ...], customer_ids: str | None, customer_ids_file: TextIO | None,
+          requests_file: TextIO | None, pending: bool, reference: str | None, requested_by: str) -> None:
+    """Erase customers and their orders from every table, retained version, file and source topic, then prove it.
+
+    Every request is checked before anything runs: an empty, malformed or oversized id list
+    exits 2 and changes nothing. All the requests of one run share one sweep, purge and
+    verification. Exit 0 only when the verification passed; each request's certificate
+    (pseudonymised ids, tables and instants touched, rows removed, checks, timings) goes to
+    $LAKEHOUSE_ROOT/_gdpr/certificates/ and a line to _gdpr/audit.jsonl. Prints one JSON
+    line: the request's summary, or a list of them when the run erased several. Beside a
+    running ingest stream, run both with LAKEHOUSE_TABLE_SERVICES=external.
+    """
+    import json
+
+    from pipelines.gdpr import inbox
+    from pipelines.gdpr.request import MAX_IDS, InvalidRequest, parse_request, parse_requests
+
+    filed: list[inbox.Filed] = []
+    try:
+        if requests_file is not None or pending:
+            if customer_id or customer_ids is not None or customer_ids_file is not None or reference is not None \
+                    or (requests_file is not None and pending):
+                raise InvalidRequest("--requests-file and --pending name their own ids and references: give "
+                                     "neither --customer-id, --customer-ids, --customer-ids-file, --reference "
+                                     "nor the other one with them")
+            if pending:
+                for waiting in inbox.pending():  # up to MAX_IDS ids a run; the rest wait for the next
+                    if filed and sum(len(f.request.customer_ids) for f in filed) \
+                            + len(waiting.request.customer_ids) > MAX_IDS:
+                        break
+                    filed.append(waiting)
+                if not filed:
+                    click.echo(json.dumps({"status": "no pending request", "inbox": inbox.inbox()}))
+                    return
+                requests = [f.request for f in filed]
+            else:
+                requests = parse_requests(_json_of(requests_file))
+        else:
+            ids: list[str] = list(customer_id)
+            if customer_ids is not None:
+                ids += [part.strip() for part in customer_ids.split(",")]
+            if customer_ids_file is not None:
+                ids += _ids_in(customer_ids_file)
+            requests = [parse_request(ids, reference, requested_by)]
+    except InvalidRequest as exc:
+        click.echo(f"Error: {exc}", err=True)
+        sys.exit(2)
+    from pipelines.gdpr.erase import erase_all
+
+    references = ", ".join(r.reference for r in requests)
+    try:
+        certificates = erase_all(requests, bootstrap=settings.kafka_bootstrap(),
+                                 progress=lambda line: click.echo(line, err=True))
+    except Exception as exc:  # Spark/Hudi failures: name them and exit 1
+        raise click.ClickException(f"erasure {references} failed: {console.first_line(exc)}") from exc
+    summaries = []
+    for certificate in certificates:
+        summary = {k: certificate[k] for k in ("reference", "status", "verified", "certificate")}
+        summary["rows_removed"] = sum(int(t.get("rows_removed", 0)) for t in certificate["tables"].values())
+        summaries.append(summary)
+    click.echo(json.dumps(summaries[0] if len(summaries) == 1 else summaries))
+    if not certificates[0]["verified"]:
+        failures = certificates[0]["verification"]["failures"]
+        raise click.ClickException(f"erasure {references} NOT verified: {len(failures)} finding(s), e.g. "
+                                   + "; ".join(failures[:5]))
+    inbox.remove(filed)
+
+
+@gdpr.command()
+@click.option("--customer-id", "customer_id", multiple=True, help="A customer to erase; repeat for several.")
+@click.option("--customer-ids", default=None, metavar="ID,ID,...", help="Customers to erase, comma-separated.")
+@click.option("--reference", default=None, help="The request's reference (ticket); names its certificate.")
+@click.option("--requested-by", default="operator", show_default=True, help="Who asked for the erasure.")
+def request(customer_id: tuple[str, ...], customer_ids: str | None, reference: str | None, requested_by: str) -> None:
+    """File an erasure request in the inbox ($LAKEHOUSE_GDPR_INBOX), for the next `gdpr erase --pending`.
+
+    Checked as `gdpr erase` checks it (exit 2, nothing filed, when invalid). Filing the same
+    reference again replaces the waiting request.
+    """
+    from pipelines.gdpr import inbox
+    from pipelines.gdpr.request import InvalidRequest, parse_request
+
+    ids = list(customer_id) + ([p.strip() for p in customer_ids.split(",")] if customer_ids is not None else [])
+    try:
+        filed = inbox.file_request(parse_request(ids, reference, requested_by))
+    except InvalidRequest as exc:
+        click.echo(f"Error: {exc}", err=True)
+        sys.exit(2)
+    click.echo(f"filed {reference}: {filed}")
+
+
+def _ids_in(stream: TextIO) -> list[str]:
+    """The ids of an id file: separated by commas or line breaks; blank and # lines skipped."""
+    ids = []
+    for line in stream:
+        if line.strip() and not line.lstrip().startswith("#"):
+            ids += [part.strip() for part in line.split(",")]
+    return ids
+
+
+def _json_of(stream: TextIO) -> object:
+    import json
+
+    from pipelines.gdpr.request import InvalidRequest
+
+    try:
+        return json.loads(stream.read())
+    except ValueError as exc:
+        raise InvalidRequest(f"--requests-file {stream.name}: not JSON ({exc})") from exc
