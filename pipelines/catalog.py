@@ -1,6 +1,8 @@
-"""The table catalog: every table of the lake, and what the project does with each source table beyond
-what the contract fixes. The one place a table is added: the CLI, the DAGs, table services and the
-erasure read it.
+"""The table catalog: every table of the lake, where it lives, its key and how it is written, and what
+the project does with each source table beyond what the contract fixes. `lakehouse status` and
+`changes`, the DAGs' Assets and task lists, the table services and the erasure all read it, so a
+lake table is added here and nowhere else. A new source table also needs what is specific to its
+columns: its silver rules (`transform/silver.py`) and its quality suite (`services/quality.py`).
 
 One line per source table. The contract (`pipelines.contract`) fixes the columns every layer
 must hold; this is where a deployment chooses the rest.

@@ -14,9 +14,9 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
+from pipelines.catalog import CHANGE_FEED_TABLES
 from pipelines.contract import TABLES
 from pipelines.ingest.bronze import run_ingest
-from pipelines.catalog import CHANGE_FEED_TABLES
 from pipelines.settings import quarantine_path, silver_path
 from pipelines.table_stats import exists, table_stats
 from pipelines.transform.changes import read_changes

@@ -23,6 +23,7 @@ from pyspark.sql import functions as F
 
 import hudi_configs
 from pipelines import contract
+from pipelines.catalog import CHANGE_FEED_TABLES
 from pipelines.hudi_timeline import (
     earliest_checkpoint,
     instant_as_of,
@@ -32,7 +33,6 @@ from pipelines.hudi_timeline import (
 )
 from pipelines.ingest.plan import newest_per_key
 from pipelines.ingest.state import LEDGER_COLUMNS, META_COLUMNS, union_all
-from pipelines.catalog import CHANGE_FEED_TABLES
 from pipelines.settings import changelog_path, lake_root, ledger_path, main_path, table_path
 from pipelines.table_stats import exists
 

@@ -1,6 +1,6 @@
 """The Airflow UI, started by the project (`dags/airflow_local.sh`, what `make airflow` runs), in headless Chromium.
 
-Chromium and ChromeDriver are Debian's packages (`.ci/run` installs them); the browser logs
+Chromium and ChromeDriver are Debian's packages (`make setup` installs them); the browser logs
 in with the login the script prints and finds the project's DAGs in the UI.
 """
 
