@@ -13,6 +13,7 @@ import pytest
 
 from pipelines.contract import TABLES, topic
 from pipelines.devtools.bench import freshness
+from pipelines.devtools.bench.visibility import visibility
 from pipelines.settings import changelog_path, main_path
 from pipelines.table_stats import exists, read_table
 
@@ -27,7 +28,7 @@ def test_freshness_figures_add_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     end = {tp: span[1] for tp, span in figures["steady_offsets"].items()}
     assert figures["kafka_records"] == sum(end.values()) - sum(start.values()) == 720  # warm-up included
 
-    changes = freshness.visibility(root, start, end)
+    changes = visibility(root, start, end)
     positions = {(c.table, c.partition, c.offset) for c in changes}
     assert len(changes) == len(positions) <= figures["kafka_records"]
     # Counted: the changes that entered Kafka after the warm-up; the warm-up's are reported apart.

@@ -409,16 +409,16 @@ def test_cli_snapshots_once_then_continues(monkeypatch, tmp_path: Path) -> None:
     args += ["--customers", "20", "--orders", "30", "--changes", "100"]
     runner = CliRunner()
 
-    dry = runner.invoke(generator.generate, [*args, "--dry-run"])
+    dry = runner.invoke(generator_cli.generate, [*args, "--dry-run"])
     assert dry.exit_code == 0, dry.output
     assert "dry run" in dry.output
     assert not produced
     assert not state.exists()
 
-    first = runner.invoke(generator.generate, args)
+    first = runner.invoke(generator_cli.generate, args)
     assert first.exit_code == 0, first.output
     lsn_after_first = ShopSource.from_json(state.read_text()).lsn
-    second = runner.invoke(generator.generate, args)
+    second = runner.invoke(generator_cli.generate, args)
     assert second.exit_code == 0, second.output
     assert re.search(r"\br=50\b", first.output)
     assert not re.search(r"\br=", second.output)  # no second snapshot

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
+from pipelines.catalog import gold_options, silver_options
 from pipelines.gdpr.scan import Finding, ScanReport, Subject, scan_lake
 from pipelines.ingest.state import hudi_options
 from pipelines.transform import gold
-from pipelines.transform.etl import silver_options
 
 SUBJECT = Subject(customer_ids=frozenset({42}), order_ids=frozenset({4200}),
                   texts=frozenset({"Erased.Person@Example.com", "erased person"}))
@@ -83,7 +83,7 @@ def lake(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Path:
         (42, "FR", [(4200, date(2024, 5, 1), "EUR", 1999, created), (4201, date(2024, 5, 1), "EUR", 500, created)]),
         (420, "DE", [(420, date(2024, 5, 2), "EUR", 100, created)]),
     ], f"customer_id long, country string, orders array<{gold.ORDER_FACT}>")
-    _write(state, root / "gold/_customer_orders", gold.options(gold.STATE))
+    _write(state, root / "gold/_customer_orders", gold_options(gold.STATE))
     # Plain files: Data Docs and a streaming checkpoint.
     docs = root / "_quality/data_docs/local_site/index.html"
     docs.parent.mkdir(parents=True)

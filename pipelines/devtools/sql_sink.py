@@ -22,8 +22,8 @@ from typing import Any
 from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError
 
-from pipelines.contract import PRIMARY_KEY, table_of_topic, topic
-from pipelines.devtools.generator import Message
+from pipelines.contract import PRIMARY_KEY, TABLES, table_of_topic, topic
+from pipelines.devtools.generator.values import Message
 from pipelines.settings import unavailable_placeholder
 
 # Types of the contract whose values a column may not hold as the generator spells them.
@@ -74,7 +74,7 @@ def statements(messages: Iterable[Message]) -> Iterator[Statement]:
             doc = json.loads(message.value)
         except ValueError:
             continue  # malformed on purpose: no database change makes one
-        envelope = doc.get("payload", doc) if isinstance(doc, dict) and "schema" in doc else doc
+        envelope = _envelope_of(doc)
         if not isinstance(envelope, dict) or not isinstance(envelope.get("source"), dict):
             continue
         op, lsn = envelope.get("op"), envelope["source"].get("lsn")
@@ -154,6 +154,16 @@ def apply(messages: Iterable[Message], dsn: str) -> SqlRun:
     return run
 
 
+def play(messages: Iterable[Message], dsn: str, bootstrap: str) -> SqlRun:
+    """Play the changes on the database at `dsn` (:func:`apply`), then wait until Debezium delivered the
+    last of them to Kafka at `bootstrap`: whoever reads the topics next finds every change there."""
+    since = end_offsets(bootstrap, [topic(table) for table in TABLES])
+    run = apply(messages, dsn)
+    if run.last_table is not None and run.last_lsn is not None:
+        wait_published(bootstrap, run.last_table, run.last_lsn, since)
+    return run
+
+
 def _wal_insert_lsn(conn: Any) -> int:
     row = conn.execute("SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint").fetchone()
     return int(row[0])
@@ -203,6 +213,9 @@ def wait_published(bootstrap: str, table: str, lsn: int, since: dict[TopicPartit
 
 
 def _lsn_of(value: bytes) -> int:
-    doc = json.loads(value)
-    envelope = doc.get("payload", doc) if "schema" in doc else doc
-    return int(envelope.get("source", {}).get("lsn") or -1)
+    return int(_envelope_of(json.loads(value)).get("source", {}).get("lsn") or -1)
+
+
+def _envelope_of(doc: Any) -> Any:
+    """The Debezium envelope of a record's value, under either converter setting (`schemas.enable`)."""
+    return doc.get("payload", doc) if isinstance(doc, dict) and "schema" in doc else doc

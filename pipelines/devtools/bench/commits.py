@@ -1,4 +1,4 @@
-"""What one Hudi commit of a bronze batch costs, and which writer options change it (issue 16).
+"""What one Hudi commit of a bronze batch costs, and which writer options change it.
 
 A bronze batch is a handful of commits, and at a freshness of seconds their fixed cost is
 most of the batch. This measures, in one process and one JVM, the wall time of a commit of

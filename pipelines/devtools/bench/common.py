@@ -24,21 +24,25 @@ from typing import Any
 
 import click
 
-from pipelines.contract import TABLES, topic
 from pipelines.devtools import sql_sink
-from pipelines.devtools.generator import Message, ShopSource, WorkloadConfig, ensure_topics, produce
+from pipelines.devtools.generator.kafka import ensure_topics, produce
+from pipelines.devtools.generator.source import ShopSource
+from pipelines.devtools.generator.values import Message, WorkloadConfig
 from pipelines.devtools.kafka_local import KafkaBroker, free_port
 from pipelines.devtools.pg_source import RealSource
 
 PARTITIONS = 3
-# The backlog's mix (issue 6): about 60% snapshot rows, then changes of which 5% of all events
-# are deletes and 20% updates. The generator draws deletes with `delete_fraction` per change and
-# splits the rest 40/60 between inserts and updates, so changes = 40% of the events with
-# delete_fraction 0.125 gives 0.4 x 0.125 = 5% deletes and 0.4 x 0.875 x 0.6 = 21% updates.
+# The backlog's mix (BENCHMARKS.md, "How each figure is measured"): about 60% snapshot rows,
+# then changes of which 5% of all events are deletes and 20% updates. The generator draws
+# deletes with `delete_fraction` per change and splits the rest 40/60 between inserts and
+# updates, so changes = 40% of the events with delete_fraction 0.125 gives 0.4 x 0.125 = 5%
+# deletes and 0.4 x 0.875 x 0.6 = 21% updates.
 SNAPSHOT_SHARE = 0.6
 DELETE_FRACTION = 0.125
 CUSTOMER_SHARE_OF_SNAPSHOT = 0.25
 _CHUNK = 50_000
+# Snapshot rows are produced and acknowledged in chunks of this many (memory and producer timeouts).
+_SNAPSHOT_CHUNK = 200_000
 SINKS = ("kafka", "sql")
 # The real source's DSN per benchmark broker (bootstrap) when the sink is `sql`.
 _DATABASES: dict[str, str] = {}
@@ -50,8 +54,6 @@ def sink() -> str:
     if chosen not in SINKS:
         raise click.ClickException(f"LAKEHOUSE_BENCH_SINK={chosen!r}: expected one of {', '.join(SINKS)}")
     return chosen
-# Snapshot rows are produced and acknowledged in chunks of this many (memory and producer timeouts).
-_SNAPSHOT_CHUNK = 200_000
 
 
 def bench_dir() -> Path:
@@ -121,11 +123,7 @@ def _send(messages: list[Message], bootstrap: str) -> int:
     dsn = _DATABASES.get(bootstrap)
     if dsn is None:
         return produce(messages, bootstrap)
-    since = sql_sink.end_offsets(bootstrap, [topic(t) for t in TABLES])
-    run = sql_sink.apply(messages, dsn)
-    if run.last_table is not None and run.last_lsn is not None:
-        sql_sink.wait_published(bootstrap, run.last_table, run.last_lsn, since)
-    return run.stats.total()
+    return sql_sink.play(messages, dsn, bootstrap).stats.total()
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Erasure (issue 19): wall time of `lakehouse gdpr erase` for one customer and for a batch, at two lake sizes.
+"""Erasure: wall time of `lakehouse gdpr erase` for one customer and for a batch, at two lake sizes.
 
 For each size, on a private broker and a fresh lake built the way production builds it:
 
@@ -13,9 +13,9 @@ For each size, on a private broker and a fresh lake built the way production bui
 A built lake is kept (`.bench/erasure/<rows>/built`, with the generator's state) and each
 run erases a copy of it, so the erasure can be measured again without building the lake
 again (`--rebuild` builds it anew). The phases come from the certificates' own timings, so
-the figures say where the time goes (find, sweep, purge, verification). Issue 19's goal: 10
-customers in one run on a lake of about 1M live rows in at most 10 minutes on the project's
-2-core machine.
+the figures say where the time goes (find, sweep, purge, verification). The goal
+(BENCHMARKS.md, erasure): 10 customers in one run on a lake of about 1M live rows in at most
+10 minutes on the project's 2-core machine.
 """
 
 from __future__ import annotations
@@ -37,7 +37,9 @@ from pipelines.devtools.bench.common import (
     table,
 )
 from pipelines.devtools.bench.plots import grouped_bars
-from pipelines.devtools.generator import ShopSource, WorkloadConfig, produce
+from pipelines.devtools.generator.kafka import produce
+from pipelines.devtools.generator.source import ShopSource
+from pipelines.devtools.generator.values import WorkloadConfig
 
 SIZES = (100_000, 1_000_000)
 GOAL_S = 600

@@ -1,11 +1,11 @@
 """Plain Hudi as the ingest benchmark's reference: Hudi's own Structured Streaming sink.
 
-Issue 6 asks for HoodieStreamer writing an identically configured MERGE_ON_READ table.
-HoodieStreamer cannot be had here: Maven Central, as reachable from this machine, serves no
-hudi-utilities(-slim)-bundle for Hudi 1.0.x (HTTP 404), and the Spark bundle the project
-ships has no `org.apache.hudi.utilities`. The closest plain-Hudi writer that is in that
-bundle is `writeStream.format("hudi")` (HoodieStreamingSink): same Kafka backlog, same
-table options, Hudi doing all the work.
+The reference the benchmark asks for is HoodieStreamer writing an identically configured
+MERGE_ON_READ table. HoodieStreamer cannot be had here: Maven Central, as reachable from this
+machine, serves no hudi-utilities(-slim)-bundle for Hudi 1.0.x (HTTP 404), and the Spark
+bundle the project ships has no `org.apache.hudi.utilities`. The closest plain-Hudi writer
+that is in that bundle is `writeStream.format("hudi")` (HoodieStreamingSink): same Kafka
+backlog, same table options, Hudi doing all the work.
 
 What it writes: per source table a MERGE_ON_READ table at `<base_path>/<table>` with exactly
 the columns of bronze main (the source columns as delivered, `_op`, `_lsn`, `_source_ts`,

@@ -3,12 +3,13 @@
 - `lakehouse`: `lakehouse ingest --once`, the project's job (per batch: each table's change
   log and main, and the dead letters).
 - `lakehouse_before_tuning`: the same job with the writer options it had before the tuning
-  of issue 6 (`hudi_configs/bench_before_tuning.toml`): before/after in every run.
+  (BENCHMARKS.md, Tuning; `hudi_configs/bench_before_tuning.toml`): before/after in every run.
 - `hudi_sink`: plain Hudi, Hudi's own Structured Streaming sink (`writeStream.format("hudi")`)
   writing MERGE_ON_READ tables configured like bronze main, without the job's ordering
-  guarantees and bookkeeping (`pipelines.devtools.bench.hudi_sink`). Issue 6 named HoodieStreamer,
-  but Maven Central as reachable here serves no hudi-utilities(-slim)-bundle for Hudi 1.0.x
-  and the Spark bundle lacks it, so the sink in that bundle is the plain-Hudi reference.
+  guarantees and bookkeeping (`pipelines.devtools.bench.hudi_sink`). The reference asked for
+  is HoodieStreamer, but Maven Central as reachable here serves no hudi-utilities(-slim)-bundle
+  for Hudi 1.0.x and the Spark bundle lacks it, so the sink in that bundle is the plain-Hudi
+  reference.
 - `parquet`: the same Spark read and parse appending plain Parquet: the upper bound of any
   table format on this machine (`pipelines.devtools.bench.parquet_sink`).
 
@@ -29,7 +30,7 @@ import hudi_configs
 from pipelines import contract
 from pipelines.devtools.bench.common import Backlog, bench_dir, broker, lakehouse, produce_backlog, save, say, table
 from pipelines.devtools.bench.plots import bar_chart
-from pipelines.ingest.writer import BatchReport
+from pipelines.ingest.batch import BatchReport
 from pipelines.table_stats import table_stats
 
 CONTENDERS = ("lakehouse", "lakehouse_before_tuning", "hudi_sink", "parquet")
@@ -64,18 +65,22 @@ def _lakehouse_before(work: Path, bootstrap: str, env: dict[str, str]) -> dict[s
                       "lakehouse_before_tuning")
 
 
+def _reference(work: Path, command: str, name: str, bootstrap: str, env: dict[str, str]) -> tuple[Path, float]:
+    """Run a reference writer (`lakehouse bench COMMAND`) in its own process, as the job runs: its root and
+    wall time."""
+    root = work / name
+    return root, lakehouse("bench", command, "--root", str(root), "--bootstrap", bootstrap, env=env,
+                           log=work / f"{name}.log")
+
+
 def _parquet(work: Path, bootstrap: str, env: dict[str, str]) -> dict[str, Any]:
-    root = work / "parquet"
-    seconds = lakehouse("bench", "parquet-sink", "--root", str(root), "--bootstrap", bootstrap, env=env,
-                        log=work / "parquet.log")
+    root, seconds = _reference(work, "parquet-sink", "parquet", bootstrap, env)
     # Appends, so every change is a row: not comparable to live rows, shown for completeness.
     return {"seconds": seconds, "appended": {t: ds.dataset(str(root / t)).count_rows() for t in contract.TABLES}}
 
 
 def _hudi_sink(work: Path, bootstrap: str, env: dict[str, str]) -> dict[str, Any]:
-    root = work / "hudi_sink"
-    seconds = lakehouse("bench", "hudi-sink", "--root", str(root), "--bootstrap", bootstrap, env=env,
-                        log=work / "hudi_sink.log")
+    root, seconds = _reference(work, "hudi-sink", "hudi_sink", bootstrap, env)
     # Live rows, like bronze main's. One batch (a catch-up) gets them right; across batches plain
     # Hudi can bring back deleted rows (pipelines.devtools.bench.hudi_sink).
     return {"seconds": seconds, "rows": {t: _live_rows(str(root / t)) for t in contract.TABLES}}

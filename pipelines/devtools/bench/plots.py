@@ -4,23 +4,26 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import matplotlib
+import numpy as np
+
+from pipelines.contract import TABLES
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
 
 
 def bar_chart(path: Path, title: str, values: dict[str, float], unit: str) -> Path:
+    """One labelled bar per contender, so the chart reads without the JSON beside it."""
     fig, ax = plt.subplots(figsize=(7, 4))
     bars = ax.bar(list(values), list(values.values()), color="#4C72B0")
     ax.bar_label(bars, labels=[f"{v:,.0f}" if v >= 100 else f"{v:.2f}" for v in values.values()])
     ax.set_ylabel(unit)
     ax.set_title(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def grouped_bars(path: Path, title: str, groups: Sequence[str], series: dict[str, Sequence[float]],
@@ -36,7 +39,47 @@ def grouped_bars(path: Path, title: str, groups: Sequence[str], series: dict[str
     ax.set_ylabel(unit)
     ax.set_title(title)
     ax.legend()
+    return _save(fig, path)
+
+
+def freshness_chart(figures: dict[str, Any], delays: list[float], path: Path,
+                    warmup_delays: list[float] | None = None) -> Path:
+    """Two panels: consumer lag over time (steady phase and warm-up shaded), and the delay CDF with p50/p95/p99."""
+    fig, (lag_ax, cdf_ax) = plt.subplots(2, 1, figsize=(9, 8))
+    # From the last sample before the steady phase (the snapshot in bronze, lag 0): the
+    # snapshot's load is not what is measured, and its lag would set the scale.
+    before = [i for i, s in enumerate(figures["lag"]) if s["t"] < 0]
+    shown = figures["lag"][before[-1] if before else 0:]
+    for key in (*TABLES, "total"):
+        lag_ax.step([s["t"] for s in shown], [s[key] for s in shown], where="post", label=key,
+                    lw=2 if key == "total" else 1)
+    warmup = figures.get("warmup_seconds", 0.0)
+    if warmup:
+        lag_ax.axvspan(0, warmup, color="0.82", label="steady production, JVM warm-up (not counted)")
+    lag_ax.axvspan(warmup, figures["steady_seconds"], color="0.92", label="steady production")
+    lag_ax.set(xlabel="seconds since steady production started", ylabel="consumer lag (Kafka records)",
+               title=f"Consumer lag: {figures['rate_records_per_s']:g} records/s, "
+                     f"trigger {figures['trigger_seconds']:g}s")
+    lag_ax.legend(loc="upper right")
+
+    def cdf(values: list[float], **style: Any) -> None:
+        xs = np.sort(np.array(values))
+        cdf_ax.plot(xs, np.arange(1, len(xs) + 1) / max(1, len(xs)), **style)
+
+    cdf(delays, lw=1.5, label="counted")
+    if warmup_delays:
+        cdf(warmup_delays, lw=1, color="0.6", label="warm-up")
+    for q, style in (("p50", ":"), ("p95", "--"), ("p99", "-.")):
+        value = figures["delay_seconds"][q]
+        cdf_ax.axvline(value, color="C3", ls=style, label=f"{q} {value:.1f}s")
+    cdf_ax.set(xlabel="seconds from entering Kafka to visible in a bronze snapshot query",
+               ylabel="share of changes", title=f"Visibility delay of {figures['events']:,} changes")
+    cdf_ax.legend(loc="lower right")
+    return _save(fig, path, dpi=110)
+
+
+def _save(fig: Figure, path: Path, dpi: int = 120) -> Path:
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=dpi)
     plt.close(fig)
     return path

@@ -1,4 +1,4 @@
-"""Scale (issue 16): the same size of batch applied to bronze tables of two sizes; its time must not grow.
+"""Scale: the same size of batch applied to bronze tables of two sizes; its time must not grow.
 
 For each size, on a private broker and a fresh lake:
 
@@ -10,8 +10,8 @@ For each size, on a private broker and a fresh lake:
      tables hold once (`<table>.load_state`);
    - the **measured batch** of `--changes` change events: a running stream's batch;
    - the same number of changes once more, handed to a *new* writer: what a batch costs when it
-     has to read the tables first, as every batch did before issue 16 (and as a restarted
-     stream's first batch still does).
+     has to read the tables first, as every batch did before the writer kept what it read
+     across batches (and as a restarted stream's first batch still does).
 
 The figure is the measured batch's time at the larger size over its time at the smaller
 (goal: at most 1.3). Bronze's live rows are then compared with the generator's own state:
@@ -41,8 +41,11 @@ from pipelines.devtools.bench.common import (
     table,
 )
 from pipelines.devtools.bench.plots import grouped_bars
-from pipelines.devtools.generator import ShopSource, WorkloadConfig, produce
-from pipelines.ingest.writer import BatchReport, BronzeBatchWriter
+from pipelines.devtools.generator.kafka import produce
+from pipelines.devtools.generator.source import ShopSource
+from pipelines.devtools.generator.values import WorkloadConfig
+from pipelines.ingest.batch import BatchReport
+from pipelines.ingest.writer import BronzeBatchWriter
 from pipelines.table_stats import table_stats
 
 SIZES = (100_000, 2_000_000)

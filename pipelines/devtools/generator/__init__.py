@@ -11,10 +11,9 @@ messages, and a saved simulation continues exactly as an uninterrupted one would
 
 from __future__ import annotations
 
-from pipelines.devtools.generator.cli import generate
 from pipelines.devtools.generator.kafka import KafkaUnavailableError, ensure_topics, produce
 from pipelines.devtools.generator.source import ShopSource
 from pipelines.devtools.generator.values import COUNTRIES, ORPHAN_CUSTOMER_BASE, Message, WorkloadConfig
 
 __all__ = ["COUNTRIES", "ORPHAN_CUSTOMER_BASE", "KafkaUnavailableError", "Message", "ShopSource", "WorkloadConfig",
-           "ensure_topics", "generate", "produce"]
+           "ensure_topics", "produce"]

@@ -11,14 +11,14 @@ import click
 from kafka.errors import KafkaError
 
 from pipelines import settings
-from pipelines.contract import TABLES, topic
 from pipelines.devtools.generator.kafka import KafkaUnavailableError, ensure_topics, produce
 from pipelines.devtools.generator.source import STAT_KEYS, ShopSource
 from pipelines.devtools.generator.values import Message, WorkloadConfig
+from pipelines.devtools.sql_sink import play
 
-# --- CLI -----------------------------------------------------------------------------------------------
 
 def summary_of(stats: Counter[str]) -> str:
+    """The run's counts in STAT_KEYS order, the zeros left out: one line a person can compare between runs."""
     return " ".join(f"{key}={stats[key]}" for key in STAT_KEYS if stats[key])
 
 
@@ -126,6 +126,7 @@ def generate(
 
 
 def save_state(source: ShopSource, path: Path) -> None:
+    """Write the state beside `path`, then rename it over: a run stopped mid-write keeps the previous state."""
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".tmp")
     partial.write_text(source.to_json(), encoding="utf-8")
@@ -134,17 +135,14 @@ def save_state(source: ShopSource, path: Path) -> None:
 
 def play_sql(messages: list[Message], dsn: str | None, brokers: str) -> str:
     """The changes as SQL on the real source, then wait until Debezium put the last one on Kafka."""
-    from pipelines.devtools import pg_source, sql_sink
+    from pipelines.devtools import pg_source
 
     dsn = dsn or os.environ.get("LAKEHOUSE_SOURCE_DSN") or pg_source.default_dsn()
     if dsn is None:
         raise click.ClickException("--sink sql needs the real source: `make source-up`, "
                                    "or --dsn / LAKEHOUSE_SOURCE_DSN")
     try:
-        since = sql_sink.end_offsets(brokers, [topic(table) for table in TABLES])
-        run = sql_sink.apply(messages, dsn)
-        if run.last_table is not None and run.last_lsn is not None:
-            sql_sink.wait_published(brokers, run.last_table, run.last_lsn, since)
+        run = play(messages, dsn, brokers)
     except (RuntimeError, TimeoutError, KafkaError) as exc:
         raise click.ClickException(str(exc)) from exc
     counts = " ".join(f"{op}={run.stats[op]}" for op in ("c", "u", "d", "t") if run.stats[op]) or "no changes"

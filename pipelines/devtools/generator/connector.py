@@ -4,6 +4,7 @@ setting, and the history a connector restart re-delivers.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from pipelines.contract import PRIMARY_KEY, SCHEMA, TOPIC_PREFIX, topic
@@ -25,7 +26,8 @@ from pipelines.devtools.generator.values import (
 
 
 class Connector:
-    """What Debezium adds to a database change: source block, envelope, encoding, delivery history.
+    """What Debezium adds to a database change: source block, envelope, encoding, delivery history, and the
+    re-deliveries of a restart.
 
     A base of `ShopSource`, which owns the state these methods read (`lsn`, `_tx_id`, `_clock_us`,
     `_rng`, `_history`, `columns`, `stats`); kept apart so that the database's behaviour and the
@@ -112,3 +114,56 @@ class Connector:
     def _trim_history(self) -> None:
         for history in self._history.values():
             del history[: max(0, len(history) - HISTORY_TAIL)]
+
+    def _replay(self, call_start: dict[str, int]) -> list[Message]:
+        """A connector restart: per topic, a contiguous run of older records is delivered again.
+
+        The run is steered onto a delete whose id was re-inserted afterwards when there is one,
+        because that is the replay a pipeline most easily gets wrong (it would delete a live row).
+        """
+        rng = self._rng
+        replayed: list[Message] = []
+        for name, history in self._history.items():
+            sent_this_call = len(history) - call_start[name]
+            if not sent_this_call:
+                continue
+            length = min(len(history), max(1, round(sent_this_call * rng.uniform(0.05, 0.15))))
+            candidates = deletes_reinserted_later(history)
+            if candidates:
+                anchor = rng.choice(candidates)
+                start = min(max(0, anchor - rng.randrange(length)), len(history) - length)
+            else:
+                start = rng.randrange(len(history) - length + 1)
+            end = start + length
+            if history[end - 1].kind == "d" and end < len(history):
+                end += 1  # a delete and its tombstone are re-delivered together
+            replayed.extend(sent.message for sent in history[start:end])
+        self.stats["replayed"] += len(replayed)
+        return replayed
+
+
+def snapshot_marker(tables: Sequence[str], i: int) -> str:
+    """Debezium's `source.snapshot` of the i-th record of a snapshot whose records belong to `tables`, in order."""
+    if i == len(tables) - 1:
+        return "last"
+    if i == 0:
+        return "first"
+    if tables[i + 1] != tables[i]:
+        return "last_in_data_collection"
+    if tables[i - 1] != tables[i]:
+        return "first_in_data_collection"
+    return "true"
+
+
+def deletes_reinserted_later(history: Sequence[Sent]) -> list[int]:
+    """Positions of deletes whose id comes back with an insert later in ``history``."""
+    inserted_later: set[int | None] = set()
+    found = []
+    for i in range(len(history) - 1, -1, -1):
+        sent = history[i]
+        if sent.kind == "c":
+            inserted_later.add(sent.row_id)
+        elif sent.kind == "d" and sent.row_id in inserted_later:
+            found.append(i)
+    found.reverse()
+    return found

@@ -6,12 +6,12 @@ import base64
 import json
 import random
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
 from pipelines import settings
 from pipelines.contract import COLUMNS, PRIMARY_KEY, TABLES, topic
-from pipelines.devtools.generator.connector import Connector
+from pipelines.devtools.generator.connector import Connector, snapshot_marker
 from pipelines.devtools.generator.schemas import PG_TYPES, column_schema
 from pipelines.devtools.generator.values import (
     BAD_STATUSES,
@@ -77,22 +77,11 @@ class ShopSource(Connector):
         self.lsn += self._rng.randint(56, 4000)
         self._tx_id += 1
         records = [(table, row) for table in TABLES for row in self.state[table].values()]
+        tables = [table for table, _ in records]
         out: list[Message] = []
         for i, (table, row) in enumerate(records):
             self._clock_us += self._rng.randint(20, 400)
-            first_in_table = i == 0 or records[i - 1][0] != table
-            last_in_table = i == len(records) - 1 or records[i + 1][0] != table
-            if i == len(records) - 1:
-                marker = "last"
-            elif i == 0:
-                marker = "first"
-            elif last_in_table:
-                marker = "last_in_data_collection"
-            elif first_in_table:
-                marker = "first_in_data_collection"
-            else:
-                marker = "true"
-            source = self._source(table, sequence(None, self.lsn), marker)
+            source = self._source(table, sequence(None, self.lsn), snapshot_marker(tables, i))
             self._emit(out, cfg, table, "r", None, row, source)
         self._trim_history()
         return out
@@ -322,33 +311,7 @@ class ShopSource(Connector):
         self.stats["m"] += 1
         self._remember(out, Message(topic(table), MESSAGE_KEY, self._encode("m", envelope, cfg)), "m", None)
 
-    # --- noise: replays and malformed records -----------------------------------------------------
-
-    def _replay(self, call_start: dict[str, int]) -> list[Message]:
-        """A connector restart: per topic, a contiguous run of older records is delivered again.
-
-        The run is steered onto a delete whose id was re-inserted afterwards when there is one,
-        because that is the replay a pipeline most easily gets wrong (it would delete a live row).
-        """
-        rng = self._rng
-        replayed: list[Message] = []
-        for name, history in self._history.items():
-            sent_this_call = len(history) - call_start[name]
-            if not sent_this_call:
-                continue
-            length = min(len(history), max(1, round(sent_this_call * rng.uniform(0.05, 0.15))))
-            candidates = deletes_reinserted_later(history)
-            if candidates:
-                anchor = rng.choice(candidates)
-                start = min(max(0, anchor - rng.randrange(length)), len(history) - length)
-            else:
-                start = rng.randrange(len(history) - length + 1)
-            end = start + length
-            if history[end - 1].kind == "d" and end < len(history):
-                end += 1  # a delete and its tombstone are re-delivered together
-            replayed.extend(sent.message for sent in history[start:end])
-        self.stats["replayed"] += len(replayed)
-        return replayed
+    # --- noise: malformed records (replays: Connector._replay) -------------------------------------
 
     def _malformed(self, cfg: WorkloadConfig) -> Message:
         """A record the pipeline must park with a reason; none of them is a change of the database.
@@ -409,20 +372,6 @@ class ShopSource(Connector):
         row = self._shaped(table, row)
         self.state[table][row[PRIMARY_KEY]] = row
         self._live[table].add(row[PRIMARY_KEY])
-
-def deletes_reinserted_later(history: Sequence[Sent]) -> list[int]:
-    """Positions of deletes whose id comes back with an insert later in ``history``."""
-    inserted_later: set[int | None] = set()
-    found = []
-    for i in range(len(history) - 1, -1, -1):
-        sent = history[i]
-        if sent.kind == "c":
-            inserted_later.add(sent.row_id)
-        elif sent.kind == "d" and sent.row_id in inserted_later:
-            found.append(i)
-    found.reverse()
-    return found
-
 
 def text_of(data: bytes | None) -> str | None:
     return None if data is None else data.decode()

@@ -8,9 +8,9 @@ import re
 from dataclasses import dataclass, replace
 from functools import cached_property
 
+from pipelines.catalog import lake_tables
 from pipelines.gdpr.scan.jvm import Jvm
 from pipelines.gdpr.scan.model import CUSTOMER, FIELD_NAME, INTEGER, LOG_NAME, ORDER
-from pipelines.services.table_services import lake_tables
 
 # ----------------------------------------------------------------------------- tables
 
