@@ -213,12 +213,12 @@ def package(out: Path) -> None:
 def _deleted_keys(table: str) -> int:
     """Keys whose newest recorded change is a delete (change log and delete ledger against main)."""
     from pipelines.settings import changelog_path, ledger_path, main_path
-    from pipelines.table_stats import exists, read_table
+    from pipelines.table_stats import has_completed_commit, read_table
 
     newest: dict[int, tuple[int, bool]] = {}
     sources = [(main_path(table), False), (changelog_path(table), None), (ledger_path(table), True)]
     for path, deleted in sources:
-        if not exists(path):
+        if not has_completed_commit(path):
             continue
         columns = ["id", "_lsn"] + (["_op"] if deleted is None else [])
         for r in read_table(path, columns).to_pylist():
@@ -237,11 +237,11 @@ def status() -> None:
     from pipelines.catalog import LAKE_TABLES, lake_table
     from pipelines.contract import topic
     from pipelines.settings import dead_letter_path
-    from pipelines.table_stats import exists, read_table, table_stats
+    from pipelines.table_stats import has_completed_commit, read_table, table_stats
 
     dead = {}
     reasons: list[tuple[str, str]] = []
-    if exists(dead_letter_path()):
+    if has_completed_commit(dead_letter_path()):
         letters = read_table(dead_letter_path(), ["kafka_topic", "reason"])
         reasons = list(zip(letters.column("kafka_topic").to_pylist(), letters.column("reason").to_pylist(),
                            strict=True))
@@ -254,7 +254,7 @@ def status() -> None:
     # aggregates; not the internal ones (names with a `_` part: change logs, ledgers, quarantine).
     for table in [t for t in LAKE_TABLES if "/_" not in t.name]:
         path = table.path()
-        if not exists(path):
+        if not has_completed_commit(path):
             if table.layer == "bronze":
                 click.echo(f"{table.name:<18}  (not created yet)")
             continue
@@ -264,7 +264,7 @@ def status() -> None:
             line += f"{_deleted_keys(table.source):>14}{dead.get(topic(table.source), 0):>14}"
         elif table.layer == "silver":
             quarantine = lake_table(f"silver/_quarantine/{table.source}").path()
-            quarantined = table_stats(quarantine).rows if exists(quarantine) else 0
+            quarantined = table_stats(quarantine).rows if has_completed_commit(quarantine) else 0
             line += f"{'':>14}{'':>14}  quarantined: {quarantined}"
         click.echo(line)
     from pipelines.ingest.schema_cli import held_tables
@@ -279,10 +279,10 @@ def status() -> None:
 @click.option("--limit", type=click.IntRange(min=1), default=10, show_default=True)
 def show(table: str, limit: int) -> None:
     """Print the first rows of a lake table (e.g. gold/daily_revenue), by key order; read with hudi-rs."""
-    from pipelines.table_stats import exists, read_table
+    from pipelines.table_stats import has_completed_commit, read_table
 
     path = settings.table_path(*table.split("/", 1))
-    if not exists(path):
+    if not has_completed_commit(path):
         raise click.ClickException(f"no table {table} under {settings.lake_root()}")
     data = read_table(path)
     columns = [c for c in data.column_names if not c.startswith("_")]
@@ -304,9 +304,9 @@ def dead_letters() -> None:
 def dead_letters_list(limit: int) -> None:
     """Print the newest dead letters: Kafka position, reason and the start of the raw value."""
     from pipelines.settings import dead_letter_path
-    from pipelines.table_stats import exists, read_table
+    from pipelines.table_stats import has_completed_commit, read_table
 
-    if not exists(dead_letter_path()):
+    if not has_completed_commit(dead_letter_path()):
         click.echo("no dead letters")
         return
     rows = sorted(read_table(dead_letter_path(), ["position", "reason", "value", "kafka_offset"]).to_pylist(),
@@ -332,11 +332,11 @@ def dead_letters_replay(positions: tuple[str, ...], replay_all: bool, reason: st
     from kafka import KafkaProducer
 
     from pipelines.settings import dead_letter_path
-    from pipelines.table_stats import exists, read_table
+    from pipelines.table_stats import has_completed_commit, read_table
 
     if not positions and not replay_all and not reason:
         raise click.UsageError("name --position ..., --reason or --all")
-    if not exists(dead_letter_path()):
+    if not has_completed_commit(dead_letter_path()):
         raise click.ClickException(f"no dead-letter store at {dead_letter_path()}")
     rows = read_table(dead_letter_path(), ["position", "kafka_topic", "key", "value", "reason"]).to_pylist()
     wanted = rows if replay_all else [r for r in rows if r["position"] in set(positions)

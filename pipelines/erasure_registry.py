@@ -24,7 +24,7 @@ from pyspark.sql import functions as F
 
 from pipelines import contract
 from pipelines.settings import erasure_key_file, gdpr_path
-from pipelines.table_stats import exists
+from pipelines.table_stats import has_completed_commit
 
 KINDS = ("customer", "order")
 
@@ -91,7 +91,7 @@ def registry_path(root: str) -> str:
 def read_registry(spark: SparkSession, root: str) -> DataFrame | None:
     """(subject, kind) of every erased customer and order; None before the first erasure."""
     path = registry_path(root)
-    if not exists(path):
+    if not has_completed_commit(path):
         return None
     return spark.read.format("hudi").load(path).select("subject", "kind")
 

@@ -27,7 +27,7 @@ class TableStats:
 _COMPLETED = (".commit", ".deltacommit", ".replacecommit")
 
 
-def exists(path: str) -> bool:
+def has_completed_commit(path: str) -> bool:
     """A readable table: one with a completed commit (a first commit still in flight is not one).
 
     Asked of the storage, local or an object store alike: a table not written yet (the erasure

@@ -39,7 +39,7 @@ def _ingest_and_check(spark, bootstrap: str, root: str, source: ShopSource, sent
 
 
 def test_bronze_equals_model_across_ingest_runs(spark, broker, tmp_path) -> None:
-    # Seed 11 reaches every path seed 3 did (both ran until issue 21), and the truncate.
+    # Seed 11 reaches every path seed 3 did (the seed this test ran with before), and the truncate.
     seed = 11
     root = str(tmp_path / "lake")
     source = ShopSource(seed)

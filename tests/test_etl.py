@@ -18,7 +18,7 @@ from pipelines.catalog import CHANGE_FEED_TABLES
 from pipelines.contract import TABLES
 from pipelines.ingest.bronze import run_ingest
 from pipelines.settings import quarantine_path, silver_path
-from pipelines.table_stats import exists, table_stats
+from pipelines.table_stats import has_completed_commit, table_stats
 from pipelines.transform.changes import read_changes
 from pipelines.transform.etl import run_etl
 from tests.kill import inflight, run_until
@@ -93,7 +93,7 @@ def test_etl_cycles_and_a_consumer_stay_exact(spark, lake: LakeCopy, tmp_path: P
     commits = {t: table_stats(silver_path(t, root)).commits for t in TABLES}
     assert not any(run_etl(spark, root).values())
     assert {t: table_stats(silver_path(t, root)).commits for t in TABLES} == commits
-    assert all(exists(quarantine_path(t, root)) for t in TABLES)
+    assert all(has_completed_commit(quarantine_path(t, root)) for t in TABLES)
 
     # SIGKILL `lakehouse etl` while a quarantine commit is inflight (silver already committed), run again.
     ingest()

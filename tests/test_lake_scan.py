@@ -18,9 +18,8 @@ from pathlib import Path
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
-from pipelines.catalog import gold_options, silver_options
+from pipelines.catalog import bronze_options, gold_options, silver_options
 from pipelines.gdpr.scan import Finding, ScanReport, Subject, scan_lake
-from pipelines.ingest.state import hudi_options
 from pipelines.transform import gold
 
 SUBJECT = Subject(customer_ids=frozenset({42}), order_ids=frozenset({4200}),
@@ -37,7 +36,7 @@ def _customers(spark: SparkSession, rows: list[tuple]) -> DataFrame:
 
 # The pipeline turns column stats off; a lake written before that (or by someone else) has
 # them, and the scanner must see into them.
-BRONZE_WITH_COLUMN_STATS = {**hudi_options("table", "bronze_customers"),
+BRONZE_WITH_COLUMN_STATS = {**bronze_options("table", "bronze_customers"),
                             "hoodie.metadata.index.column.stats.enable": "true"}
 
 
@@ -66,7 +65,7 @@ def lake(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Path:
     changes = spark.createDataFrame(
         [(42, "erased.person@example.com", "c", 12, "2024-05-01"), (420, "other@example.com", "c", 2, "2024-05-01")],
         "id long, email string, _op string, _lsn long, _ingest_date string")
-    _write(changes, root / "bronze/_changelog/customers", hudi_options("changelog", "bronze_changelog_customers"))
+    _write(changes, root / "bronze/_changelog/customers", bronze_options("changelog", "bronze_changelog_customers"))
     # Dead letters: raw Kafka bytes, not always JSON; the subject only as ids, no text.
     letters = spark.createDataFrame([
         ("shop.public.customers/0/1", "shop.public.customers", 0, 1, b'{"id":42}', b"\xff not JSON at all"),
@@ -76,7 +75,7 @@ def lake(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Path:
          b'{"op": "c", "after": {"id": 420, "customer_id": 4}}'),
     ], "position string, kafka_topic string, kafka_partition int, kafka_offset long, key binary, value binary")
     _write(letters.selectExpr("*", "'rejected' AS reason"), root / "bronze/_dead_letters",
-           hudi_options("dead_letters", "bronze_dead_letters"))
+           bronze_options("dead_letters", "bronze_dead_letters"))
     # Gold's state: the subject's orders as structs in an array.
     created = datetime(2024, 5, 1, 12, 0)
     state = spark.createDataFrame([

@@ -71,7 +71,7 @@ from pipelines.hudi_timeline import extra_meta_after, latest_completion, pending
 from pipelines.ingest.state import BATCH_ID_META, REGISTRY_META
 from pipelines.services.quality import redact_subject
 from pipelines.settings import kafka_bootstrap, lake_root
-from pipelines.table_stats import exists
+from pipelines.table_stats import has_completed_commit
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +105,7 @@ def _register(spark: SparkSession, root: str, requests: list[ErasureRequest], or
 
 
 def _bronze_paths(root: str) -> list[str]:
-    return [t.path for t in lake_tables(root) if t.name.startswith("bronze/") and exists(t.path)]
+    return [t.path for t in lake_tables(root) if t.name.startswith("bronze/") and has_completed_commit(t.path)]
 
 
 def wait_for_bronze_writes(spark: SparkSession, root: str, timeout: float = 180) -> list[str]:

@@ -17,7 +17,7 @@ from pyspark.sql import functions as F
 
 import hudi_configs
 from pipelines.catalog import lake_tables, names
-from pipelines.table_stats import exists
+from pipelines.table_stats import has_completed_commit
 
 # Tables whose rows hold a customer (key `id`), an order (key `id`), or name a customer (`customer_id`).
 CUSTOMER_TABLES = tuple(names(holds="customer"))
@@ -64,7 +64,8 @@ def read_rows(spark: SparkSession, path: str) -> DataFrame:
 
 def customer_reads(spark: SparkSession, root: str) -> dict[str, DataFrame]:
     """Reads of the customer tables that exist, by name."""
-    return {t.name: read_rows(spark, t.path) for t in lake_tables(root) if t.name in CUSTOMER_TABLES and exists(t.path)}
+    return {t.name: read_rows(spark, t.path) for t in lake_tables(root)
+            if t.name in CUSTOMER_TABLES and has_completed_commit(t.path)}
 
 
 def find_subject(spark: SparkSession, root: str, customer_ids: tuple[int, ...]) -> Found:
@@ -98,7 +99,7 @@ def _orders_of(spark: SparkSession, paths: list[str], ids: list[int]) -> tuple[s
     and only its older versions naming the subject are erased.
     """
     versions = [df.select("id", "customer_id", F.col("_lsn").cast("long").alias("_lsn"))
-                for path in paths if exists(path)
+                for path in paths if has_completed_commit(path)
                 and {"id", "customer_id", "_lsn"} <= set((df := read_rows(spark, path)).columns)]
     if not versions:
         return set(), set(), set()

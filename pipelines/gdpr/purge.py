@@ -21,7 +21,7 @@ from pipelines.hudi_client import WriteClient
 from pipelines.hudi_timeline import READABLE_FROM_META, earliest_retained, latest_completion, pending_writes
 from pipelines.ingest.state import DELETED_FLAG
 from pipelines.settings import dead_letter_path, gold_path, silver_path
-from pipelines.table_stats import exists
+from pipelines.table_stats import has_completed_commit
 from pipelines.transform import gold
 
 log = logging.getLogger(__name__)
@@ -82,7 +82,7 @@ def sweep(spark: SparkSession, root: str, customers: list[int], orders: list[int
         log.info("%s: %d rows deleted", table.name, n)
         return table.name, {"rows_removed": n, "instant": latest_completion(spark, table.path)}
 
-    done = each_table([t for t in lake_tables(root) if exists(t.path)], one)
+    done = each_table([t for t in lake_tables(root) if has_completed_commit(t.path)], one)
     touched: dict[str, dict[str, object]] = dict(d for d in done if d is not None)
     if any(name.startswith("silver/") and not name.startswith("silver/_") for name in touched):
         before = {t: latest_completion(spark, gold_path(t, root)) for t in (gold.STATE, gold.LTV, gold.DAILY)}
@@ -204,7 +204,7 @@ def change_feed_holders(spark: SparkSession, root: str, subject: Subject) -> dic
     # "<table>/<partition>/.<file id>_<instant>", what a `.cdc` file's path starts with -> (table, file id)
     newest: dict[str, tuple[str, str]] = {}
     for table in lake_tables(root):
-        if table.options.get("hoodie.table.cdc.enabled") != "true" or not exists(table.path):
+        if table.options.get("hoodie.table.cdc.enabled") != "true" or not has_completed_commit(table.path):
             continue
         with Purger(spark, table) as client:
             for partition, file_id, base in client.newest_slices():
@@ -267,7 +267,7 @@ def purge(spark: SparkSession, root: str, names: set[str], sweep_started: str,
         done["seconds"] = round(time.monotonic() - started, 1)
         return done
 
-    tables = [t for t in lake_tables(root) if t.name in names and exists(t.path)]
+    tables = [t for t in lake_tables(root) if t.name in names and has_completed_commit(t.path)]
     return {t.name: done for t, done in zip(tables, each_table(tables, one), strict=True)}
 
 

@@ -25,7 +25,7 @@ from pipelines.hudi_timeline import (
     meta_client,
     retained_instants,
 )
-from pipelines.table_stats import exists
+from pipelines.table_stats import has_completed_commit
 from pipelines.transform import gold
 
 log = logging.getLogger(__name__)
@@ -65,7 +65,7 @@ def verify(spark: SparkSession, root: str, customers: list[int], orders: list[in
     # A customer created since the subject was found may share a name: it is theirs, not the subject's.
     shared = shared_texts(customer_reads(spark, root), customers, set(texts)) if texts else set()
     texts = sorted(set(texts) - shared)
-    tables = [t for t in lake_tables(root) if exists(t.path)]
+    tables = [t for t in lake_tables(root) if has_completed_commit(t.path)]
 
     def read_all() -> list[tuple[str, list[str], int, int, float]]:
         return [_check_reads(spark, table, customers, orders, texts, key, registry, progress) for table in tables]

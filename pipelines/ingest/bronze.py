@@ -20,7 +20,7 @@ envelope, with the reason, the raw key and value and its Kafka position, keyed b
 position.
 
 A batch makes two commits per source table it changes (change log and main), side by side
-(`writer.run_together`). Its malformed records are held back and reach the dead-letter store in
+(`batch.run_together`). Its malformed records are held back and reach the dead-letter store in
 one commit every minute or so, and when the stream stops (`held_letters`): a source that sends a
 malformed record now and then does not add a commit to every batch.
 
@@ -49,7 +49,7 @@ not seen before; a column added in the source is appended to the table (Hudi's s
 write), a widened type widens it, a dropped one stays null, and events of a shape that cannot be
 applied (a contract column gone, a type narrowed) become dead letters with a `schema:` reason,
 holding only that table. An update's placeholder for an unchanged TOASTed value is replaced by
-the value the source still holds (`BronzeBatchWriter._fill_unavailable`).
+the value the source still holds (`tables.TableWriter`).
 
 Progress lives in the tables' own commits: each carries the stream's Kafka position after
 its batch (`_lakehouse.kafka_positions`). A replayed batch that main and the change log already
@@ -57,9 +57,11 @@ cover is skipped without reading anything, and a lost Spark checkpoint resumes e
 the older of the positions in its main table's and its change log's newest commits
 (`starting_offsets`).
 
-Where each part lives: `parse` classifies the Kafka records, `plan` decides what each key still
-needs, `state` knows what the tables hold, `writer` is the micro-batch (`BronzeBatchWriter`), and
-this module runs the stream (`run_ingest`).
+Where each part lives: `parse` classifies the Kafka records, `survey` finds their shapes, `plan`
+decides what each key still needs, `state` knows what the tables hold, `tables` writes a table's change
+log and main, `dead_letter_writer` the dead letters, `positions` keeps where the stream and each table
+stand, `writer` is the micro-batch that composes them (`BronzeBatchWriter`), and this module runs the
+stream (`run_ingest`).
 """
 
 from __future__ import annotations
@@ -111,7 +113,7 @@ def starting_offsets(spark: SparkSession, root: str, partitions: dict[str, list[
 
     A table's position is the older of its main table's and its change log's (they differ only
     after a crash between their side-by-side commits: the batch main holds is read again, and
-    logged again, `writer.BronzeBatchWriter._log_behind`). `partitions` lists every partition of
+    logged again, `positions.PositionLedger.log_behind`). `partitions` lists every partition of
     each table's topic (Spark wants all of them); a partition without a position starts at the
     earliest offset (-2). None when no table has a position: the first run of a lake starts
     from the earliest.

@@ -33,10 +33,11 @@ from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
 from pipelines import contract
+from pipelines.catalog import LakeTable, bronze_options
+from pipelines.hudi_client import WriteClient
 from pipelines.hudi_timeline import meta_client
-from pipelines.ingest.state import hudi_options
 from pipelines.settings import main_path
-from pipelines.table_stats import exists as has_completed_commit
+from pipelines.table_stats import has_completed_commit
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +47,7 @@ POOL = "bronze-compaction"
 
 def compactions_run_here() -> bool:
     """Whether main's writer plans compactions for this process to run (inline mode), not the services job."""
-    options = hudi_options("table", "bronze")
+    options = bronze_options("table", "bronze")
     return options.get("hoodie.compact.schedule.inline") == "true" and options.get("hoodie.compact.inline") != "true"
 
 
@@ -76,8 +77,6 @@ class Compactor:
 
     def run_pending(self, stop: threading.Event | None = None) -> list[str]:
         """Run every pending plan of every main table; `stop`, checked between tables, ends it early."""
-        from pipelines.services.table_services import LakeTable, _Client
-
         done = []
         for table, path in self.tables.items():
             if stop is not None and stop.is_set():
@@ -87,8 +86,8 @@ class Compactor:
                     meta_client(self.spark, path).getActiveTimeline().filterPendingCompactionTimeline().empty():
                 continue
             started = time.monotonic()
-            options = hudi_options("table", f"bronze_{table}")
-            with _Client(self.spark, LakeTable(f"bronze/{table}", path, options), options) as client:
+            options = bronze_options("table", f"bronze_{table}")
+            with WriteClient(self.spark, LakeTable(f"bronze/{table}", path, options), options) as client:
                 instants = client.run_compactions()
             log.info("bronze/%s: compacted %s in %.1fs, beside the stream", table, ", ".join(instants),
                      time.monotonic() - started)

@@ -68,7 +68,7 @@ def value_schema() -> T.StructType:
     return T.StructType([
         # A Kafka Connect schema (`schemas.enable=true`) as its JSON text: it is the same for every
         # record of a shape, so a batch hashes it and reads `after`'s fields from one record per
-        # new hash (`BronzeBatchWriter._declared_fields`); parsed into arrays for every record, it
+        # new hash (`survey.SchemaSurvey`); parsed into arrays for every record, it
         # was most of the cost of parsing a backlog.
         T.StructField("schema", T.StringType()),
         T.StructField("payload", T.StructType(_envelope_fields())),

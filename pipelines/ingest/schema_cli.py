@@ -27,10 +27,10 @@ def _commits(path: str) -> list[tuple[str, dict[str, str]]]:
 
 def history(table: str) -> list[dict[str, str]]:
     """The table's columns, oldest first: name, type, and where each came from (commit instant, batch, time)."""
-    from pipelines.table_stats import exists
+    from pipelines.table_stats import has_completed_commit
 
     path = settings.main_path(table)
-    if not exists(path):
+    if not has_completed_commit(path):
         return []
     commits = _commits(path)
     recorded = next((m[COLUMNS_META] for _, m in reversed(commits) if COLUMNS_META in m), None)

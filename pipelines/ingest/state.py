@@ -16,9 +16,9 @@ from pyspark.sql import types as T
 
 import hudi_configs
 from pipelines import contract, storage
-from pipelines.hudi_timeline import latest_completion, latest_extra
+from pipelines.hudi_timeline import latest_extra
 from pipelines.settings import changelog_path, ledger_path
-from pipelines.table_stats import exists as has_completed_commit
+from pipelines.table_stats import has_completed_commit
 
 log = logging.getLogger(__name__)
 
@@ -51,24 +51,6 @@ DECLARED_META = "_lakehouse.declared_shapes"
 
 # --------------------------------------------------------------------------- writing
 
-def hudi_options(part: str, name: str, **extra: str) -> dict[str, str]:
-    opts = hudi_configs.writer("bronze", part)
-    opts["hoodie.table.name"] = name
-    opts.setdefault("hoodie.datasource.write.recordkey.field", KEY)
-    opts.update(extra)
-    return opts
-
-
-def has_commits(spark: SparkSession, path: str) -> bool:
-    """A table with a completed commit. A first commit that never completed (a crash) leaves
-    `.hoodie/` and `hoodie.properties` but nothing to read: such a table is not there yet,
-    and its next write rolls the failed one back."""
-    jvm = spark.sparkContext._jvm
-    hadoop_path = jvm.org.apache.hadoop.fs.Path(f"{path}/.hoodie/hoodie.properties")
-    fs = hadoop_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
-    return bool(fs.exists(hadoop_path)) and latest_completion(spark, path) is not None
-
-
 def discard_unborn(path: str) -> None:
     """Remove a table whose creation a crash cut short: `.hoodie/` there, but no `hoodie.properties`
     (nor Hudi's `.backup` of it) naming the table. Hudi creates the folders, then writes the
@@ -97,7 +79,7 @@ _STATE = T.StructType([T.StructField(KEY, T.LongType()), T.StructField("_lsn", T
 
 def read_state(spark: SparkSession, path: str) -> DataFrame:
     """(id, _lsn) of every row of a bronze table; empty if the table has no commit yet."""
-    if not has_commits(spark, path):
+    if not has_completed_commit(path):
         return spark.createDataFrame([], _STATE)
     return spark.read.format("hudi").options(**hudi_configs.section("bronze", "state_read")).load(path) \
         .select(KEY, "_lsn")
@@ -110,7 +92,7 @@ def read_deletes(spark: SparkSession, table: str, root: str) -> DataFrame:
     only then drops the day, so a ledger read after the change-log read misses nothing.
     """
     path = changelog_path(table, root)
-    if has_commits(spark, path):
+    if has_completed_commit(path):
         log_deletes = spark.read.format("hudi").options(**hudi_configs.section("bronze", "state_read")) \
             .load(path).filter(F.col("_op") == "d").select(KEY, "_lsn").localCheckpoint()
     else:
@@ -120,7 +102,7 @@ def read_deletes(spark: SparkSession, table: str, root: str) -> DataFrame:
 
 def ingest_meta(spark: SparkSession, path: str) -> dict[str, str]:
     """The commit metadata of the newest ingest commit of `path` (the newest with a position; {} if none)."""
-    return (latest_extra(spark, path, POSITIONS_META) or {}) if has_commits(spark, path) else {}
+    return (latest_extra(spark, path, POSITIONS_META) or {}) if has_completed_commit(path) else {}
 
 
 def positions_in(meta: dict[str, str]) -> dict[str, int]:
@@ -188,7 +170,7 @@ class KnownRows:
     so what it read at start plus what it wrote since is exact. A batch then looks up only its
     own keys, in cached rows (a broadcast semi-join: no Hudi read, no shuffle of the table),
     where reading main's `(id, _lsn)` every batch merged every file slice of the table: that
-    plan phase grew from 4.5 s to 9.0 s between 20k and 463k rows (issue 16). Main's rows and
+    plan phase grew from 4.5 s to 9.0 s between 20k and 463k rows. Main's rows and
     the deletes are kept together (`known_rows`), so that a lookup is one scan and one fold.
 
     Each batch adds a piece, and the pieces are merged size-tiered, as a log-structured store

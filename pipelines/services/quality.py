@@ -37,7 +37,7 @@ from pipelines import console, contract, storage
 from pipelines.hudi_timeline import checkpoint, consumed, earliest_retained, instant_of_batch, meta_at
 from pipelines.ingest.state import BATCH_ID_META
 from pipelines.settings import changelog_path, gold_path, main_path, quarantine_path, silver_path
-from pipelines.table_stats import exists
+from pipelines.table_stats import has_completed_commit
 from pipelines.transform.gold import DAILY, DAILY_KEY, LTV
 
 log = logging.getLogger(__name__)
@@ -82,7 +82,7 @@ def _key_checks(*columns: str) -> list:
 def _bronze_at_silver_checkpoint(spark: SparkSession, root: str, table: str) -> int | None:
     """Rows of bronze/<table> as of the batch whose change log silver consumed last; None if unknown."""
     silver = silver_path(table, root)
-    if not exists(silver):
+    if not has_completed_commit(silver):
         return None
     read = consumed(checkpoint(spark, silver), changelog_path(table, root))
     batch = meta_at(spark, changelog_path(table, root), read, BATCH_ID_META) if read else None
@@ -112,7 +112,8 @@ def suites(spark: SparkSession, root: str, max_age: timedelta) -> list[Suite]:
 
     def silver_counts(table: str) -> list:
         bronze = _bronze_at_silver_checkpoint(spark, root, table)
-        quarantined = _read(spark, quarantine_path(table, root)).count() if exists(quarantine_path(table, root)) else 0
+        quarantine = quarantine_path(table, root)
+        quarantined = _read(spark, quarantine).count() if has_completed_commit(quarantine) else 0
         return [] if bronze is None else [gxe.ExpectTableRowCountToEqual(value=bronze - quarantined)]
 
     out.append(Suite("silver/customers", "silver", lambda: _read(spark, silver_path("customers", root)), lambda: [

@@ -40,7 +40,7 @@ from pipelines.catalog import lake_tables
 from pipelines.hudi_client import WriteClient
 from pipelines.hudi_timeline import READABLE_FROM_META, checkpoint, consumed, repair_torn_timeline
 from pipelines.ingest.state import LEDGER_COLUMNS
-from pipelines.table_stats import exists
+from pipelines.table_stats import has_completed_commit
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +99,8 @@ class ServicesClient(WriteClient):
 
     def _consumed(self) -> str | None:
         """The oldest checkpoint the table's readers hold on it (None: no reader has one)."""
-        marks = [consumed(checkpoint(self.spark, r), self.table.path) for r in self.table.readers if exists(r)]
+        marks = [consumed(checkpoint(self.spark, r), self.table.path) for r in self.table.readers
+                 if has_completed_commit(r)]
         return min((m for m in marks if m), default=None)
 
     def _keep_deletes(self, days: list[str]) -> int:
@@ -150,7 +151,7 @@ def run_services(spark: SparkSession, root: str, tables: Sequence[str] | None = 
     for name in names:
         table = known[name]
         repair_torn_timeline(table.path)  # a crashed writer's cut timeline file fails every reader of it
-        if not exists(table.path):
+        if not has_completed_commit(table.path):
             report[name] = {"skipped": "no table yet"}
             continue
         done: dict[str, object] = {}

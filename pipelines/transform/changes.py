@@ -34,7 +34,7 @@ from pipelines.hudi_timeline import (
 from pipelines.ingest.plan import newest_per_key
 from pipelines.ingest.state import LEDGER_COLUMNS, META_COLUMNS, union_all
 from pipelines.settings import changelog_path, lake_root, ledger_path, main_path, table_path
-from pipelines.table_stats import exists
+from pipelines.table_stats import has_completed_commit
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class Window:
 
 
 def window(spark: SparkSession, path: str, since: str | None) -> Window:
-    if not exists(path):
+    if not has_completed_commit(path):
         return Window(path, since, None)
     until = latest_completion(spark, path)
     earliest = earliest_checkpoint(spark, path)
@@ -131,9 +131,9 @@ def bronze_changes(spark: SparkSession, table: str, w: Window, root: str,
 
     frames = [shaped(changes)]
     if w.full or w.since is None:
-        if exists(main := main_path(table, root)):
+        if has_completed_commit(main := main_path(table, root)):
             frames.append(shaped(spark.read.format("hudi").load(main)))
-        if exists(ledger := ledger_path(table, root)):
+        if has_completed_commit(ledger := ledger_path(table, root)):
             deletes = spark.read.format("hudi").load(ledger).select(*LEDGER_COLUMNS, F.lit("d").alias("_op"))
             frames.append(shaped(deletes))
     return newest_per_key(union_all(frames)).select(*columns, (F.col("_op") == "d").alias("_deleted"))
@@ -232,7 +232,7 @@ def read_changes(spark: SparkSession, table: str, since: str | None = None, root
 
 def _empty(spark: SparkSession, path: str, key: tuple[str, ...]) -> DataFrame:
     """No changes, with the key columns typed as the table has them (bigint before the table exists)."""
-    if exists(path):
+    if has_completed_commit(path):
         keys = spark.read.format("hudi").load(path).select(*key).limit(0)
         return keys.withColumn("_change", F.lit(None).cast("string"))
     return spark.createDataFrame([], ", ".join(f"{k} long" for k in key) + ", _change string")

@@ -23,7 +23,7 @@ from pipelines.erasure_registry import erasure_key, read_registry, without_erase
 from pipelines.hudi_timeline import checkpoint, consumed, repair_torn_timeline, write_with_checkpoint
 from pipelines.ingest.state import DELETED_FLAG, KEY
 from pipelines.settings import changelog_path, gold_path, lake_root, quarantine_path, silver_path
-from pipelines.table_stats import exists
+from pipelines.table_stats import has_completed_commit
 from pipelines.transform.changes import Window, bronze_changes, window
 from pipelines.transform.gold import DAILY, LTV, STATE, gold_cycle
 from pipelines.transform.silver import CLEANERS
@@ -41,7 +41,7 @@ def _carrying_new_extras(spark: SparkSession, table: str, extras: tuple[str, ...
     A column newly named in the catalog (or newly added in the source) would otherwise reach only
     the rows that change from now on; a full read gives it to every row, once (after it, silver has it).
     """
-    if not extras or w.full or w.since is None or not exists(silver):
+    if not extras or w.full or w.since is None or not has_completed_commit(silver):
         return w
     in_bronze = set(spark.read.format("hudi").load(w.path).columns)
     in_silver = set(spark.read.format("hudi").load(silver).columns)
@@ -57,7 +57,8 @@ def silver_cycle(spark: SparkSession, table: str, root: str) -> dict[str, int]:
     outputs = (silver_path(table, root), quarantine_path(table, root))
     source = changelog_path(table, root)
     # Both outputs read from the older of their checkpoints: re-reading is harmless, skipping is not.
-    since = min((consumed(checkpoint(spark, p) if exists(p) else {}, source) for p in outputs), key=lambda v: v or "")
+    since = min((consumed(checkpoint(spark, p) if has_completed_commit(p) else {}, source) for p in outputs),
+                key=lambda v: v or "")
     extras = silver_extra_columns(table)
     w = _carrying_new_extras(spark, table, extras, window(spark, source, since or None), outputs[0])
     changes = bronze_changes(spark, table, w, root, extras=extras)

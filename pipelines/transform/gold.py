@@ -32,7 +32,7 @@ from pipelines.catalog import gold_options
 from pipelines.hudi_timeline import checkpoint, consumed, write_with_checkpoint
 from pipelines.ingest.state import DELETED_FLAG
 from pipelines.settings import gold_path
-from pipelines.table_stats import exists
+from pipelines.table_stats import has_completed_commit
 from pipelines.transform.changes import Window, cdc_last_ops, cdc_window, keyed_read, window
 
 log = logging.getLogger(__name__)
@@ -176,7 +176,7 @@ def state_images(cdc: DataFrame) -> DataFrame:
 
 def _with_stale_deletes(spark: SparkSession, path: str, rows: DataFrame, key: list[str]) -> DataFrame:
     """A full rebuild's rows plus deletes of the keys the table holds and the rebuild does not."""
-    if not exists(path):
+    if not has_completed_commit(path):
         return rows
     stale = spark.read.format("hudi").load(path).select(*key).join(rows.select(*key), key, "left_anti")
     return rows.unionByName(stale.withColumn(DELETED_FLAG, F.lit(True)), allowMissingColumns=True)
@@ -188,14 +188,14 @@ def _read_all(spark: SparkSession, w: Window) -> DataFrame | None:
 
 def state_cycle(spark: SparkSession, root: str, silver_customers: str, silver_orders: str) -> dict[str, int]:
     out = gold_path(STATE, root)
-    marks = checkpoint(spark, out) if exists(out) else {}
+    marks = checkpoint(spark, out) if has_completed_commit(out) else {}
     cust_w, ord_w = window(spark, silver_customers, consumed(marks, silver_customers)), \
         window(spark, silver_orders, consumed(marks, silver_orders))
     if cust_w.empty and ord_w.empty:
         return {}
     new_marks = {w.path: w.until for w in (cust_w, ord_w) if w.until}
-    if not exists(out) or cust_w.full or ord_w.full or cust_w.since is None or ord_w.since is None:
-        if exists(out):
+    if not has_completed_commit(out) or cust_w.full or ord_w.full or cust_w.since is None or ord_w.since is None:
+        if has_completed_commit(out):
             log.warning("%s: rebuilding from full reads of silver", out)
         customers = _read_all(spark, cust_w)
         orders = _read_all(spark, ord_w)
@@ -239,12 +239,12 @@ def state_cycle(spark: SparkSession, root: str, silver_customers: str, silver_or
 
 def _state_window(spark: SparkSession, out: str, state: str) -> tuple[Window, bool] | None:
     """The window of the state table a gold table still has to consume and whether to rebuild; None if nothing to do."""
-    marks = checkpoint(spark, out) if exists(out) else {}
+    marks = checkpoint(spark, out) if has_completed_commit(out) else {}
     w = window(spark, state, consumed(marks, state))
-    rebuild = not exists(out) or w.full or w.since is None
+    rebuild = not has_completed_commit(out) or w.full or w.since is None
     if w.until is None or (w.empty and not rebuild):
         return None
-    if rebuild and exists(out):
+    if rebuild and has_completed_commit(out):
         log.warning("%s: rebuilding from a full read of %s", out, state)
     return w, rebuild
 

@@ -1,0 +1,100 @@
+"""What every part of a micro-batch shares: its report (counts, and where its time went), running its
+tables' commits side by side, and one Hudi commit of rows.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from pyspark import SparkContext
+from pyspark.sql import DataFrame
+
+_BATCH_LINE = re.compile(r"batch (\d+): (\d+) records in ([\d.]+)s")
+
+
+@dataclass
+class BatchReport:
+    """What a batch did and where its time went (the phases are what tuning starts from)."""
+
+    batch_id: int
+    seconds: float = 0.0
+    records: int = 0
+    counts: dict[str, dict[str, int]] = field(default_factory=dict)
+    phases: dict[str, float] = field(default_factory=dict)
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Time the block; its Spark jobs carry the phase's name (Spark UI, event log) where Hudi names none."""
+        started = time.monotonic()
+        context = SparkContext._active_spark_context
+        if context is not None:  # a thread's own property (pinned threads): side-by-side phases keep theirs
+            context.setJobDescription(f"batch {self.batch_id}: {name}")
+        try:
+            yield
+        finally:
+            self.phases[name] = self.phases.get(name, 0.0) + time.monotonic() - started
+
+    @classmethod
+    def parse(cls, line: str) -> BatchReport | None:
+        """The batch id, records, seconds and phases of a logged `line()`; None for any other log line."""
+        found = _BATCH_LINE.search(line)
+        if not found:
+            return None
+        timing = line.rsplit("| seconds: ", 1)[1].split() if "| seconds: " in line else []
+        return cls(int(found[1]), float(found[3]), int(found[2]),
+                   phases={k: float(v) for k, _, v in (item.partition("=") for item in timing)})
+
+    def line(self) -> str:
+        """The line the batch is logged with, which `parse` reads back (the benchmarks sum its phases)."""
+        parts = [f"{t}: " + " ".join(f"{k}={v}" for k, v in sorted(c.items())) for t, c in self.counts.items()]
+        timing = " ".join(f"{k}={v:.1f}" for k, v in self.phases.items())
+        return (f"batch {self.batch_id}: {self.records} records in {self.seconds:.1f}s | " + " | ".join(parts)
+                + f" | seconds: {timing}")
+
+
+def run_together(jobs: list[Callable[[], None]], *, parallel: bool = True) -> None:
+    """Run `jobs` in threads of their own; when all are done, raise the first failure.
+
+    The change logs, the main tables and the dead letters are independent Hudi tables, and most
+    of a commit's time is single-threaded driver work (timeline, metadata table, markers;
+    `lakehouse bench commits`): one table's commit path runs while the other's tasks use the
+    cores. A crash leaves some of them committed and others not, which the re-run handles table
+    by table (each commit records the positions it covers).
+    """
+    if len(jobs) <= 1 or not parallel:
+        for job in jobs:
+            job()
+        return
+    with ThreadPoolExecutor(max_workers=len(jobs), thread_name_prefix="bronze-table") as pool:
+        futures = [pool.submit(job) for job in jobs]
+    errors = [e for f in futures if (e := f.exception()) is not None]
+    if errors:
+        raise errors[0]
+
+
+# Rows per file of a bulk insert (change log, dead letters): a streaming batch's rows make one file.
+ROWS_PER_FILE = 100_000
+
+
+def in_files(rows: DataFrame, n: int, options: dict[str, str]) -> DataFrame:
+    """`rows` (`n` of them) in as many Spark partitions as a bulk insert of them should write files.
+
+    Hudi 1.0.2's row writer, in sort mode NONE, writes a file per non-empty partition of its input,
+    whatever `hoodie.bulkinsert.shuffle.parallelism` says (the datasource does not enforce it): a
+    change log of 4 shuffle partitions got 4 files per commit, the dead-letter store 6 (one per
+    Kafka partition). One file per ROWS_PER_FILE rows, at most that parallelism; no shuffle.
+    """
+    files = min(int(options.get("hoodie.bulkinsert.shuffle.parallelism", "1")), -(-n // ROWS_PER_FILE))
+    return rows.coalesce(max(1, files))
+
+
+def append(rows: DataFrame, path: str, options: dict[str, str], n: int | None = None) -> None:
+    """One Hudi commit of `rows` at `path`; a bulk insert of `n` rows in as few files as `in_files` says."""
+    if n is not None:
+        rows = in_files(rows, n, options)
+    rows.write.format("hudi").options(**options).mode("append").save(path)

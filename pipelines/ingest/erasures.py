@@ -1,0 +1,55 @@
+"""The erasure registry as the ingest stream filters with it: events and malformed records of erased
+customers (and of their orders) never reach the lake again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pyspark.sql import DataFrame, SparkSession
+
+from pipelines.erasure_registry import (
+    dead_letters_without_erased,
+    erasure_key,
+    read_registry,
+    registry_path,
+    without_erased,
+)
+from pipelines.hudi_timeline import latest_completion
+from pipelines.table_stats import has_completed_commit
+
+
+@dataclass(frozen=True)
+class Erased:
+    """The registry (cached), the key of its pseudonyms and the registry's version (its newest commit's completion)."""
+
+    registry: DataFrame
+    key: str
+    version: str
+
+    def changes(self, changes: DataFrame, table: str) -> DataFrame:
+        """`changes` of `table` without those of erased customers and their orders."""
+        return without_erased(changes, table, self.registry, self.key)
+
+    def dead_letters(self, rows: DataFrame) -> DataFrame:
+        """Dead letters without those of erased customers: a malformed record of one is not kept either."""
+        return dead_letters_without_erased(rows, self.registry, self.key)
+
+
+class ErasureRegistry:
+    """The registry, looked up every batch (an erasure may have added to it) and read again only when it changed."""
+
+    def __init__(self, spark: SparkSession, root: str) -> None:
+        self.spark = spark
+        self.root = root
+        self._erased: Erased | None = None
+
+    def erased(self) -> Erased | None:
+        """The registry as of now; None before any erasure."""
+        path = registry_path(self.root)
+        version = latest_completion(self.spark, path) if has_completed_commit(path) else None
+        if version is None:
+            return None
+        if self._erased is None or self._erased.version != version:
+            self._erased = Erased(read_registry(self.spark, self.root).localCheckpoint(), erasure_key(), version)
+        return self._erased

@@ -1,0 +1,203 @@
+"""A batch's writes to one source table's bronze tables: the plan of what each key still needs, against what
+the writer knows main and the deletes hold, then the change log's commit and main's, side by side.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.storagelevel import StorageLevel
+
+import hudi_configs
+from pipelines import contract
+from pipelines.catalog import bronze_options
+from pipelines.ingest.batch import BatchReport, append, run_together
+from pipelines.ingest.erasures import Erased
+from pipelines.ingest.plan import change_rows, newest_per_key, plan, truncate_deletes
+from pipelines.ingest.positions import PositionLedger
+from pipelines.ingest.schema import COLUMNS_META
+from pipelines.ingest.state import (
+    DECLARED_META,
+    DELETED_FLAG,
+    KEY,
+    META_COLUMNS,
+    KnownRows,
+    known_rows,
+    materialized,
+    read_deletes,
+    read_state,
+    release,
+)
+from pipelines.ingest.survey import SchemaSurvey, Survey
+from pipelines.settings import changelog_path, main_path
+from pipelines.table_stats import has_completed_commit
+
+log = logging.getLogger(__name__)
+
+
+class TableWriter:
+    """The change logs and main tables of a stream's batches, and what the writer knows they hold."""
+
+    def __init__(self, spark: SparkSession, root: str, ledger: PositionLedger, shapes: SchemaSurvey,
+                 placeholder: str) -> None:
+        self.spark = spark
+        self.root = root
+        self.ledger = ledger  # each table's position, kept up to date by the commits made here
+        self.shapes = shapes  # each table's shape, kept up to date by main's commits made here
+        self.placeholder = placeholder
+        # Main tables with a completed commit; a table without one gets its first batch by bulk insert.
+        self._born: set[str] = set()
+        # Per table, what main holds and every delete applied: read once, then kept up to date
+        # by this writer's own commits (KnownRows).
+        self._known: dict[str, KnownRows] = {}
+
+    def start(self) -> None:
+        """Which main tables have a completed commit."""
+        self._born = {t for t in contract.TABLES if has_completed_commit(main_path(t, self.root))}
+
+    def _known_rows(self, table: str) -> KnownRows:
+        """What main holds and the deletes applied, for `table`."""
+        if table not in self._known:
+            main = main_path(table, self.root)
+            self._known[table] = KnownRows(lambda: known_rows(
+                read_state(self.spark, main).withColumn("_live", F.lit(True)),
+                read_deletes(self.spark, table, self.root)))
+        return self._known[table]
+
+    def _fill_unavailable(self, newest: DataFrame, changes: DataFrame, table: str, columns: list[str],
+                          state: DataFrame) -> DataFrame:
+        """Placeholders (an unchanged TOASTed value) replaced by the value the source still holds.
+
+        That value is the one of the newest event before it: among the batch's events of the key
+        (a replayed older one does not count when main holds a newer row), else main's row, read
+        for the keys that still need one only. `state`: `known_state` of the batch's keys.
+        """
+        ph = self.placeholder
+        def real(c: str) -> Column:  # the LSN of an event carrying a real value of `c` (null is one)
+            return F.when(~F.col(c).eqNullSafe(ph), F.col("_lsn"))
+
+        known = changes.filter(F.col("_op") != "d").groupBy(KEY).agg(*[
+            agg for c in columns for agg in (F.max_by(F.col(c), real(c)).alias(f"_batch_{c}"),
+                                             F.max(real(c)).alias(f"_found_{c}"))])
+        stored_lsn = F.coalesce(F.col("_m_lsn"), F.lit(-1))
+
+        def need(c: str) -> Column:
+            return F.col(c).eqNullSafe(ph) & F.coalesce(F.col(f"_found_{c}") < stored_lsn, F.lit(True))
+
+        filled = newest.join(known, KEY, "left").join(state.select(KEY, "_m_lsn"), KEY, "left").select(*[
+            F.when(F.col(c) == ph, F.col(f"_batch_{c}")).otherwise(F.col(c)).alias(c) if c in columns else F.col(c)
+            for c in newest.columns], *[need(c).alias(f"_need_{c}") for c in columns])
+        need = functools.reduce(lambda a, b: a | b, [F.col(f"_need_{c}") for c in columns]) & (F.col("_op") != "d")
+        main = main_path(table, self.root)
+        stored_columns = [c for c in columns if c in self.shapes.shape(table).columns]
+        if has_completed_commit(main) and stored_columns:
+            keys = filled.filter(need).select(KEY).distinct()
+            stored = self.spark.read.format("hudi").options(**hudi_configs.section("bronze", "unavailable_read")) \
+                .load(main).join(F.broadcast(keys), KEY, "left_semi") \
+                .select(KEY, *[F.col(c).alias(f"_stored_{c}") for c in stored_columns])
+            filled = filled.join(stored, KEY, "left")
+        return filled.select(*[
+            F.when(F.col(f"_need_{c}"), F.col(f"_stored_{c}") if c in stored_columns else F.lit(None).cast("string"))
+            .otherwise(F.col(c)).alias(c) if c in columns else F.col(c) for c in newest.columns])
+
+    def apply(self, table: str, events: DataFrame, survey: Survey, meta: dict[str, str], report: BatchReport,
+              erased: Erased | None, *, parallel: bool = True) -> None:
+        """The batch's `events` of `table` into its change log and main, each commit with `meta`.
+
+        `parallel`: the two commits side by side (a truncate's never are).
+        """
+        counts = report.counts.setdefault(table, {})
+        kinds = survey.kinds
+        for kind in ("tombstone", "ignored", "truncate", "dead"):
+            if kinds.get(kind):
+                counts[kind] = kinds[kind]
+        if not kinds.get("row") and not kinds.get("truncate"):
+            return
+        shape = survey.shape
+        main = main_path(table, self.root)
+        known = self._known_rows(table)
+        if not known.loaded:  # the stream's first batch of this table: one read of the tables
+            with report.phase(f"{table}.load_state"):
+                known.load()
+        changes = change_rows(events, table, shape)
+        if erased is not None:  # events of erased customers and their orders never reach the lake again
+            changes = erased.changes(changes, table)
+        # A truncate deletes every key the table holds: the one plan that needs them all.
+        synthetic = truncate_deletes(events, known.main(), shape) if kinds.get("truncate") else None
+        if synthetic is not None:
+            changes = changes.unionByName(synthetic)
+        newest = newest_per_key(changes)
+        if survey.toast:
+            newest = self._fill_unavailable(newest, changes, table, [c for c in survey.toast if c in shape.columns],
+                                            known.lookup(newest.select(KEY)))
+        newest = newest.persist(StorageLevel.MEMORY_AND_DISK)
+        keys = newest.select(KEY)
+        relog = self.ledger.log_behind(table)
+        if relog:
+            log.warning("bronze/%s: main holds a batch its change log lacks (a crash between their commits): "
+                        "that batch's changes are logged again from main's rows", table)
+        try:
+            with report.phase(f"{table}.plan"):
+                planned = materialized(plan(newest, known.lookup(keys), relog=relog))
+        finally:
+            newest.unpersist()
+        try:
+            with report.phase(f"{table}.plan"):
+                tally = planned.groupBy("to_main", "to_log", "_op").count().collect()
+            for r in tally:
+                outcome = "stale" if not r["to_log"] else "delete" if r["_op"] == "d" else "upsert"
+                counts[outcome] = counts.get(outcome, 0) + r["count"]
+            # One instant for the batch's writes: a key's change-log row and its bronze row
+            # say the same about when it was ingested.
+            now = F.lit(datetime.now(UTC)).cast("timestamp").alias("_ingested_at")
+            meta_columns = [c for c in META_COLUMNS if c != "_ingested_at"]
+            # Every write carries every column of the shape, the contract's first and those added
+            # since last (Hudi adds a column at the end only); a dropped column is written null.
+            contract_columns, extras = list(contract.COLUMNS[table]), shape.extras
+            main_meta = meta | {COLUMNS_META: shape.to_meta(), DECLARED_META: self.shapes.declared_meta(table, survey)}
+
+            def save(rows: DataFrame, part: str, name: str, path: str, options: dict[str, str],
+                     n: int | None = None) -> None:
+                with report.phase(f"{table}.{part}"):
+                    append(rows, path, bronze_options(part, name, **options), n)
+
+            writes: list[Callable[[], None]] = []
+            if to_log := sum(r["count"] for r in tally if r["to_log"]):
+                writes.append(functools.partial(save, planned.filter("to_log").select(
+                    *contract_columns, *meta_columns, now,
+                    F.date_format(now, "yyyy-MM-dd").alias("_ingest_date"), *extras,
+                ), "changelog", f"bronze_changelog_{table}", changelog_path(table, self.root), meta, to_log))
+            if to_main := any(r["to_main"] for r in tally):
+                if table not in self._born:
+                    # Main has nothing yet, so nothing known says it holds a key: every row planned
+                    # for it is an upsert (a delete reaches main only where main holds a row), one
+                    # per key, and a bulk insert writes exactly what an upsert would.
+                    main_meta |= hudi_configs.section("bronze", "table_first_commit")
+                writes.append(functools.partial(save, planned.filter("to_main").select(
+                    *contract_columns, *meta_columns, now, (F.col("_op") == "d").alias(DELETED_FLAG), *extras,
+                ), "table", f"bronze_{table}", main, main_meta))
+            # Side by side: main's commit, which makes the changes visible, no longer waits for the
+            # change log's. A crash between them is re-planned from main's rows (`relog`), except
+            # a truncate's: its deletes name keys that only main's rows before it know, so there
+            # the change log commits first, as a write-ahead log.
+            run_together(writes, parallel=parallel and synthetic is None)
+            if to_log:
+                self.ledger.committed(changelog_path(table, self.root), meta)
+            if to_main:
+                self.ledger.committed(main, meta)
+                self._born.add(table)
+            with report.phase(f"{table}.known"):
+                known.add(known_rows(
+                    main=planned.filter("to_main").select(KEY, "_lsn", (F.col("_op") != "d").alias("_live")),
+                    deletes=planned.filter("to_log AND _op = 'd'").select(KEY, "_lsn")),
+                    # A delete main applies is a row of each part.
+                    sum(r["count"] for r in tally if r["to_main"])
+                    + sum(r["count"] for r in tally if r["to_log"] and r["_op"] == "d"))
+            self.shapes.keep(table, shape)
+        finally:
+            release(planned)
