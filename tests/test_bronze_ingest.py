@@ -61,7 +61,7 @@ def test_bronze_equals_model_across_ingest_runs(spark, broker, tmp_path) -> None
     # Main's first commit (the snapshot, into an empty table) is a bulk insert, every later one an upsert.
     for table in TABLES:
         assert _operations(spark, main_path(table, root))[:3] == ["BULK_INSERT", "UPSERT", "UPSERT"], table
-    # The insert-only tables get one file per commit for a batch's rows (writer.in_files), not one per
+    # The insert-only tables get one file per commit for a batch's rows (batch.in_files), not one per
     # Spark partition: the store's small files are what the table services then have to cluster.
     for path in [dead_letter_path(root), *(changelog_path(t, root) for t in TABLES)]:
         commits = list(Path(path, ".hoodie", "timeline").glob("*_*.commit"))
