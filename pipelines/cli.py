@@ -9,7 +9,6 @@ from __future__ import annotations
 import importlib.util
 import logging
 import signal
-import socket
 import time
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from pipelines.catalog import CHANGE_FEED_TABLES
 from pipelines.deploy.stream_local import stream
 from pipelines.gdpr.cli import gdpr
 from pipelines.ingest.schema_cli import schema
+from pipelines.local_process import require_kafka
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -52,19 +52,6 @@ if importlib.util.find_spec("pipelines.devtools") is not None:
         main.add_command(command)
 
 
-def _require_kafka(bootstrap: str) -> None:
-    """Fail fast with a clear message: Spark's Kafka source would retry for minutes instead."""
-    for server in bootstrap.split(","):
-        host, _, port = server.strip().rpartition(":")
-        try:
-            socket.create_connection((host or "127.0.0.1", int(port)), timeout=5).close()
-            return
-        except (OSError, ValueError):
-            continue
-    raise click.ClickException(f"cannot reach Kafka at {bootstrap} (KAFKA_BOOTSTRAP_SERVERS); "
-                               "is the broker up? `make kafka-up` starts a local one")
-
-
 @main.command()
 @click.option("--once", is_flag=True,
               help="Consume what is on the topics at start, commit it to bronze, exit 0.")
@@ -79,7 +66,7 @@ def ingest(once: bool, trigger_seconds: float, max_offsets_per_trigger: int | No
     from pipelines.ingest.bronze import run_ingest
 
     brokers = bootstrap or settings.kafka_bootstrap()
-    _require_kafka(brokers)
+    require_kafka(brokers, click.ClickException)
     # SIGTERM (how schedulers and `kill` stop a job) ends the stream like Ctrl-C: the query is
     # stopped; a batch cut short is re-run on the next start, by design.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
@@ -345,7 +332,7 @@ def dead_letters_replay(positions: tuple[str, ...], replay_all: bool, reason: st
     if missing:
         raise click.ClickException(f"no dead letter at {', '.join(sorted(missing))}")
     brokers = bootstrap or settings.kafka_bootstrap()
-    _require_kafka(brokers)
+    require_kafka(brokers, click.ClickException)
     producer = KafkaProducer(bootstrap_servers=brokers, acks="all")
     for r in wanted:
         producer.send(r["kafka_topic"], key=r["key"], value=r["value"])

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.ingest.stream import AnotherStreamRunning, Heartbeat, Limits, StreamLease, judge, process_started
+from pipelines.ingest.stream import AnotherStreamRunning, Heartbeat, Limits, StreamLease, judge
+from pipelines.local_process import process_started
 
 LIM = Limits(heartbeat_seconds=1, dead_after_seconds=60, stalled_after_seconds=300, start_timeout_seconds=10,
              stop_timeout_seconds=10, kill_timeout_seconds=5)

@@ -23,6 +23,7 @@ import time
 from typing import Any
 
 from pipelines.deploy.jobs import JOB_ENV, SparkJob
+from pipelines.deploy.stream_target import StreamError, StreamTarget
 from pipelines.ingest.stream import ControlFiles, Limits, judge, limits
 from pipelines.settings import INGEST_TRIGGER_SECONDS
 
@@ -38,7 +39,7 @@ def stream_job(env: dict[str, str], trigger_seconds: float = INGEST_TRIGGER_SECO
                     {k: v for k, v in env.items() if k in JOB_ENV})
 
 
-class EmrStream:
+class EmrStream(StreamTarget):
     def __init__(self, emr: Any, cluster_id: str, code_uri: str, root: str, env: dict[str, str],
                  lim: Limits | None = None) -> None:
         self.emr, self.cluster_id, self.code_uri = emr, cluster_id, code_uri
@@ -53,16 +54,6 @@ class EmrStream:
         for page in self.emr.get_paginator("list_steps").paginate(ClusterId=self.cluster_id, StepStates=LIVE):
             steps += [s for s in page["Steps"] if s["Name"] == self.step_name]
         return sorted(steps, key=lambda s: s["Status"]["Timeline"].get("CreationDateTime", 0))
-
-    def run(self, action: str) -> str:
-        if action == "status":
-            return self.status()
-        if action == "ensure":
-            return self.ensure()
-        if action == "start":
-            return self.start()
-        stopped = self.stop()
-        return stopped if action == "stop" else f"{stopped}; {self.start()}"
 
     def status(self) -> str:
         steps = ", ".join(f"{s['Id']} {s['Status']['State']}" for s in self.live_steps()) or "none"
@@ -89,7 +80,7 @@ class EmrStream:
     def start(self) -> str:
         steps = self.live_steps()
         if steps:
-            raise RuntimeError(f"the stream's step {steps[0]['Id']} is {steps[0]['Status']['State']}: "
+            raise StreamError(f"the stream's step {steps[0]['Id']} is {steps[0]['Status']['State']}: "
                                "one writer per checkpoint, stop it first")
         self.files.clear_stop()
         step = self.job.emr_step(self.code_uri)
@@ -111,7 +102,7 @@ class EmrStream:
                 self.emr.cancel_steps(ClusterId=self.cluster_id, StepIds=ids, StepCancellationOption=option)
             if self._wait_gone(self.lim.kill_timeout_seconds):
                 return f"stream stopped by cancel_steps {option}"
-        raise RuntimeError(f"the stream's steps did not stop: {self.status()}")
+        raise StreamError(f"the stream's steps did not stop: {self.status()}")
 
     def _wait_gone(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout

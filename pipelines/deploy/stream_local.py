@@ -13,49 +13,84 @@ anything else.
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import signal
-import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import click
 
 from pipelines.deploy.jobs import JOB_ENV
-from pipelines.ingest.stream import ControlFiles, Health, Limits, judge, limits, process_started
+from pipelines.deploy.stream_target import ACTIONS, StreamError, StreamTarget
+from pipelines.ingest.stream import ControlFiles, Health, Limits, judge, limits
+from pipelines.local_process import LocalProcess
 from pipelines.settings import INGEST_TRIGGER_SECONDS, PROJECT_ROOT, lake_root
-
-ACTIONS = ("status", "ensure", "start", "stop", "restart", "upgrade")
 
 
 def default_run_dir() -> Path:
     return Path(os.environ.get("LAKEHOUSE_RUN_DIR") or PROJECT_ROOT / ".run") / "bronze-stream"
 
 
-class SupervisorError(RuntimeError):
-    pass
+class StreamProcess(LocalProcess):
+    """The supervised `lakehouse ingest`, ready once its heartbeat says it runs; gone once no heartbeat lives."""
+
+    label = "the stream"
+    # SIGTERM to the driver alone: it lets its batch finish (up to 300 s), then exits; its JVM must
+    # not die under it. SIGKILL, if it comes to that, takes the whole session.
+    stop_group = False
+    error = StreamError
+    poll_seconds = 0.5
+
+    def __init__(self, run_dir: Path, argv: list[str], env: dict[str, str], files: ControlFiles, lim: Limits) -> None:
+        self.run_dir, self.argv, self.env, self.files, self.lim = run_dir, argv, env, files, lim
+        self.start_timeout, self.kill_timeout = lim.start_timeout_seconds, lim.kill_timeout_seconds
+
+    @property
+    def pid_path(self) -> Path:
+        return self.run_dir / "stream.pid"
+
+    @property
+    def log_path(self) -> Path:
+        return self.run_dir / "stream.log"
+
+    def command(self) -> list[str]:
+        return self.argv
+
+    def popen_options(self) -> dict[str, Any]:
+        # LAKEHOUSE_LOG_FILE: the stream's Spark and library logs go to its log too.
+        return {"env": {**os.environ, **self.env, "LAKEHOUSE_LOG_FILE": str(self.log_path)}, "cwd": PROJECT_ROOT}
+
+    def prepare(self, log_start: int) -> None:
+        with self.log_path.open("a") as log:
+            log.write(f"\n== started by the supervisor at {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+
+    def unready(self, pid: int, deadline: float) -> str | None:
+        hb = self.files.heartbeat()
+        return None if hb is not None and hb.state == "running" and hb.pid == pid else "no heartbeat of it yet"
+
+    def exited(self, pid: int | None) -> bool:
+        return (pid is None or self.pid() != pid) and not judge(self.files.heartbeat(), self.lim).live
 
 
-class LocalStream:
+class LocalStream(StreamTarget):
     def __init__(self, run_dir: Path | None = None, root: str | None = None,
                  trigger_seconds: float = INGEST_TRIGGER_SECONDS, lim: Limits | None = None) -> None:
         self.run_dir = run_dir or default_run_dir()
         self.root = root or lake_root()
         self.files = ControlFiles(self.root)
         self.lim = lim or limits()
-        self.command = [str(PROJECT_ROOT / ".venv" / "bin" / "lakehouse"), "ingest",
-                        "--trigger-seconds", f"{trigger_seconds:g}"]
-        self.env = {**{k: os.environ[k] for k in JOB_ENV if os.environ.get(k)},
-                    "LAKEHOUSE_ROOT": self.root, "LAKEHOUSE_TARGET": "local"}
-        self.pid_file = self.run_dir / "stream.pid"
-        self.log_file = self.run_dir / "stream.log"
-        self.env["LAKEHOUSE_LOG_FILE"] = str(self.log_file)  # the stream's Spark and library logs too
+        command = [str(PROJECT_ROOT / ".venv" / "bin" / "lakehouse"), "ingest",
+                   "--trigger-seconds", f"{trigger_seconds:g}"]
+        env = {**{k: os.environ[k] for k in JOB_ENV if os.environ.get(k)},
+               "LAKEHOUSE_ROOT": self.root, "LAKEHOUSE_TARGET": "local"}
+        self.process = StreamProcess(self.run_dir, command, env, self.files, self.lim)
 
     @contextmanager
-    def _locked(self) -> Iterator[None]:
+    def exclusive(self) -> Iterator[None]:
+        """A lock in the run folder: two `ensure` runs at once start one stream."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         with (self.run_dir / "supervisor.lock").open("w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
@@ -63,11 +98,7 @@ class LocalStream:
 
     def pid(self) -> int | None:
         """The supervised process, while it runs (pid and start time both match the pid file)."""
-        try:
-            recorded = json.loads(self.pid_file.read_text())
-        except (FileNotFoundError, ValueError):
-            return None
-        return recorded["pid"] if process_started(recorded["pid"]) == recorded["started"] else None
+        return self.process.pid()
 
     def health(self) -> Health:
         return judge(self.files.heartbeat(), self.lim)
@@ -76,26 +107,9 @@ class LocalStream:
         pid = self.pid()
         proc = f"process {pid} running" if pid else "no supervised process"
         health = self.health()
-        return f"{health.state}: {health.why}; {proc} (log {self.log_file})"
+        return f"{health.state}: {health.why}; {proc} (log {self.process.log_path})"
 
-    def run(self, action: str) -> str:
-        if action not in ACTIONS:
-            raise SupervisorError(f"unknown action {action!r}: expected one of {', '.join(ACTIONS)}")
-        if action == "status":
-            return self.status()
-        with self._locked():
-            if action == "ensure":
-                return self._ensure()
-            if action == "start":
-                return self._start()
-            stopped = self._stop()
-            if action == "stop":
-                return stopped
-            # restart and upgrade: the new process runs the code installed now (after `git pull`
-            # or a new wheel in .venv, for an upgrade) from the same checkpoint.
-            return f"{stopped}; {self._start()}"
-
-    def _ensure(self) -> str:
+    def ensure(self) -> str:
         health = self.health()
         if health.state == "healthy":
             return f"running: {health.why}"
@@ -103,63 +117,33 @@ class LocalStream:
             return (f"held: stopped by {held['by']} at {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(held['at']))}"
                     " UTC; `start`, `restart` or `upgrade` runs it again")
         if health.live or self.pid():  # stalled, or a process whose heartbeat is missing or stale
-            return f"restarted ({health.state}: {health.why}): {self._stop()}; {self._start()}"
-        return f"started ({health.state}: {health.why}): {self._start()}"
+            return f"restarted ({health.state}: {health.why}): {self.stop()}; {self.start()}"
+        return f"started ({health.state}: {health.why}): {self.start()}"
 
-    def _start(self) -> str:
+    def start(self) -> str:
         if self.pid() or self.health().live:
-            raise SupervisorError(f"a stream is already running: {self.health().why}")
+            raise StreamError(f"a stream is already running: {self.health().why}")
         self.files.clear_stop()
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        with self.log_file.open("a") as log:
-            log.write(f"\n== started by the supervisor at {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
-            log.flush()
-            proc = subprocess.Popen(self.command, env={**os.environ, **self.env},
-                                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True, cwd=PROJECT_ROOT)
-        self.pid_file.write_text(json.dumps({"pid": proc.pid, "started": process_started(proc.pid)}))
-        deadline = time.monotonic() + self.lim.start_timeout_seconds
-        while time.monotonic() < deadline:
-            hb = self.files.heartbeat()
-            if hb is not None and hb.state == "running" and hb.pid == proc.pid:
-                return f"stream started, pid {proc.pid}"
-            if proc.poll() is not None:
-                raise SupervisorError(f"the stream exited with {proc.returncode} while starting: "
-                                      f"{self._log_tail()}")
-            time.sleep(1)
-        raise SupervisorError(f"the stream (pid {proc.pid}) wrote no heartbeat within "
-                              f"{self.lim.start_timeout_seconds:.0f} s: {self._log_tail()}")
+        # Not `process.launch`: a stream slow to beat is left running, for the next `ensure` to judge.
+        pid, log_start = self.process.spawn()
+        self.process.wait_ready(pid, time.monotonic() + self.lim.start_timeout_seconds, log_start)
+        return f"stream started, pid {pid}"
 
-    def _stop(self) -> str:
+    def stop(self) -> str:
         """Stop request, then SIGTERM, then SIGKILL, each after its timeout; the batch in progress commits whole."""
         pid = self.pid()
         self.files.request_stop("lakehouse stream stop")
         if pid is None and not self.health().live:
             return "no stream running"
-        if self._wait_gone(pid, self.lim.stop_timeout_seconds):
+        if self.process.wait_exit(pid, self.lim.stop_timeout_seconds):
             return "stream stopped after its batch"
         if pid is not None:
-            os.kill(pid, signal.SIGTERM)  # the driver lets its batch finish (up to 300 s), then exits
-            if self._wait_gone(pid, self.lim.kill_timeout_seconds):
+            ended = self.process.terminate(pid, self.lim.kill_timeout_seconds)
+            if ended == signal.SIGTERM:
                 return "stream stopped by SIGTERM"
-            os.killpg(pid, signal.SIGKILL)
-            if self._wait_gone(pid, self.lim.kill_timeout_seconds):
+            if ended == signal.SIGKILL:
                 return "stream killed (SIGKILL): its batch in progress is re-run on the next start"
-        raise SupervisorError(f"the stream did not stop: {self.health().why}")
-
-    def _wait_gone(self, pid: int | None, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if (self.pid() is None if pid is not None else True) and not self.health().live:
-                return True
-            time.sleep(0.5)
-        return False
-
-    def _log_tail(self, lines: int = 20) -> str:
-        try:
-            return "\n".join(self.log_file.read_text().splitlines()[-lines:])
-        except FileNotFoundError:
-            return "(no log)"
+        raise StreamError(f"the stream did not stop: {self.health().why}")
 
 
 @click.command("stream")
@@ -185,5 +169,5 @@ def stream(action: str, run_dir: Path | None, trigger_seconds: float) -> None:
     """
     try:
         click.echo(LocalStream(run_dir, trigger_seconds=trigger_seconds).run(action))
-    except SupervisorError as exc:
+    except StreamError as exc:
         raise click.ClickException(str(exc)) from exc

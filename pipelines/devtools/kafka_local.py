@@ -8,26 +8,20 @@ Docker, and everything a run leaves behind (configs, KRaft logs, server.log, pid
 from __future__ import annotations
 
 import base64
-import contextlib
 import os
 import re
-import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
-from typing import Self
 
 import click
 
+from pipelines.local_process import HOST, LocalProcess, free_port, java_command, port_open
 from pipelines.settings import PROJECT_ROOT, jvm_dir
 
-HOST = "127.0.0.1"
 # Kafka's own scripts default to 1G; half of it is plenty for test traffic and leaves room for Spark.
 JVM_HEAP = ("-Xmx512m", "-Xms256m")
 # More JVM options for the broker, its storage formatting and Kafka Connect (pipelines/devtools/pg_source.py),
@@ -36,9 +30,6 @@ JVM_HEAP = ("-Xmx512m", "-Xms256m")
 # and idled on 30% less.
 JAVA_OPTS_VARIABLE = "LAKEHOUSE_KAFKA_JAVA_OPTS"
 QUICK_START = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
-LOG_TAIL_LINES = 30
-LOG_ERROR_LINES = 10
-ERROR_LINE = re.compile(r"\] (ERROR|FATAL) |^Caused by: ")
 # Seconds one metadata probe may take; short, so a broker that dies meanwhile is noticed soon.
 PROBE_TIMEOUT = 3.0
 # Starts tried when a port the broker chose itself was taken before the broker bound it.
@@ -74,44 +65,9 @@ log4j.logger.kafka.server.NodeToControllerRequestThread=WARN
 """
 
 
-def free_port() -> int:
-    """A port nobody listens on right now; the OS may hand it out again, so use it promptly."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        return sock.getsockname()[1]
-
-
-def _port_open(port: int) -> bool:
-    try:
-        with socket.create_connection((HOST, port), timeout=1.0):
-            return True
-    except OSError:
-        return False
-
-
-def _command_line(pid: int) -> str:
-    """The command line of a live process, "" if it is gone or a zombie.
-
-    Checked before trusting or signalling a pid from broker.pid: after a reboot that pid may belong to
-    an unrelated process.
-    """
-    if Path("/proc/self").exists():
-        try:
-            return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            return ""
-    ps = subprocess.run(
-        ["ps", "-o", "stat=,command=", "-p", str(pid)], check=False, capture_output=True, text=True
-    )
-    return "" if ps.stdout.lstrip().startswith("Z") else ps.stdout
-
-
-def _java() -> str:
-    java_home = os.environ.get("JAVA_HOME")
-    java = str(Path(java_home) / "bin" / "java") if java_home else shutil.which("java")
-    if not java:
-        raise RuntimeError("no `java` on PATH and JAVA_HOME is unset; the local Kafka broker needs Java 17+")
-    return java
+def java_options() -> list[str]:
+    """The options of JAVA_OPTS_VARIABLE, for every Kafka JVM this project starts (broker, tools, Connect)."""
+    return os.environ.get(JAVA_OPTS_VARIABLE, "").split()
 
 
 def _read_properties(path: Path) -> dict[str, str]:
@@ -120,19 +76,23 @@ def _read_properties(path: Path) -> dict[str, str]:
 
 
 @dataclass
-class KafkaBroker:
+class KafkaBroker(LocalProcess):
     """One broker+controller node whose whole state lives in `data_dir`.
 
     The process is detached (own session), so a broker started by `kafka up` outlives the CLI and is
     found again through broker.pid by `kafka down` or a later `start()`.
     """
 
+    label = "Kafka broker"
+    # Kafka logs `[time] LEVEL message`; a message may say "ERROR" at any level.
+    error_line = re.compile(r"\] (ERROR|FATAL) |^Caused by: ")
+    start_timeout = 90.0
+
     data_dir: Path
     # 0: a free port, chosen by `start`. The controller's: None reuses the one the data dir's
     # config names (KRaft's log remembers its voters), else a free one, as 0 does.
     port: int = 0
     controller_port: int | None = None
-    _process: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # Absolute, because the paths are written into configs and matched against the java command line.
@@ -154,24 +114,25 @@ class KafkaBroker:
     def pid_path(self) -> Path:
         return self.data_dir / "broker.pid"
 
-    def start(self, timeout: float = 90.0) -> KafkaBroker:
+    @property
+    def marker(self) -> str:
+        return f"kafka.Kafka {self.config_path}"
+
+    def command(self) -> list[str]:
+        return self._java_command("kafka.Kafka", str(self.config_path))
+
+    def popen_options(self) -> dict[str, Path]:
+        return {"cwd": self.data_dir}
+
+    def start(self, timeout: float | None = None) -> KafkaBroker:
         """Start the broker, or adopt the one already running from `data_dir`, and wait until it serves metadata.
 
         A port given as 0 is chosen here, and chosen again if another process takes it between the
         choice and the broker's bind (`free_port` can only say a port is free now).
         """
-        deadline = time.monotonic() + timeout
-        pid = self.pid()
-        if pid is not None:
-            running_port = self.configured_port()
-            if self.port and running_port != self.port:
-                raise RuntimeError(
-                    f"a broker from {self.data_dir} already runs on port {running_port} (pid {pid}); stop it first"
-                )
-            self.port = running_port
-            self._wait_ready(pid, deadline, self._log_size())
-            return self
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        if self.pid() is not None:
+            return super().start(timeout)
+        deadline = time.monotonic() + (self.start_timeout if timeout is None else timeout)
         choose_port = self.port == 0
         if self.controller_port is None:
             self.controller_port = self._stored_controller_port() or 0
@@ -181,9 +142,9 @@ class KafkaBroker:
                 self.port = free_port()
             if choose_controller:
                 self.controller_port = free_port()
-            log_start = self._log_size()
+            log_start = self.log_size()
             try:
-                self._launch(deadline, log_start)
+                self.launch(deadline)
                 return self
             except RuntimeError:
                 chosen = {port for port, mine in ((self.port, choose_port), (self.controller_port, choose_controller))
@@ -192,76 +153,31 @@ class KafkaBroker:
                     raise
         raise AssertionError("unreachable")
 
-    def _launch(self, deadline: float, log_start: int) -> None:
+    def adopt(self, pid: int) -> None:
+        running_port = self.configured_port()
+        if self.port and running_port != self.port:
+            raise RuntimeError(
+                f"a broker from {self.data_dir} already runs on port {running_port} (pid {pid}); stop it first"
+            )
+        self.port = running_port
+
+    def prepare(self, log_start: int) -> None:
         self._write_configs()
         self._format_storage(log_start)
-        with self.log_path.open("ab") as log:
-            self._process = subprocess.Popen(
-                self._java_command("kafka.Kafka", str(self.config_path)),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=self.data_dir,
-                start_new_session=True,
-            )
-        self.pid_path.write_text(f"{self._process.pid}\n")
-        try:
-            self._wait_ready(self._process.pid, deadline, log_start)
-        except BaseException:
-            # A half-started broker would hold the ports and the KRaft log lock for the next attempt.
-            self.stop()
-            raise
-
-    def _log_size(self) -> int:
-        return self.log_path.stat().st_size if self.log_path.exists() else 0
 
     def _taken_port(self, log_start: int) -> int | None:
         """The port the start that logged from `log_start` on could not bind (another process had it), if any."""
-        log = self.log_path.read_bytes()[log_start:] if self.log_path.exists() else b""
-        found = BIND_FAILURE.search(log)
+        found = BIND_FAILURE.search(self.log_since(log_start).encode())
         return int(found[1]) if found else None
-
-    def stop(self, timeout: float = 30.0) -> None:
-        """SIGTERM for a controlled shutdown (clean log segments), SIGKILL if that hangs."""
-        pid = self.pid()
-        if pid is not None:
-            self._signal(pid, signal.SIGTERM)
-            if not self._wait_exit(pid, timeout):
-                self._signal(pid, signal.SIGKILL)
-                if not self._wait_exit(pid, 10.0):
-                    raise RuntimeError(f"Kafka broker pid {pid} survived SIGKILL")
-        self.pid_path.unlink(missing_ok=True)
-        self._process = None
 
     def is_running(self) -> bool:
         """Alive *and* accepting connections: a live pid alone may be a broker still starting or stopping."""
-        pid = self.pid()
-        return pid is not None and _port_open(self.configured_port())
-
-    def pid(self) -> int | None:
-        """The pid in broker.pid if that process is alive and is this data_dir's broker, else None."""
-        try:
-            pid = int(self.pid_path.read_text())
-        except (FileNotFoundError, ValueError):
-            return None
-        if self._process is not None and self._process.pid == pid:
-            # Our own child: right after the fork its command line is still Python's, and once dead it
-            # must be reaped or it would linger as a zombie.
-            return pid if self._process.poll() is None else None
-        return pid if f"kafka.Kafka {self.config_path}" in _command_line(pid) else None
+        return self.pid() is not None and port_open(self.configured_port())
 
     def configured_port(self) -> int:
         """Client port from server.properties: that of the running broker, whatever `self.port` says."""
         advertised = _read_properties(self.config_path)["advertised.listeners"]
         return int(advertised.rsplit(":", 1)[1])
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
 
     def _stored_controller_port(self) -> int | None:
         """The quorum address of an earlier run: KRaft metadata in the log dirs remembers its voters."""
@@ -317,41 +233,21 @@ class KafkaBroker:
             log.write(result.stdout + result.stderr)
         if result.returncode != 0:
             raise RuntimeError(
-                self._failure(f"formatting KRaft storage failed (exit code {result.returncode})", log_start)
+                self.failure(f"formatting KRaft storage failed (exit code {result.returncode})", log_start)
             )
 
     def _java_command(self, main_class: str, *args: str) -> list[str]:
         jars = jvm_dir() / "kafka"
         if not any(jars.glob("kafka_2.13-*.jar")):
             raise RuntimeError(f"no Kafka broker jars in {jars}; run `make setup` first")
-        return [
-            _java(),
-            *JVM_HEAP,
-            *os.environ.get(JAVA_OPTS_VARIABLE, "").split(),
-            f"-Dlog4j.configuration=file:{self.data_dir / 'log4j.properties'}",
-            "-cp",
-            f"{jars}/*",  # expanded by java itself, not by a shell
-            main_class,
-            *args,
-        ]
+        log4j = f"-Dlog4j.configuration=file:{self.data_dir / 'log4j.properties'}"
+        return java_command(main_class, *args, classpath=f"{jars}/*", options=[*JVM_HEAP, *java_options(), log4j])
 
-    def _wait_ready(self, pid: int, deadline: float, log_start: int) -> None:
-        while True:
-            if self.pid() != pid:
-                code = self._process.returncode if self._process is not None else None
-                raise RuntimeError(
-                    self._failure(f"Kafka broker (pid {pid}) exited during startup, code {code}", log_start)
-                )
-            remaining = deadline - time.monotonic()
-            if _port_open(self.port) and self._serves_metadata(min(remaining, PROBE_TIMEOUT)):
-                return
-            if time.monotonic() >= deadline:
-                raise RuntimeError(
-                    self._failure(
-                        f"Kafka broker (pid {pid}) not ready on {self.bootstrap} in time", log_start
-                    )
-                )
-            time.sleep(0.25)
+    def unready(self, pid: int, deadline: float) -> str | None:
+        remaining = deadline - time.monotonic()
+        if port_open(self.port) and self._serves_metadata(min(remaining, PROBE_TIMEOUT)):
+            return None
+        return f"no cluster metadata from {self.bootstrap}"
 
     def _serves_metadata(self, timeout: float) -> bool:
         """Whether a kafka-python client bootstraps (gets metadata listing a broker), not just a TCP accept.
@@ -365,36 +261,6 @@ class KafkaBroker:
         except subprocess.TimeoutExpired:
             return False
         return probe.returncode == 0
-
-    @staticmethod
-    def _signal(pid: int, signum: int) -> None:
-        # The whole group (the broker leads its own session); it may have exited since `pid()` looked.
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signum)
-
-    def _wait_exit(self, pid: int, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while self.pid() == pid:
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.1)
-        return True
-
-    def _failure(self, message: str, log_start: int) -> str:
-        """`message` plus what server.log says about it.
-
-        Kafka logs the cause once and then a long orderly shutdown, so the tail alone often misses it:
-        the errors logged since this start come first.
-        """
-        log = self.log_path.read_bytes() if self.log_path.exists() else b""
-        this_start = log[log_start:].decode(errors="replace").splitlines()
-        errors = list(dict.fromkeys(line for line in this_start if ERROR_LINE.search(line)))
-        report = [message]
-        if errors:
-            report += ["--- errors logged during this start ---", *errors[:LOG_ERROR_LINES]]
-        tail = log.decode(errors="replace").splitlines()[-LOG_TAIL_LINES:]
-        report += [f"--- last {LOG_TAIL_LINES} lines of {self.log_path} ---", *tail]
-        return "\n".join(report)
 
 
 DATA_DIR_OPTION = click.option(

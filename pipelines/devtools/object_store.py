@@ -16,23 +16,19 @@ same variables (pipelines/storage.py).
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
-import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Self
 
 import click
 
+from pipelines.local_process import HOST, LocalProcess
 from pipelines.settings import PROJECT_ROOT
 
-HOST = "127.0.0.1"
 DEFAULT_PORT = 9000
 BUCKET = "lake"
 # moto accepts any credentials; S3A and the AWS SDKs refuse to sign without some.
@@ -43,14 +39,21 @@ DEFAULT_DIR = PROJECT_ROOT / ".s3"
 
 
 @dataclass
-class ObjectStore:
+class ObjectStore(LocalProcess):
     """One moto server, found again through `<data_dir>/server.pid` and `server.port`.
 
     `port` 0 lets the server bind any free port; `start` then reads back the one it got.
     """
 
+    label = "the object store"
+    stop_timeout = 20.0
+
     data_dir: Path
     port: int = DEFAULT_PORT
+
+    def __post_init__(self) -> None:
+        # Absolute: the server, started elsewhere, is told where to write its port.
+        self.data_dir = Path(self.data_dir).resolve()
 
     @property
     def endpoint(self) -> str:
@@ -68,27 +71,41 @@ class ObjectStore:
     def log_path(self) -> Path:
         return self.data_dir / "server.log"
 
+    @property
+    def marker(self) -> str:
+        return "pipelines.devtools.object_store"
+
     def env(self) -> dict[str, str]:
         """The standard AWS variables every client of the store reads (S3A, boto3, pyarrow, hudi-rs)."""
         return {"AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": ACCESS_KEY,
                 "AWS_SECRET_ACCESS_KEY": SECRET_KEY, "AWS_REGION": REGION}
 
-    def start(self, timeout: float = 60.0) -> Self:
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "pipelines.devtools.object_store", HOST, str(self.port), str(self.port_path)]
+
+    def prepare(self, log_start: int) -> None:
+        # The server writes the port it bound (port 0: the one the kernel gave it), so a test
+        # never races another process for a port chosen free beforehand.
+        self.port_path.unlink(missing_ok=True)
+
+    def adopt(self, pid: int) -> None:
+        self.port = int(self.port_path.read_text())
+
+    def unready(self, pid: int, deadline: float) -> str | None:
+        if not self.port_path.exists():
+            return f"not listening yet (port {self.port})"
+        self.port = int(self.port_path.read_text())
+        try:
+            urllib.request.urlopen(self.endpoint, timeout=2).close()  # ListBuckets
+        except urllib.error.HTTPError:
+            pass  # an answer, if a refusal: the server is up
+        except (urllib.error.URLError, OSError):
+            return f"no answer on {self.endpoint}"
+        return None
+
+    def start(self, timeout: float | None = None) -> Self:
         """Start the server (unless this folder's already runs) and create the bucket; idempotent."""
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        if self.pid() is None:
-            # The server writes the port it bound (port 0: the one the kernel gave it), so a test
-            # never races another process for a port chosen free beforehand.
-            self.port_path.unlink(missing_ok=True)
-            with self.log_path.open("ab") as log:
-                process = subprocess.Popen(
-                    [sys.executable, "-m", "pipelines.devtools.object_store", HOST, str(self.port),
-                     str(self.port_path)],
-                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-            self.pid_path.write_text(f"{process.pid}\n")
-            self._wait_ready(process, time.monotonic() + timeout)
-        else:
-            self.port = int(self.port_path.read_text())
+        super().start(timeout)
         import boto3  # here, not at the top: every `lakehouse` command imports this module
 
         s3 = boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id=ACCESS_KEY,
@@ -97,71 +114,13 @@ class ObjectStore:
             s3.create_bucket(Bucket=BUCKET)
         return self
 
-    def stop(self, timeout: float = 20.0) -> None:
-        """Stop this folder's server (the objects it held go with it)."""
-        if (pid := self.pid()) is not None:
-            os.killpg(pid, signal.SIGTERM)
-            deadline = time.monotonic() + timeout
-            while self._alive(pid) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            if self._alive(pid):
-                os.killpg(pid, signal.SIGKILL)
-        self.pid_path.unlink(missing_ok=True)
-
-    def pid(self) -> int | None:
-        """The pid in server.pid if that process is alive and is this module's server, else None."""
-        try:
-            pid = int(self.pid_path.read_text())
-            command = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except (OSError, ValueError):
-            return None
-        return pid if b"pipelines.devtools.object_store" in command and self._alive(pid) else None
-
-    @staticmethod
-    def _alive(pid: int) -> bool:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        # A zombie (exited, not yet reaped by its parent) is not a running server.
-        with contextlib.suppress(OSError):
-            return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
-        return True
-
-    def _wait_ready(self, process: subprocess.Popen, deadline: float) -> None:
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                tail = self.log_path.read_text(errors="replace").splitlines()[-10:]
-                raise RuntimeError(f"the object store exited with {process.returncode} at start "
-                                   f"(port {self.port}); {self.log_path}:\n" + "\n".join(tail))
-            if not self.port_path.exists():  # not bound yet
-                time.sleep(0.1)
-                continue
-            self.port = int(self.port_path.read_text())
-            try:
-                urllib.request.urlopen(self.endpoint, timeout=2).close()  # ListBuckets
-                return
-            except urllib.error.HTTPError:
-                return  # an answer, if a refusal: the server is up
-            except (urllib.error.URLError, OSError):
-                time.sleep(0.2)
-        self.stop()
-        raise RuntimeError(f"the object store did not answer on {self.endpoint} in time; see {self.log_path}")
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.stop()
-
 
 def running(data_dir: Path) -> ObjectStore | None:
     """The store started from `data_dir`, if it runs."""
     store = ObjectStore(data_dir)
-    if store.pid() is None:
+    if (pid := store.pid()) is None:
         return None
-    store.port = int(store.port_path.read_text())
+    store.adopt(pid)
     return store
 
 

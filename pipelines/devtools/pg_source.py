@@ -12,45 +12,35 @@ belongs to (a stale offsets file against a new slot resumes from an LSN that no 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import pwd
 import shutil
 import signal
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipelines.contract import SCHEMA, TABLES, TOPIC_PREFIX
-from pipelines.devtools.kafka_local import HOST, JAVA_OPTS_VARIABLE, _command_line, _java, _port_open
-from pipelines.settings import PROJECT_ROOT, jvm_dir, kafka_bootstrap, unavailable_placeholder
+from pipelines.devtools.connect_config import (
+    CONNECT_LOG4J,
+    CONNECTOR,
+    DATABASE,
+    PG_USER,
+    SLOT,
+    connector_config,
+    worker_config,
+)
+from pipelines.devtools.kafka_local import java_options
+from pipelines.local_process import HOST, LocalProcess, StartFailed, java_command, port_open, require_kafka
+from pipelines.settings import PROJECT_ROOT, jvm_dir, kafka_bootstrap
 
-DATABASE = "shop"
-PG_USER = "postgres"
 # Debian's PostgreSQL 15 binaries, not on PATH (LAKEHOUSE_PG_BIN points elsewhere).
 PG_BIN_DEFAULT = "/usr/lib/postgresql/15/bin"
-CONNECTOR = "shop-source"
-SLOT = "shop_debezium"
-PUBLICATION = "shop_publication"
 # The contract's section 1, one file for `source up` and for docker/compose.yaml's postgres.
 SHOP_DDL_FILE = PROJECT_ROOT / "docker" / "shop.sql"
-# Connect's own log: its INFO lines are how a stuck connector explains itself; the per-record
-# chatter is turned down.
-CONNECT_LOG4J = """\
-log4j.rootLogger=INFO, stdout
-log4j.appender.stdout=org.apache.log4j.ConsoleAppender
-log4j.appender.stdout.layout=org.apache.log4j.PatternLayout
-log4j.appender.stdout.layout.ConversionPattern=[%d] %p %m (%c)%n
-log4j.logger.org.apache.kafka.clients=WARN
-log4j.logger.org.apache.kafka.common=WARN
-log4j.logger.org.reflections=ERROR
-log4j.logger.org.eclipse.jetty=WARN
-"""
 CONNECT_HEAP = ("-Xmx512m", "-Xms128m")
 
 
@@ -64,64 +54,11 @@ def pg_bin() -> Path:
 
 def postgres_available() -> bool:
     """Whether this machine has the real source's database (`make demo` asks the same of the Makefile's PG_BIN)."""
-    return (pg_bin() / "initdb").is_file() and (pg_bin() / "pg_ctl").is_file()
-
-
-def connector_config(pg_port: int, *, partitions: int = 3) -> dict[str, str]:
-    """The Debezium connector as the contract describes it (section 1), plus what 2.7 needs said.
-
-    - `plugin.name=pgoutput`: 2.7's default is decoderbufs, a server extension Debian does not ship.
-    - `publication.autocreate.mode=filtered`: a publication of the two tables only (the default,
-      all tables, makes UPDATE and DELETE fail on any table without a replica identity).
-    - `skipped.operations=none`: Debezium skips truncates by default, the contract has them.
-    - `topic.creation.*`: Connect creates the topics, keyed records spread over partitions.
-    """
-    return {
-        "name": CONNECTOR,
-        "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
-        "tasks.max": "1",
-        "database.hostname": HOST,
-        "database.port": str(pg_port),
-        "database.user": PG_USER,
-        "database.password": "",
-        "database.dbname": DATABASE,
-        "topic.prefix": TOPIC_PREFIX,
-        "plugin.name": "pgoutput",
-        "slot.name": SLOT,
-        "publication.name": PUBLICATION,
-        "publication.autocreate.mode": "filtered",
-        "table.include.list": ",".join(f"{SCHEMA}.{t}" for t in TABLES),
-        "decimal.handling.mode": "string",
-        "unavailable.value.placeholder": unavailable_placeholder(),
-        "skipped.operations": "none",
-        "tombstones.on.delete": "true",
-        "snapshot.mode": "initial",
-        "topic.creation.default.partitions": str(partitions),
-        "topic.creation.default.replication.factor": "1",
-    }
-
-
-def worker_config(bootstrap: str, rest_port: int, offsets: Path, *, schemas_enable: bool,
-                  offset_flush_ms: int) -> dict[str, str]:
-    """A standalone Connect worker: JSON keys without schema (`{"id": 42}`, the contract's key) and
-    JSON values with or without the schema (the two converter settings of the contract)."""
-    return {
-        "bootstrap.servers": bootstrap,
-        "key.converter": "org.apache.kafka.connect.json.JsonConverter",
-        "key.converter.schemas.enable": "false",
-        "value.converter": "org.apache.kafka.connect.json.JsonConverter",
-        "value.converter.schemas.enable": str(schemas_enable).lower(),
-        "offset.storage.file.filename": str(offsets),
-        # How much a SIGKILL replays: everything delivered since the last flush.
-        "offset.flush.interval.ms": str(offset_flush_ms),
-        "listeners": f"http://{HOST}:{rest_port}",
-        "rest.advertised.host.name": HOST,
-        "plugin.discovery": "only_scan",
-    }
+    return (pg_bin() / "initdb").is_file() and (pg_bin() / "postgres").is_file()
 
 
 def _as_postgres_user() -> dict[str, Any]:
-    """`initdb` and `pg_ctl` refuse to run as root: as root, run them as the `postgres` user."""
+    """`initdb` and `postgres` refuse to run as root: as root, run them as the `postgres` user."""
     if os.geteuid() != 0:
         return {}
     try:
@@ -132,16 +69,20 @@ def _as_postgres_user() -> dict[str, Any]:
     return {"user": PG_USER, "group": PG_USER}
 
 
-def _run(command: list[str], what: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(command, check=False, capture_output=True, text=True, **kwargs)
-    if result.returncode != 0:
-        raise SourceError(f"{what} failed (exit {result.returncode}): {(result.stderr or result.stdout).strip()}")
-    return result
-
-
 @dataclass
-class PostgresCluster:
-    """A PostgreSQL cluster of its own in `data_dir`, on 127.0.0.1:`port` only (no Unix socket), trust auth."""
+class PostgresCluster(LocalProcess):
+    """A PostgreSQL cluster of its own in `data_dir`, on 127.0.0.1:`port` only (no Unix socket), trust auth.
+
+    The postmaster runs detached, found again through the postmaster.pid it writes itself.
+    """
+
+    label = "PostgreSQL"
+    writes_pid_file = False
+    # The fast shutdown `pg_ctl stop -m fast` asks for, to the postmaster alone: it ends its backends itself.
+    stop_signal = signal.SIGINT
+    stop_group = False
+    error = SourceError
+    stop_timeout = 60.0
 
     data_dir: Path
     port: int = 5433
@@ -157,38 +98,44 @@ class PostgresCluster:
     def log_path(self) -> Path:
         return self.data_dir.parent / "postgres.log"
 
-    def start(self) -> PostgresCluster:
+    @property
+    def pid_path(self) -> Path:
+        return self.data_dir / "postmaster.pid"
+
+    @property
+    def marker(self) -> str:
+        return f"-D {self.data_dir} "
+
+    def command(self) -> list[str]:
+        # TCP on 127.0.0.1 only (no socket folder to own); a throwaway cluster trades durability
+        # for speed (fsync, synchronous commit off): a crashed machine means a new source.
+        return [str(pg_bin() / "postgres"), "-D", str(self.data_dir), "-c", "wal_level=logical",
+                "-c", f"listen_addresses={HOST}", "-p", str(self.port), "-c", "unix_socket_directories=",
+                "-c", "fsync=off", "-c", "synchronous_commit=off"]
+
+    def popen_options(self) -> dict[str, Any]:
+        return {"cwd": self.data_dir, **_as_postgres_user()}
+
+    def start(self, timeout: float | None = None) -> PostgresCluster:
         """initdb on first use, start with `wal_level=logical`, create `shop` and its tables if missing."""
         if not postgres_available():
             raise SourceError(f"no PostgreSQL 15 binaries in {pg_bin()} (LAKEHOUSE_PG_BIN); "
                               "`make setup` installs Debian's postgresql-15")
-        as_pg = _as_postgres_user()
         if not (self.data_dir / "PG_VERSION").exists():
-            self._init(as_pg)
-        if not self.is_running():
-            # TCP on 127.0.0.1 only (no socket folder to own); a throwaway cluster trades durability
-            # for speed (fsync, synchronous commit off): a crashed machine means a new source.
-            options = (f"-c wal_level=logical -c listen_addresses={HOST} -p {self.port} "
-                       "-c unix_socket_directories='' -c fsync=off -c synchronous_commit=off")
-            self.log_path.touch()
-            if as_pg:
-                shutil.chown(self.log_path, PG_USER, PG_USER)
-            _run([str(pg_bin() / "pg_ctl"), "start", "-w", "-t", "60", "-D", str(self.data_dir),
-                  "-l", str(self.log_path), "-o", options], f"starting PostgreSQL on {HOST}:{self.port}", **as_pg)
+            self._init(_as_postgres_user())
+        super().start(timeout)
         self._create_database()
         return self
 
-    def stop(self) -> None:
-        if self.is_running():
-            _run([str(pg_bin() / "pg_ctl"), "stop", "-w", "-m", "fast", "-D", str(self.data_dir)],
-                 "stopping PostgreSQL", **_as_postgres_user())
-
-    def is_running(self) -> bool:
-        if not (self.data_dir / "postmaster.pid").exists():
-            return False
-        status = subprocess.run([str(pg_bin() / "pg_ctl"), "status", "-D", str(self.data_dir)],
-                                check=False, capture_output=True, **_as_postgres_user())
-        return status.returncode == 0
+    def unready(self, pid: int, deadline: float) -> str | None:
+        """`pg_ctl start -w`'s test: the postmaster says "ready" in its postmaster.pid (8th line)."""
+        try:
+            lines = self.pid_path.read_text().splitlines()
+        except OSError:
+            lines = []
+        if len(lines) >= 8 and lines[0].strip() == str(pid) and lines[7].strip() == "ready":
+            return None
+        return f"not accepting connections on {HOST}:{self.port} yet"
 
     def connect(self, dbname: str = DATABASE) -> Any:
         import psycopg
@@ -205,8 +152,12 @@ class PostgresCluster:
             if blocked:
                 raise SourceError(f"the `{PG_USER}` user cannot reach {self.data_dir}: {blocked[0]} is not "
                                   "traversable by others; put the source's folder elsewhere")
-        _run([str(pg_bin() / "initdb"), "-D", str(self.data_dir), "--auth=trust", f"--username={PG_USER}",
-              "--encoding=UTF8", "--no-locale"], f"initdb of {self.data_dir}", **as_pg)
+        initdb = subprocess.run([str(pg_bin() / "initdb"), "-D", str(self.data_dir), "--auth=trust",
+                                 f"--username={PG_USER}", "--encoding=UTF8", "--no-locale"],
+                                check=False, capture_output=True, text=True, **as_pg)
+        if initdb.returncode != 0:
+            raise SourceError(f"initdb of {self.data_dir} failed (exit {initdb.returncode}): "
+                              f"{(initdb.stderr or initdb.stdout).strip()}")
 
     def _create_database(self) -> None:
         with self.connect("postgres") as conn:
@@ -217,11 +168,20 @@ class PostgresCluster:
 
 
 @dataclass
-class ConnectWorker:
+class ConnectWorker(LocalProcess):
     """A standalone Kafka Connect worker running the Debezium connector, its state in `work_dir`.
 
-    Detached (own session), so it outlives `source up`; found again through its pid file.
+    Detached (own session), so it outlives `source up`; found again through its pid file. `stop`
+    (SIGTERM) lets Connect commit the offsets of what it delivered, so a restart replays nothing;
+    `kill` (SIGKILL) delivers again what it delivered since its last offset flush.
     """
+
+    label = "Kafka Connect"
+    error = SourceError
+    start_timeout = 180.0
+    stop_timeout = 60.0
+    kill_timeout = 30.0
+    poll_seconds = 0.5
 
     work_dir: Path
     bootstrap: str
@@ -229,7 +189,6 @@ class ConnectWorker:
     rest_port: int = 8083
     schemas_enable: bool = True
     offset_flush_ms: int = 1000
-    _process: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.work_dir = Path(self.work_dir).resolve()
@@ -243,49 +202,38 @@ class ConnectWorker:
         return self.work_dir / "connect.pid"
 
     @property
+    def marker(self) -> str:
+        return f"ConnectStandalone {self.work_dir / 'worker.properties'}"
+
+    @property
     def url(self) -> str:
         return f"http://{HOST}:{self.rest_port}"
 
-    def start(self, timeout: float = 180.0) -> ConnectWorker:
+    @property
+    def jars(self) -> Path:
+        return jvm_dir() / "connect"
+
+    def start(self, timeout: float | None = None) -> ConnectWorker:
         """Start the worker (or adopt the running one) and wait until the connector streams."""
-        jars = jvm_dir() / "connect"
-        if not any(jars.glob("debezium-connector-postgres-*.jar")):
-            raise SourceError(f"no Kafka Connect / Debezium jars in {jars}; run `make setup` first")
-        if self.pid() is None:
-            self.work_dir.mkdir(parents=True, exist_ok=True)
-            worker = worker_config(self.bootstrap, self.rest_port, self.work_dir / "offsets.dat",
-                                   schemas_enable=self.schemas_enable, offset_flush_ms=self.offset_flush_ms)
-            (self.work_dir / "worker.properties").write_text("".join(f"{k}={v}\n" for k, v in worker.items()))
-            (self.work_dir / "connector.json").write_text(json.dumps(connector_config(self.pg_port), indent=2))
-            (self.work_dir / "log4j.properties").write_text(CONNECT_LOG4J)
-            command = [_java(), *CONNECT_HEAP, *os.environ.get(JAVA_OPTS_VARIABLE, "").split(),
-                       f"-Dlog4j.configuration=file:{self.work_dir / 'log4j.properties'}",
-                       "-cp", f"{jars}/*", "org.apache.kafka.connect.cli.ConnectStandalone",
-                       str(self.work_dir / "worker.properties"), str(self.work_dir / "connector.json")]
-            with self.log_path.open("ab") as log:
-                self._process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log,
-                                                 stderr=subprocess.STDOUT, cwd=self.work_dir,
-                                                 start_new_session=True)
-            self.pid_path.write_text(f"{self._process.pid}\n")
-        self._wait_running(time.monotonic() + timeout)
-        return self
+        if not any(self.jars.glob("debezium-connector-postgres-*.jar")):
+            raise SourceError(f"no Kafka Connect / Debezium jars in {self.jars}; run `make setup` first")
+        return super().start(timeout)
 
-    def stop(self, timeout: float = 60.0) -> None:
-        """SIGTERM: Connect commits the offsets of what it delivered, so a restart replays nothing."""
-        self._signal_and_wait(signal.SIGTERM, timeout)
+    def prepare(self, log_start: int) -> None:
+        worker = worker_config(self.bootstrap, self.rest_port, self.work_dir / "offsets.dat",
+                               schemas_enable=self.schemas_enable, offset_flush_ms=self.offset_flush_ms)
+        (self.work_dir / "worker.properties").write_text("".join(f"{k}={v}\n" for k, v in worker.items()))
+        (self.work_dir / "connector.json").write_text(json.dumps(connector_config(self.pg_port), indent=2))
+        (self.work_dir / "log4j.properties").write_text(CONNECT_LOG4J)
 
-    def kill(self) -> None:
-        """SIGKILL of the worker: what it delivered since its last offset flush is delivered again."""
-        self._signal_and_wait(signal.SIGKILL, 30.0)
+    def command(self) -> list[str]:
+        log4j = f"-Dlog4j.configuration=file:{self.work_dir / 'log4j.properties'}"
+        return java_command("org.apache.kafka.connect.cli.ConnectStandalone", str(self.work_dir / "worker.properties"),
+                            str(self.work_dir / "connector.json"), classpath=f"{self.jars}/*",
+                            options=[*CONNECT_HEAP, *java_options(), log4j])
 
-    def pid(self) -> int | None:
-        try:
-            pid = int(self.pid_path.read_text())
-        except (FileNotFoundError, ValueError):
-            return None
-        if self._process is not None and self._process.pid == pid:
-            return pid if self._process.poll() is None else None
-        return pid if "ConnectStandalone" in _command_line(pid) else None
+    def popen_options(self) -> dict[str, Any]:
+        return {"cwd": self.work_dir}
 
     def status(self) -> dict[str, Any] | None:
         """The connector's status from Connect's REST API, None while the API does not answer."""
@@ -295,46 +243,17 @@ class ConnectWorker:
         except (urllib.error.URLError, OSError, ValueError):
             return None
 
-    def _signal_and_wait(self, signum: int, timeout: float) -> None:
-        pid = self.pid()
-        if pid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signum)
-            deadline = time.monotonic() + timeout
-            while self.pid() == pid:
-                if time.monotonic() >= deadline:
-                    if signum == signal.SIGKILL:
-                        raise SourceError(f"Kafka Connect pid {pid} survived SIGKILL")
-                    self._signal_and_wait(signal.SIGKILL, 30.0)
-                    return
-                time.sleep(0.1)
-        self.pid_path.unlink(missing_ok=True)
-        self._process = None
-
-    def _wait_running(self, deadline: float) -> None:
+    def unready(self, pid: int, deadline: float) -> str | None:
         """RUNNING in Connect's REST API is not enough (the task may still be snapshotting or
         failing to connect): the replication slot must also be active, i.e. streaming."""
-        while True:
-            pid = self.pid()
-            if pid is None:
-                raise SourceError(self._failure("Kafka Connect exited during startup"))
-            status = self.status() if _port_open(self.rest_port) else None
-            tasks = (status or {}).get("tasks", [])
-            failed = [t for t in tasks if t.get("state") == "FAILED"]
-            if failed:
-                raise SourceError(self._failure(f"connector task failed: {failed[0].get('trace', '')[:2000]}"))
-            running = (status or {}).get("connector", {}).get("state") == "RUNNING" and tasks and all(
-                t.get("state") == "RUNNING" for t in tasks)
-            if running and slot_active(self.pg_port):
-                return
-            if time.monotonic() >= deadline:
-                raise SourceError(self._failure(f"connector not streaming in time (status {status})"))
-            time.sleep(0.5)
-
-    def _failure(self, message: str) -> str:
-        tail = self.log_path.read_text(errors="replace").splitlines()[-30:] if self.log_path.exists() else []
-        errors = [line for line in tail if " ERROR " in line]
-        return "\n".join([message, *errors[:5], f"--- last lines of {self.log_path} ---", *tail])
+        status = self.status() if port_open(self.rest_port) else None
+        tasks = (status or {}).get("tasks", [])
+        failed = [t for t in tasks if t.get("state") == "FAILED"]
+        if failed:
+            raise StartFailed(f"connector task failed: {failed[0].get('trace', '')[:2000]}")
+        running = (status or {}).get("connector", {}).get("state") == "RUNNING" and tasks and all(
+            t.get("state") == "RUNNING" for t in tasks)
+        return None if running and slot_active(self.pg_port) else f"connector not streaming (status {status})"
 
 
 def slot_active(pg_port: int) -> bool:
@@ -394,7 +313,7 @@ class RealSource:
                              self.schemas_enable, self.offset_flush_ms)
 
     def up(self) -> tuple[PostgresCluster, ConnectWorker]:
-        _require_kafka(self.bootstrap)
+        require_kafka(self.bootstrap, SourceError)  # Connect would only log (and retry) while Kafka is away
         self.home.mkdir(parents=True, exist_ok=True)
         if os.geteuid() == 0:
             os.chmod(self.home, 0o755)  # the `postgres` user runs the cluster below it
@@ -422,10 +341,3 @@ def default_dsn() -> str | None:
     """The DSN of the source `make source-up` runs, None if there is none."""
     return RealSource(DEFAULT_HOME).postgres.dsn if (DEFAULT_HOME / "source.json").exists() else None
 
-
-def _require_kafka(bootstrap: str) -> None:
-    """Connect only logs (and retries) when Kafka is away: say so at once instead."""
-    port = bootstrap.split(",")[0].strip().rpartition(":")[2]
-    if not (port.isdigit() and _port_open(int(port))):
-        raise SourceError(f"cannot reach Kafka at {bootstrap} on {HOST} (KAFKA_BOOTSTRAP_SERVERS); "
-                          "`make kafka-up` starts the local broker")

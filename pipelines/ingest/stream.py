@@ -30,10 +30,10 @@ import socket
 import time
 import uuid
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import hudi_configs
 from pipelines import storage
+from pipelines.local_process import process_started
 
 log = logging.getLogger(__name__)
 
@@ -89,29 +89,6 @@ class ControlFiles:
 
     def clear_stop(self) -> None:
         self.delete(STOP_REQUEST)
-
-
-def process_started(pid: int) -> float | None:
-    """When process `pid` started (clock ticks since boot, Linux), None when there is no such process.
-
-    With the pid it names one process for good: a pid reused by a later process has another
-    start time.
-    """
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    except OSError:  # no /proc: all we can tell is whether the pid exists
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return None
-        return 0.0
-    # Fields after the command name (which may hold spaces): state (3rd), ..., starttime (22nd).
-    fields = stat.rsplit(")", 1)[1].split()
-    if fields[0] in ("Z", "X"):  # exited, not yet reaped (an orphan whose new parent never waits)
-        return None
-    return float(fields[19])
 
 
 @dataclass
