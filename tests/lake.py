@@ -17,7 +17,7 @@ from pipelines.devtools.generator import Message, ShopSource, WorkloadConfig, en
 from pipelines.devtools.kafka_local import KafkaBroker
 from pipelines.ingest.bronze import run_ingest
 from pipelines.settings import changelog_path, dead_letter_path, ledger_path, main_path, quarantine_path, silver_path
-from pipelines.table_stats import exists, read_table
+from pipelines.table_stats import has_completed_commit, read_table
 from pipelines.transform.etl import run_etl
 from tests.model import Rows, expected_silver
 
@@ -96,14 +96,14 @@ def _keyed(rows: list[dict[str, Any]], table: str) -> dict[int, dict[str, Any]]:
 
 
 def bronze_spark(spark: SparkSession, root: str, table: str) -> dict[int, dict[str, Any]]:
-    if not exists(main_path(table, root)):
+    if not has_completed_commit(main_path(table, root)):
         return {}
     df = spark.read.format("hudi").load(main_path(table, root)).select(*COLUMNS[table], "_lsn", "_op")
     return _keyed([r.asDict() for r in df.collect()], table)
 
 
 def bronze_hudi_rs(root: str, table: str) -> dict[int, dict[str, Any]]:
-    if not exists(main_path(table, root)):
+    if not has_completed_commit(main_path(table, root)):
         return {}
     return _keyed(read_table(main_path(table, root), [*COLUMNS[table], "_lsn", "_op"]).to_pylist(), table)
 
@@ -126,7 +126,7 @@ def assert_bronze_equals_model(spark: SparkSession, root: str, expected: Rows,
         # No recorded delete (change log or ledger) claims a live key was deleted after its live version.
         deletes: dict[int, int] = {}
         for path in (changelog_path(table, root), ledger_path(table, root)):
-            if exists(path):
+            if has_completed_commit(path):
                 rows = read_table(path, ["id", "_lsn", "_op"]).to_pylist()
                 for r in rows:
                     if r["_op"] == "d" or path == ledger_path(table, root):
@@ -137,7 +137,7 @@ def assert_bronze_equals_model(spark: SparkSession, root: str, expected: Rows,
 
 
 def dead_letters(root: str) -> list[dict[str, Any]]:
-    if not exists(dead_letter_path(root)):
+    if not has_completed_commit(dead_letter_path(root)):
         return []
     return read_table(dead_letter_path(root), ["position", "kafka_topic", "value", "reason"]).to_pylist()
 

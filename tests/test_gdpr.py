@@ -20,14 +20,14 @@ from kafka import KafkaConsumer
 from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient
 from pyspark.sql import SparkSession
 
+from pipelines.catalog import lake_tables
 from pipelines.contract import TABLES, topic
 from pipelines.devtools.generator import Message, WorkloadConfig
 from pipelines.gdpr.erase import erase, erase_all
 from pipelines.gdpr.request import parse_request
 from pipelines.gdpr.scan import Subject, scan_lake
 from pipelines.ingest.bronze import run_ingest
-from pipelines.services.table_services import lake_tables
-from pipelines.table_stats import exists, read_table
+from pipelines.table_stats import has_completed_commit, read_table
 from pipelines.transform.etl import run_etl
 from tests.kill import bronze_as_model, running_ingest, wait_while_running
 from tests.lake import LakeCopy, assert_bronze_equals_model, assert_lake_equals_model, run_cli
@@ -115,7 +115,7 @@ def snapshot(spark: SparkSession, root: str) -> dict[str, set[tuple]]:
     """Every non-gold table's rows (without Hudi's meta columns), as sets."""
     out = {}
     for table in lake_tables(root):
-        if table.name.startswith("gold/") or not exists(table.path):
+        if table.name.startswith("gold/") or not has_completed_commit(table.path):
             continue
         df = spark.read.format("hudi").load(table.path)
         df = df.select(*sorted(c for c in df.columns if not c.startswith("_hoodie_") or c == "_hoodie_is_deleted"))
@@ -244,7 +244,7 @@ def test_erasure_leaves_nothing_and_changes_nobody_else(spark, lake: LakeCopy, t
     assert_bronze_equals_model(spark, root, expected, lsns)
     assert_lake_equals_model(spark, root, expected)
     for table in lake_tables(root):  # the independent reader sees none of them either
-        if exists(table.path):
+        if has_completed_commit(table.path):
             rows = read_table(table.path).to_pylist()
             assert not [r for r in rows if of_subject(table.name, tuple(r.items()), victims, orders, texts)], \
                 f"hudi-rs finds the subject in {table.name}"
@@ -300,9 +300,9 @@ def test_erasure_leaves_nothing_and_changes_nobody_else(spark, lake: LakeCopy, t
 
 
 def _client(spark: SparkSession, root: str, name: str):
-    from pipelines.services.table_services import _Client
+    from pipelines.hudi_client import WriteClient
 
-    return _Client(spark, {t.name: t for t in lake_tables(root)}[name])
+    return WriteClient(spark, {t.name: t for t in lake_tables(root)}[name])
 
 
 def test_erasure_with_a_savepoint_and_a_pending_compaction(spark, lake: LakeCopy, tmp_path, monkeypatch) -> None:
@@ -339,7 +339,7 @@ def test_erasure_with_a_savepoint_and_a_pending_compaction(spark, lake: LakeCopy
             saved[name] = c.meta.reloadActiveTimeline().getSavePointTimeline().countInstants()
     for name in ("bronze/customers", "bronze/orders"):
         with _client(spark, root, name) as c:
-            assert c.client.scheduleCompaction(c._jvm.org.apache.hudi.common.util.Option.empty()).isPresent()
+            assert c.client.scheduleCompaction(c.jvm.org.apache.hudi.common.util.Option.empty()).isPresent()
     assert pending_compactions(f"{root}/bronze/customers")
     # A batch after the plan: its log files belong to the slice the pending compaction opens.
     lake.produce(source.update("customers", victim, {"full_name": "Zelda Erasable-Again"}))

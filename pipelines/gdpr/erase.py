@@ -71,6 +71,7 @@ from pipelines.hudi_timeline import extra_meta_after, latest_completion, pending
 from pipelines.ingest.state import BATCH_ID_META, REGISTRY_META
 from pipelines.services.quality import redact_subject
 from pipelines.settings import kafka_bootstrap, lake_root
+from pipelines.spark import get_spark
 from pipelines.table_stats import has_completed_commit
 
 log = logging.getLogger(__name__)
@@ -200,8 +201,6 @@ def erase_all(requests: list[ErasureRequest], spark: SparkSession | None = None,
     request keeps its own reference, certificate and audit line; all of them carry the
     same run's tables, purge and checks, and name the references erased with them.
     """
-    from pipelines.spark import get_spark
-
     if not requests:
         raise ValueError("no erasure request given")
     references = [r.reference for r in requests]

@@ -293,9 +293,9 @@ def _rewrite(spark: SparkSession, table: LakeTable, file_ids: list[str]) -> int:
 def _rebuild_metadata(spark: SparkSession, table: LakeTable) -> None:
     """Drop the metadata table (its logs and HFiles keep deleted keys) and build it again from the files."""
     with Purger(spark, table) as client:
-        jvm = client._jvm
+        jvm = client.jvm
         util = jvm.org.apache.hudi.metadata.HoodieTableMetadataUtil
-        util.deleteMetadataTable(client.meta, client._context, False)
+        util.deleteMetadataTable(client.meta, client.context, False)
         writer = jvm.org.apache.hudi.metadata.SparkHoodieBackedTableMetadataWriter.create(
-            client.meta.getStorageConf(), client._config, client._context)
+            client.meta.getStorageConf(), client.config, client.context)
         writer.close()

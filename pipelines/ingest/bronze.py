@@ -87,6 +87,7 @@ from pipelines.settings import (
     lake_root,
     main_path,
 )
+from pipelines.spark import get_spark
 
 log = logging.getLogger(__name__)
 
@@ -154,8 +155,6 @@ def run_ingest(*, once: bool, root: str | None = None, bootstrap: str | None = N
     request (`lakehouse stream stop`, pipelines.ingest.stream) does the same and the run returns.
     The stream's heartbeat beside its checkpoint keeps a second copy from starting.
     """
-    from pipelines.spark import get_spark
-
     root = root or lake_root()
     bootstrap = bootstrap or kafka_bootstrap()
     spark = spark or get_spark("lakehouse-ingest")

@@ -23,6 +23,7 @@ from pipelines.erasure_registry import erasure_key, read_registry, without_erase
 from pipelines.hudi_timeline import checkpoint, consumed, repair_torn_timeline, write_with_checkpoint
 from pipelines.ingest.state import DELETED_FLAG, KEY
 from pipelines.settings import changelog_path, gold_path, lake_root, quarantine_path, silver_path
+from pipelines.spark import get_spark
 from pipelines.table_stats import has_completed_commit
 from pipelines.transform.changes import Window, bronze_changes, window
 from pipelines.transform.gold import DAILY, LTV, STATE, gold_cycle
@@ -95,8 +96,6 @@ def silver_cycle(spark: SparkSession, table: str, root: str) -> dict[str, int]:
 
 def run_etl(spark: SparkSession | None = None, root: str | None = None) -> dict[str, dict[str, int]]:
     """One cycle: every silver table from bronze, then gold from silver; returns counts per output table."""
-    from pipelines.spark import get_spark
-
     spark = spark or get_spark("lakehouse-etl")
     root = root or lake_root()
     # A SIGKILL while Hudi wrote a timeline file leaves it cut short on a local disk, and the table unreadable.
