@@ -362,7 +362,7 @@ def test_erasure_with_a_savepoint_and_a_pending_compaction(spark, lake: LakeCopy
         with _client(spark, root, name) as c:
             savepoints = c.meta.reloadActiveTimeline().getSavePointTimeline().filterCompletedInstants()
             assert savepoints.countInstants() == count
-            assert savepoints.lastInstant().get().requestedTime() >= earliest_retained(spark, c._table.path)
+            assert savepoints.lastInstant().get().requestedTime() >= earliest_retained(spark, c.table.path)
     assert scan_lake(spark, root, Subject(frozenset({victim}), frozenset(orders), frozenset(texts))).clean
     for path in Path(root).rglob("*"):  # and not even a raw byte of the new names
         if path.is_file():
