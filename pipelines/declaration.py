@@ -1,0 +1,363 @@
+"""The declared tables (contract section 7): which source tables the lake captures and what it does with them.
+
+A team onboards a table by declaring it in a TOML file named by `LAKEHOUSE_TABLES`, never by writing
+code; unset, the project's own declaration of the shop (`pipelines/shop_tables.toml`), which spells
+the contract's sections 1 and 3 the same way. Every command, DAG and the source tooling read it
+through `declared()`.
+
+A declaration is checked whole when it is read, before anything is written: an unknown field or
+rule, a rule or cleaning step on a column the table does not declare, two tables with one lake
+name or one source table. The error names the file, the table and the field. What only the source
+can tell (a table or column it lacks, a key that is not its primary key) is checked against
+PostgreSQL by `lakehouse source sync` (`pipelines.devtools.pg_source`), and against bronze's
+columns by the etl before it writes (`missing_columns`).
+
+Beyond the contract's fields, a table may say (the project's own, all optional):
+- `columns`: its columns, in order, with their JSON wire type (`bigint`, `double`, `boolean`, or
+  `string`), for topics without a Connect schema (`schemas.enable=false`), where the type cannot
+  be read from the message. A declared column missing from an image is an incompatible change
+  (contract section 6). Silver carries exactly these columns when they are given, else every
+  column of bronze.
+- `silver_extra`: with `columns`, bronze columns beyond them (added in the source since, section 6)
+  that silver carries too, as bronze types them. Off by default: silver is then the declared,
+  validated shape its readers rely on, and an added column is whatever a product team put there,
+  unvalidated and perhaps personal data. One bronze lacks (yet) is left out until it appears.
+- `typed = false`: bronze keeps each value as it arrived on the wire (a decimal or a timestamp
+  as its text, the shop's bronze), instead of the type the source meant (section 7's table).
+- rules with `cast = "<Spark type>"` (e.g. `"decimal(12,2)"`, `"timestamp"`, `"date"`): the value
+  must convert exactly to that type, and silver holds the converted value; later rules of the
+  column see it.
+- `name` on a rule: what quarantine's `failed_rule` says (default `<column>_<kind>`).
+- `[[tables.<name>.derive]]` `column = "...", date_of = "<timestamp column>"`: a silver column
+  made from another (the UTC date of a timestamp).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+DECLARATION_VARIABLE = "LAKEHOUSE_TABLES"
+SHOP = "shop_tables.toml"  # the project's own declaration, beside this module
+
+RULE_KINDS = ("one_of", "pattern", "min", "max", "not_null", "cast")
+CLEAN_STEPS = ("trim", "upper", "lower")
+WIRE_TYPES = ("bigint", "double", "boolean", "string")
+_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+_SOURCE = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]*\.[A-Za-z_][A-Za-z0-9_$]*$")
+_TABLE_FIELDS = {"source", "key", "subject", "pii", "rules", "clean", "derive", "columns", "typed", "silver_extra"}
+
+
+class DeclarationError(ValueError):
+    """A declaration that cannot be used; the message names the file, the table and the field."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One of silver's checks: a live row that fails it goes to quarantine with `name`."""
+
+    column: str
+    kind: str  # one of RULE_KINDS
+    value: Any  # the allowed values, the pattern, the bound, the type (None for not_null)
+    name: str
+
+
+@dataclass(frozen=True)
+class Clean:
+    """A cleaning step of one column, applied before the rules: trim first, then upper or lower."""
+
+    column: str
+    trim: bool = False
+    upper: bool = False
+    lower: bool = False
+
+
+@dataclass(frozen=True)
+class Derive:
+    """A silver column made from another: `date_of` a timestamp column, as its UTC date."""
+
+    column: str
+    date_of: str
+
+
+@dataclass(frozen=True)
+class TableDecl:
+    """A declared table: the lake's name for it, its source table and key, and what silver and the erasure do."""
+
+    name: str
+    schema: str
+    table: str
+    key: tuple[str, ...]
+    subject: str | None = None
+    pii: tuple[str, ...] = ()
+    rules: tuple[Rule, ...] = ()
+    clean: tuple[Clean, ...] = ()
+    derive: tuple[Derive, ...] = ()
+    columns: dict[str, str] = field(default_factory=dict)  # declared columns -> wire type (may be empty)
+    typed: bool = True
+    silver_extra: tuple[str, ...] = ()
+
+    @property
+    def source(self) -> str:
+        return f"{self.schema}.{self.table}"
+
+    def wire_type(self, column: str) -> str:
+        """The JSON type of a declared column's values (a string for any other)."""
+        return self.columns.get(column, "string")
+
+
+@dataclass(frozen=True)
+class Declaration:
+    """The declared tables, in the file's order, and the topics they arrive on."""
+
+    path: str
+    topic_prefix: str
+    tables: dict[str, TableDecl]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(self.tables)
+
+    def table(self, name: str) -> TableDecl:
+        try:
+            return self.tables[name]
+        except KeyError:
+            raise KeyError(f"no declared table {name!r} in {self.path} (declared: {', '.join(self.tables)})") \
+                from None
+
+    def topic(self, name: str) -> str:
+        """Debezium's topic of a declared table: `<topic_prefix>.<schema>.<table>`."""
+        t = self.table(name)
+        return f"{self.topic_prefix}.{t.schema}.{t.table}"
+
+    def topics(self) -> dict[str, str]:
+        """Topic -> the lake's name of its table."""
+        return {self.topic(n): n for n in self.tables}
+
+    def table_of_topic(self, topic: str) -> str:
+        """The declared table a topic carries; ValueError naming the declared topics otherwise."""
+        try:
+            return self.topics()[topic]
+        except KeyError:
+            raise ValueError(f"topic {topic!r} is no declared table's ({', '.join(self.topics())}; {self.path})") \
+                from None
+
+    def by_subject(self) -> dict[str, str]:
+        """Tables with a `subject` column -> that column (what an erasure looks through)."""
+        return {n: t.subject for n, t in self.tables.items() if t.subject}
+
+
+# --------------------------------------------------------------------------- reading
+
+def declaration_path() -> str:
+    """`LAKEHOUSE_TABLES`, or the project's own declaration of the shop when it is unset."""
+    return os.environ.get(DECLARATION_VARIABLE) or str(resources.files(__package__).joinpath(SHOP))
+
+
+_CACHE: dict[tuple[str, float], Declaration] = {}
+
+
+def declared() -> Declaration:
+    """The declaration in force (`LAKEHOUSE_TABLES`), read once per version of the file."""
+    path = declaration_path()
+    try:
+        version = os.stat(path).st_mtime
+    except OSError:
+        version = -1.0  # inside a zip (EMR's --py-files) or missing: load() says which
+    if (path, version) not in _CACHE:
+        _CACHE[(path, version)] = load(path)
+    return _CACHE[(path, version)]
+
+
+def load(path: str | Path) -> Declaration:
+    """Read and check a declaration file; DeclarationError naming the file, table and field if it is wrong."""
+    where = str(path)
+    try:
+        text = Path(path).read_text() if Path(path).exists() else \
+            resources.files(__package__).joinpath(SHOP).read_text() if where.endswith(SHOP) else None
+    except OSError as e:
+        raise DeclarationError(f"{where}: cannot be read ({e})") from e
+    if text is None:
+        raise DeclarationError(f"{where}: no such declaration file ({DECLARATION_VARIABLE} names it)")
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:  # two tables of one name end up here: TOML forbids it
+        raise DeclarationError(f"{where}: not valid TOML: {e}") from e
+    return parse(doc, where)
+
+
+def parse(doc: dict[str, Any], where: str = "<declaration>") -> Declaration:
+    """A declaration from its TOML document (`load` without the file)."""
+    unknown = set(doc) - {"source", "tables"}
+    if unknown:
+        raise DeclarationError(f"{where}: unknown top-level field(s) {sorted(unknown)} (known: source, tables)")
+    source = doc.get("source")
+    if not isinstance(source, dict) or not isinstance(source.get("topic_prefix"), str) \
+            or not source["topic_prefix"]:
+        raise DeclarationError(f"{where}: [source] topic_prefix is required (Debezium's topic.prefix)")
+    if set(source) - {"topic_prefix"}:
+        raise DeclarationError(f"{where}: [source]: unknown field(s) {sorted(set(source) - {'topic_prefix'})}")
+    tables = doc.get("tables")
+    if not isinstance(tables, dict) or not tables:
+        raise DeclarationError(f"{where}: no [tables.<name>] declared")
+    parsed: dict[str, TableDecl] = {}
+    sources: dict[str, str] = {}
+    for name, spec in tables.items():
+        t = _table(name, spec, f"{where}: tables.{name}")
+        if t.source in sources:
+            raise DeclarationError(f"{where}: tables.{name}: source {t.source!r} is already declared as "
+                                   f"tables.{sources[t.source]}")
+        sources[t.source] = name
+        parsed[name] = t
+    return Declaration(where, source["topic_prefix"], parsed)
+
+
+def _table(name: str, spec: Any, at: str) -> TableDecl:
+    if not _NAME.match(name):
+        raise DeclarationError(f"{at}: the lake's name must be lower-case letters, digits and '_', starting "
+                               "with a letter (it names bronze/<name>, silver/<name>)")
+    if not isinstance(spec, dict):
+        raise DeclarationError(f"{at}: must be a table ([tables.{name}])")
+    unknown = set(spec) - _TABLE_FIELDS
+    if unknown:
+        raise DeclarationError(f"{at}: unknown field(s) {sorted(unknown)} (known: {', '.join(sorted(_TABLE_FIELDS))})")
+    source = spec.get("source")
+    if not isinstance(source, str) or not _SOURCE.match(source):
+        raise DeclarationError(f"{at}.source: must be \"schema.table\" (got {source!r})")
+    key = _names(spec.get("key"), f"{at}.key", required=True)
+    if len(set(key)) != len(key):
+        raise DeclarationError(f"{at}.key: a column is named twice ({key})")
+    columns = spec.get("columns", {})
+    if not isinstance(columns, dict) or any(not isinstance(v, str) or v not in WIRE_TYPES for v in columns.values()):
+        raise DeclarationError(f"{at}.columns: must map each column to its wire type, one of {WIRE_TYPES}")
+    typed = spec.get("typed", True)
+    if not isinstance(typed, bool):
+        raise DeclarationError(f"{at}.typed: must be true or false")
+    subject = spec.get("subject")
+    if subject is not None and not isinstance(subject, str):
+        raise DeclarationError(f"{at}.subject: must be a column name")
+    pii = _names(spec.get("pii", []), f"{at}.pii")
+    if pii and subject is None:
+        raise DeclarationError(f"{at}.pii: personal data needs a `subject` column saying whose it is")
+
+    def known(column: str, where: str) -> None:
+        if columns and column not in columns:
+            raise DeclarationError(f"{where}: column {column!r} is not among the table's declared columns "
+                                   f"({', '.join(columns)})")
+
+    for c in key:
+        known(c, f"{at}.key")
+    if subject:
+        known(subject, f"{at}.subject")
+    for c in pii:
+        known(c, f"{at}.pii")
+        if c in key:
+            raise DeclarationError(f"{at}.pii: {c!r} is a key column: an erasure removes the row, it does not blank "
+                                   "its key")
+    cleans = tuple(_clean(s, f"{at}.clean[{i}]") for i, s in enumerate(_list(spec.get("clean"), f"{at}.clean")))
+    rules = tuple(_rule(s, f"{at}.rules[{i}]") for i, s in enumerate(_list(spec.get("rules"), f"{at}.rules")))
+    derives = tuple(_derive(s, f"{at}.derive[{i}]") for i, s in enumerate(_list(spec.get("derive"), f"{at}.derive")))
+    for i, c in enumerate(cleans):
+        known(c.column, f"{at}.clean[{i}].column")
+    for i, r in enumerate(rules):
+        known(r.column, f"{at}.rules[{i}].column")
+    for i, d in enumerate(derives):
+        known(d.date_of, f"{at}.derive[{i}].date_of")
+        if d.column in columns or d.column in key or d.column.startswith("_"):
+            raise DeclarationError(f"{at}.derive[{i}].column: {d.column!r} is a source column or starts with '_'")
+    extra = _names(spec.get("silver_extra", []), f"{at}.silver_extra")
+    if extra and not columns:
+        raise DeclarationError(f"{at}.silver_extra: only with `columns` (without them silver carries every column)")
+    if any(c.startswith("_") or c in {d.column for d in derives} for c in extra):
+        raise DeclarationError(f"{at}.silver_extra: names starting with '_' and derived columns are silver's own")
+    names = [r.name for r in rules]
+    if len(set(names)) != len(names):
+        twice = sorted({n for n in names if names.count(n) > 1})
+        raise DeclarationError(f"{at}.rules: two rules share a name ({twice}): quarantine could not say which failed")
+    schema, table = source.split(".", 1)
+    return TableDecl(name, schema, table, key, subject, pii, rules, cleans, derives, dict(columns), typed,
+                     tuple(c for c in extra if c not in columns))
+
+
+def _list(value: Any, at: str) -> list[dict[str, Any]]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+        raise DeclarationError(f"{at}: must be an array of tables ([[...]])")
+    return value
+
+
+def _names(value: Any, at: str, *, required: bool = False) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value) or (required and not value):
+        raise DeclarationError(f"{at}: must be a{' non-empty' if required else ''} list of column names")
+    return tuple(value)
+
+
+def _clean(spec: dict[str, Any], at: str) -> Clean:
+    unknown = set(spec) - {"column", *CLEAN_STEPS}
+    if unknown:
+        raise DeclarationError(f"{at}: unknown field(s) {sorted(unknown)} (cleaning steps: {', '.join(CLEAN_STEPS)})")
+    column = spec.get("column")
+    if not isinstance(column, str) or not column:
+        raise DeclarationError(f"{at}.column: required")
+    steps = {s: spec.get(s, False) for s in CLEAN_STEPS}
+    if any(not isinstance(v, bool) for v in steps.values()):
+        raise DeclarationError(f"{at}: {', '.join(CLEAN_STEPS)} take true or false")
+    if not any(steps.values()):
+        raise DeclarationError(f"{at}: no step (set one of {', '.join(CLEAN_STEPS)} to true)")
+    if steps["upper"] and steps["lower"]:
+        raise DeclarationError(f"{at}: upper and lower together")
+    return Clean(column, **steps)
+
+
+def _rule(spec: dict[str, Any], at: str) -> Rule:
+    unknown = set(spec) - {"column", "name", *RULE_KINDS}
+    if unknown:
+        raise DeclarationError(f"{at}: unknown field(s) {sorted(unknown)} (rules: {', '.join(RULE_KINDS)})")
+    column = spec.get("column")
+    if not isinstance(column, str) or not column:
+        raise DeclarationError(f"{at}.column: required")
+    kinds = [k for k in RULE_KINDS if k in spec]
+    if len(kinds) != 1:
+        raise DeclarationError(f"{at}: exactly one of {', '.join(RULE_KINDS)} per rule (got {kinds or 'none'})")
+    kind, value = kinds[0], spec[kinds[0]]
+    if kind == "one_of" and (not isinstance(value, list) or not value
+                             or not all(isinstance(v, str | int | float) and not isinstance(v, bool) for v in value)):
+        raise DeclarationError(f"{at}.one_of: must be a non-empty list of strings or numbers")
+    if kind == "pattern" and (not isinstance(value, str) or not value):
+        raise DeclarationError(f"{at}.pattern: must be a (Java) regular expression")
+    if kind in ("min", "max") and (isinstance(value, bool) or not isinstance(value, int | float | str)):
+        raise DeclarationError(f"{at}.{kind}: must be a number (or a date or timestamp as text)")
+    if kind == "not_null":
+        if value is not True:
+            raise DeclarationError(f"{at}.not_null: must be true")
+        value = None
+    if kind == "cast" and (not isinstance(value, str) or not re.match(r"^(decimal\(\d+,\s*\d+\)|timestamp|date|"
+                                                                       r"bigint|int|double|boolean)$", value)):
+        raise DeclarationError(f"{at}.cast: one of decimal(p,s), timestamp, date, bigint, int, double, boolean "
+                               f"(got {value!r})")
+    name = spec.get("name", f"{column}_{kind}")
+    if not isinstance(name, str) or not name:
+        raise DeclarationError(f"{at}.name: must be text")
+    return Rule(column, kind, value, name)
+
+
+def _derive(spec: dict[str, Any], at: str) -> Derive:
+    if set(spec) != {"column", "date_of"} or not all(isinstance(v, str) and v for v in spec.values()):
+        raise DeclarationError(f"{at}: a derived column takes exactly `column` and `date_of` (a timestamp column)")
+    return Derive(spec["column"], spec["date_of"])
+
+
+def missing_columns(table: TableDecl, have: set[str]) -> list[str]:
+    """Columns the declaration's key, subject, pii, cleaning, rules or derivations name that `have` lacks,
+    each as `<field>: <column>`."""
+    named = [("key", c) for c in table.key] + [("subject", table.subject)] * bool(table.subject) + \
+        [("pii", c) for c in table.pii] + [(f"clean[{i}].column", c.column) for i, c in enumerate(table.clean)] + \
+        [(f"rules[{i}].column", r.column) for i, r in enumerate(table.rules)] + \
+        [(f"derive[{i}].date_of", d.date_of) for i, d in enumerate(table.derive)]
+    return [f"{f}: {c}" for f, c in named if c not in have]
