@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 from airflow.providers.standard.operators.bash import BashOperator
 from airflow.sdk import Asset, TaskGroup
 
-from pipelines.catalog import CHANGE_FEED_TABLES, lake_table
+from pipelines.catalog import change_feed_tables, lake_table
 from pipelines.deploy.jobs import JOB_ENV, SparkJob
 from pipelines.settings import PROJECT_ROOT, lake_root
 
@@ -63,7 +63,7 @@ def table_asset(name: str) -> Asset:
 def etl_outputs() -> list[Asset]:
     """The tables an etl cycle (or an erasure) changes that consumers read: the catalog's silver and gold
     tables with a change feed. DAGs scheduled on them run after each."""
-    return [table_asset(name) for name in CHANGE_FEED_TABLES if not name.startswith("bronze/")]
+    return [table_asset(name) for name in change_feed_tables() if not name.startswith("bronze/")]
 
 
 def _uri(path: str) -> str:

@@ -1,24 +1,10 @@
-"""The table catalog: every table of the lake, where it lives, its key and how it is written, and what
-the project does with each source table beyond what the contract fixes. `lakehouse status` and
-`changes`, the DAGs' Assets and task lists, the table services and the erasure all read it, so a
-lake table is added here and nowhere else. A new source table also needs what is specific to its
-columns: its silver rules (`transform/silver.py`) and its quality suite (`services/quality.py`).
+"""The table catalog: every table of the lake, where it lives, its key and how it is written. `lakehouse status`
+and `changes`, the DAGs' Assets and task lists, the table services and the erasure all read it.
 
-One line per source table. The contract (`pipelines.contract`) fixes the columns every layer
-must hold; this is where a deployment chooses the rest.
-
-`silver_extra_columns`: bronze columns beyond the contract's (added in the source since,
-contract section 6) that `silver/<table>` and its quarantine carry, with bronze's name and type
-(widened when bronze widens; null once dropped in the source, as in bronze). Off by default:
-silver is the contract's validated shape, which its readers (gold, incremental-ETL consumers)
-rely on, and an added column is whatever a product team put there, unvalidated and perhaps
-personal data. A column named here that bronze does not hold (yet) is left out, with a warning,
-until the source adds it; naming a column here later carries it from the next change of each
-row on (rows that do not change keep it null until a rebuild: `lakehouse etl` after deleting the
-silver tables).
-
-Every bronze column, added ones included, is always in bronze itself and in `lakehouse changes
-bronze/<table>`.
+Its source tables are the declared ones (`pipelines.declaration`, contract section 7): each gives a
+bronze table, its change log and delete ledger, a silver table and its quarantine, keyed by the
+declared key. Gold's tables are the project's business job over the shop's customers and orders:
+they are in the catalog when those two are declared (`gold_declared`).
 """
 
 from __future__ import annotations
@@ -26,35 +12,30 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import hudi_configs
-from pipelines import contract
+from pipelines.declaration import Declaration, declared
 from pipelines.settings import quarantine_path, silver_path, table_path
 
-
-@dataclass(frozen=True)
-class SourceTable:
-    name: str
-    silver_extra_columns: tuple[str, ...] = ()
-
-
-CATALOG: dict[str, SourceTable] = {
-    "customers": SourceTable("customers", silver_extra_columns=()),
-    "orders": SourceTable("orders", silver_extra_columns=()),
-}
-assert tuple(CATALOG) == contract.TABLES, "the catalog lists the contract's tables, in its order"
+# Columns silver makes itself: a source column of one of these names cannot be carried.
+SILVER_OWN_COLUMNS = frozenset({"failed_rule", "_quarantined_at"})
+# What gold reads: the declared tables (and their columns) its aggregates need.
+GOLD_INPUTS = {"customers": ("id", "country"),
+               "orders": ("id", "customer_id", "status", "amount", "currency", "created_at")}
 
 
-# Columns silver makes itself: an extra bronze column of one of these names cannot be carried.
-SILVER_OWN_COLUMNS = frozenset({"order_date", "failed_rule", "_quarantined_at"})
+def gold_declared(decl: Declaration | None = None) -> bool:
+    """Whether gold's input tables are declared (with the key gold joins on): gold runs only then."""
+    decl = decl or declared()
+    return all(name in decl.tables and decl.tables[name].key == ("id",) for name in GOLD_INPUTS)
 
 
 def silver_extra_columns(table: str) -> tuple[str, ...]:
-    """The catalog's extra bronze columns for silver/<table>, minus any the contract already has."""
-    named = CATALOG[table].silver_extra_columns
-    wrong = [c for c in named if c.startswith("_") or c in SILVER_OWN_COLUMNS]
+    """The declaration's extra bronze columns for silver/<table> (`silver_extra`)."""
+    named = declared().table(table).silver_extra
+    wrong = [c for c in named if c in SILVER_OWN_COLUMNS]
     if wrong:
-        raise ValueError(f"pipelines/catalog.py, {table}: silver_extra_columns {wrong} collide with the columns "
-                         f"silver and Hudi add themselves (names starting with '_', {sorted(SILVER_OWN_COLUMNS)})")
-    return tuple(dict.fromkeys(c for c in named if c not in contract.COLUMNS[table]))
+        raise ValueError(f"{declared().path}, tables.{table}.silver_extra: {wrong} collide with the columns silver "
+                         f"adds itself ({sorted(SILVER_OWN_COLUMNS)})")
+    return named
 
 
 # --------------------------------------------------------------------------- the lake's tables
@@ -66,8 +47,9 @@ class Table:
     `name` is its path under the lake root and the name every command, DAG task and report uses.
     `writer` names its writer's options (`hudi_configs/<layer>.toml`): bronze's sections (`table`,
     `changelog`, `ledger`, `dead_letters`), silver's one, gold's table. `holds` says whose data its
-    rows are (`customer`: keyed by a customer id, `order`: by an order id, `customer_id`: a column
-    naming the customer) for the erasure; `change_feed` that `lakehouse changes` offers it.
+    rows are (`customer`: keyed by a customer id, `order`: rows of their own key naming a customer
+    in the declared `subject` column, `customer_id`: gold's column naming the customer) for the
+    erasure; `change_feed` that `lakehouse changes` offers it.
     """
 
     name: str
@@ -85,44 +67,51 @@ class Table:
         return table_path(self.layer, self.name.split("/", 1)[1], root)
 
 
-def _lake_tables() -> tuple[Table, ...]:
-    holds = {"customers": "customer", "orders": "order"}
-    bronze = [t for s in CATALOG for t in (
-        Table(f"bronze/{s}", (contract.PRIMARY_KEY,), "table", s, holds[s], change_feed=True),
-        Table(f"bronze/_deletes/{s}", (contract.PRIMARY_KEY,), "ledger", s, holds[s]),
-        Table(f"bronze/_changelog/{s}", (contract.PRIMARY_KEY,), "changelog", s, holds[s]))]
+_GOLD = (Table("gold/_customer_orders", ("customer_id",), "customer_orders", holds="customer_id"),
+         Table("gold/customer_ltv", ("customer_id",), "customer_ltv", holds="customer_id", change_feed=True),
+         Table("gold/daily_revenue", ("order_date", "country", "currency"), "daily_revenue", change_feed=True))
+_CATALOGS: dict[int, tuple[Declaration, tuple[Table, ...]]] = {}
+
+
+def lake_catalog() -> tuple[Table, ...]:
+    """Every table the pipeline writes for the declaration in force, bronze first, in the order the services and
+    the erasure work. A new source table is a declaration; a new kind of table is a line here."""
+    decl = declared()
+    if id(decl) in _CATALOGS and _CATALOGS[id(decl)][0] is decl:
+        return _CATALOGS[id(decl)][1]
+    bronze: list[Table] = []
+    silver: list[Table] = []
+    for s, t in decl.tables.items():
+        holds = None if not t.subject else "customer" if t.key == (t.subject,) else "order"
+        bronze += [Table(f"bronze/{s}", t.key, "table", s, holds, change_feed=True),
+                   Table(f"bronze/_deletes/{s}", t.key, "ledger", s, holds),
+                   Table(f"bronze/_changelog/{s}", t.key, "changelog", s, holds)]
+        silver += [Table(f"silver/{s}", t.key, "table", s, holds, change_feed=True),
+                   Table(f"silver/_quarantine/{s}", t.key, "table", s, holds)]
     bronze.append(Table("bronze/_dead_letters", ("position",), "dead_letters"))
-    silver = [t for s in CATALOG for t in (
-        Table(f"silver/{s}", (contract.PRIMARY_KEY,), "table", s, holds[s], change_feed=True),
-        Table(f"silver/_quarantine/{s}", (contract.PRIMARY_KEY,), "table", s, holds[s]))]
-    gold = [Table("gold/_customer_orders", ("customer_id",), "customer_orders", holds="customer_id"),
-            Table("gold/customer_ltv", ("customer_id",), "customer_ltv", holds="customer_id", change_feed=True),
-            Table("gold/daily_revenue", ("order_date", "country", "currency"), "daily_revenue", change_feed=True)]
-    return (*bronze, *silver, *gold)
-
-
-# Every table the pipeline writes, bronze first, in the order the services and the erasure work.
-# A new source table is a line in CATALOG above; a new kind of table is a line here.
-LAKE_TABLES: tuple[Table, ...] = _lake_tables()
+    tables = (*bronze, *silver, *(_GOLD if gold_declared(decl) else ()))
+    _CATALOGS[id(decl)] = (decl, tables)
+    return tables
 
 
 def lake_table(name: str) -> Table:
     """The catalog's table of that name (e.g. `silver/orders`); KeyError naming the known ones."""
-    for table in LAKE_TABLES:
+    for table in lake_catalog():
         if table.name == name:
             return table
-    raise KeyError(f"no lake table {name!r}; the catalog has {', '.join(t.name for t in LAKE_TABLES)}")
+    raise KeyError(f"no lake table {name!r}; the catalog has {', '.join(t.name for t in lake_catalog())}")
 
 
 def names(layer: str | None = None, *, holds: str | None = None, writer: str | None = None) -> list[str]:
     """Names of the catalog's tables, in its order: of one layer, holding one kind of subject, of one writer."""
-    return [t.name for t in LAKE_TABLES if (layer is None or t.layer == layer)
+    return [t.name for t in lake_catalog() if (layer is None or t.layer == layer)
             and (holds is None or t.holds == holds) and (writer is None or t.writer == writer)]
 
 
-# Lake tables whose changes `lakehouse changes` serves, with their key columns (pure Python:
-# the CLI lists them without Spark).
-CHANGE_FEED_TABLES: dict[str, tuple[str, ...]] = {t.name: t.key for t in LAKE_TABLES if t.change_feed}
+def change_feed_tables() -> dict[str, tuple[str, ...]]:
+    """Lake tables whose changes `lakehouse changes` serves, with their key columns (pure Python: the CLI lists
+    them without Spark)."""
+    return {t.name: t.key for t in lake_catalog() if t.change_feed}
 
 
 # --------------------------------------------------------------------------- how each table is written
@@ -133,18 +122,32 @@ def hudi_table_name(name: str) -> str:
     return name.replace("/_", "_").replace("/", "_")
 
 
+def keyed_options(key: tuple[str, ...], part: str = "table") -> dict[str, str]:
+    """The options that name a bronze table's key: its record key and, where the bucket index hashes it, the
+    hash's fields. The change log's record is a change, so its key is the row's key and the change's LSN.
+
+    A composite key is a record key of several fields (Hudi stores `c1:v1,c2:v2`), which the
+    non-partitioned key generator handles as well as a single one.
+    """
+    if part == "changelog":
+        return {"hoodie.datasource.write.recordkey.field": ",".join((*key, "_lsn"))}
+    return {"hoodie.datasource.write.recordkey.field": ",".join(key),
+            "hoodie.bucket.index.hash.field": ",".join(key)}
+
+
 def bronze_options(part: str, name: str, **extra: str) -> dict[str, str]:
-    """Writer options of a bronze table of `[part]` in bronze.toml, named `name` (hoodie.table.name)."""
+    """Writer options of a bronze table of `[part]` in bronze.toml, named `name` (hoodie.table.name); `extra`
+    names its key (`keyed_options`) unless the part's section does."""
     opts = hudi_configs.writer("bronze", part)
     opts["hoodie.table.name"] = name
-    opts.setdefault("hoodie.datasource.write.recordkey.field", contract.PRIMARY_KEY)
     opts.update(extra)
     return opts
 
 
-def silver_options(name: str) -> dict[str, str]:
-    """Writer options of a silver or quarantine table named `name` (hoodie.table.name)."""
-    return {**hudi_configs.writer("silver", "table"), "hoodie.table.name": name}
+def silver_options(name: str, key: tuple[str, ...] = ("id",)) -> dict[str, str]:
+    """Writer options of a silver or quarantine table named `name` (hoodie.table.name), keyed by `key`."""
+    return {**hudi_configs.writer("silver", "table"), "hoodie.table.name": name,
+            "hoodie.datasource.write.recordkey.field": ",".join(key)}
 
 
 def gold_options(table: str) -> dict[str, str]:
@@ -157,9 +160,10 @@ def gold_options(table: str) -> dict[str, str]:
 def writer_options(table: Table) -> dict[str, str]:
     """The options the writer of a catalog table uses."""
     if table.layer == "bronze":
-        return bronze_options(table.writer, hudi_table_name(table.name))
+        keyed = {} if table.writer == "dead_letters" else keyed_options(table.key, table.writer)
+        return bronze_options(table.writer, hudi_table_name(table.name), **keyed)
     if table.layer == "silver":
-        return silver_options(hudi_table_name(table.name))
+        return silver_options(hudi_table_name(table.name), table.key)
     return gold_options(table.name.split("/", 1)[1])
 
 
@@ -170,6 +174,7 @@ class LakeTable:
     name: str  # as `lakehouse status` and the DAG's task ids spell it: bronze/customers, ...
     path: str
     options: dict[str, str] = field(repr=False)
+    key: tuple[str, ...] = ()
     readers: tuple[str, ...] = ()  # tables that checkpoint their reads of this one: expiry waits for them
     # A change log's delete ledger (name, path, options): expiry moves the deletes of the days it drops there.
     ledger: tuple[str, str, dict[str, str]] | None = field(default=None, repr=False)
@@ -186,13 +191,13 @@ class LakeTable:
 def lake_tables(root: str) -> list[LakeTable]:
     """Every Hudi table the pipeline writes, at `root`, with the options its writer uses."""
     tables = []
-    for t in LAKE_TABLES:
+    for t in lake_catalog():
         path, options = t.path(root), writer_options(t)
         if t.writer == "changelog":  # silver reads it; expiry moves its deletes to the source's ledger
             ledger = lake_table(f"bronze/_deletes/{t.source}")
-            tables.append(LakeTable(t.name, path, options,
+            tables.append(LakeTable(t.name, path, options, t.key,
                                     readers=(silver_path(t.source, root), quarantine_path(t.source, root)),
                                     ledger=(ledger.name, ledger.path(root), writer_options(ledger))))
         else:
-            tables.append(LakeTable(t.name, path, options))
+            tables.append(LakeTable(t.name, path, options, t.key))
     return tables

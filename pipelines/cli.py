@@ -15,7 +15,8 @@ from pathlib import Path
 import click
 
 from pipelines import console, settings
-from pipelines.catalog import CHANGE_FEED_TABLES
+from pipelines.catalog import change_feed_tables
+from pipelines.declaration import DeclarationError, declared
 from pipelines.deploy.stream_local import stream
 from pipelines.gdpr.cli import gdpr
 from pipelines.ingest.schema_cli import schema
@@ -30,10 +31,15 @@ def main(ctx: click.Context, verbose: bool) -> None:
     """Lakehouse CDC pipeline: Debezium events on Kafka into Apache Hudi tables.
 
     Configuration: LAKEHOUSE_ROOT (lake root, default ./lake), KAFKA_BOOTSTRAP_SERVERS
-    (default 127.0.0.1:9092), LAKEHOUSE_TARGET (local | emr). Each command prints what it did;
+    (default 127.0.0.1:9092), LAKEHOUSE_TABLES (the declared tables, a TOML file; default the
+    shop's), LAKEHOUSE_TARGET (local | emr). Each command prints what it did;
     Spark, Hudi and library logs go to a log file under LAKEHOUSE_LOG_DIR (default .logs/),
     named when Spark starts and when the command fails.
     """
+    try:  # every command reads it: a wrong one stops the command before it writes anything
+        declared()
+    except DeclarationError as exc:
+        raise click.ClickException(str(exc)) from exc
     console.setup(ctx.invoked_subcommand or "lakehouse", verbose)
     ctx.call_on_close(console.teardown)
     logging.getLogger("kafka").setLevel(logging.WARNING)
@@ -154,18 +160,22 @@ def quality(layers: tuple[str, ...], max_age_hours: float) -> None:
 
 
 @main.command()
-@click.argument("table", type=click.Choice(list(CHANGE_FEED_TABLES)))
+@click.argument("table")
 @click.option("--since", default=None, help="Checkpoint returned by the previous call  [default: from the start]")
 @click.option("--checkpoint-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Read --since from this file if it exists, and store the new checkpoint in it after printing.")
 def changes(table: str, since: str | None, checkpoint_file: Path | None) -> None:
-    """Rows of TABLE changed since a checkpoint, one JSON object per line, deletions included.
+    """Rows of TABLE (`<layer>/<name>`: bronze/orders, silver/customers, gold/customer_ltv, any declared table's)
+    changed since a checkpoint, one JSON object per line, deletions included.
 
     Each row has `_change`: "upsert" (the row as it is now) or "delete" (the key only). The new
     checkpoint goes to stderr as `checkpoint: ...` (and into --checkpoint-file). When the rows are
     the whole table instead (first read, or a checkpoint that was cleaned or archived), stderr
     also says `snapshot: ...`.
     """
+    if table not in (feeds := change_feed_tables()):
+        raise click.BadParameter(f"{table!r} is not a table with a change feed (tables: {', '.join(feeds)})",
+                                 param_hint="TABLE")
     from pipelines.spark import get_spark
     from pipelines.transform.changes import read_changes
 
@@ -221,8 +231,7 @@ def status() -> None:
 
     Read with hudi-rs: no Spark needed.
     """
-    from pipelines.catalog import LAKE_TABLES, lake_table
-    from pipelines.contract import topic
+    from pipelines.catalog import lake_catalog, lake_table
     from pipelines.settings import dead_letter_path
     from pipelines.table_stats import has_completed_commit, read_table, table_stats
 
@@ -239,7 +248,8 @@ def status() -> None:
                f"{'dead letters':>14}")
     # The catalog's tables that people read: bronze's and silver's of each source table, gold's
     # aggregates; not the internal ones (names with a `_` part: change logs, ledgers, quarantine).
-    for table in [t for t in LAKE_TABLES if "/_" not in t.name]:
+    topic = declared().topic
+    for table in [t for t in lake_catalog() if "/_" not in t.name]:
         path = table.path()
         if not has_completed_commit(path):
             if table.layer == "bronze":

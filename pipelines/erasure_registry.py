@@ -22,7 +22,7 @@ from pathlib import Path
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from pipelines import contract
+from pipelines.declaration import declared
 from pipelines.settings import erasure_key_file, gdpr_path
 from pipelines.table_stats import has_completed_commit
 
@@ -128,7 +128,8 @@ def dead_letter_hashes(rows: DataFrame, key: str) -> Column:
     """Pseudonyms of every id a dead letter may name: its Kafka key, and the envelope's (customer) ids."""
     text = F.col("value").cast("string")
     key_id = F.get_json_object(F.col("key").cast("string"), "$.id")
-    on_orders = F.col("kafka_topic") == contract.topic("orders")
+    decl = declared()
+    on_orders = F.col("kafka_topic") == (decl.topic("orders") if "orders" in decl.tables else "")
     ids = [F.regexp_extract_all(text, F.lit(rf'"{name}"\s*:\s*"?(\d+)'), F.lit(1)) for name in ("id", "customer_id")]
     customer_ids = F.concat(F.when(~on_orders, F.array(key_id)).otherwise(F.array()),
                             F.when(~on_orders, ids[0]).otherwise(F.array()), ids[1])

@@ -26,10 +26,10 @@ def test_known_rows_follow_upserts_deletes_and_reinserts_across_many_pieces(spar
 
     def load():
         loads.append(1)
-        return known_rows(spark.createDataFrame(main_rows, "id long, _lsn long, _live boolean"),
+        return known_rows(("id",), spark.createDataFrame(main_rows, "id long, _lsn long, _live boolean"),
                           spark.createDataFrame(ledger, "id long, _lsn long"))
 
-    known = KnownRows(load)
+    known = KnownRows(load, ("id",))
     lsn = 10_000  # newer than every row of the tables
     added, among_themselves = [], False
     for _ in range(12):
@@ -45,7 +45,7 @@ def test_known_rows_follow_upserts_deletes_and_reinserts_across_many_pieces(spar
                 if in_main.pop(key, None) is not None:
                     to_main.append((key, lsn, False))
         added.append(len(to_main) + len(to_log))
-        known.add(known_rows(main=spark.createDataFrame(to_main, "id long, _lsn long, _live boolean"),
+        known.add(known_rows(("id",), main=spark.createDataFrame(to_main, "id long, _lsn long, _live boolean"),
                              deletes=spark.createDataFrame(to_log, "id long, _lsn long")), added[-1])
         sizes = known.sizes
         assert sum(sizes) == len(main_rows) + len(ledger) + sum(added) and len(sizes) <= 6, sizes
@@ -62,15 +62,15 @@ def test_known_rows_follow_upserts_deletes_and_reinserts_across_many_pieces(spar
 def test_known_rows_of_empty_tables_answer_without_a_join_until_a_batch_adds_rows(spark) -> None:
     """A new lake's first batch looks its keys up in nothing: an empty relation the optimizer folds
     away (no broadcast of the batch's keys); rows added afterwards are found."""
-    known = KnownRows(lambda: known_rows(spark.createDataFrame([], "id long, _lsn long, _live boolean"),
-                                         spark.createDataFrame([], "id long, _lsn long")))
+    known = KnownRows(lambda: known_rows(("id",), spark.createDataFrame([], "id long, _lsn long, _live boolean"),
+                                         spark.createDataFrame([], "id long, _lsn long")), ("id",))
     keys = spark.createDataFrame([(1,), (2,)], "id long")
     empty = known.lookup(keys)
     assert empty.columns == ["id", "_m_lsn", "_t_lsn"] and empty.collect() == []
     plan = keys.join(empty, "id", "left")._jdf.queryExecution().optimizedPlan().toString()
     assert "Join" not in plan and "Aggregate" not in plan, plan  # the keys with null columns, nothing else
-    known.add(known_rows(main=spark.createDataFrame([(1, 7, True)], "id long, _lsn long, _live boolean")), 1)
-    known.add(known_rows(deletes=spark.createDataFrame([(2, 9)], "id long, _lsn long")), 1)
+    known.add(known_rows(("id",), main=spark.createDataFrame([(1, 7, True)], "id long, _lsn long, _live boolean")), 1)
+    known.add(known_rows(("id",), deletes=spark.createDataFrame([(2, 9)], "id long, _lsn long")), 1)
     assert sorted(tuple(r) for r in known.lookup(keys).collect()) == [(1, 7, None), (2, None, 9)]
 
 

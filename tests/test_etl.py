@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from pipelines.catalog import CHANGE_FEED_TABLES
+from pipelines.catalog import change_feed_tables
 from pipelines.contract import TABLES
 from pipelines.ingest.bronze import run_ingest
 from pipelines.settings import quarantine_path, silver_path
@@ -24,11 +24,11 @@ from pipelines.transform.etl import run_etl
 from tests.kill import inflight, run_until
 from tests.lake import LakeCopy, assert_lake_equals_model
 
-FEEDS = tuple(CHANGE_FEED_TABLES)
+FEEDS = tuple(change_feed_tables())
 
 
 def _key(table: str, row: dict) -> tuple:
-    return tuple(row[k] for k in CHANGE_FEED_TABLES[table])
+    return tuple(row[k] for k in change_feed_tables()[table])
 
 
 def _snapshot(spark: SparkSession, root: str, table: str) -> dict[tuple, dict]:

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
-from pipelines.catalog import bronze_options, gold_options, silver_options
+from pipelines.catalog import bronze_options, gold_options, keyed_options, silver_options
 from pipelines.gdpr.scan import Finding, ScanReport, Subject, scan_lake
 from pipelines.transform import gold
 
@@ -36,7 +36,7 @@ def _customers(spark: SparkSession, rows: list[tuple]) -> DataFrame:
 
 # The pipeline turns column stats off; a lake written before that (or by someone else) has
 # them, and the scanner must see into them.
-BRONZE_WITH_COLUMN_STATS = {**bronze_options("table", "bronze_customers"),
+BRONZE_WITH_COLUMN_STATS = {**bronze_options("table", "bronze_customers", **keyed_options(("id",))),
                             "hoodie.metadata.index.column.stats.enable": "true"}
 
 

@@ -58,8 +58,8 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 import hudi_configs
-from pipelines import contract
 from pipelines.catalog import lake_tables
+from pipelines.declaration import declared
 from pipelines.erasure_registry import erasure_key, read_registry, registry_path, subject_hash
 from pipelines.gdpr.certificate import write_certificate
 from pipelines.gdpr.find import ORDER_TABLES, find_subject
@@ -151,21 +151,22 @@ def kafka_tombstones(bootstrap: str, customers: list[int], orders: list[int]) ->
     from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient
 
     configs = hudi_configs.section("gdpr", "kafka_topics")
+    decl = declared()
+    topics = list(decl.topics())
     admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="lakehouse-gdpr")
     try:
-        admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, contract.topic(t), configs=configs)
-                             for t in contract.TABLES])
+        admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, t, configs=configs) for t in topics])
     finally:
         admin.close()
     producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all")
     try:
         for table, ids in (("customers", customers), ("orders", orders)):
-            for i in ids:
-                producer.send(contract.topic(table), key=json.dumps({"id": i}).encode(), value=None)
+            for i in ids if table in decl.tables else ():
+                producer.send(decl.topic(table), key=json.dumps({"id": i}).encode(), value=None)
         producer.flush(60)
     finally:
         producer.close()
-    return {"tombstones": len(customers) + len(orders), "topics": [contract.topic(t) for t in contract.TABLES],
+    return {"tombstones": len(customers) + len(orders), "topics": topics,
             "topic_config": configs}
 
 

@@ -74,7 +74,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 import hudi_configs
-from pipelines import contract
+from pipelines.declaration import declared
 from pipelines.ingest.compactor import Compactor, compactions_run_here
 from pipelines.ingest.state import positions_of
 from pipelines.ingest.stream import STOP_REQUEST, StreamLease
@@ -94,10 +94,10 @@ log = logging.getLogger(__name__)
 
 # --------------------------------------------------------------------------- the stream
 
-def kafka_stream(spark: SparkSession, bootstrap: str, tables: tuple[str, ...] = contract.TABLES) -> DataFrame:
+def kafka_stream(spark: SparkSession, bootstrap: str, tables: tuple[str, ...] | None = None) -> DataFrame:
     """The source topics of `tables` as a stream, with bronze.toml's Kafka options (also the benchmarks' readers)."""
     return (spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap)
-            .option("subscribe", ",".join(contract.topic(t) for t in tables))
+            .option("subscribe", ",".join(declared().topic(t) for t in tables or declared().names))
             .options(**hudi_configs.section("bronze", "kafka")))
 
 
@@ -120,8 +120,8 @@ def starting_offsets(spark: SparkSession, root: str, partitions: dict[str, list[
     from the earliest.
     """
     found: dict[str, dict[str, int]] = {}
-    for table in contract.TABLES:
-        topic = contract.topic(table)
+    for table in declared().names:
+        topic = declared().topic(table)
         applied = [positions_of(spark, where(table, root)) for where in (main_path, changelog_path)]
         found[topic] = {str(p): min(a.get(f"{topic}/{p}", -2) for a in applied) for p in partitions.get(topic, [])}
     if not any(o >= 0 for offsets in found.values() for o in offsets.values()):
@@ -136,7 +136,7 @@ def topic_partitions(bootstrap: str) -> dict[str, list[int]]:
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, request_timeout_ms=30000)
     try:
         topics = consumer.topics()
-        return {t: sorted(consumer.partitions_for_topic(t) or ()) for t in map(contract.topic, contract.TABLES)
+        return {t: sorted(consumer.partitions_for_topic(t) or ()) for t in map(declared().topic, declared().names)
                 if t in topics}
     finally:
         consumer.close()

@@ -32,8 +32,8 @@ from collections.abc import Sequence
 from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
-from pipelines import contract
-from pipelines.catalog import LakeTable, bronze_options
+from pipelines.catalog import LakeTable, bronze_options, keyed_options
+from pipelines.declaration import declared
 from pipelines.hudi_client import WriteClient
 from pipelines.hudi_timeline import meta_client
 from pipelines.settings import main_path
@@ -55,10 +55,10 @@ class Compactor:
     """Runs the pending compaction plans of the main tables, polled every `every` seconds, on a thread of its own."""
 
     def __init__(self, spark: SparkSession, root: str, every: float,
-                 tables: Sequence[str] = contract.TABLES) -> None:
+                 tables: Sequence[str] | None = None) -> None:
         self.spark = spark
         self.every = every
-        self.tables = {t: main_path(t, root) for t in tables}
+        self.tables = {t: main_path(t, root) for t in tables or declared().names}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -86,7 +86,7 @@ class Compactor:
                     meta_client(self.spark, path).getActiveTimeline().filterPendingCompactionTimeline().empty():
                 continue
             started = time.monotonic()
-            options = bronze_options("table", f"bronze_{table}")
+            options = bronze_options("table", f"bronze_{table}", **keyed_options(declared().table(table).key))
             with WriteClient(self.spark, LakeTable(f"bronze/{table}", path, options), options) as client:
                 instants = client.run_compactions()
             log.info("bronze/%s: compacted %s in %.1fs, beside the stream", table, ", ".join(instants),

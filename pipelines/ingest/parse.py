@@ -14,8 +14,9 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from pipelines import contract
+from pipelines.declaration import declared
+from pipelines.ingest.connect_types import convert
 from pipelines.ingest.schema import Shape
-from pipelines.ingest.state import KEY
 from pipelines.settings import unavailable_placeholder
 
 # --------------------------------------------------------------------------- parsing
@@ -37,15 +38,14 @@ _SOURCE = T.StructType([
 
 
 def row_schema(table: str) -> T.StructType:
-    """The `before`/`after` image: bigint columns as numbers, the rest kept as delivered (strings).
+    """A declared table's declared columns with their wire types (the shop's bronze row, without its metadata).
 
-    Bronze mirrors the source as it arrived; typing and cleaning are silver's job, so a
+    Bronze mirrors the shop as it arrived; typing and cleaning are silver's job, so a
     value silver will reject still lands here and can be traced back.
     """
-    return T.StructType([
-        T.StructField(c, T.LongType() if c in contract.BIGINT_COLUMNS[table] else T.StringType())
-        for c in contract.COLUMNS[table]
-    ])
+    decl = declared().table(table)
+    return T.StructType([T.StructField(c, T.LongType() if decl.wire_type(c) == "bigint" else T.StringType())
+                         for c in decl.columns])
 
 
 # A row image as column name -> the value's JSON text (strings unquoted): every column the
@@ -112,7 +112,7 @@ def parse_topics(raw: DataFrame, tables: dict[str, TableParse], placeholder: str
     it, what the schema decision needs (pipelines.ingest.schema), empty for a record of a known
     shape: `_decl_hash` (of the Connect schema's text, for a wrapped record), `_decl_new` (true when
     that hash is not in the table's `known_declared`),
-    `_new_keys` (columns not in `shape`), `_missing` (contract columns absent from a bare
+    `_new_keys` (columns not in `shape`), `_missing` (declared columns absent from a bare
     `after`), `_badcast` (bare values that do not fit their column's type), `_toast` (columns
     carrying the unavailable-value `placeholder`). The raw value is kept for dead letters and
     for records of an unknown shape (they may be held).
@@ -132,7 +132,7 @@ def parse_topics(raw: DataFrame, tables: dict[str, TableParse], placeholder: str
     e = F.col("_env")
     op, lsn = e["op"], e["source"]["lsn"]
     image = F.when(op == "d", e["before"]).otherwise(e["after"])
-    key_text = image[KEY]
+    decl = declared()
 
     def dead(reason: Column) -> Column:
         return F.struct(F.lit("dead").alias("kind"), reason.alias("reason"))
@@ -146,23 +146,26 @@ def parse_topics(raw: DataFrame, tables: dict[str, TableParse], placeholder: str
             return build(*next(iter(tables.items())))
         chosen: Column | None = None
         for table, spec in tables.items():
-            mine = F.col("kafka_topic") == contract.topic(table)
+            mine = F.col("kafka_topic") == decl.topic(table)
             chosen = F.when(mine, build(table, spec)) if chosen is None else chosen.when(mine, build(table, spec))
         assert chosen is not None
         return chosen if other is None else chosen.otherwise(other)
 
     no_image = F.concat(F.lit("op="), op, F.when(op == "d", F.lit(" without 'before'"))
                         .otherwise(F.lit(" without 'after'")))
-    no_key = F.concat(F.lit("op="), op, F.when(op == "d", F.lit(" without before.id"))
-                      .otherwise(F.lit(" without after.id")))
 
     def not_bigint(c: str) -> Column:
         return image[c].isNotNull() & image[c].cast("bigint").isNull()
 
     def classified(table: str, _: TableParse) -> Column:
-        where = f"on topic {contract.topic(table)}"
-        mistyped = functools.reduce(lambda a, b: a | b,
-                                    [not_bigint(c) for c in sorted(contract.BIGINT_COLUMNS[table])])
+        where = f"on topic {decl.topic(table)}"
+        t = decl.table(table)
+        numbers = sorted(c for c in t.columns if t.wire_type(c) == "bigint")
+        mistyped = functools.reduce(lambda a, b: a | b, [not_bigint(c) for c in numbers], F.lit(False))
+        key = "/".join(t.key)
+        no_key = F.concat(F.lit("op="), op, F.when(op == "d", F.lit(f" without before.{key}"))
+                          .otherwise(F.lit(f" without after.{key}")))
+        key_missing = functools.reduce(lambda a, b: a | b, [image[k].isNull() for k in t.key])
         return (
             F.when(F.col("value").isNull(), ok("tombstone"))
             .when(F.encode(F.col("_text"), "UTF-8") != F.col("value"), dead(F.lit("value is not valid UTF-8 text")))
@@ -181,9 +184,9 @@ def parse_topics(raw: DataFrame, tables: dict[str, TableParse], placeholder: str
                   dead(F.concat(F.lit("event of table '"), e["source"]["table"], F.lit(f"' {where}"))))
             .when(op == "t", ok("truncate"))
             .when(image.isNull(), dead(no_image))
-            .when(key_text.isNull(), dead(no_key))
+            .when(key_missing, dead(no_key))
             .when(mistyped, dead(F.lit(f"fields do not have the types of the {table} envelope "
-                                       f"({', '.join(sorted(contract.BIGINT_COLUMNS[table]))} must be JSON integers)")))
+                                       f"({', '.join(numbers)} must be JSON integers)")))
             .otherwise(ok("row"))
         )
 
@@ -208,8 +211,11 @@ def parse_topics(raw: DataFrame, tables: dict[str, TableParse], placeholder: str
             F.map_keys(image), literal_array(list(spec.shape.columns)))).otherwise(empty)
 
     def missing(table: str, spec: TableParse) -> Column:
+        fixed = tuple(decl.table(table).columns)
+        if not fixed:
+            return empty
         return F.when(upsert & connect_schema.isNull() & ~as_shape(spec), F.array_except(
-            literal_array(contract.COLUMNS[table]), F.map_keys(image))).otherwise(empty)
+            literal_array(fixed), F.map_keys(image))).otherwise(empty)
 
     def badcast(_: str, spec: TableParse) -> Column:
         shape = spec.shape
@@ -242,8 +248,7 @@ def parse_topics(raw: DataFrame, tables: dict[str, TableParse], placeholder: str
 
 def image_columns(shape: Shape) -> list[Column]:
     """The image's values as the shape's typed columns (a column the image lacks: null)."""
-    return [(F.col("_image")[c] if col.type == "string" else F.col("_image")[c].cast(col.type)).alias(c)
-            for c, col in shape.columns.items()]
+    return [convert(F.col("_image")[c], col.type, col.convert).alias(c) for c, col in shape.columns.items()]
 
 
 def dead_letters(events: DataFrame, batch_id: int) -> DataFrame:

@@ -10,7 +10,6 @@ from pyspark.sql import functions as F
 
 from pipelines.ingest.parse import image_columns
 from pipelines.ingest.schema import Shape
-from pipelines.ingest.state import KEY
 
 # --------------------------------------------------------------------------- planning
 
@@ -35,28 +34,29 @@ def truncate_deletes(events: DataFrame, main_state: DataFrame, shape: Shape) -> 
         return None
     t = newest[0]
     columns = shape.types()
-    keys = main_state.filter(F.col("_lsn") < t["_lsn"]).select(KEY).union(
-        change_rows(events, shape.table, shape).select(KEY)).distinct()
+    key = shape.key
+    keys = main_state.filter(F.col("_lsn") < t["_lsn"]).select(*key).unionByName(
+        change_rows(events, shape.table, shape).select(*key)).distinct()
     return keys.select(
-        KEY, *[F.lit(None).cast(kind).alias(c) for c, kind in columns.items() if c != KEY],
+        *key, *[F.lit(None).cast(kind).alias(c) for c, kind in columns.items() if c not in key],
         F.lit("d").alias("_op"), F.lit(t["_lsn"]).alias("_lsn"), F.lit(t["_source_ts"]).alias("_source_ts"),
         F.lit(t["_tx_id"]).cast("long").alias("_tx_id"), F.lit(t["kafka_partition"]).alias("_kafka_partition"),
         F.lit(t["kafka_offset"]).alias("_kafka_offset"), F.lit(t["kafka_timestamp"]).alias("_kafka_ts"),
     ).select(*columns, "_op", "_lsn", "_source_ts", "_tx_id", "_kafka_partition", "_kafka_offset", "_kafka_ts")
 
 
-def newest_per_key(changes: DataFrame) -> DataFrame:
+def newest_per_key(changes: DataFrame, key: tuple[str, ...]) -> DataFrame:
     """One row per key: the highest LSN; for a re-delivered event, its first delivery.
 
     A struct max is one aggregation with no sort: fields compare left to right.
     """
-    others = [c for c in changes.columns if c not in (KEY, "_lsn", "_kafka_offset")]
+    others = [c for c in changes.columns if c not in (*key, "_lsn", "_kafka_offset")]
     best = F.max(F.struct(F.col("_lsn"), (-F.col("_kafka_offset")).alias("_neg_offset"), *others)).alias("_b")
-    return changes.groupBy(KEY).agg(best).select(
-        KEY, "_b._lsn", (-F.col("_b._neg_offset")).alias("_kafka_offset"), *[f"_b.{c}" for c in others])
+    return changes.groupBy(*key).agg(best).select(
+        *key, "_b._lsn", (-F.col("_b._neg_offset")).alias("_kafka_offset"), *[f"_b.{c}" for c in others])
 
 
-def plan(newest: DataFrame, known: DataFrame, *, relog: bool = False) -> DataFrame:
+def plan(newest: DataFrame, known: DataFrame, key: tuple[str, ...], *, relog: bool = False) -> DataFrame:
     """Decide, per key, what the tables still lack: columns `to_main` and `to_log`.
 
     `known` is `state.known_state` of the batch's keys: `_m_lsn`, the LSN of main's row (null when
@@ -77,7 +77,7 @@ def plan(newest: DataFrame, known: DataFrame, *, relog: bool = False) -> DataFra
     lsn = F.col("_lsn")
     is_delete = F.col("_op") == "d"
     upsert = ~is_delete & (lsn > m) & (lsn > t)
-    joined = newest.join(known.select(KEY, "_m_lsn", "_t_lsn"), KEY, "left")
+    joined = newest.join(known.select(*key, "_m_lsn", "_t_lsn"), list(key), "left")
     to_main = upsert | (is_delete & (lsn > m) & (lsn >= t) & F.col("_m_lsn").isNotNull())
     new_delete = is_delete & (lsn > m) & (lsn > t)
     to_log = to_main | new_delete

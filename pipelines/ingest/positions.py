@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pyspark.sql import Row
 
-from pipelines import contract
+from pipelines.declaration import declared
 from pipelines.ingest.held_letters import stored_through
 from pipelines.ingest.state import BATCH_ID_META, positions_in
 from pipelines.settings import changelog_path, dead_letter_path, main_path
@@ -56,8 +56,8 @@ class PositionLedger:
 
         `newest`: by path, each one's commit metadata (`state.ingest_meta`).
         """
-        mains = [main_path(t, self.root) for t in contract.TABLES]
-        logs = [changelog_path(t, self.root) for t in contract.TABLES]
+        mains = [main_path(t, self.root) for t in declared().names]
+        logs = [changelog_path(t, self.root) for t in declared().names]
         store = dead_letter_path(self.root)
         self.applied = {path: positions_in(meta) for path, meta in newest.items()}
         self.position = {}

@@ -28,30 +28,30 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from pipelines import contract, storage
+from pipelines import storage
+from pipelines.declaration import declared
+from pipelines.ingest.connect_types import PHYSICAL
 
 COLUMNS_META = "_lakehouse.columns"
 SCHEMA_REASON = "schema: "
 
-# Kafka Connect's types, as the JsonConverter names them, to the bronze column's Spark type.
-# Logical types (Debezium's timestamps, decimals as strings) keep their physical type: bronze
-# mirrors values as delivered, silver types them.
-CONNECT_TYPES = {
-    "int8": "int", "int16": "int", "int32": "int", "int64": "bigint",
-    "float32": "float", "float64": "double", "boolean": "boolean",
-    "string": "string", "bytes": "string",
-}
 # Type promotions Hudi applies on write (Avro schema resolution): the stored type can be read as the new.
 WIDENINGS = {("int", "bigint"), ("int", "float"), ("int", "double"), ("bigint", "double"), ("float", "double")}
 
 
-def contract_type(table: str, column: str) -> str:
-    return "bigint" if column in contract.BIGINT_COLUMNS[table] else "string"
+def declared_type(table: str, column: str) -> str:
+    """A declared column's type before any message has typed it: its declared wire type (JSON text if none)."""
+    return declared().table(table).wire_type(column)
+
+
+def declared_columns(table: str) -> tuple[str, ...]:
+    """The columns the declaration fixes for `table` (contract sections 1 and 7): never dropped from an image."""
+    return tuple(declared().table(table).columns)
 
 
 def connect_type(kind: str | None) -> str:
-    """A Kafka Connect field type as a bronze column type (structs, arrays, maps: their JSON text)."""
-    return CONNECT_TYPES.get(kind or "", "string")
+    """A Kafka Connect physical type as a bronze column type, the wire form (structs, arrays, maps: their JSON text)."""
+    return PHYSICAL.get(kind or "", "string")
 
 
 def infer_type(values: list[Any]) -> str | None:
@@ -81,36 +81,50 @@ class Column:
     batch: int | None = None  # the ingest batch that introduced it (None: the table's creation)
     at: str | None = None  # when that batch committed it (UTC, ISO)
     widened: tuple[tuple[str, int, str], ...] = ()  # (from type, batch, at) of each widening
+    convert: str = ""  # how the value's JSON text becomes `type` (pipelines.ingest.connect_types.convert)
 
 
 @dataclass
 class Shape:
-    """A bronze table's columns, in table order (the contract's first, then those added since)."""
+    """A bronze table's columns, in table order (the declared ones first, then those added since)."""
 
     table: str
     columns: dict[str, Column] = field(default_factory=dict)
 
     @classmethod
     def initial(cls, table: str) -> Shape:
-        return cls(table, {c: Column(c, contract_type(table, c), True) for c in contract.COLUMNS[table]})
+        return cls(table, {c: Column(c, declared_type(table, c), True) for c in declared_columns(table)})
 
     @classmethod
     def from_meta(cls, table: str, text: str | None) -> Shape:
-        """The shape recorded in a main commit's metadata; the contract's for tables older than the record."""
+        """The shape recorded in a main commit's metadata; the declared one for tables older than the record."""
         shape = cls.initial(table)
         for doc in json.loads(text) if text else []:
             shape.columns[doc["name"]] = Column(doc["name"], doc["type"], doc["declared"], doc.get("batch"),
-                                                doc.get("at"), tuple(tuple(w) for w in doc.get("widened", ())))
+                                                doc.get("at"), tuple(tuple(w) for w in doc.get("widened", ())),
+                                                doc.get("convert", ""))
         return shape
 
     def to_meta(self) -> str:
         return json.dumps([{"name": c.name, "type": c.type, "declared": c.declared, "batch": c.batch, "at": c.at,
-                            "widened": [list(w) for w in c.widened]} for c in self.columns.values()])
+                            "widened": [list(w) for w in c.widened], "convert": c.convert}
+                           for c in self.columns.values()])
+
+    @property
+    def key(self) -> tuple[str, ...]:
+        """The declared key's columns."""
+        return declared().table(self.table).key
 
     @property
     def extras(self) -> list[str]:
-        """Columns beyond the contract's, in the order they were added."""
-        return [c for c in self.columns if c not in contract.COLUMNS[self.table]]
+        """Columns beyond the declared ones, in the order they were added."""
+        fixed = declared_columns(self.table)
+        return [c for c in self.columns if c not in fixed]
+
+    @property
+    def fixed(self) -> list[str]:
+        """The declared columns (those a writer puts before the metadata), in declared order."""
+        return [c for c in declared_columns(self.table) if c in self.columns]
 
     def types(self) -> dict[str, str]:
         return {c.name: c.type for c in self.columns.values()}
@@ -132,16 +146,17 @@ def _narrowing(table: str, column: str, stored: str, declared: str) -> str:
 
 
 def _missing(table: str, columns: tuple[str, ...]) -> str:
-    return (f"{SCHEMA_REASON}{table}.{','.join(columns)}: contract column missing from the source "
+    return (f"{SCHEMA_REASON}{table}.{','.join(columns)}: declared column missing from the source "
             "(dropped or renamed)")
 
 
-def decide(shape: Shape, declared_shapes: list[list[tuple[str, str]]], missing_sets: list[list[str]],
+def decide(shape: Shape, declared_shapes: list[list[tuple[str, str, str]]], missing_sets: list[list[str]],
            new_keys: dict[str, str | None], accepted: set[str], batch_id: int) -> Decision:
     """Apply a batch's shapes to `shape`.
 
-    `declared_shapes`: the distinct `after` field lists (name, Connect type) the batch's wrapped
-    messages declare, where they differ from what is known; `missing_sets`: contract columns
+    `declared_shapes`: the distinct `after` field lists (name, bronze type, conversion: see
+    `connect_types.bronze_column`) the batch's wrapped messages declare, where they differ from
+    what is known; `missing_sets`: declared columns
     absent from bare images; `new_keys`: columns of bare images the table lacks, with their
     inferred type (None: only nulls seen). `accepted` names `table.column`s an operator accepted
     (`lakehouse schema accept`): their change is applied as far as it can be (a narrowed type
@@ -155,20 +170,20 @@ def decide(shape: Shape, declared_shapes: list[list[tuple[str, str]]], missing_s
     def ok(column: str) -> bool:
         return f"{table}.{column}" in accepted
 
+    fixed = declared_columns(table)
     for fields in sorted(declared_shapes):
-        names = {n for n, _ in fields}
+        names = {n for n, _, _ in fields}
         reasons = []
-        gone = tuple(c for c in contract.COLUMNS[table] if c not in names and not ok(c))
+        gone = tuple(c for c in fixed if c not in names and not ok(c))
         if gone:
             reasons.append(_missing(table, gone))
-        for name, kind in fields:
-            want = connect_type(kind)
+        for name, want, conversion in fields:
             have = columns.get(name)
             if have is None:
-                columns[name] = Column(name, want, True, batch_id, at)
+                columns[name] = Column(name, want, True, batch_id, at, convert=conversion)
             elif have.type == want:
                 continue
-            elif (have.type, want) in WIDENINGS and name not in contract.COLUMNS[table]:
+            elif (have.type, want) in WIDENINGS and name not in fixed:
                 columns[name] = replace(have, type=want, declared=True,
                                         widened=(*have.widened, (have.type, batch_id, at)))
             elif (want, have.type) in WIDENINGS and (not have.declared or ok(name)):
@@ -207,8 +222,8 @@ def read_accepted(root: str) -> set[str]:
 
 def accept(root: str, table: str, column: str) -> set[str]:
     """Accept the incompatible change of `table.column`: the events held for it apply once replayed."""
-    if table not in contract.TABLES:
-        raise ValueError(f"no source table {table!r} (tables: {', '.join(contract.TABLES)})")
+    if table not in declared().names:
+        raise ValueError(f"no declared table {table!r} (tables: {', '.join(declared().names)})")
     accepted = read_accepted(root) | {f"{table}.{column}"}
     storage.write_text(accepted_path(root), json.dumps(sorted(accepted)))
     return accepted

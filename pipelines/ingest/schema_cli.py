@@ -7,7 +7,8 @@ import json
 
 import click
 
-from pipelines import contract, settings
+from pipelines import settings
+from pipelines.declaration import declared
 from pipelines.ingest.schema import COLUMNS_META, Shape, accept, held_column, read_accepted
 
 BATCH_ID_META = "_lakehouse.batch_id"  # as pipelines.ingest.bronze writes it (not imported: that pulls in Spark)
@@ -55,11 +56,17 @@ def schema() -> None:
     """Bronze's columns as the source's tables change (contract section 6)."""
 
 
+def _declared_table(_: click.Context, __: click.Parameter, value: str | None) -> str | None:
+    if value is not None and value not in declared().names:
+        raise click.BadParameter(f"no declared table {value!r} (declared: {', '.join(declared().names)})")
+    return value
+
+
 @schema.command("show")
-@click.argument("table", required=False, type=click.Choice(contract.TABLES))
+@click.argument("table", required=False, callback=_declared_table)
 def show(table: str | None) -> None:
     """List each bronze table's columns with the commit that introduced each (and any widening)."""
-    for name in [table] if table else contract.TABLES:
+    for name in [table] if table else declared().names:
         rows = history(name)
         click.echo(f"bronze/{name}" + ("" if rows else "  (not created yet)"))
         for r in rows:
@@ -68,11 +75,11 @@ def show(table: str | None) -> None:
 
 
 @schema.command("accept")
-@click.argument("table", type=click.Choice(contract.TABLES))
+@click.argument("table", callback=_declared_table)
 @click.argument("column")
 def accept_change(table: str, column: str) -> None:
     """Accept the incompatible change of TABLE.COLUMN (a narrowed type: bronze keeps the wider one; a
-    contract column dropped or renamed: null from then on, silver quarantines what its rules reject).
+    declared column dropped or renamed: null from then on, silver quarantines what its rules reject).
     Then replay the held events: `lakehouse dead-letters replay --reason schema`."""
     accepted = accept(settings.lake_root(), table, column)
     click.echo(f"accepted: {', '.join(sorted(accepted))}")

@@ -8,14 +8,13 @@ from __future__ import annotations
 import functools
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql import types as T
 
 import hudi_configs
-from pipelines import contract, storage
+from pipelines import storage
 from pipelines.hudi_timeline import latest_extra
 from pipelines.settings import changelog_path, ledger_path
 from pipelines.table_stats import has_completed_commit
@@ -23,12 +22,13 @@ from pipelines.table_stats import has_completed_commit
 log = logging.getLogger(__name__)
 
 
-KEY = contract.PRIMARY_KEY
+KEY = "id"  # TEMPORARY: transform/etl.py's single key until it reads the declared keys (removed then)
 DELETED_FLAG = "_hoodie_is_deleted"
 # CDC metadata kept on every bronze row (and ledger row).
 META_COLUMNS = ("_op", "_lsn", "_source_ts", "_tx_id", "_kafka_partition", "_kafka_offset", "_kafka_ts",
                 "_ingested_at")
-LEDGER_COLUMNS = (KEY, "_lsn", "_source_ts", "_tx_id", "_kafka_partition", "_kafka_offset", "_kafka_ts",
+# A ledger row: the table's key columns, then these.
+LEDGER_COLUMNS = ("_lsn", "_source_ts", "_tx_id", "_kafka_partition", "_kafka_offset", "_kafka_ts",
                   "_ingested_at")
 DEAD_LETTER_COLUMNS = ("position", "kafka_topic", "kafka_partition", "kafka_offset", "kafka_timestamp", "key",
                        "value", "reason", "batch_id", "ingested_at")
@@ -74,19 +74,23 @@ def discard_unborn(path: str) -> None:
     storage.remove_tree(path)
 
 
-_STATE = T.StructType([T.StructField(KEY, T.LongType()), T.StructField("_lsn", T.LongType())])
+def _empty_state(spark: SparkSession, key: dict[str, str]) -> DataFrame:
+    return spark.createDataFrame([], ", ".join([*(f"`{c}` {t}" for c, t in key.items()), "_lsn bigint"]))
 
 
-def read_state(spark: SparkSession, path: str) -> DataFrame:
-    """(id, _lsn) of every row of a bronze table; empty if the table has no commit yet."""
+def read_state(spark: SparkSession, path: str, key: dict[str, str]) -> DataFrame:
+    """(key columns, _lsn) of every row of a bronze table; empty if the table has no commit yet.
+
+    `key`: the key's columns with their types (what an empty table's frame is typed as).
+    """
     if not has_completed_commit(path):
-        return spark.createDataFrame([], _STATE)
+        return _empty_state(spark, key)
     return spark.read.format("hudi").options(**hudi_configs.section("bronze", "state_read")).load(path) \
-        .select(KEY, "_lsn")
+        .select(*key, "_lsn")
 
 
-def read_deletes(spark: SparkSession, table: str, root: str) -> DataFrame:
-    """(id, _lsn) of every delete applied to `table`: the change log's and the ledger's (a key may repeat).
+def read_deletes(spark: SparkSession, table: str, root: str, key: dict[str, str]) -> DataFrame:
+    """(key columns, _lsn) of every delete applied to `table`: the change log's and the ledger's (a key may repeat).
 
     The change log is read first and at once: expiry writes a day's deletes to the ledger and
     only then drops the day, so a ledger read after the change-log read misses nothing.
@@ -94,10 +98,10 @@ def read_deletes(spark: SparkSession, table: str, root: str) -> DataFrame:
     path = changelog_path(table, root)
     if has_completed_commit(path):
         log_deletes = spark.read.format("hudi").options(**hudi_configs.section("bronze", "state_read")) \
-            .load(path).filter(F.col("_op") == "d").select(KEY, "_lsn").localCheckpoint()
+            .load(path).filter(F.col("_op") == "d").select(*key, "_lsn").localCheckpoint()
     else:
-        log_deletes = spark.createDataFrame([], _STATE)
-    return log_deletes.unionByName(read_state(spark, ledger_path(table, root)))
+        log_deletes = _empty_state(spark, key)
+    return log_deletes.unionByName(read_state(spark, ledger_path(table, root), key))
 
 
 def ingest_meta(spark: SparkSession, path: str) -> dict[str, str]:
@@ -115,51 +119,51 @@ def positions_of(spark: SparkSession, path: str) -> dict[str, int]:
     return positions_in(ingest_meta(spark, path))
 
 
-def known_rows(main: DataFrame | None = None, deletes: DataFrame | None = None) -> DataFrame:
-    """Rows a writer knows, in the one shape `KnownRows` keeps: (id, _lsn, _live, _delete).
+def known_rows(key: Sequence[str], main: DataFrame | None = None, deletes: DataFrame | None = None) -> DataFrame:
+    """Rows a writer knows, in the one shape `KnownRows` keeps: (key columns, _lsn, _live, _delete).
 
-    `main`: (id, _lsn, _live) of main's rows (`_live` false for a delete main applied);
-    `deletes`: (id, _lsn) of deletes applied (change log, ledger).
+    `main`: (key, _lsn, _live) of main's rows (`_live` false for a delete main applied);
+    `deletes`: (key, _lsn) of deletes applied (change log, ledger).
     """
     frames = []
     if main is not None:
-        frames.append(main.select(KEY, "_lsn", "_live", F.lit(False).alias("_delete")))
+        frames.append(main.select(*key, "_lsn", "_live", F.lit(False).alias("_delete")))
     if deletes is not None:
-        frames.append(deletes.select(KEY, "_lsn", F.lit(False).alias("_live"), F.lit(True).alias("_delete")))
+        frames.append(deletes.select(*key, "_lsn", F.lit(False).alias("_live"), F.lit(True).alias("_delete")))
     return union_all(frames)
 
 
-def known_state(rows: DataFrame) -> DataFrame:
-    """Known rows -> per key, what the plan compares with: (id, _m_lsn, _t_lsn).
+def known_state(rows: DataFrame, key: Sequence[str]) -> DataFrame:
+    """Known rows -> per key, what the plan compares with: (key columns, _m_lsn, _t_lsn).
 
     `_m_lsn`: the LSN of main's row, null when main does not hold the key (its newest main row
     is a delete, or it has none); `_t_lsn`: the newest delete applied, null if none.
     """
-    return _newest(rows).select(KEY, F.when(F.col("_m._live"), F.col("_m._lsn")).alias("_m_lsn"), "_t_lsn")
+    return _newest(rows, key).select(*key, F.when(F.col("_m._live"), F.col("_m._lsn")).alias("_m_lsn"), "_t_lsn")
 
 
-def _newest(rows: DataFrame) -> DataFrame:
+def _newest(rows: DataFrame, key: Sequence[str]) -> DataFrame:
     """Known rows -> per key, main's newest row (`_m`: struct of _lsn, _live; null if none) and the newest delete."""
     is_main = ~F.col("_delete")
-    return rows.groupBy(KEY).agg(
+    return rows.groupBy(*key).agg(
         F.max_by(F.struct("_lsn", "_live"), F.when(is_main, F.col("_lsn"))).alias("_m"),  # nulls are skipped
         F.max(F.when(F.col("_delete"), F.col("_lsn"))).alias("_t_lsn"))
 
 
-def _held(state: DataFrame) -> DataFrame:
-    """`known_state` -> (id, _lsn) of the rows main holds."""
-    return state.filter(F.col("_m_lsn").isNotNull()).select(KEY, F.col("_m_lsn").alias("_lsn"))
+def _held(state: DataFrame, key: Sequence[str]) -> DataFrame:
+    """`known_state` -> (key, _lsn) of the rows main holds."""
+    return state.filter(F.col("_m_lsn").isNotNull()).select(*key, F.col("_m_lsn").alias("_lsn"))
 
 
-def _compacted(rows: DataFrame) -> DataFrame:
+def _compacted(rows: DataFrame, key: Sequence[str]) -> DataFrame:
     """Known rows -> at most two per key (main's newest row, the newest delete) that say the same.
 
     Main's newest row stays when it is a delete (`_live` false): an older piece may hold the key's
     live row, which that row hides.
     """
-    newest = _newest(rows)
-    return known_rows(newest.filter(F.col("_m").isNotNull()).select(KEY, "_m._lsn", "_m._live"),
-                      newest.filter(F.col("_t_lsn").isNotNull()).select(KEY, F.col("_t_lsn").alias("_lsn")))
+    newest = _newest(rows, key)
+    return known_rows(key, newest.filter(F.col("_m").isNotNull()).select(*key, "_m._lsn", "_m._live"),
+                      newest.filter(F.col("_t_lsn").isNotNull()).select(*key, F.col("_t_lsn").alias("_lsn")))
 
 
 class KnownRows:
@@ -185,8 +189,9 @@ class KnownRows:
 
     FAN_IN = 8
 
-    def __init__(self, load: Callable[[], DataFrame]) -> None:
+    def __init__(self, load: Callable[[], DataFrame], key: Sequence[str]) -> None:
         self._load = load  # known_rows(...) of the tables
+        self.key = tuple(key)
         self._pieces: list[tuple[DataFrame, int]] | None = None  # oldest first, each with its rows
         # Nothing known: the tables were empty when read and nothing was added since (a new lake's
         # first batch, the initial snapshot: the largest batch a stream ever gets).
@@ -206,19 +211,19 @@ class KnownRows:
         self._rows()
 
     def main(self) -> DataFrame:
-        """(id, _lsn) of every row main holds."""
-        return _held(known_state(self._rows()))
+        """(key, _lsn) of every row main holds."""
+        return _held(known_state(self._rows(), self.key), self.key)
 
     def lookup(self, keys: DataFrame) -> DataFrame:
-        """`known_state` of `keys` (a frame of one column, the key); a key nothing is known of has no row.
+        """`known_state` of `keys` (a frame of the key's columns); a key nothing is known of has no row.
 
         When nothing is known the answer is an empty relation Spark's optimizer sees as one, so
         the plan's join with it disappears: no broadcast of the batch's keys, no join.
         """
         rows = self._rows()
         if self._nothing:
-            return known_state(rows).limit(0)
-        return known_state(rows.join(F.broadcast(keys), KEY, "left_semi"))
+            return known_state(rows, self.key).limit(0)
+        return known_state(rows.join(F.broadcast(keys), list(self.key), "left_semi"), self.key)
 
     def add(self, rows: DataFrame, n: int) -> None:
         """`known_rows` this writer has just committed, `n` of them (materialized now: they may derive from
@@ -240,7 +245,7 @@ class KnownRows:
             if run < self.FAN_IN:
                 return
             merging = self._pieces[-run:]
-            merged = _compacted(union_all([frame for frame, _ in merging])).coalesce(1).localCheckpoint()
+            merged = _compacted(union_all([frame for frame, _ in merging]), self.key).coalesce(1).localCheckpoint()
             self._pieces[-run:] = [(merged, sum(size for _, size in merging))]
             for frame, _ in merging:  # merged now (localCheckpoint is eager): their blocks go at once
                 release(frame)

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from pyspark.sql import Column, DataFrame, Row
 from pyspark.sql import functions as F
 
-from pipelines import contract
+from pipelines.declaration import declared
+from pipelines.ingest.connect_types import bronze_column
 from pipelines.ingest.parse import TableParse, literal_array
 from pipelines.ingest.schema import COLUMNS_META, SCHEMA_REASON, Shape, decide, infer_type, read_accepted
 from pipelines.ingest.state import DECLARED_META
@@ -74,7 +75,7 @@ class SchemaSurvey:
 
     def parses(self) -> dict[str, TableParse]:
         """How each table's records are parsed: its shape and the declared shapes that need no decision."""
-        return {t: TableParse(self.shape(t), tuple(sorted(self._declared[t]))) for t in contract.TABLES}
+        return {t: TableParse(self.shape(t), tuple(sorted(self._declared[t]))) for t in declared().names}
 
     def declared_meta(self, table: str, survey: Survey) -> str:
         """`DECLARED_META` of a commit of main that applies `survey`."""
@@ -92,8 +93,9 @@ class SchemaSurvey:
     def survey_batch(self, parsed: dict[str, DataFrame], groups: list[Row], batch_id: int) -> dict[str, Survey]:
         """Per table, the survey of the batch's `parsed` events; `groups`: the batch's `tally`."""
         accepted = read_accepted(self.root)
-        mine = {table: [g for g in groups if g["kafka_topic"] == contract.topic(table)] for table in contract.TABLES}
-        return {table: self.survey(table, parsed[table], mine[table], accepted, batch_id) for table in contract.TABLES}
+        decl = declared()
+        mine = {table: [g for g in groups if g["kafka_topic"] == decl.topic(table)] for table in decl.names}
+        return {table: self.survey(table, parsed[table], mine[table], accepted, batch_id) for table in decl.names}
 
     def survey(self, table: str, events: DataFrame, groups: list[Row], accepted: set[str], batch_id: int) -> Survey:
         """The batch's kinds and shapes for `table`: its new shape, and its events of a shape it cannot apply
@@ -112,18 +114,18 @@ class SchemaSurvey:
             return sorted({tuple(v) if isinstance(v, list) else v for g in row for v in g[column]})
 
         survey.toast = union("toast")
-        declared = self._declared_fields(table, {g["_decl_hash"]: g["sample"] for g in row if g["sample"]})
+        schemas = self._declared_fields(table, {g["_decl_hash"]: g["sample"] for g in row if g["sample"]})
         missing = [list(m) for m in union("missing")]
         badcast = [list(b) for b in union("badcast")]
-        new_keys = [k for k in union("new_keys") if not any(k in dict(f) for f in declared.values())]
-        if not (declared or missing or badcast or new_keys):
+        new_keys = [k for k in union("new_keys") if not any(k in {n for n, *_ in f} for f in schemas.values())]
+        if not (schemas or missing or badcast or new_keys):
             return survey
         inferred = {k: self._infer(events, k) for k in new_keys}
-        decision = decide(shape, list(declared.values()), missing, inferred, accepted, batch_id)
+        decision = decide(shape, list(schemas.values()), missing, inferred, accepted, batch_id)
         survey.shape, survey.changed = decision.shape, decision.changed
-        held_declared = {h: decision.held_declared[tuple(f)] for h, f in declared.items()
+        held_declared = {h: decision.held_declared[tuple(f)] for h, f in schemas.items()
                          if tuple(f) in decision.held_declared}
-        survey.applied_declared = set(declared) - set(held_declared)
+        survey.applied_declared = set(schemas) - set(held_declared)
         holds: list[tuple[Column, str]] = [(F.col("_decl_hash") == h, reason) for h, reason in held_declared.items()]
         holds += [(F.col("_missing") == literal_array(list(m)), reason) for m, reason in decision.held_missing.items()]
         for cast_failed in badcast:
@@ -149,9 +151,11 @@ class SchemaSurvey:
         return survey
 
     @staticmethod
-    def _declared_fields(table: str, samples: dict[int, bytes]) -> dict[int, list[tuple[str, str]]]:
-        """Per new Connect schema (by hash), `after`'s declared (field, type) list, read from one of its records."""
-        declared = {}
+    def _declared_fields(table: str, samples: dict[int, bytes]) -> dict[int, list[tuple[str, str, str]]]:
+        """Per new Connect schema (by hash), `after`'s fields as (name, bronze type, conversion), read from one
+        of its records."""
+        typed = declared().table(table).typed
+        fields: dict[int, list[tuple[str, str, str]]] = {}
         for digest, value in samples.items():
             schema = json.loads(value).get("schema") or {}
             after = next((f for f in schema.get("fields") or [] if isinstance(f, dict) and f.get("field") == "after"),
@@ -160,8 +164,8 @@ class SchemaSurvey:
                 log.warning("bronze/%s: a Connect schema (hash %s) has no field list for `after`: the columns its "
                             "records add are not typed from it", table, digest)
                 continue
-            declared[digest] = [(f.get("field"), f.get("type")) for f in after["fields"]]
-        return declared
+            fields[digest] = [(f.get("field"), *bronze_column(f, typed)) for f in after["fields"]]
+        return fields
 
     @staticmethod
     def _infer(events: DataFrame, column: str, sample: int = 200) -> str | None:

@@ -14,8 +14,8 @@ from pyspark.sql import functions as F
 from pyspark.storagelevel import StorageLevel
 
 import hudi_configs
-from pipelines import contract
-from pipelines.catalog import bronze_options
+from pipelines.catalog import bronze_options, keyed_options
+from pipelines.declaration import declared
 from pipelines.ingest.batch import BatchReport, append, run_together
 from pipelines.ingest.erasures import Erased
 from pipelines.ingest.plan import change_rows, newest_per_key, plan, truncate_deletes
@@ -24,7 +24,6 @@ from pipelines.ingest.schema import COLUMNS_META
 from pipelines.ingest.state import (
     DECLARED_META,
     DELETED_FLAG,
-    KEY,
     META_COLUMNS,
     KnownRows,
     known_rows,
@@ -58,19 +57,19 @@ class TableWriter:
 
     def start(self) -> None:
         """Which main tables have a completed commit."""
-        self._born = {t for t in contract.TABLES if has_completed_commit(main_path(t, self.root))}
+        self._born = {t for t in declared().names if has_completed_commit(main_path(t, self.root))}
 
-    def _known_rows(self, table: str) -> KnownRows:
-        """What main holds and the deletes applied, for `table`."""
+    def _known_rows(self, table: str, key: dict[str, str]) -> KnownRows:
+        """What main holds and the deletes applied, for `table`; `key`: its key's columns and their types."""
         if table not in self._known:
             main = main_path(table, self.root)
             self._known[table] = KnownRows(lambda: known_rows(
-                read_state(self.spark, main).withColumn("_live", F.lit(True)),
-                read_deletes(self.spark, table, self.root)))
+                tuple(key), read_state(self.spark, main, key).withColumn("_live", F.lit(True)),
+                read_deletes(self.spark, table, self.root, key)), tuple(key))
         return self._known[table]
 
     def _fill_unavailable(self, newest: DataFrame, changes: DataFrame, table: str, columns: list[str],
-                          state: DataFrame) -> DataFrame:
+                          state: DataFrame, key: tuple[str, ...]) -> DataFrame:
         """Placeholders (an unchanged TOASTed value) replaced by the value the source still holds.
 
         That value is the one of the newest event before it: among the batch's events of the key
@@ -81,7 +80,8 @@ class TableWriter:
         def real(c: str) -> Column:  # the LSN of an event carrying a real value of `c` (null is one)
             return F.when(~F.col(c).eqNullSafe(ph), F.col("_lsn"))
 
-        known = changes.filter(F.col("_op") != "d").groupBy(KEY).agg(*[
+        on = list(key)
+        known = changes.filter(F.col("_op") != "d").groupBy(*key).agg(*[
             agg for c in columns for agg in (F.max_by(F.col(c), real(c)).alias(f"_batch_{c}"),
                                              F.max(real(c)).alias(f"_found_{c}"))])
         stored_lsn = F.coalesce(F.col("_m_lsn"), F.lit(-1))
@@ -89,18 +89,18 @@ class TableWriter:
         def need(c: str) -> Column:
             return F.col(c).eqNullSafe(ph) & F.coalesce(F.col(f"_found_{c}") < stored_lsn, F.lit(True))
 
-        filled = newest.join(known, KEY, "left").join(state.select(KEY, "_m_lsn"), KEY, "left").select(*[
+        filled = newest.join(known, on, "left").join(state.select(*key, "_m_lsn"), on, "left").select(*[
             F.when(F.col(c) == ph, F.col(f"_batch_{c}")).otherwise(F.col(c)).alias(c) if c in columns else F.col(c)
             for c in newest.columns], *[need(c).alias(f"_need_{c}") for c in columns])
         need = functools.reduce(lambda a, b: a | b, [F.col(f"_need_{c}") for c in columns]) & (F.col("_op") != "d")
         main = main_path(table, self.root)
         stored_columns = [c for c in columns if c in self.shapes.shape(table).columns]
         if has_completed_commit(main) and stored_columns:
-            keys = filled.filter(need).select(KEY).distinct()
+            keys = filled.filter(need).select(*key).distinct()
             stored = self.spark.read.format("hudi").options(**hudi_configs.section("bronze", "unavailable_read")) \
-                .load(main).join(F.broadcast(keys), KEY, "left_semi") \
-                .select(KEY, *[F.col(c).alias(f"_stored_{c}") for c in stored_columns])
-            filled = filled.join(stored, KEY, "left")
+                .load(main).join(F.broadcast(keys), on, "left_semi") \
+                .select(*key, *[F.col(c).alias(f"_stored_{c}") for c in stored_columns])
+            filled = filled.join(stored, on, "left")
         return filled.select(*[
             F.when(F.col(f"_need_{c}"), F.col(f"_stored_{c}") if c in stored_columns else F.lit(None).cast("string"))
             .otherwise(F.col(c)).alias(c) if c in columns else F.col(c) for c in newest.columns])
@@ -119,8 +119,9 @@ class TableWriter:
         if not kinds.get("row") and not kinds.get("truncate"):
             return
         shape = survey.shape
+        key = shape.key
         main = main_path(table, self.root)
-        known = self._known_rows(table)
+        known = self._known_rows(table, {k: shape.columns[k].type if k in shape.columns else "string" for k in key})
         if not known.loaded:  # the stream's first batch of this table: one read of the tables
             with report.phase(f"{table}.load_state"):
                 known.load()
@@ -131,19 +132,19 @@ class TableWriter:
         synthetic = truncate_deletes(events, known.main(), shape) if kinds.get("truncate") else None
         if synthetic is not None:
             changes = changes.unionByName(synthetic)
-        newest = newest_per_key(changes)
+        newest = newest_per_key(changes, key)
         if survey.toast:
             newest = self._fill_unavailable(newest, changes, table, [c for c in survey.toast if c in shape.columns],
-                                            known.lookup(newest.select(KEY)))
+                                            known.lookup(newest.select(*key)), key)
         newest = newest.persist(StorageLevel.MEMORY_AND_DISK)
-        keys = newest.select(KEY)
+        keys = newest.select(*key)
         relog = self.ledger.log_behind(table)
         if relog:
             log.warning("bronze/%s: main holds a batch its change log lacks (a crash between their commits): "
                         "that batch's changes are logged again from main's rows", table)
         try:
             with report.phase(f"{table}.plan"):
-                planned = materialized(plan(newest, known.lookup(keys), relog=relog))
+                planned = materialized(plan(newest, known.lookup(keys), key, relog=relog))
         finally:
             newest.unpersist()
         try:
@@ -156,9 +157,11 @@ class TableWriter:
             # say the same about when it was ingested.
             now = F.lit(datetime.now(UTC)).cast("timestamp").alias("_ingested_at")
             meta_columns = [c for c in META_COLUMNS if c != "_ingested_at"]
-            # Every write carries every column of the shape, the contract's first and those added
-            # since last (Hudi adds a column at the end only); a dropped column is written null.
-            contract_columns, extras = list(contract.COLUMNS[table]), shape.extras
+            # Every write carries every column of the shape, the declared ones first and those added
+            # since last, after the metadata (Hudi adds a column at the end only; a table declared
+            # without columns has them all there); a dropped column is written null.
+            fixed, extras = shape.fixed, shape.extras
+
             main_meta = meta | {COLUMNS_META: shape.to_meta(), DECLARED_META: self.shapes.declared_meta(table, survey)}
 
             def save(rows: DataFrame, part: str, name: str, path: str, options: dict[str, str],
@@ -169,9 +172,9 @@ class TableWriter:
             writes: list[Callable[[], None]] = []
             if to_log := sum(r["count"] for r in tally if r["to_log"]):
                 writes.append(functools.partial(save, planned.filter("to_log").select(
-                    *contract_columns, *meta_columns, now,
-                    F.date_format(now, "yyyy-MM-dd").alias("_ingest_date"), *extras,
-                ), "changelog", f"bronze_changelog_{table}", changelog_path(table, self.root), meta, to_log))
+                    *fixed, *meta_columns, now, F.date_format(now, "yyyy-MM-dd").alias("_ingest_date"), *extras,
+                ), "changelog", f"bronze_changelog_{table}", changelog_path(table, self.root),
+                    meta | keyed_options(key, "changelog"), to_log))
             if to_main := any(r["to_main"] for r in tally):
                 if table not in self._born:
                     # Main has nothing yet, so nothing known says it holds a key: every row planned
@@ -179,8 +182,8 @@ class TableWriter:
                     # per key, and a bulk insert writes exactly what an upsert would.
                     main_meta |= hudi_configs.section("bronze", "table_first_commit")
                 writes.append(functools.partial(save, planned.filter("to_main").select(
-                    *contract_columns, *meta_columns, now, (F.col("_op") == "d").alias(DELETED_FLAG), *extras,
-                ), "table", f"bronze_{table}", main, main_meta))
+                    *fixed, *meta_columns, now, (F.col("_op") == "d").alias(DELETED_FLAG), *extras,
+                ), "table", f"bronze_{table}", main, main_meta | keyed_options(key)))
             # Side by side: main's commit, which makes the changes visible, no longer waits for the
             # change log's. A crash between them is re-planned from main's rows (`relog`), except
             # a truncate's: its deletes name keys that only main's rows before it know, so there
@@ -193,8 +196,8 @@ class TableWriter:
                 self._born.add(table)
             with report.phase(f"{table}.known"):
                 known.add(known_rows(
-                    main=planned.filter("to_main").select(KEY, "_lsn", (F.col("_op") != "d").alias("_live")),
-                    deletes=planned.filter("to_log AND _op = 'd'").select(KEY, "_lsn")),
+                    key, main=planned.filter("to_main").select(*key, "_lsn", (F.col("_op") != "d").alias("_live")),
+                    deletes=planned.filter("to_log AND _op = 'd'").select(*key, "_lsn")),
                     # A delete main applies is a row of each part.
                     sum(r["count"] for r in tally if r["to_main"])
                     + sum(r["count"] for r in tally if r["to_log"] and r["_op"] == "d"))

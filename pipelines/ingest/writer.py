@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from pipelines import contract
+from pipelines.declaration import declared
 from pipelines.hudi_timeline import repair_torn_timeline
 from pipelines.ingest.batch import BatchReport, run_together
 from pipelines.ingest.dead_letter_writer import DeadLetterWriter
@@ -59,18 +59,18 @@ class BronzeBatchWriter:
         self.tables = TableWriter(spark, root, self.positions, self.schema, self.placeholder)
         self._recovering = False
         # Only this writer creates these tables (one stream per lake): an unborn one is a crash's.
-        for path in [*(f(t, root) for t in contract.TABLES for f in (main_path, changelog_path)),
+        for path in [*(f(t, root) for t in declared().names for f in (main_path, changelog_path)),
                      dead_letter_path(root)]:
             discard_unborn(path)
             repair_torn_timeline(path)
 
     def _start(self) -> None:
         """Where the tables and the dead-letter store stand, from their newest ingest commits (one read each)."""
-        mains = [main_path(t, self.root) for t in contract.TABLES]
-        logs = [changelog_path(t, self.root) for t in contract.TABLES]
+        mains = [main_path(t, self.root) for t in declared().names]
+        logs = [changelog_path(t, self.root) for t in declared().names]
         newest = {path: ingest_meta(self.spark, path) for path in [*mains, *logs, dead_letter_path(self.root)]}
         # Main's newest ingest commit also records the table's shape.
-        self.schema.start({t: newest[path] for t, path in zip(contract.TABLES, mains, strict=True)})
+        self.schema.start({t: newest[path] for t, path in zip(declared().names, mains, strict=True)})
         self.tables.start()
         self.positions.start(newest)
 
@@ -105,7 +105,7 @@ class BronzeBatchWriter:
         # schema, parsed away here).
         with report.phase("read+parse"):
             every = materialized(parse_topics(batch, self.schema.parses(), self.placeholder))
-        parsed = {t: every.filter(F.col("kafka_topic") == contract.topic(t)) for t in contract.TABLES}
+        parsed = {t: every.filter(F.col("kafka_topic") == declared().topic(t)) for t in declared().names}
         try:
             with report.phase("read+parse"):
                 groups = tally(every)
@@ -128,11 +128,11 @@ class BronzeBatchWriter:
                                             meta=commit_meta, report=report, erased=erased)
             jobs: list[Callable[[], None]] = [store.job] if store.job is not None else []
             for table, events in parsed.items():
-                mine = {tp: o for tp, o in ends.items() if tp.startswith(contract.topic(table) + "/")}
+                mine = {tp: o for tp, o in ends.items() if tp.startswith(declared().topic(table) + "/")}
                 if mine and all(self.positions.covered(where(table, self.root), mine)
                                 for where in (main_path, changelog_path)):
                     report.counts[table] = {"already_applied": sum(n for t, _, _, _, n in offsets
-                                                                   if t == contract.topic(table))}
+                                                                   if t == declared().topic(table))}
                     continue
                 jobs.append(functools.partial(self.tables.apply, table, events, surveys[table], commit_meta, report,
                                               erased, parallel=self.parallel))

@@ -116,7 +116,8 @@ class ServicesClient(WriteClient):
         values = [_day(d).strftime("%Y-%m-%d") for d in days]
         deletes = (self.spark.read.format("hudi").load(self.table.path)
                    .filter(F.col("_ingest_date").isin(values) & (F.col("_op") == "d"))
-                   .groupBy("id").agg(F.max_by(F.struct(*LEDGER_COLUMNS), F.col("_lsn")).alias("d"))
+                   .groupBy(*self.table.key)
+                   .agg(F.max_by(F.struct(*self.table.key, *LEDGER_COLUMNS), F.col("_lsn")).alias("d"))
                    .select("d.*").localCheckpoint())
         n = deletes.count()
         if n:

@@ -22,8 +22,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 import hudi_configs
-from pipelines import contract
-from pipelines.catalog import CHANGE_FEED_TABLES
+from pipelines.catalog import change_feed_tables
+from pipelines.declaration import declared
 from pipelines.hudi_timeline import (
     earliest_checkpoint,
     instant_as_of,
@@ -107,19 +107,22 @@ def bronze_changes(spark: SparkSession, table: str, w: Window, root: str,
                    extras: Sequence[str] | None = ()) -> DataFrame | None:
     """Per key changed in bronze in window `w` of its change log: the newest change by LSN, `_deleted` if a delete.
 
-    Columns: the contract's, the CDC metadata, and of the columns bronze gained since the
-    contract (contract section 6) those named in `extras` that the change log has (None: all
-    of them). A window without a start (first read, or a checkpoint older than the change
-    log's timeline) also reads main and the delete ledger whole: the change log may have been
-    cleaned of old days, the two tables always hold each key's newest state.
+    Columns: the declared ones, the CDC metadata, and of the other columns bronze has (gained
+    since the declaration, contract section 6, or all of them for a table declared without
+    columns) those named in `extras` that the change log has (None: all of them). A window without
+    a start (first read, or a checkpoint older than the change log's timeline) also reads main and
+    the delete ledger whole: the change log may have been cleaned of old days, the two tables
+    always hold each key's newest state.
     """
     changes = _changelog_window(spark, w)
     if changes is None:
         return None
-    contract_columns = [*contract.COLUMNS[table], *META_COLUMNS]
+    decl = declared().table(table)
+    key = decl.key
+    fixed = [*dict.fromkeys([*key, *decl.columns]), *META_COLUMNS]
     types = {f.name: f.dataType for f in changes.schema.fields}
-    added = [c for c in types if c not in contract_columns and c != "_ingest_date" and not c.startswith("_hoodie_")]
-    columns = [*contract_columns, *(c for c in (added if extras is None else extras) if c in added)]
+    added = [c for c in types if c not in fixed and c != "_ingest_date" and not c.startswith("_hoodie_")]
+    columns = [*fixed, *(c for c in (added if extras is None else extras) if c in added)]
 
     def shaped(df: DataFrame) -> DataFrame:
         """`columns` of `df` typed as the change log has them, null where `df` lacks one (the ledger;
@@ -134,9 +137,9 @@ def bronze_changes(spark: SparkSession, table: str, w: Window, root: str,
         if has_completed_commit(main := main_path(table, root)):
             frames.append(shaped(spark.read.format("hudi").load(main)))
         if has_completed_commit(ledger := ledger_path(table, root)):
-            deletes = spark.read.format("hudi").load(ledger).select(*LEDGER_COLUMNS, F.lit("d").alias("_op"))
+            deletes = spark.read.format("hudi").load(ledger).select(*key, *LEDGER_COLUMNS, F.lit("d").alias("_op"))
             frames.append(shaped(deletes))
-    return newest_per_key(union_all(frames)).select(*columns, (F.col("_op") == "d").alias("_deleted"))
+    return newest_per_key(union_all(frames), key).select(*columns, (F.col("_op") == "d").alias("_deleted"))
 
 
 @dataclass(frozen=True)
@@ -169,11 +172,13 @@ def cdc_window(spark: SparkSession, w: Window) -> DataFrame:
 
 
 def cdc_last_ops(spark: SparkSession, w: Window, key: tuple[str, ...]) -> DataFrame:
-    """(key columns, last op in the window) from the Hudi CDC feed of a silver or gold table (bigint keys)."""
+    """(key columns, last op in the window) from the Hudi CDC feed of a silver or gold table, the key typed as the
+    table has it."""
     cdc = cdc_window(spark, w)
+    types = {f.name: f.dataType for f in spark.read.format("hudi").load(w.path).schema.fields}
     # The absent image is the JSON text 'null' (not SQL NULL): pick the image by op.
     image = F.when(F.col("op") == "d", F.col("before")).otherwise(F.col("after"))
-    keyed = cdc.select(*[F.get_json_object(image, f"$.{k}").cast("long").alias(k) for k in key], "op", "ts_ms")
+    keyed = cdc.select(*[F.get_json_object(image, f"$.{k}").cast(types[k]).alias(k) for k in key], "op", "ts_ms")
     return keyed.groupBy(*key).agg(F.max_by("op", "ts_ms").alias("op"))
 
 
@@ -201,11 +206,12 @@ def read_changes(spark: SparkSession, table: str, since: str | None = None, root
 
     `since` is the checkpoint a previous call returned (None: from the start).
     """
-    if table not in CHANGE_FEED_TABLES:
-        raise ValueError(f"unknown table {table!r}: expected one of {', '.join(CHANGE_FEED_TABLES)}")
+    feeds = change_feed_tables()
+    if table not in feeds:
+        raise ValueError(f"unknown table {table!r}: expected one of {', '.join(feeds)}")
     root = root or lake_root()
     layer, name = table.split("/")
-    key = CHANGE_FEED_TABLES[table]
+    key = feeds[table]
     if layer == "bronze":
         w = window(spark, changelog_path(name, root), since or None)
         changes = bronze_changes(spark, name, w, root, extras=None)

@@ -14,7 +14,7 @@ import re
 from dataclasses import replace
 from typing import Any
 
-from pipelines import contract
+from pipelines.declaration import declared
 from pipelines.gdpr.scan.model import CUSTOMER, DIGITS, FIELD_NAME, ID_FIELD, MDT_KEY, ORDER, TEXT, Chunk, Subject
 from pipelines.gdpr.scan.tables import Table, as_int, id_kinds, key_parts, secondary_index_record_key
 
@@ -203,7 +203,7 @@ class Matcher:
         """Kafka key and value (raw bytes, maybe not JSON): `"id": N`, `"customer_id": N` by topic."""
         topic = row.get("kafka_topic")
         try:
-            source = contract.table_of_topic(topic) if isinstance(topic, str) else None
+            source = declared().table_of_topic(topic) if isinstance(topic, str) else None
         except ValueError:
             source = None
         of_id = (CUSTOMER,) if source == "customers" else (ORDER,) if source == "orders" else (CUSTOMER, ORDER)
