@@ -221,7 +221,8 @@ def parse_topics(raw: DataFrame, tables: dict[str, TableParse], placeholder: str
         shape = spec.shape
         typed = [c for c in shape.extras if shape.columns[c].type != "string"]
         return F.when(is_row & connect_schema.isNull(), F.array_compact(F.array(*[
-            F.when(image[c].isNotNull() & image[c].cast(shape.columns[c].type).isNull(), F.lit(c)) for c in typed
+            F.when(image[c].isNotNull() & convert(image[c], shape.columns[c].type, shape.columns[c].convert).isNull(),
+                   F.lit(c)) for c in typed
         ]))).otherwise(empty) if typed else empty
 
     toast = F.when(upsert & F.col("_text").contains(placeholder),
