@@ -58,7 +58,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 import hudi_configs
-from pipelines.catalog import lake_tables
+from pipelines.catalog import erasure_uncovered, lake_tables
 from pipelines.declaration import declared
 from pipelines.erasure_registry import erasure_key, read_registry, registry_path, subject_hash
 from pipelines.gdpr.certificate import write_certificate
@@ -204,6 +204,11 @@ def erase_all(requests: list[ErasureRequest], spark: SparkSession | None = None,
     """
     if not requests:
         raise ValueError("no erasure request given")
+    if uncovered := erasure_uncovered():
+        # Claiming "verified" while a declared table may still hold the subject's rows would be false.
+        raise ValueError(f"the erasure does not cover declared table(s) {', '.join(uncovered)} ({declared().path}): "
+                         "only the shop's customers and orders layouts are erased yet; remove `subject` from "
+                         "them or erase those rows by hand, then run the request again")
     references = [r.reference for r in requests]
     if len(set(references)) != len(references):
         raise ValueError(f"references must differ within one run, got {references}: each names its certificate")
