@@ -1,5 +1,10 @@
 """What Kafka Connect runs as the real source: the Debezium connector as the contract describes it, the
-standalone worker that runs it, and the names both share with PostgreSQL (database, slot, publication).
+standalone worker that runs it, and the names both share with PostgreSQL (database, slot, publication,
+signal table).
+
+The captured tables are the declaration's (`pipelines.declaration.declared()`, contract section 7):
+`lakehouse source up` creates the connector with them, `lakehouse source sync` changes them while it runs
+(pipelines/devtools/source_sync.py).
 
 Plain data, apart from the processes (pipelines/devtools/pg_source.py), so that docker/compose.yaml's
 connector can be checked against the same settings (tests/test_compose.py).
@@ -7,9 +12,10 @@ connector can be checked against the same settings (tests/test_compose.py).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
-from pipelines.contract import SCHEMA, TABLES, TOPIC_PREFIX
+from pipelines.declaration import Declaration, declared
 from pipelines.local_process import HOST
 from pipelines.settings import unavailable_placeholder
 
@@ -18,6 +24,19 @@ PG_USER = "postgres"
 CONNECTOR = "shop-source"
 SLOT = "shop_debezium"
 PUBLICATION = "shop_publication"
+# Debezium's source signalling channel (`signal.data.collection`): `lakehouse source sync` inserts an
+# `execute-snapshot` row to snapshot a newly declared table incrementally, and the connector writes
+# its snapshot windows' watermarks there. Debezium 2.7 captures it whatever `table.include.list`
+# says (RelationalTableFilters adds it to the table filter), so it is in the filtered publication
+# and its rows reach a topic of their own (`<prefix>.public.debezium_signal`), which nothing reads.
+SIGNAL_TABLE = "public.debezium_signal"
+SIGNAL_DDL = ("CREATE TABLE IF NOT EXISTS public.debezium_signal "
+              "(id varchar(42) PRIMARY KEY, type varchar(32) NOT NULL, data varchar(2048) NULL)")
+# Numeric columns' Connect schema names their source type, precision and scale
+# (`__debezium.source.column.type/length/scale`): under decimal.handling.mode=string their value is
+# a string, and this is how bronze knows the exact decimal it holds. Matched against
+# `<schema>.<table>.<type name>`, anchored, so every numeric column of every captured table.
+PROPAGATE_TYPES = r".+\.numeric"
 # Connect's own log: its INFO lines are how a stuck connector explains itself; the per-record
 # chatter is turned down.
 CONNECT_LOG4J = """\
@@ -32,15 +51,25 @@ log4j.logger.org.eclipse.jetty=WARN
 """
 
 
-def connector_config(pg_port: int, *, partitions: int = 3) -> dict[str, str]:
-    """The Debezium connector as the contract describes it (section 1), plus what 2.7 needs said.
+def include_list(tables: Iterable[str]) -> str:
+    """`table.include.list` of these `schema.table` names: anchored regular expressions, `.` and `$` escaped."""
+    return ",".join(t.replace(".", r"\.").replace("$", r"\$") for t in tables)
+
+
+def connector_config(pg_port: int, *, partitions: int = 3, declaration: Declaration | None = None) -> dict[str, str]:
+    """The Debezium connector as the contract describes it (section 1), capturing the declared tables
+    (section 7; `declaration` or the one in force), plus what 2.7 needs said.
 
     - `plugin.name=pgoutput`: 2.7's default is decoderbufs, a server extension Debian does not ship.
-    - `publication.autocreate.mode=filtered`: a publication of the two tables only (the default,
-      all tables, makes UPDATE and DELETE fail on any table without a replica identity).
+    - `publication.autocreate.mode=filtered`: a publication of the captured tables only (the default,
+      all tables, makes UPDATE and DELETE fail on any table without a replica identity). At every
+      start of its task, Debezium sets the publication's tables to those its filter captures.
     - `skipped.operations=none`: Debezium skips truncates by default, the contract has them.
+    - `signal.data.collection`: the signal table, for incremental snapshots of tables declared later.
+    - `datatype.propagate.source.type`: numeric columns' precision and scale in their schema.
     - `topic.creation.*`: Connect creates the topics, keyed records spread over partitions.
     """
+    declaration = declaration or declared()
     return {
         "name": CONNECTOR,
         "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
@@ -50,17 +79,19 @@ def connector_config(pg_port: int, *, partitions: int = 3) -> dict[str, str]:
         "database.user": PG_USER,
         "database.password": "",
         "database.dbname": DATABASE,
-        "topic.prefix": TOPIC_PREFIX,
+        "topic.prefix": declaration.topic_prefix,
         "plugin.name": "pgoutput",
         "slot.name": SLOT,
         "publication.name": PUBLICATION,
         "publication.autocreate.mode": "filtered",
-        "table.include.list": ",".join(f"{SCHEMA}.{t}" for t in TABLES),
+        "table.include.list": include_list(t.source for t in declaration.tables.values()),
         "decimal.handling.mode": "string",
         "unavailable.value.placeholder": unavailable_placeholder(),
         "skipped.operations": "none",
         "tombstones.on.delete": "true",
         "snapshot.mode": "initial",
+        "signal.data.collection": SIGNAL_TABLE,
+        "datatype.propagate.source.type": PROPAGATE_TYPES,
         "topic.creation.default.partitions": str(partitions),
         "topic.creation.default.replication.factor": "1",
     }

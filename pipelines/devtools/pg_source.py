@@ -8,6 +8,10 @@ the jars `make setup` resolves (jvm/pom.xml, profile `connect`). Everything a ru
 Connect's configs, offsets and log, the ports) lives in one folder, so `source status` and `source
 down` find a running source again, and the offsets file stays beside the replication slot it
 belongs to (a stale offsets file against a new slot resumes from an LSN that no longer exists).
+
+The captured tables are the declaration's (contract section 7, `LAKEHOUSE_TABLES`): `up` checks it
+against the database before Connect starts and creates the connector with the declared tables;
+`sync` makes a running source follow a changed declaration (pipelines/devtools/source_sync.py).
 """
 
 from __future__ import annotations
@@ -24,11 +28,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipelines.declaration import Declaration, declared
+from pipelines.devtools import source_sync
 from pipelines.devtools.connect_config import (
     CONNECT_LOG4J,
     CONNECTOR,
     DATABASE,
     PG_USER,
+    SIGNAL_DDL,
     SLOT,
     connector_config,
     worker_config,
@@ -165,6 +172,7 @@ class PostgresCluster(LocalProcess):
                 conn.execute(f"CREATE DATABASE {DATABASE}")
         with self.connect() as conn:
             conn.execute(SHOP_DDL_FILE.read_text())
+            conn.execute(SIGNAL_DDL)
 
 
 @dataclass
@@ -189,6 +197,7 @@ class ConnectWorker(LocalProcess):
     rest_port: int = 8083
     schemas_enable: bool = True
     offset_flush_ms: int = 1000
+    declaration: Declaration | None = None  # the captured tables' (None: the one in force)
 
     def __post_init__(self) -> None:
         self.work_dir = Path(self.work_dir).resolve()
@@ -223,7 +232,8 @@ class ConnectWorker(LocalProcess):
         worker = worker_config(self.bootstrap, self.rest_port, self.work_dir / "offsets.dat",
                                schemas_enable=self.schemas_enable, offset_flush_ms=self.offset_flush_ms)
         (self.work_dir / "worker.properties").write_text("".join(f"{k}={v}\n" for k, v in worker.items()))
-        (self.work_dir / "connector.json").write_text(json.dumps(connector_config(self.pg_port), indent=2))
+        connector = connector_config(self.pg_port, declaration=self.declaration)
+        (self.work_dir / "connector.json").write_text(json.dumps(connector, indent=2))
         (self.work_dir / "log4j.properties").write_text(CONNECT_LOG4J)
 
     def command(self) -> list[str]:
@@ -312,7 +322,12 @@ class RealSource:
         return ConnectWorker(self.home / "connect", self.bootstrap, self.pg_port, self.rest_port,
                              self.schemas_enable, self.offset_flush_ms)
 
-    def up(self) -> tuple[PostgresCluster, ConnectWorker]:
+    def up(self, declaration: Declaration | None = None) -> tuple[PostgresCluster, ConnectWorker]:
+        """Start (or adopt) PostgreSQL and Connect, capturing the declared tables (`declaration`, else
+        the one in force): checked against the database first (source_sync.DeclarationMismatch),
+        the connector created with them; an adopted connector, or tables declared since the last
+        run, are brought in line as `sync` does (new tables' rows by an incremental snapshot)."""
+        declaration = declaration or declared()
         require_kafka(self.bootstrap, SourceError)  # Connect would only log (and retry) while Kafka is away
         self.home.mkdir(parents=True, exist_ok=True)
         if os.geteuid() == 0:
@@ -321,13 +336,44 @@ class RealSource:
             {"pg_port": self.pg_port, "rest_port": self.rest_port, "bootstrap": self.bootstrap,
              "schemas_enable": self.schemas_enable}))
         postgres = self.postgres.start()
+        with postgres.connect() as conn:
+            source_sync.check(conn, declaration, schemas_enable=self.schemas_enable)
+            source_sync.prepare(conn, declaration)
+            before = source_sync.published(conn)  # Debezium sets it to its own tables when its task starts
         worker = self.connect
+        worker.declaration = declaration
         try:
             worker.start()
         except BaseException:
             worker.stop()
             raise
+        self._apply(declaration, before)
         return postgres, worker
+
+    def sync(self, declaration: Declaration | None = None, timeout: float = 120.0) -> source_sync.SyncReport:
+        """Make the running source capture exactly the declared tables (pipelines/devtools/source_sync.py)."""
+        declaration = declaration or declared()
+        postgres, worker = self.postgres, self.connect
+        if not postgres.is_running():
+            raise SourceError(f"PostgreSQL is not running (data {postgres.data_dir}); `lakehouse source up` first")
+        if worker.status() is None:
+            raise SourceError(f"Kafka Connect does not answer at {worker.url} (log {worker.log_path}); "
+                              "`lakehouse source up` first")
+        with postgres.connect() as conn:
+            source_sync.check(conn, declaration, schemas_enable=self.schemas_enable)
+            notes = source_sync.prepare(conn, declaration)
+            before = source_sync.published(conn)
+        report = self._apply(declaration, before, timeout)
+        report.notes[:0] = notes
+        return report
+
+    def _apply(self, declaration: Declaration, before: set[str] | None,
+               timeout: float = 120.0) -> source_sync.SyncReport:
+        worker = self.connect
+        with self.postgres.connect() as conn:
+            return source_sync.apply(conn, worker.url, connector_config(self.pg_port, declaration=declaration),
+                                     declaration, before, connector_file=worker.work_dir / "connector.json",
+                                     timeout=timeout)
 
     def down(self) -> None:
         self.connect.stop()

@@ -1,5 +1,5 @@
-"""`lakehouse source up/down/status` (`make source-up`): the real source (pipelines.devtools.pg_source) as
-operators start it, with its state in one folder.
+"""`lakehouse source up/down/status/sync` (`make source-up`): the real source (pipelines.devtools.pg_source) as
+operators start it, with its state in one folder, capturing the declared tables (`LAKEHOUSE_TABLES`).
 """
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ from pathlib import Path
 
 import click
 
-from pipelines.contract import TABLES, topic
+from pipelines.declaration import DeclarationError, declared
 from pipelines.devtools.pg_source import CONNECTOR, DEFAULT_HOME, SLOT, RealSource, SourceError, slot_status
+from pipelines.devtools.source_sync import SyncError
 from pipelines.settings import kafka_bootstrap
 
 HOME_OPTION = click.option(
@@ -33,15 +34,47 @@ def source() -> None:
 def up(home: Path, pg_port: int, rest_port: int, bootstrap: str | None, schemas_enable: bool) -> None:
     """Start PostgreSQL and Connect in the background (no-op if they run) and wait until the connector streams.
 
+    The connector captures the declared tables (LAKEHOUSE_TABLES, else the shop), checked against
+    the database first; a running source is brought in line with the declaration as `sync` does.
     A folder that ran a source before keeps the ports and converter setting it ran with.
     """
     real = RealSource(home, pg_port, rest_port, bootstrap or kafka_bootstrap(), schemas_enable)
     try:
-        postgres, _ = real.up()
-    except SourceError as exc:
+        declaration = declared()
+        postgres, _ = real.up(declaration)
+    except (SourceError, SyncError, DeclarationError) as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(f"source streaming: {postgres.dsn} -> Debezium -> Kafka {real.bootstrap} "
-               f"(topics {', '.join(topic(t) for t in TABLES)})")
+               f"(topics {', '.join(declaration.topics())})")
+
+
+@source.command()
+@HOME_OPTION
+@click.option("--timeout", default=120.0, show_default=True,
+              help="Seconds to wait for the connector's task to stream again after its config changed.")
+def sync(home: Path, timeout: float) -> None:
+    """Make the running source capture exactly the declared tables (LAKEHOUSE_TABLES, else the shop).
+
+    First checks the declaration against PostgreSQL's catalog (each table exists, `key` is its
+    primary key in order, every named column exists) and changes nothing if it does not match.
+    Then: REPLICA IDENTITY DEFAULT on the declared tables; the connector's `table.include.list`
+    (its task restarts from its committed offset: nothing is lost or re-snapshotted); the
+    publication (`ALTER PUBLICATION ... SET TABLE`); and for each newly declared table, an
+    incremental snapshot through Debezium's signal table, which delivers its existing rows while
+    the stream goes on (it may still run when sync returns). A table no longer declared stops
+    being captured; its topic stays.
+    """
+    if not (home / "source.json").exists():
+        raise click.ClickException(f"no source in {home}; `lakehouse source up` starts one")
+    try:
+        declaration = declared()
+        report = RealSource(home).sync(declaration, timeout)
+    except (SourceError, SyncError, DeclarationError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    tables = ", ".join(f"{n} ({t.source})" for n, t in declaration.tables.items())
+    click.echo(f"declaration {declaration.path}: {tables}")
+    for line in report.lines():
+        click.echo(line)
 
 
 @source.command()
