@@ -11,98 +11,147 @@ latest state, so reading a window again changes nothing.
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import partial
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from pipelines import console, contract
-from pipelines.catalog import silver_extra_columns, silver_options
+from pipelines import console
+from pipelines.catalog import silver_options as _silver_options
+from pipelines.declaration import TableDecl, declared
 from pipelines.erasure_registry import erasure_key, read_registry, without_erased
 from pipelines.hudi_timeline import checkpoint, consumed, repair_torn_timeline, write_with_checkpoint
-from pipelines.ingest.state import DELETED_FLAG, KEY
+from pipelines.ingest.state import DELETED_FLAG
 from pipelines.settings import changelog_path, gold_path, lake_root, quarantine_path, silver_path
 from pipelines.spark import get_spark
 from pipelines.table_stats import has_completed_commit
 from pipelines.transform.changes import Window, bronze_changes, window
-from pipelines.transform.gold import DAILY, LTV, STATE, gold_cycle
-from pipelines.transform.silver import CLEANERS
+from pipelines.transform.gold import DAILY, LTV, STATE, gold_cycle, gold_missing
+from pipelines.transform.silver import clean, silver_columns
 
 log = logging.getLogger(__name__)
 
 
-def _write(df: DataFrame, path: str, name: str, marks: dict[str, str]) -> None:
-    write_with_checkpoint(df, path, silver_options(name), marks)
+def silver_options(name: str, key: tuple[str, ...] = ("id",)) -> dict[str, str]:
+    """Writer options of a silver or quarantine table named `name`, keyed by the declared `key` (all its columns:
+    a composite key is one record key of several fields)."""
+    return {**_silver_options(name), "hoodie.datasource.write.recordkey.field": ",".join(key)}
 
 
-def _carrying_new_extras(spark: SparkSession, table: str, extras: tuple[str, ...], w: Window, silver: str) -> Window:
-    """`w`, or a full read when the catalog names an extra column that bronze has and silver lacks.
+def _write(df: DataFrame, path: str, name: str, key: tuple[str, ...], marks: dict[str, str]) -> None:
+    write_with_checkpoint(df, path, silver_options(name, key), marks)
 
-    A column newly named in the catalog (or newly added in the source) would otherwise reach only
+
+def _carrying_new_columns(spark: SparkSession, table: TableDecl, w: Window, silver: str) -> Window:
+    """`w`, or a full read when silver should carry a column that bronze has and silver lacks.
+
+    Such a column is a `silver_extra` newly declared (or newly added in the source), or, for a
+    table declared without `columns`, any column the source added: it would otherwise reach only
     the rows that change from now on; a full read gives it to every row, once (after it, silver has it).
     """
-    if not extras or w.full or w.since is None or not has_completed_commit(silver):
+    if (table.columns and not table.silver_extra) or w.full or w.since is None or not has_completed_commit(silver):
         return w
-    in_bronze = set(spark.read.format("hudi").load(w.path).columns)
+    in_bronze = spark.read.format("hudi").load(w.path).columns
     in_silver = set(spark.read.format("hudi").load(silver).columns)
-    if not (new := [c for c in extras if c in in_bronze and c not in in_silver]):
+    if not (new := [c for c in silver_columns(table, in_bronze) if c not in in_silver]):
         return w
-    log.warning("silver/%s: the catalog's extra column(s) %s are in bronze, not yet in silver: rebuilding "
-                "from a full read of bronze", table, ", ".join(new))
+    log.warning("silver/%s: column(s) %s are in bronze, not yet in silver: rebuilding from a full read of bronze",
+                table.name, ", ".join(new))
     return replace(w, full=True)
 
 
-def silver_cycle(spark: SparkSession, table: str, root: str) -> dict[str, int]:
-    """bronze/_changelog/<table> -> silver/<table> and silver/_quarantine/<table>; returns counts."""
+@dataclass(frozen=True)
+class SilverStep:
+    """What one cycle reads of a declared table, planned (lazily) before anything is written."""
+
+    table: TableDecl
+    window: Window
+    changes: DataFrame  # per changed key, its newest bronze change (`_deleted` for a delete)
+    columns: tuple[str, ...]  # what silver carries of them (`silver_columns`)
+
+
+def plan_silver(spark: SparkSession, table: str, root: str) -> SilverStep | None:
+    """The silver step of a declared table (None: nothing new in bronze).
+
+    Raises DeclarationError when the declaration's cleaning, rules or derivations name a column
+    bronze lacks (`clean` checks it against the columns read): `run_etl` plans every table
+    before it writes any.
+    """
+    decl = declared().table(table)
     outputs = (silver_path(table, root), quarantine_path(table, root))
     source = changelog_path(table, root)
     # Both outputs read from the older of their checkpoints: re-reading is harmless, skipping is not.
     since = min((consumed(checkpoint(spark, p) if has_completed_commit(p) else {}, source) for p in outputs),
                 key=lambda v: v or "")
-    extras = silver_extra_columns(table)
-    w = _carrying_new_extras(spark, table, extras, window(spark, source, since or None), outputs[0])
-    changes = bronze_changes(spark, table, w, root, extras=extras)
+    w = _carrying_new_columns(spark, decl, window(spark, source, since or None), outputs[0])
+    # Declared columns: the extras named (bronze_changes keeps those it has); none declared: every column.
+    changes = bronze_changes(spark, table, w, root, extras=decl.silver_extra if decl.columns else None)
     if changes is None:
+        return None
+    columns = tuple(silver_columns(decl, changes.columns))
+    clean(changes, decl, columns)  # only its checks of the declaration against bronze: nothing runs yet
+    return SilverStep(decl, w, changes, columns)
+
+
+def write_silver(spark: SparkSession, step: SilverStep | None, root: str) -> dict[str, int]:
+    """One commit to silver/<table> and one to its quarantine, each with the window as its checkpoint; counts."""
+    if step is None:
         return {}
-    carried = [c for c in extras if c in changes.columns]  # those bronze has
-    if (registry := read_registry(spark, root)) is not None:  # a change read before an erasure swept it
+    table, key = step.table.name, list(step.table.key)
+    outputs = (silver_path(table, root), quarantine_path(table, root))
+    changes = step.changes
+    # Read after the changes were planned and before they run: a change read before an erasure swept it.
+    if step.table.subject and (registry := read_registry(spark, root)) is not None:
         changes = without_erased(changes, table, registry.localCheckpoint(), erasure_key())
     changes = changes.persist()
-    cleaned = CLEANERS[table](changes.filter(~F.col("_deleted")), carried).persist()
+    cleaned = clean(changes.filter(~F.col("_deleted")), step.table, step.columns).persist()
     try:
         raw = changes.filter(~F.col("_deleted")).drop("_deleted", "_source_ts")
-        deleted = changes.filter(F.col("_deleted")).select(KEY, "_lsn")
+        deleted = changes.filter(F.col("_deleted")).select(*key, "_lsn")
         valid = cleaned.filter(F.col("failed_rule").isNull()).drop("failed_rule")
-        invalid = cleaned.filter(F.col("failed_rule").isNotNull()).select(KEY, "_lsn", "failed_rule")
-        new_marks = {source: w.until}
+        invalid = cleaned.filter(F.col("failed_rule").isNotNull()).select(*key, "_lsn", "failed_rule")
+        new_marks = {changelog_path(table, root): step.window.until}
 
-        not_in_silver = deleted.unionByName(invalid.select(KEY, "_lsn"))
+        not_in_silver = deleted.unionByName(invalid.select(*key, "_lsn"))
         silver_rows = valid.withColumn(DELETED_FLAG, F.lit(False)).unionByName(
             not_in_silver.withColumn(DELETED_FLAG, F.lit(True)), allowMissingColumns=True)
-        quarantined = raw.join(invalid.drop("_lsn"), KEY).withColumn("_quarantined_at", F.current_timestamp())
-        not_in_quarantine = deleted.unionByName(valid.select(KEY, "_lsn"))
+        quarantined = raw.join(invalid.drop("_lsn"), key).withColumn("_quarantined_at", F.current_timestamp())
+        not_in_quarantine = deleted.unionByName(valid.select(*key, "_lsn"))
         quarantine_rows = quarantined.withColumn(DELETED_FLAG, F.lit(False)).unionByName(
             not_in_quarantine.withColumn(DELETED_FLAG, F.lit(True)), allowMissingColumns=True)
 
         counts = {"valid": valid.count(), "invalid": invalid.count(), "deleted": deleted.count()}
-        _write(silver_rows, outputs[0], f"silver_{table}", new_marks)
-        _write(quarantine_rows, outputs[1], f"silver_quarantine_{table}", new_marks)
+        _write(silver_rows, outputs[0], f"silver_{table}", step.table.key, new_marks)
+        _write(quarantine_rows, outputs[1], f"silver_quarantine_{table}", step.table.key, new_marks)
         return counts
     finally:
         cleaned.unpersist()
         changes.unpersist()
 
 
+def silver_cycle(spark: SparkSession, table: str, root: str) -> dict[str, int]:
+    """bronze/_changelog/<table> -> silver/<table> and silver/_quarantine/<table>; returns counts."""
+    return write_silver(spark, plan_silver(spark, table, root), root)
+
+
 def run_etl(spark: SparkSession | None = None, root: str | None = None) -> dict[str, dict[str, int]]:
-    """One cycle: every silver table from bronze, then gold from silver; returns counts per output table."""
+    """One cycle: every declared table's silver from bronze, then gold from silver when the declaration has gold's
+    inputs; returns counts per output table."""
     spark = spark or get_spark("lakehouse-etl")
     root = root or lake_root()
+    decl = declared()
+    missing = gold_missing(decl)
     # A SIGKILL while Hudi wrote a timeline file leaves it cut short on a local disk, and the table unreadable.
-    for path in [*(where(t, root) for t in contract.TABLES for where in (silver_path, quarantine_path)),
-                 *(gold_path(name, root) for name in (LTV, DAILY, STATE))]:
+    for path in [*(where(t, root) for t in decl.tables for where in (silver_path, quarantine_path)),
+                 *(gold_path(name, root) for name in (LTV, DAILY, STATE) if not missing)]:
         repair_torn_timeline(path)
-    report = {f"silver/{table}": console.timed(log, f"silver/{table}", partial(silver_cycle, spark, table, root))
-              for table in contract.TABLES}
+    # Every table planned first: a declaration that does not fit bronze stops the cycle before it writes anything.
+    steps = {table: plan_silver(spark, table, root) for table in decl.tables}
+    report = {f"silver/{table}": console.timed(log, f"silver/{table}", partial(write_silver, spark, step, root))
+              for table, step in steps.items()}
+    if missing:
+        log.info("gold: skipped, the declaration (%s) lacks its inputs: %s", decl.path, ", ".join(missing))
+        return report
     gold = gold_cycle(spark, root, silver_path("customers", root), silver_path("orders", root))
     return report | {f"gold/{table}": counts for table, counts in gold.items()}
