@@ -44,6 +44,9 @@ from typing import Any
 
 DECLARATION_VARIABLE = "LAKEHOUSE_TABLES"
 SHOP = "shop_tables.toml"  # the project's own declaration, beside this module
+# The declaration the EMR bundle carries (pipelines/deploy/package.py), inside its zip: there is no
+# LAKEHOUSE_TABLES file on the cluster. Never in the source tree.
+BUNDLED = "tables.toml"
 
 RULE_KINDS = ("one_of", "pattern", "min", "max", "not_null", "cast")
 CLEAN_STEPS = ("trim", "upper", "lower")
@@ -155,8 +158,11 @@ class Declaration:
 # --------------------------------------------------------------------------- reading
 
 def declaration_path() -> str:
-    """`LAKEHOUSE_TABLES`, or the project's own declaration of the shop when it is unset."""
-    return os.environ.get(DECLARATION_VARIABLE) or str(resources.files(__package__).joinpath(SHOP))
+    """`LAKEHOUSE_TABLES`; unset, the bundle's declaration on EMR, else the project's own declaration of the shop."""
+    if os.environ.get(DECLARATION_VARIABLE):
+        return os.environ[DECLARATION_VARIABLE]
+    bundled = resources.files(__package__).joinpath(BUNDLED)
+    return str(bundled if bundled.is_file() else resources.files(__package__).joinpath(SHOP))
 
 
 _CACHE: dict[tuple[str, float], Declaration] = {}
@@ -177,9 +183,10 @@ def declared() -> Declaration:
 def load(path: str | Path) -> Declaration:
     """Read and check a declaration file; DeclarationError naming the file, table and field if it is wrong."""
     where = str(path)
-    try:
-        text = Path(path).read_text() if Path(path).exists() else \
-            resources.files(__package__).joinpath(SHOP).read_text() if where.endswith(SHOP) else None
+    packaged = {str(resources.files(__package__).joinpath(n)): n for n in (SHOP, BUNDLED)}
+    try:  # a packaged file may live inside a zip (EMR's --py-files): read it as a resource
+        text = Path(path).read_text() if Path(path).is_file() else \
+            resources.files(__package__).joinpath(packaged[where]).read_text() if where in packaged else None
     except OSError as e:
         raise DeclarationError(f"{where}: cannot be read ({e})") from e
     if text is None:

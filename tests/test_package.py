@@ -6,7 +6,9 @@ import site
 import subprocess
 import sys
 import zipfile
+from pathlib import Path
 
+import pipelines
 from pipelines.deploy.package import build
 
 # Run with -S (no site-packages, so not the checkout's editable install): only the zip is on the path.
@@ -17,8 +19,11 @@ import hudi_configs, pipelines.deploy.jobs
 assert hudi_configs.__file__.startswith(sys.argv[1]), hudi_configs.__file__
 options = hudi_configs.writer("bronze", "changelog")
 assert options["hoodie.clean.policy"] == "KEEP_LATEST_BY_HOURS"
-step = pipelines.deploy.jobs.SparkJob("etl", ("etl",)).emr_step("s3://code/lakehouse")
+step = pipelines.deploy.jobs.SparkJob("etl", ("etl",), {"LAKEHOUSE_TABLES": "/here/t.toml"}).emr_step("s3://code/lakehouse")
 print(" ".join(step["HadoopJarStep"]["Args"]))
+import pipelines.declaration
+decl = pipelines.declaration.declared()
+print("declared:", decl.path, ",".join(decl.names))
 """
 
 # Run with -S too, with the environment's libraries (click, pyarrow) put back by hand: site's .pth
@@ -33,8 +38,15 @@ print(" ".join(pipelines.cli.main.commands))
 """
 
 
-def test_bundle_loads_from_the_zip_and_pins_what_the_cluster_lacks(tmp_path) -> None:
-    files = {p.name: p for p in build(tmp_path)}
+def test_bundle_loads_from_the_zip_and_pins_what_the_cluster_lacks(tmp_path, monkeypatch) -> None:
+    # The declaration in force where the bundle is built travels inside it: the cluster has no such file.
+    declaration = tmp_path / "ours.toml"
+    shop = (Path(pipelines.__file__).parent / "shop_tables.toml").read_text()
+    declaration.write_text(shop.replace("[tables.orders]", "[tables.purchases]")
+                           .replace("tables.orders.", "tables.purchases."))
+    monkeypatch.setenv("LAKEHOUSE_TABLES", str(declaration))
+    files = {p.name: p for p in build(tmp_path / "bundle")}
+    monkeypatch.delenv("LAKEHOUSE_TABLES")
     assert set(files) == {"lakehouse.zip", "cli.py", "requirements.txt", "bootstrap.sh"}
     names = zipfile.ZipFile(files["lakehouse.zip"]).namelist()
     assert {"pipelines/cli.py", "hudi_configs/__init__.py", "hudi_configs/bronze.toml"} <= set(names)
@@ -45,6 +57,8 @@ def test_bundle_loads_from_the_zip_and_pins_what_the_cluster_lacks(tmp_path) -> 
     assert probe.returncode == 0, probe.stderr
     assert "--py-files s3://code/lakehouse/lakehouse.zip s3://code/lakehouse/cli.py etl" in probe.stdout
     assert "spark.pyspark.python=/usr/bin/python3.11" in probe.stdout
+    assert "LAKEHOUSE_TABLES" not in probe.stdout, "a path of the machine that built the step"
+    assert "declared: " in probe.stdout and "tables.toml customers,purchases" in probe.stdout, probe.stdout
 
     # The bundle's CLI, from the zip (with the environment's click and pyarrow): the pipeline's
     # commands, none of the dev tools'.

@@ -20,8 +20,12 @@ from pipelines.spark_conf import spark_conf
 # Environment variables every job receives (on EMR as YARN application-master and executor env).
 # The erasure key travels as a file path or a secret's name only, never itself: step arguments
 # are visible in the EMR console.
+# LAKEHOUSE_TABLES names a file of this machine: EMR jobs read the declaration the bundle carries instead
+# (pipelines/deploy/package.py).
 JOB_ENV = ("LAKEHOUSE_ROOT", "KAFKA_BOOTSTRAP_SERVERS", "LAKEHOUSE_TABLE_SERVICES", "LAKEHOUSE_HUDI_OVERRIDES",
-           "LAKEHOUSE_ERASURE_KEY_FILE", "LAKEHOUSE_ERASURE_KEY_SECRET", "LAKEHOUSE_GDPR_INBOX", "LAKEHOUSE_LOG_DIR")
+           "LAKEHOUSE_ERASURE_KEY_FILE", "LAKEHOUSE_ERASURE_KEY_SECRET", "LAKEHOUSE_GDPR_INBOX", "LAKEHOUSE_LOG_DIR",
+           "LAKEHOUSE_TABLES")
+LOCAL_ONLY_ENV = ("LAKEHOUSE_TABLES",)
 
 
 @dataclass(frozen=True)
@@ -36,7 +40,8 @@ class SparkJob:
             python = str(PROJECT_ROOT / ".venv" / "bin" / "python")
             conf |= {"spark.pyspark.python": python, "spark.pyspark.driver.python": python}
         else:
-            for key, value in {**self.env, "LAKEHOUSE_TARGET": "emr"}.items():
+            env = {k: v for k, v in self.env.items() if k not in LOCAL_ONLY_ENV}
+            for key, value in {**env, "LAKEHOUSE_TARGET": "emr"}.items():
                 conf[f"spark.yarn.appMasterEnv.{key}"] = value
                 conf[f"spark.executorEnv.{key}"] = value
         master = conf.pop("spark.master", None)

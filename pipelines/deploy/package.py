@@ -7,6 +7,9 @@ An EMR step runs `spark-submit --deploy-mode cluster --py-files <uri>/lakehouse.
   read through importlib.resources, which reads them inside the zip), without the dev tools
   (`pipelines/devtools`: the generator, the local services and the benchmarks; the CLI then
   offers the pipeline's commands only);
+  and the declaration of tables in force where it is built (`LAKEHOUSE_TABLES`, or the shop's) as
+  `pipelines/tables.toml`, which the jobs on the cluster read (`pipelines.declaration`): a
+  declaration changed here reaches EMR with the next `lakehouse package` and upload;
 - `cli.py`: the entry point, pipelines/cli.py as is;
 - `requirements.txt`: the project's pure-Python dependencies, pinned as installed here,
   without pyspark (the cluster's own Spark is used);
@@ -24,6 +27,7 @@ import zipfile
 from importlib import metadata
 from pathlib import Path
 
+from pipelines.declaration import BUNDLED, SHOP, declared
 from pipelines.settings import PROJECT_ROOT
 
 PACKAGES = ("pipelines", "hudi_configs")
@@ -70,6 +74,9 @@ def build(out: Path) -> list[Path]:
                 if path.is_file() and path.suffix in (".py", ".toml", ".properties") \
                         and not name.startswith(NOT_BUNDLED):
                     zf.write(path, name)
+        decl = declared()  # checked whole before it ships
+        zf.writestr(f"pipelines/{BUNDLED}", Path(decl.path).read_text() if Path(decl.path).is_file()
+                    else (PROJECT_ROOT / "pipelines" / SHOP).read_text())
     cli = out / "cli.py"
     cli.write_text((PROJECT_ROOT / "pipelines" / "cli.py").read_text())
     reqs = out / "requirements.txt"
