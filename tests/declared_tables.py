@@ -179,7 +179,7 @@ def _every_type(rng: random.Random, _: dict[str, Any]) -> dict[str, Any]:
         "born": _maybe(rng, rng.choice(_EDGE_DATES)),
         "seen": _maybe(rng, rng.choice(_EDGE_TIMES)),
         "paid_at": _maybe(rng, rng.choice(_EDGE_TIMES).replace(tzinfo=UTC)),
-        "ref": _maybe(rng, "%032x" % rng.getrandbits(128)),
+        "ref": _maybe(rng, f"{rng.getrandbits(128):032x}"),
         "doc": _maybe(rng, json.dumps({"k": rng.choice(_TEXTS), "n": [1, 2.5, None], "deep": {"x": True}})),
         "blob": _maybe(rng, bytes(rng.choice([0, 1, 255]) for _ in range(rng.randint(0, 12)))),
         "tags": _maybe(rng, [rng.choice([*_TEXTS, None]) for _ in range(rng.randint(0, 3))]),  # a NULL element too

@@ -22,7 +22,6 @@ from pipelines.table_stats import has_completed_commit
 log = logging.getLogger(__name__)
 
 
-KEY = "id"  # TEMPORARY: transform/etl.py's single key until it reads the declared keys (removed then)
 DELETED_FLAG = "_hoodie_is_deleted"
 # CDC metadata kept on every bronze row (and ledger row).
 META_COLUMNS = ("_op", "_lsn", "_source_ts", "_tx_id", "_kafka_partition", "_kafka_offset", "_kafka_ts",
