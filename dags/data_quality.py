@@ -1,16 +1,18 @@
 """
 ### Data quality
 
-Great Expectations 1.x suites on every layer, after each hour's ETL:
+Great Expectations 1.x suites on every layer, after each hour's ETL, for every table the
+declaration names (`LAKEHOUSE_TABLES`, contract section 7):
 
 - **bronze**: keys unique and not null, LSN present, operation codes, freshness (the
   newest row is less than 24 hours old), not empty;
-- **silver**: keys, the contract's validation rules (e-mail, country, status, currency,
-  amount), and row counts against bronze at the batch silver consumed
+- **silver**: keys (unique as a whole for a composite key), the declared validation rules
+  (for the shop: e-mail, country, status, currency, amount), the declared casts' types,
+  derived columns present, and row counts against bronze at the batch silver consumed
   (silver + quarantine = bronze);
-- **gold**: keys, value ranges and sets, one `customer_ltv` row per silver customer, no
-  `customer_ltv` row without a silver customer, `daily_revenue` order counts equal to
-  silver's per day.
+- **gold** (when the declaration has gold's inputs, the shop's customers and orders): keys,
+  value ranges and sets, one `customer_ltv` row per silver customer, no `customer_ltv` row
+  without a silver customer, `daily_revenue` order counts equal to silver's per day.
 
 A failed expectation fails its task; the log lists each failed expectation with a few
 offending values. Data Docs (HTML) are written under the lake root:

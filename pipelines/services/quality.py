@@ -9,6 +9,10 @@ it (`storage.local_copy`), so results and docs live with the lake, not on a driv
 column, the rule and a few of the values that broke it, so that the Airflow task log says
 what is wrong without opening the docs.
 
+Each declared table (`pipelines.declaration`, contract section 7) gets a bronze and a silver suite
+from its declaration, not from code: the key, and silver's declared rules (`silver_expectations`).
+Gold's suites are the shop's business checks, code like gold itself, and run when gold does.
+
 Row counts against bronze are exact, not approximate: silver + quarantine must hold as
 many keys as bronze did at the very batch that silver consumed last (time travel to it),
 not as bronze holds now, which the running ingest keeps moving.
@@ -34,11 +38,13 @@ from pyspark.sql import functions as F
 
 import hudi_configs
 from pipelines import console, contract, storage
+from pipelines.declaration import TableDecl, declared
 from pipelines.hudi_timeline import checkpoint, consumed, earliest_retained, instant_of_batch, meta_at
 from pipelines.ingest.state import BATCH_ID_META
 from pipelines.settings import changelog_path, gold_path, main_path, quarantine_path, silver_path
 from pipelines.table_stats import has_completed_commit
-from pipelines.transform.gold import DAILY, DAILY_KEY, LTV
+from pipelines.transform.gold import DAILY, DAILY_KEY, LTV, gold_missing
+from pipelines.transform.silver import cast_type
 
 log = logging.getLogger(__name__)
 
@@ -97,18 +103,49 @@ def _bronze_at_silver_checkpoint(spark: SparkSession, root: str, table: str) -> 
         .option("as.of.instant", instant).load(main_path(table, root)).count()
 
 
+def silver_expectations(table: TableDecl) -> list:
+    """A declared table's silver checks, from its declaration: what silver promises its readers.
+
+    Its key is unique (as a whole, for a composite key) and never null; each rule holds on every row
+    (`one_of`: in the set, `pattern`: matches, as `rlike` finds it, `min`/`max`: between, `not_null`;
+    GE skips NULLs in all but the last, as the rules do); a `cast` column holds the type it was cast
+    to; a derived column is there wherever its source value is.
+    """
+    checks = _key_checks(*table.key)
+    types: dict[str, str] = {}
+    for rule in table.rules:
+        if rule.kind == "one_of":
+            checks.append(gxe.ExpectColumnValuesToBeInSet(column=rule.column, value_set=list(rule.value)))
+        elif rule.kind == "pattern":
+            checks.append(gxe.ExpectColumnValuesToMatchRegex(column=rule.column, regex=rule.value))
+        elif rule.kind in ("min", "max"):
+            checks.append(gxe.ExpectColumnValuesToBeBetween(column=rule.column, **{f"{rule.kind}_value": rule.value}))
+        elif rule.kind == "not_null":
+            checks.append(gxe.ExpectColumnValuesToNotBeNull(column=rule.column))
+        else:  # cast: the column's last cast is its type in silver
+            types[rule.column] = type(cast_type(rule.value)).__name__
+    checks += [gxe.ExpectColumnValuesToBeOfType(column=c, type_=t) for c, t in types.items()]
+    for d in table.derive:
+        checks += [gxe.ExpectColumnValuesToBeOfType(column=d.column, type_="DateType"),
+                   gxe.ExpectColumnValuesToNotBeNull(column=d.column, row_condition=f'col("{d.date_of}").isNotNull()',
+                                                     condition_parser="spark")]
+    return checks
+
+
 def suites(spark: SparkSession, root: str, max_age: timedelta) -> list[Suite]:
-    """Every suite of the lake; each reads its data only when validated."""
+    """Every suite of the lake: each declared table's, gold's when the declaration has its inputs; each reads its
+    data only when validated."""
     fresh_since = datetime.now(UTC).replace(tzinfo=None) - max_age
+    decl = declared()
     out: list[Suite] = []
-    for table in contract.TABLES:
-        def bronze_checks(table: str = table) -> list:
-            return [*_key_checks("id"), gxe.ExpectColumnValuesToNotBeNull(column="_lsn"),
+    for name, table in decl.tables.items():
+        def bronze_checks(table: TableDecl = table) -> list:
+            return [*_key_checks(*table.key), gxe.ExpectColumnValuesToNotBeNull(column="_lsn"),
                     gxe.ExpectColumnValuesToBeInSet(column="_op", value_set=["r", "c", "u"]),
                     gxe.ExpectTableRowCountToBeBetween(min_value=1),
                     # Freshness: the newest row arrived within max_age.
                     gxe.ExpectColumnMaxToBeBetween(column="_ingested_at", min_value=fresh_since.isoformat())]
-        out.append(Suite(f"bronze/{table}", "bronze", lambda t=table: _read(spark, main_path(t, root)), bronze_checks))
+        out.append(Suite(f"bronze/{name}", "bronze", lambda t=name: _read(spark, main_path(t, root)), bronze_checks))
 
     def silver_counts(table: str) -> list:
         bronze = _bronze_at_silver_checkpoint(spark, root, table)
@@ -116,19 +153,11 @@ def suites(spark: SparkSession, root: str, max_age: timedelta) -> list[Suite]:
         quarantined = _read(spark, quarantine).count() if has_completed_commit(quarantine) else 0
         return [] if bronze is None else [gxe.ExpectTableRowCountToEqual(value=bronze - quarantined)]
 
-    out.append(Suite("silver/customers", "silver", lambda: _read(spark, silver_path("customers", root)), lambda: [
-        *_key_checks("id"),
-        gxe.ExpectColumnValuesToMatchRegex(column="email", regex=contract.EMAIL_PATTERN),
-        gxe.ExpectColumnValuesToMatchRegex(column="country", regex=contract.COUNTRY_PATTERN),
-        gxe.ExpectColumnValuesToNotBeNull(column="full_name"),
-        *silver_counts("customers")]))
-    out.append(Suite("silver/orders", "silver", lambda: _read(spark, silver_path("orders", root)), lambda: [
-        *_key_checks("id"),
-        gxe.ExpectColumnValuesToBeInSet(column="status", value_set=list(contract.ORDER_STATUSES)),
-        gxe.ExpectColumnValuesToBeInSet(column="currency", value_set=list(contract.CURRENCIES)),
-        gxe.ExpectColumnValuesToBeBetween(column="amount", min_value=0),
-        gxe.ExpectColumnValuesToNotBeNull(column="order_date"),
-        *silver_counts("orders")]))
+    for name, table in decl.tables.items():
+        out.append(Suite(f"silver/{name}", "silver", lambda t=name: _read(spark, silver_path(t, root)),
+                         lambda t=table: [*silver_expectations(t), *silver_counts(t.name)]))
+    if gold_missing(decl):  # gold does not run (pipelines.transform.etl says why): nothing of it to check
+        return out
 
     def ltv() -> DataFrame:
         return _read(spark, gold_path(LTV, root))
