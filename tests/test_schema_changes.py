@@ -13,14 +13,16 @@
 from __future__ import annotations
 
 import random
+import re
 import string
+from pathlib import Path
 from typing import Any
 
 import pytest
 from pyspark.sql import SparkSession
 
-from pipelines.catalog import CATALOG, SourceTable
 from pipelines.contract import COLUMNS, topic
+from pipelines.declaration import declaration_path
 from pipelines.devtools.generator import Message, WorkloadConfig
 from pipelines.hudi_timeline import latest_meta
 from pipelines.ingest.bronze import run_ingest
@@ -54,10 +56,21 @@ def _bronze_extras(spark: SparkSession, root: str, table: str, columns: tuple[st
     return {"spark": spark_rows, "hudi-rs": rs_rows}
 
 
-def test_mixed_shapes_in_one_batch_and_old_shape_replays(spark: SparkSession, lake: LakeCopy,
+def _declare_silver_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, extra: tuple[str, ...]) -> None:
+    """LAKEHOUSE_TABLES: a copy of the shop's declaration whose customers carry `extra` into silver."""
+    shop = Path(declaration_path()).read_text()
+    columns = re.search(r"^\[tables\.customers\]\n(?:.*\n)*?columns = .*\n", shop, re.MULTILINE)
+    assert columns, "the shop's declaration declares customers' columns"
+    path = tmp_path / f"tables-{len(extra)}.toml"
+    path.write_text(shop[:columns.end()] + f"silver_extra = {list(extra)!r}\n".replace("'", '"')
+                    + shop[columns.end():])
+    monkeypatch.setenv("LAKEHOUSE_TABLES", str(path))
+
+
+def test_mixed_shapes_in_one_batch_and_old_shape_replays(spark: SparkSession, lake: LakeCopy, tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    # The catalog's line: silver carries one added column from the start.
-    monkeypatch.setitem(CATALOG, "customers", SourceTable("customers", silver_extra_columns=("points",)))
+    # The declaration's line: silver carries one added column from the start.
+    _declare_silver_extra(tmp_path, monkeypatch, ("points",))
     src, rng = lake.source, random.Random(231)
     cfg = WorkloadConfig(seed=231, changes=120, replay_runs=0, malformed_fraction=0.0, other_ops=False,
                          schema_fraction=0.5)
@@ -77,7 +90,7 @@ def test_mixed_shapes_in_one_batch_and_old_shape_replays(spark: SparkSession, la
     run_etl(spark, lake.root)
     # Then every added column, and one the source never adds: silver lacks two that bronze has, for rows
     # that will not change again, so the next cycle reads bronze whole.
-    monkeypatch.setitem(CATALOG, "customers", SourceTable("customers", silver_extra_columns=(*ADDED, "vip_since")))
+    _declare_silver_extra(tmp_path, monkeypatch, (*ADDED, "vip_since"))
 
     src.alter("customers", retype={"points": "int64"})
     second: list[Message] = []
@@ -116,7 +129,7 @@ def test_mixed_shapes_in_one_batch_and_old_shape_replays(spark: SparkSession, la
 
 
 def _assert_silver_carries_extras(spark: SparkSession, root: str, expected: dict[int, dict[str, Any]]) -> None:
-    """silver/customers holds the catalog's extra columns as bronze does (widened, null once dropped);
+    """silver/customers holds the declaration's extra columns as bronze does (widened, null once dropped);
     `lakehouse changes bronze/customers` serves every added column."""
     silver = spark.read.format("hudi").load(silver_path("customers", root))
     assert dict(silver.dtypes)["points"] == "bigint" and "vip_since" not in silver.columns, silver.dtypes
