@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import json
 import random
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
@@ -204,7 +205,43 @@ topic_prefix = "{PREFIX}"
 source = "public.every_type"
 key = ["id"]
 
+[[tables.every_type.clean]]
+column = "label"
+trim = true
+upper = true
+[[tables.every_type.rules]]
+column = "mood"
+one_of = ["happy"]
+[[tables.every_type.rules]]
+column = "price"
+min = 0
+name = "price_not_negative"
+[[tables.every_type.rules]]
+column = "label"
+pattern = "^[A-Z ]+$"
+[[tables.every_type.rules]]
+column = "flag"
+not_null = true
+
 [tables.order_lines]
 source = "public.order_lines"
 key = ["region", "order_no"]
+
+[[tables.order_lines.rules]]
+column = "num"
+max = 40
 """
+
+
+def silver_model(table: str, row: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """(the row after DECLARATION's cleaning, the first of its rules the row fails), in plain Python: a NULL passes
+    every rule but not_null; `pattern` is found anywhere; trim strips whitespace, then upper."""
+    if table == "order_lines":
+        return row, ("num_max" if row["num"] is not None and row["num"] > 40 else None)
+    label = row["label"].strip().upper() if row["label"] is not None else None
+    clean = {**row, "label": label}
+    checks = [("mood_one_of", row["mood"] is None or row["mood"] == "happy"),
+              ("price_not_negative", row["price"] is None or row["price"] >= 0),
+              ("label_pattern", label is None or re.search(r"^[A-Z ]+$", label) is not None),
+              ("flag_not_null", row["flag"] is not None)]
+    return clean, next((name for name, ok in checks if not ok), None)

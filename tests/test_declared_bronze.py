@@ -1,11 +1,13 @@
-"""Tables beyond the shop, declared in TOML (contract section 7), into bronze through real Kafka, Spark and Hudi.
+"""Tables beyond the shop, declared in TOML (contract section 7), through real Kafka, Spark and Hudi into bronze and
+silver.
 
 Every type of section 7 arrives in its Debezium wire form with its Connect schema; bronze must hold
 the type the source meant (dates as dates, wall-clock timestamps unshifted, exact decimals, the same
 bytes, arrays as arrays, the same JSON document). A composite key takes inserts, updates, deletes and
 updates of a key column (a delete of the old key and an insert of the new); a run of older events
-replayed after newer ones changes nothing. Read back with Spark and with hudi-rs, against the model
-of tests/declared_tables.py.
+replayed after newer ones changes nothing. Silver holds the rows that pass the declared rules after
+the declared cleaning, with bronze's types; quarantine the others, with the rule they failed. Read
+back with Spark and with hudi-rs, against the model of tests/declared_tables.py.
 """
 
 from __future__ import annotations
@@ -24,9 +26,10 @@ from pyspark.sql import functions as F
 
 from pipelines.devtools.generator import Message, produce
 from pipelines.ingest.bronze import run_ingest
-from pipelines.settings import main_path
+from pipelines.settings import main_path, quarantine_path, silver_path
 from pipelines.table_stats import read_table
-from tests.declared_tables import DECLARATION, EVERY_TYPE, LINES, DeclaredSource, DeclaredTable
+from pipelines.transform.etl import run_etl
+from tests.declared_tables import DECLARATION, EVERY_TYPE, LINES, DeclaredSource, DeclaredTable, silver_model
 
 EPOCH = datetime(1970, 1, 1)
 
@@ -48,17 +51,19 @@ def _expected(t: DeclaredTable, source: DeclaredSource) -> dict[tuple, dict[str,
     return {k: {c: _comparable(row.get(c)) for c, _, _ in t.columns} for k, row in source.state[t.name].items()}
 
 
-def _spark_rows(spark: SparkSession, root: str, t: DeclaredTable) -> dict[tuple, dict[str, Any]]:
-    df = spark.read.format("hudi").load(main_path(t.name, root))
+def _spark_rows(spark: SparkSession, root: str, t: DeclaredTable, path: str | None = None,
+                extra: tuple[str, ...] = ()) -> dict[tuple, dict[str, Any]]:
+    df = spark.read.format("hudi").load(path or main_path(t.name, root))
     # Timestamps as epoch microseconds in Spark itself: a collected timestamp is shifted to this process's zone.
     columns = [F.unix_micros(c).alias(c) if df.schema[c].dataType.typeName() == "timestamp" else F.col(c)
-               for c, _, _ in t.columns]
+               for c, _, _ in t.columns] + [F.col(c) for c in extra]
     rows = [r.asDict(recursive=True) for r in df.select(*columns).collect()]
     return _keyed(t, [{c: _comparable(v) for c, v in r.items()} for r in rows], "spark")
 
 
-def _hudi_rs_rows(root: str, t: DeclaredTable) -> dict[tuple, dict[str, Any]]:
-    table = read_table(main_path(t.name, root), [c for c, _, _ in t.columns])
+def _hudi_rs_rows(root: str, t: DeclaredTable, path: str | None = None,
+                  extra: tuple[str, ...] = ()) -> dict[tuple, dict[str, Any]]:
+    table = read_table(path or main_path(t.name, root), [*(c for c, _, _ in t.columns), *extra])
     columns = {}
     for name in table.column_names:
         column = table.column(name)
@@ -82,6 +87,26 @@ def _assert_bronze(spark: SparkSession, root: str, source: DeclaredSource) -> No
             wrong = {k: (got.get(k), want.get(k)) for k in want.keys() | got.keys() if got.get(k) != want.get(k)}
             assert not wrong, f"{reader} bronze/{t.name} differs from the source on {len(wrong)} keys, e.g. " \
                 f"{next(iter(wrong.items()))}"
+
+
+def _assert_silver(spark: SparkSession, root: str, source: DeclaredSource) -> None:
+    for t in (EVERY_TYPE, LINES):
+        silver, quarantine = {}, {}
+        for k, row in source.state[t.name].items():
+            clean, failed = silver_model(t.name, row)
+            if failed:
+                quarantine[k] = failed
+            else:
+                silver[k] = {c: _comparable(v) for c, v in clean.items()}
+        where = silver_path(t.name, root), quarantine_path(t.name, root)
+        rule = ("failed_rule",)
+        for reader, got, held in (
+                ("spark", _spark_rows(spark, root, t, where[0]), _spark_rows(spark, root, t, where[1], rule)),
+                ("hudi-rs", _hudi_rs_rows(root, t, where[0]), _hudi_rs_rows(root, t, where[1], rule))):
+            wrong = {k: (got.get(k), silver.get(k)) for k in silver.keys() | got.keys() if got.get(k) != silver.get(k)}
+            assert not wrong, f"{reader} silver/{t.name} differs on {len(wrong)} keys, e.g. {next(iter(wrong.items()))}"
+            assert {k: r["failed_rule"] for k, r in held.items()} == quarantine, f"{reader} quarantine of {t.name}"
+        assert len(set(quarantine.values())) >= (3 if t is EVERY_TYPE else 1), "the workload exercises the rules"
 
 
 def test_declared_tables_of_every_type_and_a_composite_key(spark: SparkSession, broker, tmp_path: Path,
@@ -118,6 +143,8 @@ def test_declared_tables_of_every_type_and_a_composite_key(spark: SparkSession, 
     sent += first
     run_ingest(once=True, root=root, bootstrap=broker.bootstrap, spark=spark)
     _assert_bronze(spark, root, source)
+    run_etl(spark, root)
+    _assert_silver(spark, root, source)
 
     # More changes, then a run of older events replayed after them (a connector restart): nothing moves back.
     second: list[Message] = []
@@ -129,6 +156,8 @@ def test_declared_tables_of_every_type_and_a_composite_key(spark: SparkSession, 
     produce(second, broker.bootstrap)
     run_ingest(once=True, root=root, bootstrap=broker.bootstrap, spark=spark)
     _assert_bronze(spark, root, source)
+    run_etl(spark, root)  # incremental: only the keys changed since the first cycle
+    _assert_silver(spark, root, source)
 
     types = {f.name: f.dataType.simpleString()
              for f in spark.read.format("hudi").load(main_path(EVERY_TYPE.name, root)).schema.fields}
