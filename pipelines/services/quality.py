@@ -127,7 +127,7 @@ def silver_expectations(table: TableDecl) -> list:
     checks += [gxe.ExpectColumnValuesToBeOfType(column=c, type_=t) for c, t in types.items()]
     for d in table.derive:
         checks += [gxe.ExpectColumnValuesToBeOfType(column=d.column, type_="DateType"),
-                   gxe.ExpectColumnValuesToNotBeNull(column=d.column, row_condition=f'col("{d.date_of}").isNotNull()',
+                   gxe.ExpectColumnValuesToNotBeNull(column=d.column, row_condition=f"`{d.date_of}` IS NOT NULL",
                                                      condition_parser="spark")]
     return checks
 
