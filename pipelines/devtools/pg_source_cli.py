@@ -10,8 +10,9 @@ from pathlib import Path
 import click
 
 from pipelines.declaration import DeclarationError, declared
+from pipelines.devtools.connect_config import PUBLICATION
 from pipelines.devtools.pg_source import CONNECTOR, DEFAULT_HOME, SLOT, RealSource, SourceError, slot_status
-from pipelines.devtools.source_sync import SyncError
+from pipelines.devtools.source_sync import SyncError, published
 from pipelines.settings import kafka_bootstrap
 
 HOME_OPTION = click.option(
@@ -118,6 +119,15 @@ def status(home: Path) -> None:
             slot = slot_status(real.pg_port)
         except SourceError as exc:
             click.echo(str(exc))
+    if postgres.is_running():
+        try:
+            with postgres.connect() as conn:
+                captured = published(conn)
+        except Exception as exc:  # psycopg's errors: the line says so, status goes on
+            click.echo(f"publication {PUBLICATION}: cannot be read ({exc})")
+        else:
+            click.echo(f"publication {PUBLICATION}: " + (", ".join(sorted(captured)) if captured is not None
+                                                          else "none yet (the connector creates it)"))
     if not postgres.is_running():
         click.echo(f"replication slot {SLOT}: unknown (PostgreSQL not running)")
     elif slot is None:
