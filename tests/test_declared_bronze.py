@@ -170,3 +170,35 @@ def test_declared_tables_of_every_type_and_a_composite_key(spark: SparkSession, 
     every = source.state[EVERY_TYPE.name].values()
     assert any(r["born"] == date(1900, 1, 1) for r in every) and any(r["blob"] and 0 in r["blob"] for r in every)
     assert all(isinstance(r["price"], Decimal | None) for r in every)
+
+
+def test_an_incremental_snapshot_of_a_table_added_by_sync_lands_in_bronze(spark: SparkSession, broker, tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real connector's records of a table declared while it ran (tests/fixtures/declared, captured by
+    tests/declared_capture.py): reads of an incremental snapshot carry no LSN; ordered by their stream
+    position, they land with the change that followed, typed, and none is a dead letter."""
+    import json
+
+    from pipelines.settings import dead_letter_path
+    from pipelines.table_stats import has_completed_commit
+
+    fixture = json.loads((Path(__file__).with_name("fixtures") / "declared" / "incremental_snapshot.json").read_text())
+    declaration = tmp_path / "tables.toml"
+    declaration.write_text('[source]\ntopic_prefix = "shop"\n[tables.late_rows]\nsource = "public.late_rows"\n'
+                           'key = ["id"]\n')
+    monkeypatch.setenv("LAKEHOUSE_TABLES", str(declaration))
+    records = [r for r in fixture["records"] if r["topic"] == "shop.public.late_rows"]
+    admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
+    admin.create_topics([NewTopic("shop.public.late_rows", 1, 1)])
+    admin.close()
+    produce([Message(r["topic"], r["key"] and r["key"].encode(), r["value"] and r["value"].encode())
+             for r in records], broker.bootstrap)
+    root = str(tmp_path / "lake")
+    run_ingest(once=True, root=root, bootstrap=broker.bootstrap, spark=spark)
+    assert not has_completed_commit(dead_letter_path(root)), "no record of the snapshot is a dead letter"
+    rows = {r["id"]: r for r in spark.read.format("hudi").load(main_path("late_rows", root))
+            .select("id", "note", "amount", F.unix_micros("at").alias("at"), "_lsn").collect()}
+    assert sorted(rows) == [1, 2, 3, 4]
+    assert rows[2]["note"] == "row 2" and rows[2]["amount"] == Decimal("3.000") and rows[4]["note"] == "after the sync"
+    assert rows[1]["at"] == (datetime(2026, 3, 1, 1) - EPOCH) // timedelta(microseconds=1)
+    assert rows[1]["_lsn"] < rows[4]["_lsn"], "the snapshot's reads order before the change that followed"

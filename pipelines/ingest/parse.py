@@ -130,7 +130,12 @@ def parse_topics(raw: DataFrame, tables: dict[str, TableParse], placeholder: str
     env = F.when(v["payload"].isNotNull(), v["payload"]).otherwise(bare)
     df = df.withColumn("_env", env)
     e = F.col("_env")
-    op, lsn = e["op"], e["source"]["lsn"]
+    op = e["op"]
+    # An incremental snapshot's reads (a table added while the stream runs: `lakehouse source sync`) carry no
+    # LSN; `source.sequence`'s last element is the stream position the chunk was read at, past every change
+    # of the row the read reflects and before every change after it: it orders like an LSN.
+    incremental = F.element_at(F.from_json(e["source"]["sequence"], "array<string>"), -1).cast("long")
+    lsn = F.coalesce(e["source"]["lsn"], F.when(e["source"]["snapshot"] == "incremental", incremental))
     image = F.when(op == "d", e["before"]).otherwise(e["after"])
     decl = declared()
 
