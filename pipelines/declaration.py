@@ -28,6 +28,10 @@ Beyond the contract's fields, a table may say (the project's own, all optional):
   must convert exactly to that type, and silver holds the converted value; later rules of the
   column see it.
 - `name` on a rule: what quarantine's `failed_rule` says (default `<column>_<kind>`).
+- `not_null = true` beside another check in one rule: the rule fails a NULL too (under its one
+  name), where a rule passes a NULL otherwise (section 7). The shop's rules refuse NULLs this way,
+  as its hand-written silver did: a contract column dropped in the source and accepted
+  (section 6) leaves NULLs that belong in quarantine under the rule they fail.
 - `[[tables.<name>.derive]]` `column = "...", date_of = "<timestamp column>"`: a silver column
   made from another (the UTC date of a timestamp).
 """
@@ -68,6 +72,7 @@ class Rule:
     kind: str  # one of RULE_KINDS
     value: Any  # the allowed values, the pattern, the bound, the type (None for not_null)
     name: str
+    not_null: bool = False  # the rule fails a NULL (always true of a `not_null` rule; the others pass one unless set)
 
 
 @dataclass(frozen=True)
@@ -330,8 +335,14 @@ def _rule(spec: dict[str, Any], at: str) -> Rule:
     if not isinstance(column, str) or not column:
         raise DeclarationError(f"{at}.column: required")
     kinds = [k for k in RULE_KINDS if k in spec]
+    refuses_null = len(kinds) == 2 and "not_null" in kinds  # another check that fails a NULL too
+    if refuses_null:
+        if spec["not_null"] is not True:
+            raise DeclarationError(f"{at}.not_null: must be true")
+        kinds.remove("not_null")
     if len(kinds) != 1:
-        raise DeclarationError(f"{at}: exactly one of {', '.join(RULE_KINDS)} per rule (got {kinds or 'none'})")
+        raise DeclarationError(f"{at}: exactly one of {', '.join(RULE_KINDS)} per rule, `not_null = true` "
+                               f"beside another to refuse NULLs too (got {kinds or 'none'})")
     kind, value = kinds[0], spec[kinds[0]]
     if kind == "one_of" and (not isinstance(value, list) or not value
                              or not all(isinstance(v, str | int | float) and not isinstance(v, bool) for v in value)):
@@ -351,7 +362,7 @@ def _rule(spec: dict[str, Any], at: str) -> Rule:
     name = spec.get("name", f"{column}_{kind}")
     if not isinstance(name, str) or not name:
         raise DeclarationError(f"{at}.name: must be text")
-    return Rule(column, kind, value, name)
+    return Rule(column, kind, value, name, refuses_null or kind == "not_null")
 
 
 def _derive(spec: dict[str, Any], at: str) -> Derive:

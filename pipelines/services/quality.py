@@ -107,12 +107,14 @@ def silver_expectations(table: TableDecl) -> list:
     """A declared table's silver checks, from its declaration: what silver promises its readers.
 
     Its key is unique (as a whole, for a composite key) and never null; each rule holds on every row
-    (`one_of`: in the set, `pattern`: matches, as `rlike` finds it, `min`/`max`: between, `not_null`;
-    GE skips NULLs in all but the last, as the rules do); a `cast` column holds the type it was cast
-    to; a derived column is there wherever its source value is.
+    (`one_of`: in the set, `pattern`: matches, as `rlike` finds it, `min`/`max`: between; GE skips
+    NULLs in these, as the rules do); a column whose rule refuses NULLs (`not_null`, alone or beside
+    another check) has none; a `cast` column holds the type it was cast to; a derived column is there
+    wherever its source value is.
     """
     checks = _key_checks(*table.key)
     types: dict[str, str] = {}
+    present: list[str] = []
     for rule in table.rules:
         if rule.kind == "one_of":
             checks.append(gxe.ExpectColumnValuesToBeInSet(column=rule.column, value_set=list(rule.value)))
@@ -120,10 +122,11 @@ def silver_expectations(table: TableDecl) -> list:
             checks.append(gxe.ExpectColumnValuesToMatchRegex(column=rule.column, regex=rule.value))
         elif rule.kind in ("min", "max"):
             checks.append(gxe.ExpectColumnValuesToBeBetween(column=rule.column, **{f"{rule.kind}_value": rule.value}))
-        elif rule.kind == "not_null":
-            checks.append(gxe.ExpectColumnValuesToNotBeNull(column=rule.column))
-        else:  # cast: the column's last cast is its type in silver
+        elif rule.kind == "cast":  # the column's last cast is its type in silver
             types[rule.column] = type(cast_type(rule.value)).__name__
+        if rule.not_null and rule.column not in present:  # a `not_null` rule, or one beside another check
+            present.append(rule.column)
+    checks += [gxe.ExpectColumnValuesToNotBeNull(column=c) for c in present if c not in table.key]
     checks += [gxe.ExpectColumnValuesToBeOfType(column=c, type_=t) for c, t in types.items()]
     for d in table.derive:
         checks += [gxe.ExpectColumnValuesToBeOfType(column=d.column, type_="DateType"),

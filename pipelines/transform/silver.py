@@ -18,7 +18,8 @@ What a declaration's steps mean (contract section 7, and the project's own `cast
   no exponent), an integer must be digits, a timestamp or date what `to_timestamp`/`to_date`
   read; from another type, the value must survive the round trip (no overflow, no rounding);
   a value already of the type passes unchanged;
-- every rule but `not_null` passes a NULL (the contract's rule: declare `not_null` to refuse it);
+- every rule but `not_null` passes a NULL (the contract's rule), unless `not_null = true` stands beside
+  its check (then the rule fails a NULL under its own name);
 - `derive` `date_of`: the UTC date of a timestamp (after its cast), as a new column.
 """
 
@@ -105,13 +106,12 @@ def clean(bronze: DataFrame, table: TableDecl, columns: Sequence[str], *, where:
     for rule in table.rules:
         value = values.get(rule.column, F.col(rule.column))
         if rule.kind == "cast":
-            converted, exact, types[rule.column] = _cast(value, types[rule.column], rule.value)
-            checks.append((rule.name, value.isNull() | exact))
+            converted, holds, types[rule.column] = _cast(value, types[rule.column], rule.value)
             values[rule.column] = converted
-        elif rule.kind == "not_null":
-            checks.append((rule.name, value.isNotNull()))
         else:
-            checks.append((rule.name, value.isNull() | _holds(rule, value, types[rule.column])))
+            holds = F.lit(True) if rule.kind == "not_null" else _holds(rule, value, types[rule.column])
+        # A NULL passes a rule unless the rule refuses it (`not_null`, alone or beside another check).
+        checks.append((rule.name, value.isNotNull() & holds if rule.not_null else value.isNull() | holds))
 
     derived = [_utc_date(values.get(d.date_of, F.col(d.date_of)), types[d.date_of]).alias(d.column)
                for d in table.derive]
