@@ -22,7 +22,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from pipelines.contract import COLUMNS, topic
-from pipelines.declaration import declaration_path
+from pipelines.declaration import SHOP
 from pipelines.devtools.generator import Message, WorkloadConfig
 from pipelines.hudi_timeline import latest_meta
 from pipelines.ingest.bronze import run_ingest
@@ -58,7 +58,7 @@ def _bronze_extras(spark: SparkSession, root: str, table: str, columns: tuple[st
 
 def _declare_silver_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, extra: tuple[str, ...]) -> None:
     """LAKEHOUSE_TABLES: a copy of the shop's declaration whose customers carry `extra` into silver."""
-    shop = Path(declaration_path()).read_text()
+    shop = (Path(__file__).parents[1] / "pipelines" / SHOP).read_text()
     columns = re.search(r"^\[tables\.customers\]\n(?:.*\n)*?columns = .*\n", shop, re.MULTILINE)
     assert columns, "the shop's declaration declares customers' columns"
     path = tmp_path / f"tables-{len(extra)}.toml"
@@ -196,25 +196,30 @@ def test_incompatible_change_holds_only_that_table(spark: SparkSession, lake: La
 
 def test_shape_decisions() -> None:
     """The rules of pipelines.ingest.schema without Spark: add, widen, narrow, contract column gone, accept."""
+    from pipelines.ingest.connect_types import bronze_column
     from pipelines.ingest.schema import decide, infer_type
+
+    def fields(connect: list[tuple[str, str]]) -> list[tuple[str, str, str]]:
+        """Fields of a wrapped message's `after` schema as the survey hands them to `decide` (the shop: wire form)."""
+        return [(name, *bronze_column({"type": kind}, typed=False)) for name, kind in connect]
 
     contract_shape = [(c, "int64" if c in ("id", "customer_id") else "string") for c in COLUMNS["orders"]]
     start = Shape.initial("orders")
-    added = decide(start, [[*contract_shape, ("points", "int32")]], [], {"note": "string"}, set(), 7)
+    added = decide(start, [fields([*contract_shape, ("points", "int32")])], [], {"note": "string"}, set(), 7)
     assert added.changed and not added.held_declared
     assert [(c.name, c.type, c.declared, c.batch) for c in added.shape.columns.values()][-2:] == [
         ("points", "int", True, 7), ("note", "string", False, 7)]
-    widened = decide(added.shape, [[*contract_shape, ("points", "int64")]], [], {}, set(), 8)
+    widened = decide(added.shape, [fields([*contract_shape, ("points", "int64")])], [], {}, set(), 8)
     assert widened.shape.columns["points"].type == "bigint" and widened.shape.columns["points"].widened[0][:2] == (
         "int", 8)
-    narrowed = decide(widened.shape, [[*contract_shape, ("points", "int32")]], [], {}, set(), 9)
+    narrowed = decide(widened.shape, [fields([*contract_shape, ("points", "int32")])], [], {}, set(), 9)
     assert not narrowed.changed and "points" in next(iter(narrowed.held_declared.values()))
     renamed = [(c, t) for c, t in contract_shape if c != "amount"] + [("total", "string")]
-    held = decide(start, [renamed], [["amount"]], {}, set(), 10)
+    held = decide(start, [fields(renamed)], [["amount"]], {}, set(), 10)
     assert len(held.held_declared) == 1 and held.held_missing == {("amount",): next(iter(held.held_missing.values()))}
     assert all(r.startswith("schema: orders.amount") for r in [*held.held_declared.values(),
                                                                *held.held_missing.values()])
-    accepted = decide(start, [renamed], [["amount"]], {}, {"orders.amount"}, 11)
+    accepted = decide(start, [fields(renamed)], [["amount"]], {}, {"orders.amount"}, 11)
     assert not accepted.held_declared and not accepted.held_missing and "total" in accepted.shape.columns
     assert Shape.from_meta("orders", accepted.shape.to_meta()) == accepted.shape
     assert (infer_type([None, 3]), infer_type([1.5, 2]), infer_type([True]), infer_type(["a", 1]),
