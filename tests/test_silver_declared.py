@@ -286,3 +286,17 @@ def test_the_shop_declaration_gives_the_hand_written_silver(spark: SparkSession,
         assert got_rows == want_rows, [(got_rows[k], w) for k, w in want_rows.items() if got_rows[k] != w][:2]
         failed = {r["failed_rule"] for r in want_rows.values()}
         assert None in failed and len(failed) >= 3, (name, failed)
+
+
+def test_the_etl_skips_gold_in_one_line_without_its_inputs(spark: SparkSession, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch,
+                                                           caplog: pytest.LogCaptureFixture) -> None:
+    from pipelines.transform.etl import run_etl
+
+    path = tmp_path / "team.toml"
+    path.write_text('[source]\ntopic_prefix = "x"\n[tables.payments]\nsource = "public.payments"\nkey = ["id"]\n')
+    monkeypatch.setenv("LAKEHOUSE_TABLES", str(path))
+    with caplog.at_level("INFO", logger="pipelines.transform.etl"):
+        assert run_etl(spark, str(tmp_path / "lake")) == {"silver/payments": {}}
+    skipped = [r.getMessage() for r in caplog.records if "gold" in r.getMessage()]
+    assert len(skipped) == 1 and str(path) in skipped[0] and "table customers" in skipped[0], skipped
