@@ -15,17 +15,34 @@ import hudi_configs
 from pipelines.declaration import Declaration, TableDecl, declared
 from pipelines.settings import quarantine_path, silver_path, table_path
 
-# Columns silver makes itself: a source column of one of these names cannot be carried.
-SILVER_OWN_COLUMNS = frozenset({"failed_rule", "_quarantined_at"})
 # What gold reads: the declared tables (and their columns) its aggregates need.
 GOLD_INPUTS = {"customers": ("id", "country"),
-               "orders": ("id", "customer_id", "status", "amount", "currency", "created_at")}
+               "orders": ("id", "customer_id", "status", "amount", "currency", "created_at", "order_date")}
+
+
+def gold_missing(decl: Declaration | None = None) -> list[str]:
+    """What gold's inputs lack in a declaration (empty: gold runs): a table, its key `id`, a column.
+
+    A table declared without `columns` carries whatever bronze has, which only a run can tell:
+    it is taken at its word here.
+    """
+    decl = decl or declared()
+    missing = []
+    for name, needed in GOLD_INPUTS.items():
+        table = decl.tables.get(name)
+        if table is None:
+            missing.append(f"table {name}")
+        elif table.key != ("id",):
+            missing.append(f"{name} keyed by id (it is keyed by {', '.join(table.key)})")
+        elif table.columns:
+            have = {*table.columns, *table.silver_extra, *(d.column for d in table.derive)}
+            missing += [f"{name}.{c}" for c in needed if c not in have]
+    return missing
 
 
 def gold_declared(decl: Declaration | None = None) -> bool:
-    """Whether gold's input tables are declared (with the key gold joins on): gold runs only then."""
-    decl = decl or declared()
-    return all(name in decl.tables and decl.tables[name].key == ("id",) for name in GOLD_INPUTS)
+    """Whether gold's input tables are declared with what it reads: gold runs, and is in the catalog, only then."""
+    return not gold_missing(decl)
 
 
 def erasure_kind(table: TableDecl) -> str | None:
@@ -51,16 +68,6 @@ def erasure_uncovered(decl: Declaration | None = None) -> list[str]:
     orders = [n for n, k in kinds if k == "order"]
     # The erasure keeps one set of order ids: two tables of that layout would mix their ids.
     return [n for n, k in kinds if k is None or (k == "order" and len(orders) > 1)]
-
-
-def silver_extra_columns(table: str) -> tuple[str, ...]:
-    """The declaration's extra bronze columns for silver/<table> (`silver_extra`)."""
-    named = declared().table(table).silver_extra
-    wrong = [c for c in named if c in SILVER_OWN_COLUMNS]
-    if wrong:
-        raise ValueError(f"{declared().path}, tables.{table}.silver_extra: {wrong} collide with the columns silver "
-                         f"adds itself ({sorted(SILVER_OWN_COLUMNS)})")
-    return named
 
 
 # --------------------------------------------------------------------------- the lake's tables

@@ -38,12 +38,13 @@ from pyspark.sql import functions as F
 
 import hudi_configs
 from pipelines import console, contract, storage
+from pipelines.catalog import gold_missing
 from pipelines.declaration import TableDecl, declared
 from pipelines.hudi_timeline import checkpoint, consumed, earliest_retained, instant_of_batch, meta_at
 from pipelines.ingest.state import BATCH_ID_META
 from pipelines.settings import changelog_path, gold_path, main_path, quarantine_path, silver_path
 from pipelines.table_stats import has_completed_commit
-from pipelines.transform.gold import DAILY, DAILY_KEY, LTV, gold_missing
+from pipelines.transform.gold import DAILY, DAILY_KEY, LTV
 from pipelines.transform.silver import cast_type
 
 log = logging.getLogger(__name__)

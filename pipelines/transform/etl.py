@@ -18,7 +18,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from pipelines import console
-from pipelines.catalog import silver_options as _silver_options
+from pipelines.catalog import gold_missing, silver_options
 from pipelines.declaration import TableDecl, declared
 from pipelines.erasure_registry import erasure_key, read_registry, without_erased
 from pipelines.hudi_timeline import checkpoint, consumed, repair_torn_timeline, write_with_checkpoint
@@ -27,16 +27,10 @@ from pipelines.settings import changelog_path, gold_path, lake_root, quarantine_
 from pipelines.spark import get_spark
 from pipelines.table_stats import has_completed_commit
 from pipelines.transform.changes import Window, bronze_changes, window
-from pipelines.transform.gold import DAILY, LTV, STATE, gold_cycle, gold_missing
+from pipelines.transform.gold import DAILY, LTV, STATE, gold_cycle
 from pipelines.transform.silver import clean, silver_columns
 
 log = logging.getLogger(__name__)
-
-
-def silver_options(name: str, key: tuple[str, ...] = ("id",)) -> dict[str, str]:
-    """Writer options of a silver or quarantine table named `name`, keyed by the declared `key` (all its columns:
-    a composite key is one record key of several fields)."""
-    return {**_silver_options(name), "hoodie.datasource.write.recordkey.field": ",".join(key)}
 
 
 def _write(df: DataFrame, path: str, name: str, key: tuple[str, ...], marks: dict[str, str]) -> None:

@@ -29,7 +29,6 @@ from pyspark.sql import functions as F
 
 from pipelines import console
 from pipelines.catalog import gold_options
-from pipelines.declaration import Declaration
 from pipelines.hudi_timeline import checkpoint, consumed, write_with_checkpoint
 from pipelines.ingest.state import DELETED_FLAG
 from pipelines.settings import gold_path
@@ -47,10 +46,6 @@ STATE = "_customer_orders"
 LTV = "customer_ltv"
 DAILY = "daily_revenue"
 DAILY_KEY = ("order_date", "country", "currency")
-# What gold reads of silver: gold is the shop's business job, code over these declared tables and columns.
-GOLD_INPUTS: dict[str, tuple[str, ...]] = {
-    "customers": ("id", "country"),
-    "orders": ("id", "customer_id", "status", "amount", "currency", "created_at", "order_date")}
 
 ORDER_FACT = "struct<id:bigint,order_date:date,currency:string,amount_cents:bigint,created_at:timestamp>"
 # A state row as Hudi's CDC images spell it in JSON: dates as epoch days, timestamps as epoch micros.
@@ -294,25 +289,6 @@ def daily_cycle(spark: SparkSession, root: str) -> dict[str, int]:
     finally:
         delta.unpersist()
         images.unpersist()
-
-
-def gold_missing(decl: Declaration) -> list[str]:
-    """What gold's inputs lack in a declaration (empty: gold runs): a table, its key `id`, a column.
-
-    A table declared without `columns` carries whatever bronze has, which only a run can tell:
-    it is taken at its word here.
-    """
-    missing = []
-    for name, needed in GOLD_INPUTS.items():
-        table = decl.tables.get(name)
-        if table is None:
-            missing.append(f"table {name}")
-        elif table.key != ("id",):
-            missing.append(f"{name} keyed by id (it is keyed by {', '.join(table.key)})")
-        elif table.columns:
-            have = {*table.columns, *table.silver_extra, *(d.column for d in table.derive)}
-            missing += [f"{name}.{c}" for c in needed if c not in have]
-    return missing
 
 
 def gold_cycle(spark: SparkSession, root: str, silver_customers: str, silver_orders: str) -> dict[str, dict[str, int]]:
