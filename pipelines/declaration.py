@@ -41,6 +41,8 @@ from __future__ import annotations
 import os
 import re
 import tomllib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -171,10 +173,31 @@ def declaration_path() -> str:
 
 
 _CACHE: dict[tuple[str, float], Declaration] = {}
+_PINNED: list[Declaration] = []
 
 
 def declared() -> Declaration:
-    """The declaration in force (`LAKEHOUSE_TABLES`), read once per version of the file."""
+    """The declaration in force: the one `pinned` by a running stream, else the file's (`current`)."""
+    return _PINNED[-1] if _PINNED else current()
+
+
+@contextmanager
+def pinned(declaration: Declaration) -> Iterator[Declaration]:
+    """`declaration` is the one in force inside the block, whatever the file says meanwhile.
+
+    A stream's query reads one set of topics: its batches, threads and bookkeeping must all see the
+    tables it started with, and the stream itself moves to a changed declaration between queries
+    (pipelines.ingest.bronze).
+    """
+    _PINNED.append(declaration)
+    try:
+        yield declaration
+    finally:
+        _PINNED.pop()
+
+
+def current() -> Declaration:
+    """The declaration file as it is now (`LAKEHOUSE_TABLES`), read once per version of the file."""
     path = declaration_path()
     try:
         version = os.stat(path).st_mtime

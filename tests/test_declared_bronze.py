@@ -12,6 +12,7 @@ back with Spark and with hudi-rs, against the model of tests/declared_tables.py.
 
 from __future__ import annotations
 
+import os
 import random
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
@@ -202,3 +203,78 @@ def test_an_incremental_snapshot_of_a_table_added_by_sync_lands_in_bronze(spark:
     assert rows[2]["note"] == "row 2" and rows[2]["amount"] == Decimal("3.000") and rows[4]["note"] == "after the sync"
     assert rows[1]["at"] == (datetime(2026, 3, 1, 1) - EPOCH) // timedelta(microseconds=1)
     assert rows[1]["_lsn"] < rows[4]["_lsn"], "the snapshot's reads order before the change that followed"
+
+
+def test_a_table_declared_while_the_stream_runs_is_followed_exactly(spark: SparkSession, broker, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stream reads the declared tables' topics; a table added to the declaration while it runs (what
+    `lakehouse source sync` follows) is read from its topic's start, the others go on from where they were,
+    and neither gets an event twice or loses one."""
+    import threading
+
+    from pipelines.ingest.stream import ControlFiles
+
+    declaration = tmp_path / "tables.toml"
+    only_every = DECLARATION[:DECLARATION.index("[tables.order_lines]")]
+    declaration.write_text(only_every)
+    monkeypatch.setenv("LAKEHOUSE_TABLES", str(declaration))
+    monkeypatch.setenv("LAKEHOUSE_HUDI_OVERRIDES", os.environ["LAKEHOUSE_HUDI_OVERRIDES"] + os.pathsep + str(
+        _write(tmp_path / "fast.toml", "[stream.health]\nheartbeat_seconds = 1\n")))
+    root = str(tmp_path / "lake")
+    admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
+    admin.create_topics([NewTopic(t.topic, 2, 1) for t in (EVERY_TYPE, LINES)])
+    admin.close()
+    source, rng = DeclaredSource([EVERY_TYPE, LINES], seed=51), random.Random(51)
+
+    def changes(t: DeclaredTable, n: int) -> list[Message]:
+        out: list[Message] = []
+        for _ in range(n):
+            keys = sorted(source.state[t.name])
+            if keys and rng.random() < 0.5:
+                out += source.update(t, rng.choice(keys)) if rng.random() < 0.8 else source.delete(t, rng.choice(keys))
+            else:
+                out += source.insert(t, (rng.randint(1, 10**9),) if t is EVERY_TYPE else ("eu", rng.randint(1, 10**9)))
+        return out
+
+    produce(changes(EVERY_TYPE, 40) + changes(LINES, 30), broker.bootstrap)  # order_lines: not declared yet
+    failure: list[BaseException] = []
+
+    def stream() -> None:
+        try:
+            run_ingest(once=False, root=root, bootstrap=broker.bootstrap, spark=spark, trigger_seconds=1)
+        except BaseException as exc:
+            failure.append(exc)
+
+    thread = threading.Thread(target=stream, daemon=True)
+    thread.start()
+    _wait(lambda: _is_caught_up(spark, root, source, (EVERY_TYPE,)), failure)
+    declaration.write_text(DECLARATION)  # order_lines declared: its rows so far and the changes after
+    produce(changes(EVERY_TYPE, 30) + changes(LINES, 30), broker.bootstrap)
+    _wait(lambda: _is_caught_up(spark, root, source), failure)
+    ControlFiles(root).request_stop("test")
+    thread.join(120)
+    assert not thread.is_alive() and not failure, failure
+    _assert_bronze(spark, root, source)
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def _is_caught_up(spark: SparkSession, root: str, source: DeclaredSource,
+                  tables: tuple[DeclaredTable, ...] = (EVERY_TYPE, LINES)) -> bool:
+    from pipelines.table_stats import has_completed_commit
+
+    return all(has_completed_commit(main_path(t.name, root)) and _spark_rows(spark, root, t) == _expected(t, source)
+               for t in tables)
+
+
+def _wait(done, failure: list[BaseException], timeout: float = 180) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert not failure, failure
+        assert time.monotonic() < deadline, "the stream did not catch up"
+        time.sleep(1)

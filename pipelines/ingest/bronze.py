@@ -74,7 +74,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 import hudi_configs
-from pipelines.declaration import declared
+from pipelines import storage
+from pipelines.declaration import DeclarationError, current, declared, pinned
 from pipelines.ingest.compactor import Compactor, compactions_run_here
 from pipelines.ingest.state import positions_of
 from pipelines.ingest.stream import STOP_REQUEST, StreamLease
@@ -158,6 +159,70 @@ def run_ingest(*, once: bool, root: str | None = None, bootstrap: str | None = N
     root = root or lake_root()
     bootstrap = bootstrap or kafka_bootstrap()
     spark = spark or get_spark("lakehouse-ingest")
+    # One writer per checkpoint: wait for a previous stream's heartbeat to go stale, or fail.
+    lease = StreamLease(root)
+    lease.claim()
+    # Inline mode: main's compactions run beside the batches (a plan left by a killed process first).
+    compactor = Compactor(spark, root, every=trigger_seconds).start() if compactions_run_here() else None
+    stopped = False  # a run to its end, a stop request or an interrupt: not a failure
+    try:
+        while True:
+            with pinned(current()) as decl:
+                try:
+                    follow = _run_query(spark, root, bootstrap, once, trigger_seconds, max_offsets_per_trigger,
+                                        lease, stop_timeout, sorted(decl.topics()))
+                except KeyboardInterrupt:
+                    stopped = True
+                    raise
+            stopped = True
+            if not follow:
+                break
+            # The declared tables changed (`lakehouse source sync`): the next query subscribes to their topics.
+            # Structured Streaming's checkpoint names the old subscription, so it goes, and the query starts as
+            # one whose checkpoint was lost: each table from the position its own commits record, a new table
+            # from its topic's start. Nothing is read twice into a table, nothing skipped.
+            log.warning("the declared tables changed (%s): the stream now reads %s; the stream checkpoint starts "
+                        "again from the positions in bronze's commits", current().path,
+                        ", ".join(sorted(current().topics())))
+            storage.remove_tree(ingest_checkpoint_path(root))
+            stopped = False
+    finally:
+        try:
+            if compactor is not None:
+                # A stream that stops leaves no plan pending (one plan is one bucket: seconds);
+                # one that failed only waits for the compaction in progress.
+                compactor.close(drain=stopped)
+        finally:
+            lease.release()
+
+
+def _run_query(spark: SparkSession, root: str, bootstrap: str, once: bool, trigger_seconds: float,
+               max_offsets_per_trigger: int | None, lease: StreamLease, stop_timeout: float, topics: list[str]) -> bool:
+    """Run one ingest query until it ends, is asked to stop, or the declared tables change (then True)."""
+    query, batches = _start_query(spark, root, bootstrap, once, trigger_seconds, max_offsets_per_trigger)
+    try:
+        while not query.awaitTermination(lease.lim.heartbeat_seconds):
+            lease.beat(query.lastProgress, query.status["isTriggerActive"])
+            if lease.stop_requested():
+                log.info("stop requested (%s): stopping after the batch in progress", STOP_REQUEST)
+                _let_batch_finish(query, stop_timeout)
+                return False
+            if not once and _declaration_changed(topics):
+                _let_batch_finish(query, stop_timeout)
+                return True
+        return False
+    except KeyboardInterrupt:
+        _let_batch_finish(query, stop_timeout)
+        raise
+    finally:
+        if query.isActive:
+            query.stop()
+        batches.flush()  # no batch runs any more: the dead letters held back go to the store
+
+
+def _start_query(spark: SparkSession, root: str, bootstrap: str, once: bool, trigger_seconds: float,
+                 max_offsets_per_trigger: int | None) -> tuple[StreamingQuery, BronzeBatchWriter]:
+    """The ingest query over the declared tables' topics, from its checkpoint or, without one, from bronze's commits."""
     reader = kafka_stream(spark, bootstrap)
     if checkpoint_lost(spark, ingest_checkpoint_path(root)) and \
             (start := starting_offsets(spark, root, topic_partitions(bootstrap))):
@@ -170,39 +235,18 @@ def run_ingest(*, once: bool, root: str | None = None, bootstrap: str | None = N
     writer = (reader.load().writeStream.queryName("bronze_ingest").foreachBatch(batches)
               .option("checkpointLocation", ingest_checkpoint_path(root)))
     writer = writer.trigger(availableNow=True) if once else writer.trigger(processingTime=f"{trigger_seconds} seconds")
-    # One writer per checkpoint: wait for a previous stream's heartbeat to go stale, or fail.
-    lease = StreamLease(root)
-    lease.claim()
-    # Inline mode: main's compactions run beside the batches (a plan left by a killed process first).
-    compactor = Compactor(spark, root, every=trigger_seconds).start() if compactions_run_here() else None
-    stopped = False  # a run to its end, a stop request or an interrupt: not a failure
+    batches.recover()
+    return writer.start(), batches
+
+
+def _declaration_changed(topics: list[str]) -> bool:
+    """Whether the declared tables' topics differ from `topics` (a declaration that no longer loads: no change,
+    with the reason in the log, so that a typo in the file does not stop a running stream)."""
     try:
-        batches.recover()
-        query = writer.start()
-        try:
-            while not query.awaitTermination(lease.lim.heartbeat_seconds):
-                lease.beat(query.lastProgress, query.status["isTriggerActive"])
-                if lease.stop_requested():
-                    log.info("stop requested (%s): stopping after the batch in progress", STOP_REQUEST)
-                    _let_batch_finish(query, stop_timeout)
-                    break
-            stopped = True
-        except KeyboardInterrupt:
-            _let_batch_finish(query, stop_timeout)
-            stopped = True
-            raise
-        finally:
-            if query.isActive:
-                query.stop()
-            batches.flush()  # no batch runs any more: the dead letters held back go to the store
-    finally:
-        try:
-            if compactor is not None:
-                # A stream that stops leaves no plan pending (one plan is one bucket: seconds);
-                # one that failed only waits for the compaction in progress.
-                compactor.close(drain=stopped)
-        finally:
-            lease.release()
+        return sorted(current().topics()) != topics
+    except DeclarationError as exc:
+        log.error("the declaration changed and cannot be read, the stream goes on with the tables it had: %s", exc)
+        return False
 
 
 def _let_batch_finish(query: StreamingQuery, timeout: float) -> None:

@@ -58,7 +58,8 @@ class Compactor:
                  tables: Sequence[str] | None = None) -> None:
         self.spark = spark
         self.every = every
-        self.tables = {t: main_path(t, root) for t in tables or declared().names}
+        self.root = root
+        self._tables = tuple(tables or ())
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -78,7 +79,9 @@ class Compactor:
     def run_pending(self, stop: threading.Event | None = None) -> list[str]:
         """Run every pending plan of every main table; `stop`, checked between tables, ends it early."""
         done = []
-        for table, path in self.tables.items():
+        # The declared tables now: a stream that follows a changed declaration compacts the new ones too.
+        for table in self._tables or declared().names:
+            path = main_path(table, self.root)
             if stop is not None and stop.is_set():
                 break
             # A completed commit's file first: a table being created has no timeline Hudi can load yet.
