@@ -138,9 +138,7 @@ def test_sync_follows_the_declaration(real: RealSource, tmp_path: Path) -> None:
     # A table that already holds rows, declared: its rows arrive, the stream goes on.
     with_payments = tmp_path / "with_payments.toml"
     with_payments.write_text(shop + PAYMENTS_TOML)
-    started = time.monotonic()
     result = sync(real, with_payments)
-    took = time.monotonic() - started
     assert result.exit_code == 0, result.output
     assert "captured from now on: public.payments" in result.output
     assert "incremental snapshot requested for public.payments" in result.output
@@ -196,7 +194,6 @@ def test_sync_follows_the_declaration(real: RealSource, tmp_path: Path) -> None:
     time.sleep(2)
     late = ops(topic_records(bootstrap, [PAYMENTS]), PAYMENTS)
     assert ("c", 7, "false") not in late and ("u", 2, "false") not in late, late
-    assert took < 60, f"sync adding a table took {took:.1f} s"
 
 
 def test_compose_creates_the_signal_table_as_source_up_does() -> None:

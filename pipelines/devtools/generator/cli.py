@@ -55,6 +55,9 @@ DEFAULTS = WorkloadConfig()
                    "on the real source's database (`make source-up`) and wait until Debezium delivered them.")
 @click.option("--dsn", default=None,
               help="Database of --sink sql  [default: $LAKEHOUSE_SOURCE_DSN or that of `lakehouse source status`]")
+@click.option("--declared", is_flag=True,
+              help="With --sink sql: random changes (--changes, --seed) on every table of the declaration in force "
+                   "(LAKEHOUSE_TABLES), typed by the database's catalog, instead of the shop's workload.")
 @click.option("--dry-run", is_flag=True, help="Generate and print the stats; produce and save nothing.")
 def generate(
     seed: int,
@@ -71,6 +74,7 @@ def generate(
     bootstrap: str | None,
     sink: str,
     dsn: str | None,
+    declared: bool,
     dry_run: bool,
 ) -> None:
     """Play the upstream `shop` database: produce Debezium change events to Kafka.
@@ -85,6 +89,11 @@ def generate(
     """
     path = state_file or settings.source_state_file()
     brokers = bootstrap or settings.kafka_bootstrap()
+    if declared:
+        if sink != "sql":
+            raise click.UsageError("--declared plays SQL on the real source: add --sink sql")
+        click.echo(play_declared(dsn, changes, seed))
+        return
     cfg = WorkloadConfig(
         seed=seed,
         customers=customers,
@@ -133,14 +142,32 @@ def save_state(source: ShopSource, path: Path) -> None:
     os.replace(partial, path)
 
 
-def play_sql(messages: list[Message], dsn: str | None, brokers: str) -> str:
-    """The changes as SQL on the real source, then wait until Debezium put the last one on Kafka."""
+def _source_dsn(dsn: str | None) -> str:
     from pipelines.devtools import pg_source
 
     dsn = dsn or os.environ.get("LAKEHOUSE_SOURCE_DSN") or pg_source.default_dsn()
     if dsn is None:
         raise click.ClickException("--sink sql needs the real source: `make source-up`, "
                                    "or --dsn / LAKEHOUSE_SOURCE_DSN")
+    return dsn
+
+
+def play_declared(dsn: str | None, changes: int, seed: int) -> str:
+    """Random changes on the declared tables of the real source (pipelines.devtools.generator.declared)."""
+    import psycopg
+
+    from pipelines.declaration import declared
+    from pipelines.devtools.generator.declared import DeclaredWorkload
+
+    dsn = _source_dsn(dsn)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        stats = DeclaredWorkload(conn, declared(), seed=seed).play(changes)
+    return f"played {' '.join(f'{k}={v}' for k, v in sorted(stats.items())) or 'no changes'} on {dsn}"
+
+
+def play_sql(messages: list[Message], dsn: str | None, brokers: str) -> str:
+    """The changes as SQL on the real source, then wait until Debezium put the last one on Kafka."""
+    dsn = _source_dsn(dsn)
     try:
         run = play(messages, dsn, brokers)
     except (RuntimeError, TimeoutError, KafkaError) as exc:
