@@ -68,7 +68,8 @@ if importlib.util.find_spec("pipelines.devtools") is not None:
               help="Cap on Kafka records per micro-batch  [default: bronze.toml [kafka] maxOffsetsPerTrigger]")
 @click.option("--bootstrap", default=None, help="Kafka brokers  [default: $KAFKA_BOOTSTRAP_SERVERS]")
 def ingest(once: bool, trigger_seconds: float, max_offsets_per_trigger: int | None, bootstrap: str | None) -> None:
-    """Stream both source topics into the bronze Hudi tables (until stopped, or --once)."""
+    """Stream the declared tables' topics (LAKEHOUSE_TABLES) into bronze (until stopped, or --once); a changed
+    declaration is followed between batches."""
     from pipelines.ingest.bronze import run_ingest
 
     brokers = bootstrap or settings.kafka_bootstrap()
