@@ -1,7 +1,9 @@
-"""The fixed interface with the upstream `shop` database (shared/contracts/cdc-source.md).
+"""The contract's `shop` database (shared/contracts/cdc-source.md, sections 1 to 3), as the shop's generator, its
+benchmarks and the tests' model know it, and Debezium's `op` codes.
 
-Everything that the contract fixes lives here once, so that the generator, the
-ingest job, silver validation and the tests cannot drift apart.
+The pipeline itself reads no table from here: it captures the declared tables (pipelines.declaration),
+and the shop is one declaration (pipelines/shop_tables.toml) that tests/test_declaration.py holds to
+these facts, so the two cannot drift apart.
 """
 
 from __future__ import annotations
