@@ -1,5 +1,5 @@
 """The erasure registry as the ingest stream filters with it: events and malformed records of erased
-customers (and of their orders) never reach the lake again.
+customers (and of their rows in every declared table with a `subject`) never reach the lake again.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ class Erased:
     version: str
 
     def changes(self, changes: DataFrame, table: str) -> DataFrame:
-        """`changes` of `table` without those of erased customers and their orders."""
+        """`changes` of declared `table` without those of erased customers and their rows (none without a subject)."""
         return without_erased(changes, table, self.registry, self.key)
 
     def dead_letters(self, rows: DataFrame) -> DataFrame:
