@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipelines.gdpr.scan.match import Matcher
-from pipelines.gdpr.scan.model import TEXT, Subject
+from pipelines.gdpr.scan.model import ROW, TEXT, Subject
 from pipelines.gdpr.scan.tables import id_kinds
 
 
@@ -80,8 +80,44 @@ class ColumnMatcher(Matcher):
                 if kinds:
                     parts = pc.extract_regex(composite_keys, rf"(?:^|,){re.escape(name)}:(?P<v>[^,]*)")
                     found.update(self._arrow_ids(_string_integers(parts.flatten()[0]), kinds))
+        if self._rows and self._arrow_key_rows(keys, composite):
+            found.add(ROW)
         for kind in found:
             self._hit(self._key_label(kind, col))
+
+    def _erased_set(self, like: pa.DataType) -> pa.Array:
+        """The subject's rows of this table, each key's values joined by U+001F (a key with a NULL part left out)."""
+        return pa.array(sorted("\x1f".join(row) for row in self._rows if None not in row), pa.string()).cast(like)
+
+    def _arrow_key_rows(self, keys: pa.Array, composite: pa.Array) -> bool:
+        """Whether record keys (plain `eu`, or composite `region:eu,order_no:5`) name one of the subject's rows."""
+        table, fields = self._key_table, self._table.row_key
+        if len(table.key_fields) == 1 and len(fields) == 1:
+            plain = keys.filter(pc.invert(composite))
+            return bool(len(plain)) and pc.any(pc.is_in(plain, value_set=self._erased_set(keys.type))).as_py()
+        composite_keys = keys.filter(composite)
+        if not len(composite_keys):
+            return False
+        parts = [pc.extract_regex(composite_keys, rf"(?:^|,){re.escape(name)}:(?P<v>[^,]*)").flatten()[0]
+                 for name in fields]
+        joined = pc.binary_join_element_wise(*parts, "\x1f")
+        return bool(pc.any(pc.is_in(joined, value_set=self._erased_set(joined.type))).as_py())
+
+    def _arrow_rows(self, batch: pa.RecordBatch) -> None:
+        """A record batch of a data table: does a row have the key of one of the subject's rows (its key columns)?"""
+        names = batch.schema.names
+        fields = self._table.row_key
+        if not self._rows or self._table.mdt_partition is not None or not all(c in names for c in fields):
+            return
+        try:
+            parts = [pc.cast(batch.column(names.index(c)), pa.string()) for c in fields]
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):  # a key type Arrow cannot render: per row, in Python
+            if any(self._is_erased_row(row) for row in batch.select(list(fields)).to_pylist()):
+                self._hit(f"{ROW} in columns {','.join(fields)}")
+            return
+        joined = parts[0] if len(parts) == 1 else pc.binary_join_element_wise(*parts, "\x1f")
+        if pc.any(pc.is_in(joined, value_set=self._erased_set(joined.type))).as_py():
+            self._hit(f"{ROW} in columns {','.join(fields)}")
 
     def _arrow_ids(self, values: pa.Array | set[int], kinds: tuple[str, ...]) -> list[str]:
         """Those of `kinds` whose subject ids are among `values` (integers, decimals, or a set)."""

@@ -84,6 +84,7 @@ class FileScan(ColumnMatcher):
                 continue
             for i, column in enumerate(batch.schema):
                 self._arrow_column(column.name, batch.column(i))
+            self._arrow_rows(batch)
 
     def _hfile(self, rel: str) -> None:
         bounds, chunks, count = self.jvm.hfile(rel)

@@ -15,7 +15,18 @@ from dataclasses import replace
 from typing import Any
 
 from pipelines.declaration import declared
-from pipelines.gdpr.scan.model import CUSTOMER, DIGITS, FIELD_NAME, ID_FIELD, MDT_KEY, ORDER, TEXT, Chunk, Subject
+from pipelines.gdpr.scan.model import (
+    CUSTOMER,
+    DIGITS,
+    FIELD_NAME,
+    ID_FIELD,
+    MDT_KEY,
+    ORDER,
+    ROW,
+    TEXT,
+    Chunk,
+    Subject,
+)
 from pipelines.gdpr.scan.tables import Table, as_int, id_kinds, key_parts, secondary_index_record_key
 
 
@@ -26,14 +37,23 @@ class Matcher:
         self.ids = {CUSTOMER: frozenset(subject.customer_ids), ORDER: frozenset(subject.order_ids)}
         self.texts = sorted({t.strip().casefold() for t in subject.texts if t.strip()})
         self._all_ids = self.ids[CUSTOMER] | self.ids[ORDER]
-        self._json_ids = {name: re.compile(r'"' + name + r'"\s*:\s*"?\s*([+-]?\d+)(?![\d.eE])')
-                          for name in ("id", "customer_id")}
+        self._json_ids: dict[str, re.Pattern[str]] = {}
+        self.rows = {t: frozenset(keys) for t, keys in subject.rows.items() if keys}
+        self._rows: frozenset[tuple[str | None, ...]] = frozenset()
         self._hits: dict[str, None] = {}
         self._table = self._key_table = Table("")
 
     def _start(self, table: Table) -> None:
         """Forget what the previous file held: the rules now apply to a file of `table`."""
         self._hits, self._table, self._key_table = {}, table, replace(table, mdt_partition=None)
+        # The subject's rows of the declared table this file holds rows of (its keys: record keys, key columns).
+        self._rows = self.rows.get(table.source or "", frozenset()) if table.row_key else frozenset()
+
+    def _json_id(self, name: str) -> re.Pattern[str]:
+        """`"<name>": N` in JSON text (a number, or digits in a string), N's digits captured."""
+        if name not in self._json_ids:
+            self._json_ids[name] = re.compile(r'"' + re.escape(name) + r'"\s*:\s*"?\s*([+-]?\d+)(?![\d.eE])')
+        return self._json_ids[name]
 
     def _raw_has_text(self, data: bytes) -> bool:
         """The texts in a file's bytes as UTF-8, case-insensitive; in overlapping slices, to bound memory."""
@@ -62,9 +82,14 @@ class Matcher:
         record keys, not records.
         """
         text = chunk.text
-        if "\\" in text or '"bytes"' in text or self._text_in(text) or self._id_in(text, keys):
+        if "\\" in text or '"bytes"' in text or self._text_in(text) or self._id_in(text, keys) \
+                or self._row_in(text):
             return json.loads(text)
         return []
+
+    def _row_in(self, text: str) -> bool:
+        """Whether every key value of one of the subject's rows occurs in `text` (else no record of it can be there)."""
+        return any(all(part is None or part in text for part in row) for row in self._rows)
 
     def _text_in(self, text: str) -> bool:
         if not self.texts:
@@ -118,6 +143,17 @@ class Matcher:
             self._walk(value, (name,), name, cdc)
         if self._table.dead_letters:
             self._dead_letter(record)
+        elif self._rows and self._table.mdt_partition is None:
+            for image, label in ((record, ""), *(((record.get(i), f"{i}.") for i in ("before", "after")) if cdc
+                                                 else ())):
+                if isinstance(image, dict) and self._is_erased_row(image):
+                    self._hit(f"{ROW} in columns {label}{','.join(self._table.row_key)}")
+
+    def _is_erased_row(self, row: dict[str, Any]) -> bool:
+        """Whether a record (a row of the table, or a change-feed image) has the key of one of the subject's rows."""
+        if not all(c in row for c in self._table.row_key):
+            return False
+        return tuple(key_value_text(row[c]) for c in self._table.row_key) in self._rows
 
     def _walk(self, value: object, fields: tuple[str, ...], col: str, cdc: bool) -> None:
         if isinstance(value, dict):
@@ -171,10 +207,16 @@ class Matcher:
         if (self._table.mdt_partition or "").startswith("secondary_index"):
             key = secondary_index_record_key(key) or ""
         kinds = set()
-        for name, value in key_parts(self._key_table, key):
+        parts = key_parts(self._key_table, key)
+        for name, value in parts:
             number = as_int(value)
             if number is not None:
                 kinds.update(k for k in id_kinds(self._key_table, (name,)) if number in self.ids[k])
+        if self._rows:
+            values = dict(parts)
+            if all(c in values for c in self._table.row_key) \
+                    and tuple(values[c] for c in self._table.row_key) in self._rows:
+                kinds.add(ROW)
         return kinds
 
     def _has_text(self, value: str) -> bool:
@@ -200,22 +242,59 @@ class Matcher:
         return isinstance(value, str) and self._has_text(value)
 
     def _dead_letter(self, row: dict[str, Any]) -> None:
-        """Kafka key and value (raw bytes, maybe not JSON): `"id": N`, `"customer_id": N` by topic."""
+        """Kafka key and value (raw bytes, maybe not JSON), by the topic's declared table: `"<subject>": N` a
+        customer, `"id": N` an order of the shop's orders, the key's columns one of the subject's rows;
+        `"customer_id": N` a customer anywhere, and `"id": N` either on a topic no declared table has."""
         topic = row.get("kafka_topic")
         try:
             source = declared().table_of_topic(topic) if isinstance(topic, str) else None
         except ValueError:
             source = None
-        of_id = (CUSTOMER,) if source == "customers" else (ORDER,) if source == "orders" else (CUSTOMER, ORDER)
+        decl = declared().tables.get(source or "")
+        fields: list[tuple[str, tuple[str, ...]]] = [("customer_id", (CUSTOMER,))]
+        if decl is None:
+            fields.append(("id", (CUSTOMER, ORDER)))
+        else:
+            fields += [(decl.subject, (CUSTOMER,))] if decl.subject else []
+            fields += [("id", (ORDER,))] if source == "orders" else []
+        rows = self.rows.get(source or "", frozenset())
         for col in ("key", "value"):
             text = _as_text(row.get(col))
             if not text:
                 continue
-            for name, kinds in (("id", of_id), ("customer_id", (CUSTOMER,))):
-                numbers = {int(m) for m in self._json_ids[name].findall(text)}
+            for name, kinds in fields:
+                numbers = {int(m) for m in self._json_id(name).findall(text)}
                 for kind in kinds:
                     if numbers & self.ids[kind]:
                         self._hit(f"{kind} in column {col}")
+            if rows and decl is not None and self._dead_letter_row(text, decl.key, rows, col == "key"):
+                self._hit(f"{ROW} in column {col}")
+
+    def _dead_letter_row(self, text: str, key: tuple[str, ...], rows: frozenset[tuple[str | None, ...]],
+                         whole: bool) -> bool:
+        """Whether a dead letter's Kafka key (`whole`: its columns, plain or under a Connect schema's `payload`) or
+        value (a single key column's numbers) names one of the subject's rows."""
+        if whole:
+            try:
+                doc = json.loads(text)
+            except ValueError:
+                doc = None
+            for image in (doc, doc.get("payload") if isinstance(doc, dict) else None):
+                if isinstance(image, dict) and all(c in image for c in key) \
+                        and tuple(key_value_text(image[c]) for c in key) in rows:
+                    return True
+        if len(key) == 1:
+            return any((str(int(m)),) in rows for m in self._json_id(key[0]).findall(text))
+        return False
+
+
+def key_value_text(value: object) -> str | None:
+    """A key value as Spark casts it to text (pipelines.erasure_registry.key_text): how the subject's rows are named."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
 
 
 def _avro_bytes(text: str) -> bytes | str:

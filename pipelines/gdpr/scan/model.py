@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 CUSTOMER = "customer id"
 ORDER = "order id"
+ROW = "erased row's key"  # the key of a row of a declared table that was the subject's
 TEXT = "e-mail/name text"
 DECODERS = ("parquet", "hudi-log", "hfile", "raw")
 
@@ -35,8 +36,12 @@ DATA_BLOCKS = ("AVRO_DATA_BLOCK", "HFILE_DATA_BLOCK", "PARQUET_DATA_BLOCK", "CDC
 @dataclass(frozen=True)
 class Subject:
     customer_ids: frozenset[int]
-    order_ids: frozenset[int]
-    texts: frozenset[str]  # e-mails and full names; matched case-insensitively as substrings
+    order_ids: frozenset[int]  # the shop's orders (gold's state lists them)
+    texts: frozenset[str]  # pii values (e-mails, names, ...); matched case-insensitively as substrings
+    # Per declared table (the lake's name), the keys of the subject's rows: each key column's value as
+    # text, in the declared order (pipelines.erasure_registry.key_text). A table keyed by its subject
+    # alone needs none: its key is a customer id.
+    rows: dict[str, frozenset[tuple[str | None, ...]]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,8 @@ import re
 from dataclasses import dataclass, replace
 from functools import cached_property
 
-from pipelines.catalog import lake_tables
+from pipelines.catalog import lake_catalog, lake_tables
+from pipelines.declaration import declared
 from pipelines.gdpr.scan.jvm import Jvm
 from pipelines.gdpr.scan.model import CUSTOMER, FIELD_NAME, INTEGER, LOG_NAME, ORDER
 
@@ -20,6 +21,9 @@ class Table:
     name: str  # as lake_tables names it ("silver/customers"); "" outside tables
     key_fields: tuple[str, ...] = ()  # the data table's record key fields
     mdt_partition: str | None = None  # metadata-table partition of the file; None for the data table
+    source: str | None = None  # the declared table whose rows it holds (bronze, change log, ledger, silver, ...)
+    subject: str | None = None  # that table's subject column, if it has one
+    row_key: tuple[str, ...] = ()  # that table's declared key: its rows' identity (a change log adds `_lsn`)
 
     @property
     def label(self) -> str:
@@ -48,8 +52,14 @@ def find_tables(jvm: Jvm, files: list[str]) -> dict[str, Table]:
     The record key fields come from the table's hoodie.properties (what Hudi wrote), else
     from the writer options the pipeline uses.
     """
-    tables = {t.name: Table(t.name, fields_of(t.options.get("hoodie.datasource.write.recordkey.field", "")))
-              for t in lake_tables(jvm.root)}
+    sources = {t.name: t.source for t in lake_catalog()}
+    decl = declared().tables
+    tables = {}
+    for t in lake_tables(jvm.root):
+        source = decl.get(sources.get(t.name) or "")
+        tables[t.name] = Table(t.name, fields_of(t.options.get("hoodie.datasource.write.recordkey.field", "")),
+                               source=source.name if source else None, subject=source.subject if source else None,
+                               row_key=source.key if source else ())
     suffix = "/.hoodie/hoodie.properties"
     for rel in files:
         if not rel.endswith(suffix) or "/.hoodie/metadata/" in rel + "/":
@@ -57,7 +67,8 @@ def find_tables(jvm: Jvm, files: list[str]) -> dict[str, Table]:
         name = rel[: -len(suffix)]
         props = properties_of(jvm.read(rel).decode("utf-8", "replace"))
         keys = fields_of(props.get("hoodie.table.recordkey.fields", ""))
-        tables[name] = Table(name, keys or (tables[name].key_fields if name in tables else ()))
+        known = tables.get(name, Table(name))
+        tables[name] = replace(known, key_fields=keys or known.key_fields)
     return tables
 
 
@@ -121,12 +132,17 @@ def as_int(value: object) -> int | None:
 def id_kinds(table: Table, fields: tuple[str, ...]) -> tuple[str, ...]:
     """Whose ids a value at field path `fields` of a data table's record is.
 
-    `customer_id` anywhere; `id` of a customers or orders table; `id` of the structs in an
-    `orders` array (gold/_customer_orders). Metadata-table records have no id columns.
+    In a declared table's lake tables, its `subject` column (top level, or a change-feed image's);
+    elsewhere (gold, dead letters, unknown tables), `customer_id` anywhere. `id` of a customers or
+    orders table; `id` of the structs in an `orders` array (gold/_customer_orders). A declared
+    table without a subject holds nobody's ids. Metadata-table records have no id columns.
     """
     if table.mdt_partition is not None or not fields:
         return ()
-    if fields[-1] == "customer_id":
+    if table.source is not None:
+        if len(fields) == 1 and fields[0] == table.subject:
+            return (CUSTOMER,)
+    elif fields[-1] == "customer_id":
         return (CUSTOMER,)
     if fields[-1] == "id":
         if len(fields) == 1:
