@@ -46,28 +46,30 @@ def gold_declared(decl: Declaration | None = None) -> bool:
 
 
 def erasure_kind(table: TableDecl) -> str | None:
-    """What the erasure knows a declared table's rows as (`Table.holds`): `customer` (the shop's customers: keyed by
-    the customer id), `order` (the shop's orders: own id, the customer in `customer_id`), or None.
+    """What the erasure knows a declared table's rows as (`Table.holds`): `customer` when the table is keyed by its
+    subject column alone (a row is the customer's own, as the shop's customers), `row` when its rows have their own
+    key and name a customer in the subject column (as the shop's orders, or any composite key); None without a
+    `subject`.
 
-    The erasure's sweep, purge and verification (pipelines/gdpr) are written for those two layouts; a
-    declared table with a `subject` of any other layout is not covered yet (`erasure_uncovered`).
+    Both are erased the same way (pipelines.gdpr.find): a row goes, every version of it, when its newest
+    version names the customer; a `row` whose newest version names another customer stays, and only its
+    older versions naming the subject go. The kinds differ in what can move: a `customer` row's key is
+    the customer, so it never names anyone else.
     """
     if table.subject is None:
         return None
-    if table.key == ("id",) and table.subject == "id" and set(table.pii) <= {"email", "full_name"}:
-        return "customer"
-    if table.key == ("id",) and table.subject == "customer_id" and not table.pii:
-        return "order"
-    return None
+    return "customer" if table.key == (table.subject,) else "row"
 
 
 def erasure_uncovered(decl: Declaration | None = None) -> list[str]:
-    """Declared tables with a `subject` whose rows the erasure cannot find yet (not the shop's two layouts)."""
+    """Declared tables with a `subject` whose rows the erasure cannot find: none, whatever the layout.
+
+    Every such table's rows are found by its own key and subject column, and kept apart per table (two
+    tables may share key values), so no layout is left out. Kept for the callers that refuse to certify
+    an erasure it did not do, should a kind of table ever be.
+    """
     decl = decl or declared()
-    kinds = [(n, erasure_kind(t)) for n, t in decl.tables.items() if t.subject]
-    orders = [n for n, k in kinds if k == "order"]
-    # The erasure keeps one set of order ids: two tables of that layout would mix their ids.
-    return [n for n, k in kinds if k is None or (k == "order" and len(orders) > 1)]
+    return [n for n, t in decl.tables.items() if t.subject and erasure_kind(t) is None]
 
 
 # --------------------------------------------------------------------------- the lake's tables
@@ -79,7 +81,7 @@ class Table:
     `name` is its path under the lake root and the name every command, DAG task and report uses.
     `writer` names its writer's options (`hudi_configs/<layer>.toml`): bronze's sections (`table`,
     `changelog`, `ledger`, `dead_letters`), silver's one, gold's table. `holds` says whose data its
-    rows are (`customer`: keyed by a customer id, `order`: rows of their own key naming a customer
+    rows are (`customer`: keyed by a customer id, `row`: rows of their own key naming a customer
     in the declared `subject` column, `customer_id`: gold's column naming the customer) for the
     erasure; `change_feed` that `lakehouse changes` offers it.
     """

@@ -1,30 +1,39 @@
-"""What the lake holds of the subjects: their customers' rows, their orders (those that moved to other
-customers included), and the texts (e-mail, name) that identify them.
+"""What the lake holds of the subjects: the rows of every declared table whose `subject` column names them
+(rows that moved to other customers since included), and the texts (their `pii` values) that identify them.
 
-The tables that hold customers and orders are named here once; the sweep, the purge and the
-verification work through the same lists.
+Every declared table with a `subject` is erased the same way (contract section 7), whatever its key:
+a row, known by its own key (`key_text`: any number of columns, of any type), is the subjects' when its
+newest version (by LSN, over every table that keeps versions of it) names one of them; a later delete
+does not change whose it was. It goes entirely, every version. A row the source has given to another
+customer since is that customer's now: it stays, and only its older versions naming the subject go.
+A table keyed by its subject alone (the shop's customers: `erasure_kind` `customer`) is the case whose
+rows cannot move. The erased rows are kept per table (`Target.rows`), never mixed: two tables may share
+key values. The sweep, the purge and the verification work through the same lists.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import reduce
 from typing import TypeVar
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 import hudi_configs
-from pipelines.catalog import lake_tables, names
+from pipelines.catalog import erasure_kind, lake_catalog, lake_tables, names
+from pipelines.declaration import TableDecl, declared
+from pipelines.erasure_registry import key_in, key_text, subject_in
+from pipelines.gdpr.scan import Subject
 from pipelines.table_stats import has_completed_commit
 
-# Tables whose rows hold a customer (key `id`), an order (key `id`), or name a customer (`customer_id`).
-CUSTOMER_TABLES = tuple(names(holds="customer"))
-ORDER_TABLES = tuple(names(holds="order"))
-GOLD_BY_CUSTOMER = tuple(names("gold", holds="customer_id"))
 # Texts shorter than this are not searched: they would be found everywhere.
 MIN_TEXT = 4
+# The shop's orders: gold's state lists their ids, and the quality results' `id` checks of them.
+ORDERS = "orders"
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -43,92 +52,195 @@ def each_table(items: Iterable[T], work: Callable[[T], R]) -> list[R]:
         return list(pool.map(work, items))
 
 
+def subject_tables() -> dict[str, TableDecl]:
+    """The declared tables with a `subject` column, by name (read when called: the declaration may change)."""
+    return {n: t for n, t in declared().tables.items() if t.subject}
+
+
+def source_of(name: str) -> TableDecl | None:
+    """The declared table with a `subject` whose rows lake table `name` holds (its bronze, change log, ledger,
+    silver or quarantine); None for gold, the dead letters and tables of no subject."""
+    sources = {t.name: t.source for t in lake_catalog()}
+    return subject_tables().get(sources.get(name) or "")
+
+
+def gold_by_customer() -> tuple[str, ...]:
+    """Gold's tables keyed by the customer (`customer_id`)."""
+    return tuple(names("gold", holds="customer_id"))
+
+
+# ---------------------------------------------------------------- what one run erases
+
+
+@dataclass(frozen=True)
+class Target:
+    """What one run erases: the customers, and per declared table the keys (`key_text`) of the rows that are
+    theirs (`rows`) and of those now of another customer whose older versions name them (`moved`)."""
+
+    customers: tuple[int, ...]
+    rows: dict[str, frozenset[str]] = field(default_factory=dict)
+    moved: dict[str, frozenset[str]] = field(default_factory=dict)
+
+    def _ids(self, keys: dict[str, frozenset[str]]) -> list[int]:
+        """The shop's orders among `keys`: ids of `orders`, when it is keyed by an integer `id`."""
+        decl = declared().tables.get(ORDERS)
+        if decl is None or decl.key != ("id",):
+            return []
+        return sorted(int(v) for t in keys.get(ORDERS, ()) if (v := json.loads(t)[0]) is not None and v.isdigit())
+
+    @property
+    def orders(self) -> list[int]:
+        return self._ids(self.rows)
+
+    @property
+    def moved_orders(self) -> list[int]:
+        return self._ids(self.moved)
+
+    def subject(self, texts: Iterable[str]) -> Subject:
+        """What the file scan looks for: the ids, the erased rows' keys per table, the texts."""
+        rows = {t: frozenset(tuple(json.loads(k)) for k in keys) for t, keys in self.rows.items()
+                if keys and (d := declared().tables.get(t)) is not None and d.key != (d.subject,)}
+        return Subject(frozenset(self.customers), frozenset(self.orders), frozenset(texts), rows)
+
+    def predicate(self, name: str, df: DataFrame) -> Column | None:
+        """The rows of a read of lake table `name` that hold the subject: theirs, and any version naming them."""
+        if name in gold_by_customer():
+            return F.col("customer_id").isin(list(self.customers)) if self.customers else None
+        decl = source_of(name)
+        if decl is None or decl.subject is None:
+            return None
+        return of_subject(decl, df, self.customers, self.rows.get(decl.name, frozenset()))
+
+
+def of_subject(decl: TableDecl, df: DataFrame, customers: Iterable[int], rows: frozenset[str]) -> Column | None:
+    """Rows of `df` (of declared table `decl`) whose subject column names a customer, or whose key is in `rows`.
+
+    A row's version that names another customer is not the subject's (it stays) unless its key is
+    one of theirs; a version naming them goes whatever the row's newest says (a row that moved).
+    """
+    customers = list(customers)
+    types = dict(df.dtypes)
+    checks = [subject_in(decl.subject, types[decl.subject], customers)] \
+        if customers and decl.subject and decl.subject in types else []
+    if rows and all(c in types for c in decl.key):
+        checks.append(key_in(decl.key, rows))
+    return reduce(lambda a, b: a | b, checks) if checks else None
+
+
 # ---------------------------------------------------------------- what the lake holds of the subject
 
 
 @dataclass
 class Found:
-    customers: set[int]
-    orders: set[int]  # the subjects' orders: their newest version names one of the customers
+    customers: set[int]  # customers a table keyed by them holds a row of
     texts: set[str]
-    shared_texts: int  # e-mails/names also held by another customer: checked by ids only
-    # Orders an older version of which names one of the customers, and whose newest names
-    # another: that customer's now. Only the versions naming the subject go.
-    moved: set[int] = field(default_factory=set)
-    named: set[int] = field(default_factory=set)  # customers some version of an order names
+    shared_texts: int  # pii values also held by another customer's rows: checked by ids only
+    rows: dict[str, set[str]] = field(default_factory=dict)  # per table, keys of the rows whose newest names them
+    # Per table, keys of the rows an older version of which names one of the customers, and whose
+    # newest names another: that customer's now. Only the versions naming the subject go.
+    moved: dict[str, set[str]] = field(default_factory=dict)
+    named: set[int] = field(default_factory=set)  # customers some version of a row names
+    key_types: dict[str, tuple[str, ...]] = field(default_factory=dict)  # per table, its key columns' Spark types
+
+    def target(self, customers: Iterable[int]) -> Target:
+        return Target(tuple(sorted(set(customers))), {t: frozenset(k) for t, k in self.rows.items()},
+                      {t: frozenset(k) for t, k in self.moved.items()})
 
 
 def read_rows(spark: SparkSession, path: str) -> DataFrame:
     return spark.read.format("hudi").options(**hudi_configs.section("reads", "scan")).load(path)
 
 
-def customer_reads(spark: SparkSession, root: str) -> dict[str, DataFrame]:
-    """Reads of the customer tables that exist, by name."""
-    return {t.name: read_rows(spark, t.path) for t in lake_tables(root)
-            if t.name in CUSTOMER_TABLES and has_completed_commit(t.path)}
+def subject_reads(spark: SparkSession, root: str) -> list[tuple[TableDecl, DataFrame]]:
+    """Reads of every lake table that holds rows of a declared table with a subject (those that exist)."""
+    decls = subject_tables()
+    sources = {t.name: t.source for t in lake_catalog()}
+    return [(decls[sources[t.name]], read_rows(spark, t.path)) for t in lake_tables(root)
+            if sources.get(t.name) in decls and has_completed_commit(t.path)]
+
+
+def _union(frames: list[DataFrame]) -> DataFrame | None:
+    return reduce(lambda a, b: a.unionByName(b), frames) if frames else None
 
 
 def find_subject(spark: SparkSession, root: str, customer_ids: tuple[int, ...]) -> Found:
-    """The customers' rows and orders anywhere in bronze and silver, and their e-mails and names."""
-    tables = {t.name: t for t in lake_tables(root)}
-    ids = list(customer_ids)
+    """The customers' rows (theirs, and those that moved) in every declared table with a subject, and their pii."""
+    ids = [str(c) for c in customer_ids]
+    reads = subject_reads(spark, root)
+    rows, moved, named = _rows_of(reads, ids)
+    target = Target(tuple(customer_ids), {t: frozenset(k) for t, k in rows.items()})
+    # One Spark job over every table (each job on a Hudi table pays its file listing).
+    held = _union([df.filter(cond).select(
+        F.lit(decl.name).alias("_table"),
+        (F.trim(F.col(decl.subject).cast("string")) if decl.subject in df.columns else F.lit(None).cast("string"))
+        .alias("_subject"), pii_values(decl, df).alias("_pii"))
+        for decl, df in reads if (cond := of_subject(decl, df, customer_ids, target.rows.get(decl.name, frozenset())))
+        is not None])
     customers, texts = set(), set()
-    reads = customer_reads(spark, root)
-    # One Spark job over every customer table (each job on a Hudi table pays its file listing).
-    rows = [df.filter(F.col("id").isin(ids)).select(
-        "id", *[F.col(c) if c in df.columns else F.lit(None).cast("string").alias(c) for c in ("email", "full_name")])
-        for df in reads.values()]
-    if rows:
-        union = rows[0]
-        for df in rows[1:]:
-            union = union.unionByName(df)
-        for r in union.distinct().collect():
-            customers.add(r["id"])
-            texts |= {v.strip() for v in (r["email"], r["full_name"]) if v and len(v.strip()) >= MIN_TEXT}
-    orders, moved, named = _orders_of(spark, [tables[name].path for name in ORDER_TABLES], ids)
-    shared = shared_texts(reads, ids, texts)
-    return Found(customers, orders, texts - shared, len(shared), moved, named)
+    kinds = {n: erasure_kind(t) for n, t in subject_tables().items()}
+    for r in held.distinct().collect() if held is not None else []:
+        if kinds.get(r["_table"]) == "customer" and r["_subject"] in ids:
+            customers.add(int(r["_subject"]))
+        texts |= {v.strip() for v in r["_pii"] or () if v and len(v.strip()) >= MIN_TEXT}
+    shared = shared_texts(reads, target, texts)
+    key_types = {}
+    for decl, df in reads:
+        types = dict(df.dtypes)
+        if all(c in types for c in decl.key):
+            key_types.setdefault(decl.name, tuple(types[c] for c in decl.key))
+    return Found(customers, texts - shared, len(shared), rows, moved, named, key_types)
 
 
-def _orders_of(spark: SparkSession, paths: list[str], ids: list[int]) -> tuple[set[int], set[int], set[int]]:
-    """The orders any version of which names one of the customers: (theirs, moved to another customer, customers named).
+def pii_values(decl: TableDecl, df: DataFrame) -> Column:
+    """The row's `pii` values as an array of texts (an array column's elements each); those `df` lacks are left out."""
+    types = dict(df.dtypes)
+    parts = [F.col(c).cast("array<string>") if types[c].startswith("array") else F.array(F.col(c).cast("string"))
+             for c in decl.pii if c in types]
+    return F.flatten(F.array(*parts)) if parts else F.array().cast("array<string>")
 
-    An order is the customers' when its newest version (by LSN, over every table that keeps
-    versions of orders) names one of them; a later delete does not change whose it was.
-    An order the source gave to someone else since is that customer's row now: it stays,
-    and only its older versions naming the subject are erased.
+
+def _rows_of(reads: list[tuple[TableDecl, DataFrame]], ids: list[str]
+             ) -> tuple[dict[str, set[str]], dict[str, set[str]], set[int]]:
+    """Per table, the rows any version of which names one of the customers: (theirs, moved to another, customers named).
+
+    A table keyed by its subject is included: its rows name their customer in every version, so
+    they are theirs exactly when they are the customer's.
     """
-    versions = [df.select("id", "customer_id", F.col("_lsn").cast("long").alias("_lsn"))
-                for path in paths if has_completed_commit(path)
-                and {"id", "customer_id", "_lsn"} <= set((df := read_rows(spark, path)).columns)]
-    if not versions:
-        return set(), set(), set()
-    union = versions[0]
-    for df in versions[1:]:
-        union = union.unionByName(df)
-    subject = F.col("customer_id").isin(ids)
-    newest = union.filter(F.col("customer_id").isNotNull()).groupBy("id").agg(
-        F.max_by("customer_id", "_lsn").alias("owner"),
-        F.collect_set(F.when(subject, F.col("customer_id"))).alias("named")).filter(F.size("named") > 0).collect()
-    theirs = {r["id"] for r in newest if r["owner"] in ids}
-    return theirs, {r["id"] for r in newest} - theirs, {c for r in newest for c in r["named"]}
+    versions = [df.select(F.lit(decl.name).alias("_table"), key_text(decl.key).alias("_key"),
+                          F.trim(F.col(decl.subject).cast("string")).alias("_subject"),
+                          F.col("_lsn").cast("long").alias("_lsn"))
+                for decl, df in reads if {*decl.key, decl.subject, "_lsn"} <= set(df.columns)]
+    union = _union(versions)
+    if union is None:
+        return {}, {}, set()
+    subject = F.col("_subject").isin(ids)
+    newest = union.filter(F.col("_subject").isNotNull()).groupBy("_table", "_key").agg(
+        F.max_by("_subject", "_lsn").alias("owner"),
+        F.collect_set(F.when(subject, F.col("_subject"))).alias("named")).filter(F.size("named") > 0).collect()
+    theirs: dict[str, set[str]] = {}
+    moved: dict[str, set[str]] = {}
+    for r in newest:
+        (theirs if r["owner"] in ids else moved).setdefault(r["_table"], set()).add(r["_key"])
+    return theirs, moved, {int(c) for r in newest for c in r["named"]}
 
 
-def shared_texts(reads: dict[str, DataFrame], customer_ids: list[int], texts: set[str]) -> set[str]:
-    """Texts that occur in another customer's e-mail or name (in `reads`, customer_reads): finding them proves nothing.
+def shared_texts(reads: list[tuple[TableDecl, DataFrame]], target: Target, texts: set[str]) -> set[str]:
+    """Texts that occur in the pii of another customer's rows (in `reads`, subject_reads): finding them proves nothing.
 
     Asked again at verification, not only when the subject is found: the source keeps
-    creating customers, and a new one may carry the erased customer's name.
+    creating rows, and a new customer may carry the erased customer's name.
     """
-    others = [df.filter(~F.col("id").isin(customer_ids)).select("email", "full_name")
-              for df in reads.values() if "email" in df.columns]
-    if not texts or not others:
+    others = []
+    for decl, df in reads:
+        if not any(c in df.columns for c in decl.pii):
+            continue
+        mine = of_subject(decl, df, target.customers, target.rows.get(decl.name, frozenset()))
+        rows = df.filter(~F.coalesce(mine, F.lit(False))) if mine is not None else df
+        others.append(rows.select(F.lower(F.concat_ws("\n", pii_values(decl, df))).alias("_values")))
+    union = _union(others)
+    if not texts or union is None:
         return set()
-    union = others[0]
-    for df in others[1:]:
-        union = union.unionByName(df)
-    values = F.lower(F.concat_ws("\n", "email", "full_name"))
     ordered = sorted(texts)
-    hits = union.select(*[F.max(values.contains(t.lower()).cast("int")).alias(f"t{i}")
+    hits = union.select(*[F.max(F.col("_values").contains(t.lower()).cast("int")).alias(f"t{i}")
                           for i, t in enumerate(ordered)]).first()
     return {t for i, t in enumerate(ordered) if hits[f"t{i}"]}

@@ -10,12 +10,12 @@ import time
 from collections.abc import Callable
 from typing import ClassVar
 
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from pipelines.catalog import LakeTable, lake_tables
-from pipelines.erasure_registry import dead_letters_of_erased
-from pipelines.gdpr.find import CUSTOMER_TABLES, GOLD_BY_CUSTOMER, ORDER_TABLES, each_table, read_rows
+from pipelines.catalog import LakeTable, gold_declared, lake_tables
+from pipelines.erasure_registry import dead_letters_of_erased, key_in
+from pipelines.gdpr.find import Target, each_table, read_rows, source_of
 from pipelines.gdpr.scan import Subject, scan_lake
 from pipelines.hudi_client import WriteClient
 from pipelines.hudi_timeline import READABLE_FROM_META, earliest_retained, latest_completion, pending_writes
@@ -28,21 +28,6 @@ log = logging.getLogger(__name__)
 
 
 # ---------------------------------------------------------------- sweep
-
-
-def subject_predicate(name: str, columns: list[str], customers: list[int], orders: list[int]) -> Column | None:
-    """The rows of table `name` that hold the subject: theirs, their orders, and any version naming them."""
-    if name in CUSTOMER_TABLES:
-        return F.col("id").isin(customers) if customers else None
-    if name in ORDER_TABLES:
-        # Versions of an order that moved to another customer name the subject too: they go,
-        # and the current row of that order (another customer's) stays.
-        checks = ([F.col("id").isin(orders)] if orders else []) \
-            + ([F.col("customer_id").isin(customers)] if customers and "customer_id" in columns else [])
-        return checks[0] | checks[1] if len(checks) == 2 else (checks[0] if checks else None)
-    if name in GOLD_BY_CUSTOMER:
-        return F.col("customer_id").isin(customers) if customers else None
-    return None
 
 
 def _delete_rows(spark: SparkSession, table: LakeTable, rows: DataFrame) -> None:
@@ -61,16 +46,22 @@ def _delete_rows(spark: SparkSession, table: LakeTable, rows: DataFrame) -> None
     data.write.format("hudi").options(**options).mode("append").save(table.path)
 
 
-def sweep(spark: SparkSession, root: str, customers: list[int], orders: list[int], key: str,
+def sweep(spark: SparkSession, root: str, target: Target, key: str,
           registry: DataFrame) -> dict[str, dict[str, object]]:
-    """Delete the subject's rows from every table that holds rows of it; then let gold follow silver."""
+    """Delete the subject's rows from every table that holds rows of it; then let gold follow silver.
+
+    In the tables of each declared table with a subject: every version naming the customers, and
+    every version of their rows (`target.rows`, by that table's own key); in gold, the customers'
+    rows; in the dead letters, the records naming an erased customer or row (the registry's
+    pseudonyms, which `register` wrote first).
+    """
 
     def one(table: LakeTable) -> tuple[str, dict[str, object]] | None:
         if table.path == dead_letter_path(root):
             mine = dead_letters_of_erased(read_rows(spark, table.path), registry, key)
         else:
             df = read_rows(spark, table.path)
-            predicate = subject_predicate(table.name, df.columns, customers, orders)
+            predicate = target.predicate(table.name, df)
             if predicate is None:
                 return None
             mine = df.filter(predicate)
@@ -84,7 +75,8 @@ def sweep(spark: SparkSession, root: str, customers: list[int], orders: list[int
 
     done = each_table([t for t in lake_tables(root) if has_completed_commit(t.path)], one)
     touched: dict[str, dict[str, object]] = dict(d for d in done if d is not None)
-    if any(name.startswith("silver/") and not name.startswith("silver/_") for name in touched):
+    # Gold reads the shop's silver customers and orders (when they are declared, gold_declared).
+    if gold_declared() and any(name in ("silver/customers", "silver/orders") for name in touched):
         before = {t: latest_completion(spark, gold_path(t, root)) for t in (gold.STATE, gold.LTV, gold.DAILY)}
         gold.gold_cycle(spark, root, silver_path("customers", root), silver_path("orders", root))
         for t, was in before.items():
@@ -222,14 +214,14 @@ def change_feed_holders(spark: SparkSession, root: str, subject: Subject) -> dic
 
 
 def purge(spark: SparkSession, root: str, names: set[str], sweep_started: str,
-          progress: Callable[[str], None], moved: list[int] | None = None,
+          progress: Callable[[str], None], moved: dict[str, frozenset[str]] | None = None,
           holders: dict[str, set[str]] | None = None) -> dict[str, dict[str, object]]:
     """Remove every older version of the named tables that may still hold the subject.
 
-    `moved`: orders now of another customer whose older versions named the subject. The
-    change-feed files of the commit that moved one hold that version as a before-image in
-    the newest slice of its file group, which no clean removes: those file groups are
-    written once more too. `holders`: file groups per table whose newest `.cdc` files hold
+    `moved`: per declared table, the keys (key_text) of rows now of another customer whose older
+    versions named the subject. The change-feed files of the commit that moved one hold that
+    version as a before-image in the newest slice of its file group, which no clean removes:
+    those file groups are written once more too. `holders`: file groups per table whose newest `.cdc` files hold
     the subject (change_feed_holders), written once more as well.
     """
 
@@ -248,8 +240,9 @@ def purge(spark: SparkSession, root: str, names: set[str], sweep_started: str,
                 # The change-feed files of the erasure's own commits hold the deleted rows'
                 # before-images, in the newest slice: write those file groups once more.
                 file_ids = set(client.slices_written_since(sweep_started))
-                if moved and table.name in ORDER_TABLES:
-                    file_ids |= _file_groups_of(spark, table, moved)
+                decl = source_of(table.name)
+                if moved and decl is not None and moved.get(decl.name):
+                    file_ids |= _file_groups_of(spark, table, decl.key, moved[decl.name])
                 file_ids |= (holders or {}).get(table.name, set())
                 done["rewritten_file_groups"] = _rewrite(spark, table, sorted(file_ids))
             readable_from = latest_completion(spark, table.path)
@@ -271,9 +264,9 @@ def purge(spark: SparkSession, root: str, names: set[str], sweep_started: str,
     return {t.name: done for t, done in zip(tables, each_table(tables, one), strict=True)}
 
 
-def _file_groups_of(spark: SparkSession, table: LakeTable, ids: list[int]) -> set[str]:
-    """File ids of the file groups holding these keys now."""
-    rows = read_rows(spark, table.path).filter(F.col("id").isin(ids)).select("_hoodie_file_name").distinct().collect()
+def _file_groups_of(spark: SparkSession, table: LakeTable, key: tuple[str, ...], keys: frozenset[str]) -> set[str]:
+    """File ids of the file groups holding these keys (key_text of the `key` columns) now."""
+    rows = read_rows(spark, table.path).filter(key_in(key, keys)).select("_hoodie_file_name").distinct().collect()
     return {r[0].split("_")[0] for r in rows}
 
 

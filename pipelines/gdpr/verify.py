@@ -9,6 +9,7 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from functools import reduce
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -16,9 +17,8 @@ from pyspark.sql import functions as F
 import hudi_configs
 from pipelines.catalog import LakeTable, lake_tables
 from pipelines.erasure_registry import dead_letters_of_erased, read_registry
-from pipelines.gdpr.find import CUSTOMER_TABLES, ORDER_TABLES, customer_reads, read_rows, shared_texts
-from pipelines.gdpr.purge import subject_predicate
-from pipelines.gdpr.scan import ScanReport, Subject, scan_lake
+from pipelines.gdpr.find import Target, read_rows, shared_texts, source_of, subject_reads
+from pipelines.gdpr.scan import ScanReport, scan_lake
 from pipelines.hudi_timeline import (
     earliest_checkpoint,
     latest_completion,
@@ -34,14 +34,11 @@ log = logging.getLogger(__name__)
 # ---------------------------------------------------------------- verification
 
 
-def _holds(name: str, df: DataFrame, customers: list[int], orders: list[int], texts: list[str], key: str,
-           registry: DataFrame | None) -> Column | None:
-    """Rows of `df` (a read of table `name`) that hold the subject."""
+def _holds(name: str, df: DataFrame, target: Target, texts: list[str]) -> Column | None:
+    """Rows of `df` (a read of table `name`) that hold the subject: theirs, a version naming them, a text of theirs."""
     checks = []
-    if (p := subject_predicate(name, df.columns, customers, orders)) is not None:
+    if (p := target.predicate(name, df)) is not None:
         checks.append(p)
-    if "customer_id" in df.columns and customers:
-        checks.append(F.col("customer_id").isin(customers))
     strings = [c for c, t in df.dtypes if t == "string"]
     if texts and strings:
         blob = F.lower(F.concat_ws("\n", *strings))
@@ -54,7 +51,7 @@ def _holds(name: str, df: DataFrame, customers: list[int], orders: list[int], te
     return out
 
 
-def verify(spark: SparkSession, root: str, customers: list[int], orders: list[int], texts: list[str], key: str,
+def verify(spark: SparkSession, root: str, target: Target, texts: list[str], key: str,
            progress: Callable[[str], None]) -> dict[str, object]:
     """Every read the lake serves, and every file under its root, checked for the subject.
 
@@ -63,17 +60,17 @@ def verify(spark: SparkSession, root: str, customers: list[int], orders: list[in
     """
     registry = read_registry(spark, root)
     # A customer created since the subject was found may share a name: it is theirs, not the subject's.
-    shared = shared_texts(customer_reads(spark, root), customers, set(texts)) if texts else set()
+    shared = shared_texts(subject_reads(spark, root), target, set(texts)) if texts else set()
     texts = sorted(set(texts) - shared)
     tables = [t for t in lake_tables(root) if has_completed_commit(t.path)]
 
     def read_all() -> list[tuple[str, list[str], int, int, float]]:
-        return [_check_reads(spark, table, customers, orders, texts, key, registry, progress) for table in tables]
+        return [_check_reads(spark, table, target, texts, key, registry, progress) for table in tables]
 
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="erasure-reads") as pool:
         checked = pool.submit(read_all)
         progress("scanning every file under the lake root")
-        scan = scan_lake(spark, root, Subject(frozenset(customers), frozenset(orders), frozenset(texts)))
+        scan = scan_lake(spark, root, target.subject(texts))
         done = checked.result()
     failures = [f for _, found, _, _, _ in done for f in found]
     failures += [f"{f.path} ({f.table}): {f.what}" for f in scan.findings]
@@ -86,7 +83,7 @@ def verify(spark: SparkSession, root: str, customers: list[int], orders: list[in
             "texts_now_shared_with_other_customers": len(shared)}
 
 
-def _check_reads(spark: SparkSession, table: LakeTable, customers: list[int], orders: list[int], texts: list[str],
+def _check_reads(spark: SparkSession, table: LakeTable, target: Target, texts: list[str],
                  key: str, registry: DataFrame | None,
                  progress: Callable[[str], None]) -> tuple[str, list[str], int, int, float]:
     """Snapshot, time travel, incremental and change-feed reads of one table, checked for the subject.
@@ -118,7 +115,7 @@ def _check_reads(spark: SparkSession, table: LakeTable, customers: list[int], or
     # One Spark job per table: each read keeps the rows of the subject, tagged with the read.
     found = None
     for what, df in jobs:
-        mine = _subject_rows(table.name, what, df, customers, orders, texts, key, registry)
+        mine = _subject_rows(table.name, what, df, target, texts, key, registry)
         if mine is not None:
             tagged = mine.select(F.lit(what).alias("read_rows"))
             found = tagged if found is None else found.unionAll(tagged)
@@ -129,7 +126,7 @@ def _check_reads(spark: SparkSession, table: LakeTable, customers: list[int], or
     return table.name, failures, len(jobs), covered, time.monotonic() - started
 
 
-def _subject_rows(name: str, what: str, df: DataFrame, customers: list[int], orders: list[int], texts: list[str],
+def _subject_rows(name: str, what: str, df: DataFrame, target: Target, texts: list[str],
                   key: str, registry: DataFrame | None) -> DataFrame | None:
     """The rows of one read of table `name` that hold the subject; None when the read cannot hold any."""
     if name == "bronze/_dead_letters":
@@ -139,30 +136,44 @@ def _subject_rows(name: str, what: str, df: DataFrame, customers: list[int], ord
     if what.startswith("change feed"):
         blob = F.lower(F.concat_ws("\n", F.col("before"), F.col("after")))
         cond = F.lit(False)
-        for pattern in _image_patterns(name, customers, orders):
+        for pattern in _image_patterns(name, target):
             cond = cond | blob.rlike(pattern)
         for t in texts:
             cond = cond | blob.contains(t.lower())
+        for image in ("before", "after"):
+            if (mine := _image_of_subject(name, F.col(image), target)) is not None:
+                cond = cond | F.coalesce(mine, F.lit(False))
         return df.filter(cond)
-    cond = _holds(name, df, customers, orders, texts, key, registry)
+    cond = _holds(name, df, target, texts)
     return df.filter(cond) if cond is not None else None
 
 
-def _image_patterns(name: str, customers: list[int], orders: list[int]) -> list[str]:
-    """Regexes for the subject's ids in a change-feed image (JSON) of table `name`.
-
-    Which field means what depends on the table: `id` is a customer in the customers tables,
-    an order in the orders tables and in the order list of gold's state rows.
-    """
+def _image_patterns(name: str, target: Target) -> list[str]:
+    """Regexes for the subject's ids in a change-feed image (JSON) of gold's tables, which name customers in
+    `customer_id` and the shop's orders in the `id` of gold's state rows."""
     def field(column: str, ids: list[int]) -> list[str]:
         return [rf'"{column}"\s*:\s*{i}\b' for i in ids]
 
-    patterns = field("customer_id", customers)
-    if name in CUSTOMER_TABLES:
-        patterns += field("id", customers)
-    if name in ORDER_TABLES or name == f"gold/{gold.STATE}":
-        patterns += field("id", orders)
+    if not name.startswith("gold/"):
+        return []
+    patterns = field("customer_id", list(target.customers))
+    if name == f"gold/{gold.STATE}":
+        patterns += field("id", target.orders)
     return patterns
+
+
+def _image_of_subject(name: str, image: Column, target: Target) -> Column | None:
+    """Whether a change-feed image (a row of declared table's lake table `name`, as JSON) holds the subject:
+    its subject field names a customer, or its key fields are one of their rows' (`key_text`)."""
+    decl = source_of(name)
+    if decl is None or decl.subject is None:
+        return None
+    checks = []
+    if target.customers:
+        checks.append(F.trim(F.get_json_object(image, f"$.{decl.subject}")).isin([str(c) for c in target.customers]))
+    if rows := target.rows.get(decl.name):
+        checks.append(F.to_json(F.array(*[F.get_json_object(image, f"$.{c}") for c in decl.key])).isin(sorted(rows)))
+    return reduce(lambda a, b: a | b, checks) if checks else None
 
 
 def _time_travel_instants(spark: SparkSession, table: LakeTable) -> tuple[list[str], int]:
