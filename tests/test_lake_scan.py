@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from datetime import date, datetime
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from pipelines.catalog import bronze_options, gold_options, keyed_options, silver_options
 from pipelines.gdpr.scan import Finding, ScanReport, Subject, scan_lake
+from pipelines.gdpr.scan.model import Chunk
 from pipelines.transform import gold
 
 SUBJECT = Subject(customer_ids=frozenset({42}), order_ids=frozenset({4200}),
@@ -248,3 +250,60 @@ def test_chunks_that_cannot_hold_the_subject_are_skipped_and_no_other() -> None:
     assert not parsed('["420", "7"]', index, keys=True)
     assert not parsed('[{"key": "42"}]', files)  # the files partition holds no ids
     assert scan.report.findings == [] and not scan._hits  # a check, not a finding
+
+
+def test_rows_of_a_declared_table_are_found_by_their_own_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A declared table's rows (composite key, string and bigint) as the erasure names them (Subject.rows): in key
+    columns, record keys, change-feed images, a dead letter's Kafka key; its subject column names customers. Another
+    table's rows with the same key values, and this table's rows that share one key column, are not theirs. No Spark.
+    """
+    import pyarrow as pa
+
+    from pipelines.gdpr.scan.files import FileScan
+    from pipelines.gdpr.scan.tables import Table
+
+    declaration = tmp_path / "tables.toml"
+    declaration.write_text('[source]\ntopic_prefix = "shop"\n[tables.payments]\nsource = "public.payments"\n'
+                           'key = ["region", "payment_no"]\nsubject = "customer_id"\npii = ["card_holder"]\n'
+                           '[tables.refunds]\nsource = "public.refunds"\nkey = ["region", "payment_no"]\n')
+    monkeypatch.setenv("LAKEHOUSE_TABLES", str(declaration))
+    subject = Subject(frozenset({42}), frozenset(), frozenset(), {"payments": frozenset({("eu", "7")})})
+    scan = FileScan(None, subject)  # type: ignore[arg-type]  # the JVM is not needed for decoded values
+    main = Table("bronze/payments", ("region", "payment_no"), source="payments", subject="customer_id",
+                 row_key=("region", "payment_no"))
+    log = Table("bronze/_changelog/payments", ("region", "payment_no", "_lsn"), source="payments",
+                subject="customer_id", row_key=("region", "payment_no"))
+    refunds = Table("bronze/refunds", ("region", "payment_no"), source="refunds", row_key=("region", "payment_no"))
+
+    def hits(table: Table, work: Callable[[FileScan], None]) -> set[str]:
+        scan._start(table)
+        work(scan)
+        return set(scan._hits)
+
+    batch = pa.record_batch({"region": ["eu", "us", "eu"], "payment_no": pa.array([7, 7, 8], pa.int64()),
+                             "customer_id": pa.array([5, 6, 5], pa.int64())})
+    assert hits(main, lambda s: s._arrow_rows(batch)) == {"erased row's key in columns region,payment_no"}
+    assert hits(refunds, lambda s: s._arrow_rows(batch)) == set()  # the same key values, another table
+    other = pa.record_batch({"region": ["us", "eu"], "payment_no": pa.array([7, 8], pa.int64())})
+    assert hits(main, lambda s: s._arrow_rows(other)) == set()
+    keys = pa.array(["region:us,payment_no:7", "region:eu,payment_no:7"])
+    assert hits(main, lambda s: s._arrow_column("_hoodie_record_key", keys)) == {
+        "erased row's key in column _hoodie_record_key"}
+    assert hits(log, lambda s: s._record_key("region:eu,payment_no:7,_lsn:3", "a delete block's record keys")) == {
+        "erased row's key in a delete block's record keys"}
+    assert hits(log, lambda s: s._record_key("region:eu,payment_no:70,_lsn:3", "x")) == set()
+    image = {"op": "u", "before": {"region": "eu", "payment_no": 7, "customer_id": 5}, "after": None}
+    assert hits(main, lambda s: s._record(image, cdc=True)) == {"erased row's key in columns before.region,payment_no"}
+    named = {"region": "us", "payment_no": 9, "customer_id": 42}
+    assert hits(main, lambda s: s._record(named)) == {"customer id in column customer_id"}
+    assert hits(refunds, lambda s: s._record({**named, "region": "eu", "payment_no": 7})) == set()  # no subject there
+    # The chunk shortcut parses a chunk that may hold the row, and only such.
+    scan._start(main)
+    assert scan._values(Chunk(1, '[{"region": "eu", "payment_no": 7, "_lsn": 1}]')) != []
+    assert scan._values(Chunk(1, '[{"region": "us", "payment_no": 8, "_lsn": 1}]')) == []
+    letters = Table("bronze/_dead_letters", ("position",))
+    letter = {"kafka_topic": "shop.public.payments", "key": b'{"region":"eu","payment_no":7}', "value": b"{cut"}
+    assert hits(letters, lambda s: s._record(letter)) == {"erased row's key in column key"}
+    assert hits(letters, lambda s: s._record({**letter, "key": b'{"region":"us","payment_no":7}'})) == set()
+    assert hits(letters, lambda s: s._record({**letter, "value": b'{"after": {"customer_id": 42'})) >= {
+        "customer id in column value"}
