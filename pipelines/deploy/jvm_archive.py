@@ -22,7 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from pipelines.catalog import bronze_options, silver_options
+from pipelines.catalog import bronze_options, keyed_options, silver_options
 from pipelines.spark import get_spark
 from pipelines.spark_conf import QUIET_CDS, archive_path, spark_conf
 
@@ -38,7 +38,7 @@ def _warm_up(where: Path, dump: Path) -> None:
                       {"spark.driver.extraJavaOptions": f"{java} -XX:ArchiveClassesAtExit={dump} {QUIET_CDS}"})
     rows = spark.range(200).select(F.col("id"), F.concat(F.lit("x"), F.col("id").cast("string")).alias("email"),
                                    F.col("id").alias("_lsn"), F.lit(False).alias("_hoodie_is_deleted"))
-    for options, path in ((bronze_options("table", "warm_bronze"), where / "bronze"),
+    for options, path in ((bronze_options("table", "warm_bronze", **keyed_options(("id",))), where / "bronze"),
                           (silver_options("warm_silver"), where / "silver")):
         for _ in range(2):  # a first commit, then an update of the same keys
             rows.write.format("hudi").options(**options).mode("append").save(str(path))

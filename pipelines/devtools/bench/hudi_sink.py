@@ -46,7 +46,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from pipelines import contract
-from pipelines.catalog import bronze_options
+from pipelines.catalog import bronze_options, keyed_options
 from pipelines.ingest.bronze import kafka_stream
 from pipelines.ingest.parse import parse_events
 from pipelines.ingest.plan import change_rows
@@ -70,7 +70,7 @@ def table_path(base_path: str, table: str) -> str:
 def sink_options(base_path: str, table: str) -> dict[str, str]:
     """Bronze main's write options for `<base_path>/<table>`, plus the sink's path and checkpoint."""
     return {
-        **bronze_options("table", f"hudi_sink_{table}"),
+        **bronze_options("table", f"hudi_sink_{table}", **keyed_options((contract.PRIMARY_KEY,))),
         **SINK_OPTIONS,
         "path": table_path(base_path, table),
         "checkpointLocation": f"{base_path}/_checkpoints/{table}",
