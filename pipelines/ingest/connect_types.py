@@ -23,10 +23,12 @@ from typing import Any
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
-# Connect's physical types, as the JsonConverter names them, to a Spark type (the wire form).
+# Connect's physical types, as the JsonConverter names them in a schema, to a Spark type (the wire form). Its
+# JSON schema spells FLOAT32 and FLOAT64 `float` and `double` (what Debezium 2.7.3 sends for `real` and
+# `double precision`: tests/fixtures/declared); Connect's own enum names are accepted too.
 PHYSICAL = {
     "int8": "int", "int16": "int", "int32": "int", "int64": "bigint",
-    "float32": "float", "float64": "double", "boolean": "boolean",
+    "float": "float", "double": "double", "float32": "float", "float64": "double", "boolean": "boolean",
     "string": "string", "bytes": "string",
 }
 # Debezium's semantic types (the schema's `name`) whose value needs more than a cast.

@@ -185,7 +185,7 @@ def parse_topics(raw: DataFrame, tables: dict[str, TableParse], placeholder: str
                   dead(F.concat(F.lit("unknown op '"), op, F.lit("'"))))
             .when(op == "m", ok("ignored"))
             .when(lsn.isNull(), dead(F.concat(F.lit("op="), op, F.lit(" without source.lsn"))))
-            .when(e["source"]["table"].isNotNull() & (e["source"]["table"] != table),
+            .when(e["source"]["table"].isNotNull() & (e["source"]["table"] != t.table),
                   dead(F.concat(F.lit("event of table '"), e["source"]["table"], F.lit(f"' {where}"))))
             .when(op == "t", ok("truncate"))
             .when(image.isNull(), dead(no_image))
