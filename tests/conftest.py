@@ -41,6 +41,15 @@ os.environ["LAKEHOUSE_HUDI_OVERRIDES"] = str(test_profile())
 # The suite's many short-lived Kafka brokers: start on less CPU (pipelines/devtools/kafka_local.py).
 os.environ[JAVA_OPTS_VARIABLE] = QUICK_START
 
+# The session JVM's C2 thresholds, ten times the JDK's (5,000 calls, 40,000 loop iterations): at the
+# JDK's, its C2 compiler used 73 CPU-seconds in tests/test_gdpr.py, a third of the session's, and 36
+# at these; the file's three tests took 386.5 and 389.8 CPU-seconds instead of 413.3 (every process
+# of a run, two runs side by side on the 2-core machine, 2026-11-28), tests/test_etl_lost_checkpoint.py
+# 145 instead of 167. Thirty times saved no more on the gdpr tests (387.4); C1 alone (a code cache
+# big enough not to thrash) ran their work 24% slower, for 4% less CPU.
+SESSION_JIT = ("-XX:Tier4InvocationThreshold=50000 -XX:Tier4MinInvocationThreshold=10000 "
+               "-XX:Tier4CompileThreshold=60000 -XX:Tier4BackEdgeThreshold=400000")
+
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
@@ -48,8 +57,10 @@ def spark() -> Iterator[SparkSession]:
 
     # This JVM runs the whole suite, so C2's faster code repays its compile time here (with the
     # profile's C1-only flag, the erasure tests ran 19-40% longer); that flag is for the
-    # short-lived JVMs of the jobs the tests start.
-    session = get_spark("lakehouse-tests", {"spark.driver.defaultJavaOptions": ""})
+    # short-lived JVMs of the jobs the tests start. C2 only for code that stays hot, though
+    # (SESSION_JIT): each query's generated classes and Hudi's many short phases keep making new
+    # code warm.
+    session = get_spark("lakehouse-tests", {"spark.driver.defaultJavaOptions": SESSION_JIT})
     yield session
     session.stop()
 
