@@ -13,9 +13,9 @@ PostgreSQL by `lakehouse source sync` (`pipelines.devtools.pg_source`), and agai
 columns by the etl before it writes (`missing_columns`).
 
 Beyond the contract's fields, a table may say (the project's own, all optional):
-- `columns`: its columns, in order, with their JSON wire type (`bigint`, `double`, `boolean`, or
-  `string`), for topics without a Connect schema (`schemas.enable=false`), where the type cannot
-  be read from the message. A declared column missing from an image is an incompatible change
+- `columns` (with `typed = false`): its columns, in order, with their JSON wire type (`bigint`,
+  `double`, `boolean`, or `string`), for topics without a Connect schema (`schemas.enable=false`),
+  where the type cannot be read from the message. A declared column missing from an image is an incompatible change
   (contract section 6). Silver carries exactly these columns when they are given, else every
   column of bronze.
 - `silver_extra`: with `columns`, bronze columns beyond them (added in the source since, section 6)
@@ -273,6 +273,10 @@ def _table(name: str, spec: Any, at: str) -> TableDecl:
     typed = spec.get("typed", True)
     if not isinstance(typed, bool):
         raise DeclarationError(f"{at}.typed: must be true or false")
+    if columns and typed:
+        # With a Connect schema, each message says its columns' types; wire types would contradict them.
+        raise DeclarationError(f"{at}.columns: wire types are for topics without a Connect schema: add "
+                               "`typed = false`, or leave `columns` out (the messages' schema types the columns)")
     subject = spec.get("subject")
     if subject is not None and not isinstance(subject, str):
         raise DeclarationError(f"{at}.subject: must be a column name")

@@ -88,7 +88,7 @@ def test_a_team_declaration_drives_the_catalog(tmp_path: Path, monkeypatch: pyte
     (lambda t: t.replace("[tables.payments]", "[tables.Payments]").replace("tables.payments.", "tables.Payments."),
      r"tables\.Payments: the lake's name must be lower-case"),
     (lambda t: t.replace('key = ["region", "payment_no"]', 'key = ["region", "payment_no"]\n'
-                         'columns = { region = "string", payment_no = "bigint" }'),
+                         'typed = false\ncolumns = { region = "string", payment_no = "bigint" }'),
      r"tables\.payments\.subject: column 'customer_id' is not among the table's declared columns"),
     (lambda t: t.replace('subject = "customer_id"\n', ""), r"tables\.payments\.pii: personal data needs a `subject`"),
 ])

@@ -278,3 +278,24 @@ def _wait(done, failure: list[BaseException], timeout: float = 180) -> None:
         assert not failure, failure
         assert time.monotonic() < deadline, "the stream did not catch up"
         time.sleep(1)
+
+
+def test_a_changed_encoding_of_one_type_holds_the_table_until_accepted(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """timestamp(3) altered to timestamp(6): Debezium's milliseconds become microseconds, the column stays a
+    timestamp. Read the new way, the old messages would be wrong, and the other way round: held, not guessed."""
+    from pipelines.ingest.schema import Shape, decide
+
+    declaration = tmp_path / "tables.toml"
+    declaration.write_text(DECLARATION)
+    monkeypatch.setenv("LAKEHOUSE_TABLES", str(declaration))
+    first = decide(Shape.initial("every_type"), [[("id", "bigint", "cast"), ("seen", "timestamp", "millis")]],
+                   [], {}, set(), 1)
+    assert first.shape.columns["seen"].convert == "millis" and not first.held_declared
+    altered = [("id", "bigint", "cast"), ("seen", "timestamp", "micros")]
+    held = decide(first.shape, [altered], [], {}, set(), 2)
+    assert list(held.held_declared.values()) == [
+        "schema: every_type.seen: the source's encoding of timestamp changed (millis -> micros): accept it to read "
+        "new values that way"] and held.shape.columns["seen"].convert == "millis"
+    accepted = decide(first.shape, [altered], [], {}, {"every_type.seen"}, 2)
+    assert not accepted.held_declared and accepted.shape.columns["seen"].convert == "micros"

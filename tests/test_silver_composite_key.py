@@ -25,6 +25,7 @@ topic_prefix = "x"
 [tables.stock]
 source = "app.stock"
 key = ["site", "sku"]
+typed = false
 columns = { site = "string", sku = "bigint", qty = "string" }
 [[tables.stock.rules]]
 column = "qty"

@@ -204,7 +204,7 @@ def test_gold_runs_only_with_its_inputs_declared() -> None:
     assert gold_missing(declared()) == []
     team = parse(tomllib.loads('[source]\ntopic_prefix = "x"\n[tables.customers]\nsource = "a.customers"\n'
                                'key = ["tenant", "id"]\n[tables.orders]\nsource = "a.orders"\nkey = ["id"]\n'
-                               'columns = { id = "bigint", status = "string" }'), "team.toml")
+                               'typed = false\ncolumns = { id = "bigint", status = "string" }'), "team.toml")
     assert gold_missing(team) == ["customers keyed by id (it is keyed by tenant, id)", "orders.customer_id",
                                   "orders.amount", "orders.currency", "orders.created_at", "orders.order_date"]
 

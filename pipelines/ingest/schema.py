@@ -182,6 +182,14 @@ def decide(shape: Shape, declared_shapes: list[list[tuple[str, str, str]]], miss
             if have is None:
                 columns[name] = Column(name, want, True, batch_id, at, convert=conversion)
             elif have.type == want:
+                if have.convert and conversion and have.convert != conversion:
+                    # Same type, another encoding (timestamp(3) altered to timestamp(6): Debezium's milliseconds
+                    # become microseconds): a value cannot say which it is, and a wrong guess corrupts it silently.
+                    if ok(name):
+                        columns[name] = replace(have, convert=conversion)
+                    else:
+                        reasons.append(f"{SCHEMA_REASON}{table}.{name}: the source's encoding of {want} changed "
+                                       f"({have.convert} -> {conversion}): accept it to read new values that way")
                 continue
             elif (have.type, want) in WIDENINGS and name not in fixed:
                 columns[name] = replace(have, type=want, declared=True,
