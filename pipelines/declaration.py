@@ -12,28 +12,15 @@ can tell (a table or column it lacks, a key that is not its primary key) is chec
 PostgreSQL by `lakehouse source sync` (`pipelines.devtools.pg_source`), and against bronze's
 columns by the etl before it writes (`missing_columns`).
 
-Beyond the contract's fields, a table may say (the project's own, all optional):
-- `columns` (with `typed = false`): its columns, in order, with their JSON wire type (`bigint`,
-  `double`, `boolean`, or `string`), for topics without a Connect schema (`schemas.enable=false`),
-  where the type cannot be read from the message. A declared column missing from an image is an incompatible change
-  (contract section 6). Silver carries exactly these columns when they are given, else every
-  column of bronze.
-- `silver_extra`: with `columns`, bronze columns beyond them (added in the source since, section 6)
-  that silver carries too, as bronze types them. Off by default: silver is then the declared,
-  validated shape its readers rely on, and an added column is whatever a product team put there,
-  unvalidated and perhaps personal data. One bronze lacks (yet) is left out until it appears.
-- `typed = false`: bronze keeps each value as it arrived on the wire (a decimal or a timestamp
-  as its text, the shop's bronze), instead of the type the source meant (section 7's table).
-- rules with `cast = "<Spark type>"` (e.g. `"decimal(12,2)"`, `"timestamp"`, `"date"`): the value
-  must convert exactly to that type, and silver holds the converted value; later rules of the
-  column see it.
-- `name` on a rule: what quarantine's `failed_rule` says (default `<column>_<kind>`).
-- `not_null = true` beside another check in one rule: the rule fails a NULL too (under its one
-  name), where a rule passes a NULL otherwise (section 7). The shop's rules refuse NULLs this way,
-  as its hand-written silver did: a contract column dropped in the source and accepted
-  (section 6) leaves NULLs that belong in quarantine under the rule they fail.
-- `[[tables.<name>.derive]]` `column = "...", date_of = "<timestamp column>"`: a silver column
-  made from another (the UTC date of a timestamp).
+Beyond the contract's fields, a table may say (the project's own, all optional; README, "Your own
+tables"): `columns` with wire types (only with `typed = false`: topics without a Connect schema;
+silver then carries exactly those), `silver_extra` (bronze columns beyond them that silver carries,
+off by default: an added column is unvalidated and perhaps personal data), `typed = false` (bronze
+keeps the wire form, as the shop's does), rules with `cast = "<Spark type>"` (the value converts
+exactly, silver holds it converted) or with `not_null = true` beside their check (a NULL fails them
+too: the shop's rules, so that an accepted dropped column's NULLs stay in quarantine), `name` on a
+rule (quarantine's `failed_rule`, default `<column>_<kind>`), and `[[tables.<name>.derive]]`
+`column`, `date_of`: a silver column holding a timestamp's UTC date.
 """
 
 from __future__ import annotations
