@@ -14,7 +14,6 @@ warning: the table still plays.
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import string
@@ -223,16 +222,9 @@ def _where(columns: Any) -> str:
 
 def source_rows(conn: Any, t: TableDecl) -> dict[tuple, dict[str, Any]]:
     """The table's rows as PostgreSQL holds them (the oracle), keyed by the declared key; json as its text."""
-    cols = [c.name for c in columns_of(conn, t)]
-    select = ", ".join(f"{_q(c)}::text" if _is_json(conn, t, c) else _q(c) for c in cols)
+    columns = columns_of(conn, t)
+    cols = [c.name for c in columns]
+    select = ", ".join(f"{_q(c.name)}::text" if c.type.split("(")[0] in ("json", "jsonb") else _q(c.name)
+                       for c in columns)
     rows = conn.execute(f"SELECT {select} FROM {_name(t)}").fetchall()
     return {tuple(r[cols.index(k)] for k in t.key): dict(zip(cols, r, strict=True)) for r in rows}
-
-
-def _is_json(conn: Any, t: TableDecl, column: str) -> bool:
-    return any(c.name == column and c.type.split("(")[0] in ("json", "jsonb") for c in columns_of(conn, t))
-
-
-def normalized_json(text: str | None) -> Any:
-    """A JSON document's value, for comparing the same document written two ways (jsonb reorders keys)."""
-    return None if text is None else json.loads(text)
