@@ -15,7 +15,7 @@ MVN    := mvn -q -B -f jvm/pom.xml
 DEMO   := .demo
 
 .PHONY: help dev setup postgres browser demo test test-fast test-unit bench lint package airflow
-.PHONY: kafka-up kafka-down s3-up s3-down source-up source-down clean
+.PHONY: kafka-up kafka-down s3-up s3-down source-up source-down cluster-up cluster-down clean
 
 help:  ## List the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -169,6 +169,12 @@ source-up: kafka-up  ## The real source: PostgreSQL 15 (`shop` on 127.0.0.1:5433
 	$(BIN)/lakehouse source up
 	$(BIN)/lakehouse source status
 
+cluster-up: setup  ## Start a Spark standalone cluster (master spark://127.0.0.1:7077, UI :8090, two one-core workers), files in .cluster/; then export LAKEHOUSE_SPARK_MASTER=spark://127.0.0.1:7077
+	$(BIN)/lakehouse cluster up --home .cluster
+
+cluster-down:  ## Stop it (workers, their executors, the master)
+	$(BIN)/lakehouse cluster down --home .cluster
+
 source-down:  ## Stop Connect and PostgreSQL (their data stays in .pg-source/; the broker too: make kafka-down)
 	$(BIN)/lakehouse source down
 
@@ -176,4 +182,5 @@ clean:  ## Remove the local lake, demo and broker data, the logs (not .venv or .
 	-$(BIN)/lakehouse source down --purge
 	-$(BIN)/lakehouse kafka down --data-dir .kafka
 	-$(BIN)/lakehouse s3 down --data-dir .s3
-	rm -rf lake .kafka .s3 .source .logs $(DEMO) spark-warehouse
+	-$(BIN)/lakehouse cluster down --home .cluster
+	rm -rf lake .kafka .s3 .cluster .source .logs $(DEMO) spark-warehouse

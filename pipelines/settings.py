@@ -47,6 +47,23 @@ def jvm_dir() -> Path:
     return Path(os.environ.get("LAKEHOUSE_JVM_DIR") or PROJECT_ROOT / ".jvm")
 
 
+def spark_home() -> Path:
+    """The pip pyspark of the project's environment (.venv): Spark's home for spark-submit and spark-class.
+
+    Looked up in .venv, not in the running interpreter: Airflow's environment has no pyspark (or
+    the jar-less pyspark-client), and its tasks and the cluster's daemons still need the real one.
+    """
+    homes = sorted((PROJECT_ROOT / ".venv" / "lib").glob("python3*/site-packages/pyspark"))
+    if homes:
+        return homes[-1]
+    import importlib.util
+
+    spec = importlib.util.find_spec("pyspark")
+    if spec is None or spec.origin is None:
+        raise RuntimeError(f"no pyspark in {PROJECT_ROOT / '.venv'}: run `make setup`")
+    return Path(spec.origin).parent
+
+
 def table_path(layer: str, table: str, root: str | None = None) -> str:
     """`$LAKEHOUSE_ROOT/<layer>/<table>`, the contract's location of every table."""
     return f"{(root or lake_root()).rstrip('/')}/{layer}/{table}"

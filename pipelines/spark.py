@@ -6,15 +6,19 @@ project's resolved `.jvm/spark` folder locally, the cluster's own Hudi bundle on
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
+import shutil
+import tempfile
 import time
+from pathlib import Path
 
 from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
 from pipelines import console
-from pipelines.spark_conf import spark_conf
+from pipelines.spark_conf import cluster_master, event_log_dir, spark_conf
 
 log = logging.getLogger(__name__)
 
@@ -22,6 +26,9 @@ log = logging.getLogger(__name__)
 def get_spark(app_name: str = "lakehouse", conf: dict[str, str] | None = None) -> SparkSession:
     """The process's SparkSession (created on first call with the target's options, then `conf`)."""
     started = time.monotonic()
+    on_cluster = cluster_master() is not None and SparkContext._active_spark_context is None
+    if on_cluster:
+        event_log_dir().mkdir(parents=True, exist_ok=True)  # Spark refuses to start without it
     builder = SparkSession.builder.appName(app_name)
     for key, value in {**spark_conf(), **(conf or {})}.items():
         builder = builder.config(key, value)
@@ -38,9 +45,27 @@ def get_spark(app_name: str = "lakehouse", conf: dict[str, str] | None = None) -
             spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     no_local_checksums(spark)
+    if on_cluster:
+        ship_code(spark)
     if (path := console.log_file()) is not None:
         log.info("Spark started in %.1f s; Spark, Hudi and library logs: %s", time.monotonic() - started, path)
     return spark
+
+
+def ship_code(spark: SparkSession) -> Path:
+    """Send the executors the project's code as the EMR target does: the bundle of `lakehouse package`.
+
+    Spark copies it into each executor's folder and puts it first on its Python path. No job of
+    the pipeline runs Python on an executor today (every transformation is Spark SQL), so this is
+    what keeps a Python function that one ships importable there, from the same code as the driver.
+    """
+    from pipelines.deploy.package import write_archive
+
+    folder = Path(tempfile.mkdtemp(prefix="lakehouse-code-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    archive = write_archive(folder / "lakehouse.zip")
+    spark.sparkContext.addPyFile(str(archive))
+    return archive
 
 
 def no_local_checksums(spark: SparkSession) -> None:

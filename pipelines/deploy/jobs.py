@@ -14,7 +14,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, field
 
-from pipelines.settings import PROJECT_ROOT
+from pipelines.settings import PROJECT_ROOT, spark_home
 from pipelines.spark_conf import spark_conf
 
 # Environment variables every job receives (on EMR as YARN application-master and executor env).
@@ -62,10 +62,7 @@ class SparkJob:
         spark-submit finds SPARK_HOME with whatever `python3` is first on PATH, which in an
         Airflow worker is Airflow's environment, without pyspark.
         """
-        homes = sorted((PROJECT_ROOT / ".venv" / "lib").glob("python3*/site-packages/pyspark"))
-        if not homes:
-            raise RuntimeError(f"no pyspark in {PROJECT_ROOT / '.venv'}: run `make setup`")
-        return {**self.env, "SPARK_HOME": str(homes[-1]), "LAKEHOUSE_TARGET": "local"}
+        return {**self.env, "SPARK_HOME": str(spark_home()), "LAKEHOUSE_TARGET": "local"}
 
     def local_bash(self) -> str:
         return shlex.join(self.local_command())

@@ -63,10 +63,12 @@ def requirements() -> list[str]:
     return sorted(pins, key=str.lower)
 
 
-def build(out: Path) -> list[Path]:
-    """Write the bundle into `out`; returns its files."""
-    out.mkdir(parents=True, exist_ok=True)
-    archive = out / "lakehouse.zip"
+def write_archive(archive: Path) -> Path:
+    """`lakehouse.zip`: the packages the jobs import, and the declaration in force as pipelines/tables.toml.
+
+    What `--py-files` ships to an EMR cluster, and what a job on a local standalone cluster ships
+    to its executors (pipelines/spark.py).
+    """
     with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zf:
         for package in PACKAGES:
             for path in sorted((PROJECT_ROOT / package).rglob("*")):
@@ -77,6 +79,13 @@ def build(out: Path) -> list[Path]:
         decl = declared()  # checked whole before it ships
         zf.writestr(f"pipelines/{BUNDLED}", Path(decl.path).read_text() if Path(decl.path).is_file()
                     else (PROJECT_ROOT / "pipelines" / SHOP).read_text())
+    return archive
+
+
+def build(out: Path) -> list[Path]:
+    """Write the bundle into `out`; returns its files."""
+    out.mkdir(parents=True, exist_ok=True)
+    archive = write_archive(out / "lakehouse.zip")
     cli = out / "cli.py"
     cli.write_text((PROJECT_ROOT / "pipelines" / "cli.py").read_text())
     reqs = out / "requirements.txt"

@@ -1,7 +1,7 @@
 """What development, tests and benchmarks need around the pipeline, and production does not.
 
 The shop workload's generator, the local Kafka broker, the real source (PostgreSQL + Debezium)
-and the S3-compatible store run on 127.0.0.1, and `lakehouse bench`. The EMR bundle ships
+the S3-compatible store and a Spark standalone cluster run on 127.0.0.1, and `lakehouse bench`. The EMR bundle ships
 without this package (pipelines.deploy.package): a cluster reads a real Kafka and a real S3.
 """
 
@@ -11,11 +11,12 @@ import click
 
 
 def commands() -> list[click.Command]:
-    """The CLI groups of the dev tools: `generate`, `source`, `kafka`, `s3`, `bench`."""
+    """The CLI groups of the dev tools: `generate`, `source`, `kafka`, `s3`, `cluster`, `bench`."""
     from pipelines.devtools.bench.cli import bench
     from pipelines.devtools.generator.cli import generate
     from pipelines.devtools.kafka_local import kafka
     from pipelines.devtools.object_store import s3
     from pipelines.devtools.pg_source_cli import source
+    from pipelines.devtools.spark_cluster import cluster
 
-    return [generate, source, kafka, s3, bench]
+    return [generate, source, kafka, s3, cluster, bench]
