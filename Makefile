@@ -137,7 +137,7 @@ test-fast: setup  ## Tests without the slow crash tests
 # the environment of `make dev` alone, with no .jvm/ and JAVA_HOME pointing nowhere. A file that
 # mixes such tests with Spark ones stays out (test_bronze_state.py, test_lake_scan.py, ...).
 UNIT_TESTS := $(addprefix tests/test_,$(addsuffix .py,console declaration declared_fixtures erasure_key gdpr_inbox generator hudi_configs \
-                lake_relative object_store_cli package sql_sink stream_health))
+                lake_relative object_store_cli package spark_conf sql_sink stream_health))
 test-unit: dev  ## The tests that need no JVM, Kafka, PostgreSQL or Airflow: seconds, after `make dev` alone
 	$(BIN)/pytest -q $(UNIT_TESTS)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import time
 from pathlib import Path
@@ -295,8 +296,44 @@ def _torn_files(timeline: Path) -> list[Path]:
     return torn
 
 
+def _whole_properties(text: str) -> bool:
+    # Hudi writes the file in one go, its checksum among the entries: a cut write is empty or lacks entries.
+    return "hoodie.table.name=" in text and "hoodie.table.checksum=" in text
+
+
+def _cut_properties(meta: Path) -> bool:
+    """`hoodie.properties` cut short while Hudi rewrote it, beside a whole backup."""
+    try:
+        return not _whole_properties((meta / "hoodie.properties").read_text(errors="replace")) and \
+            _whole_properties((meta / "hoodie.properties.backup").read_text(errors="replace"))
+    except FileNotFoundError:  # no file at all Hudi handles itself: it reads the backup
+        return False
+
+
+def _restore_properties(meta: Path) -> None:
+    """The backup back in place of the cut `hoodie.properties`, as Hudi's own recovery does for a missing one.
+
+    Hudi changes the file (the metadata table's partitions, on a table's first commits) by copying
+    it to the backup, deleting it, writing the new one, then deleting the backup. A SIGKILL while it
+    wrote left an empty file beside a whole backup (seen on the cluster, tests/test_cluster.py):
+    Hudi reads an empty file as an old table's properties without a checksum, and every later
+    write failed with "Hoodie table not found in path Table does not exist". The backup holds the
+    properties before the change, which the next write makes again.
+    """
+    props, backup = meta / "hoodie.properties", meta / "hoodie.properties.backup"
+    log.warning("%s: cut short by a crash while Hudi rewrote it; restored from its backup", props)
+    aside = meta / f".hoodie.properties.{os.getpid()}.tmp"
+    aside.write_bytes(backup.read_bytes())
+    aside.replace(props)
+    for gone in (meta / ".hoodie.properties.crc", backup, meta / ".hoodie.properties.backup.crc"):
+        gone.unlink(missing_ok=True)
+
+
 def repair_torn_timeline(path: str) -> None:
     """Step back every instant of `path`'s timeline (and of its metadata table's) whose newest file a crash cut short.
+
+    First, a `hoodie.properties` cut short while Hudi rewrote it is restored from its backup
+    (`_restore_properties`).
 
     On a local disk Hudi writes a timeline file in place (on HDFS it writes a temporary file and
     renames it; an object store's PUT is all or nothing, so there is nothing to do there). A
@@ -311,6 +348,11 @@ def repair_torn_timeline(path: str) -> None:
     if storage.is_remote(path):
         return
     local = Path(path.removeprefix("file://").removeprefix("file:"))
+    for meta in (local / ".hoodie", local / ".hoodie" / "metadata" / ".hoodie"):
+        if _cut_properties(meta):
+            time.sleep(2)  # a live writer rewrites the file within milliseconds
+            if _cut_properties(meta):
+                _restore_properties(meta)
     for timeline in (local / ".hoodie" / "timeline", local / ".hoodie" / "metadata" / ".hoodie" / "timeline"):
         if not timeline.is_dir() or not _torn_files(timeline):
             continue

@@ -18,6 +18,7 @@ from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
 from pipelines import console
+from pipelines.local_process import process_started
 from pipelines.spark_conf import cluster_master, event_log_dir, spark_conf
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,8 @@ def get_spark(app_name: str = "lakehouse", conf: dict[str, str] | None = None) -
     no_local_checksums(spark)
     if on_cluster:
         ship_code(spark)
+    if folder := spark.conf.get("spark.checkpoint.dir", None):
+        use_checkpoint_dir(spark, folder)
     if (path := console.log_file()) is not None:
         log.info("Spark started in %.1f s; Spark, Hudi and library logs: %s", time.monotonic() - started, path)
     return spark
@@ -66,6 +69,28 @@ def ship_code(spark: SparkSession) -> Path:
     archive = write_archive(folder / "lakehouse.zip")
     spark.sparkContext.addPyFile(str(archive))
     return archive
+
+
+def use_checkpoint_dir(spark: SparkSession, folder: str) -> None:
+    """Give the session a checkpoint folder of its own below `folder` (spark.toml [cluster], [emr]).
+
+    A local folder (one machine's cluster) is named by this process, removed when it exits, and
+    those of processes no longer running are removed now: a SIGKILLed job leaves its checkpoints,
+    rows of the lake's tables, behind. Elsewhere (HDFS on EMR) Spark names the folder and its
+    ContextCleaner removes what the job no longer references.
+    """
+    if "://" in folder and not folder.startswith("file:"):
+        spark.sparkContext.setCheckpointDir(folder)
+        return
+    base = Path(folder.removeprefix("file://").removeprefix("file:"))
+    base.mkdir(parents=True, exist_ok=True)
+    for other in base.iterdir():
+        pid, _, started = other.name.partition("-")
+        if pid.isdigit() and str(process_started(int(pid))) != started:
+            shutil.rmtree(other, ignore_errors=True)
+    mine = base / f"{os.getpid()}-{process_started(os.getpid())}"
+    atexit.register(shutil.rmtree, mine, ignore_errors=True)
+    spark.sparkContext.setCheckpointDir(str(mine))
 
 
 def no_local_checksums(spark: SparkSession) -> None:

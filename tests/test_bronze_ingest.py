@@ -105,6 +105,22 @@ def test_lost_checkpoint_resumes_from_the_commits_and_applies_nothing_twice(spar
     assert len(after) > len(before)
 
 
+def test_properties_cut_while_hudi_rewrote_them_are_restored_from_the_backup(spark, lake: LakeCopy) -> None:
+    """A SIGKILL while Hudi rewrites hoodie.properties: an empty file beside the whole backup (as
+    the cluster test's kill once left it); Hudi alone fails every later write on it."""
+    metas = [Path(main_path("customers", lake.root)) / ".hoodie", Path(changelog_path("orders", lake.root)) / ".hoodie"]
+    whole = {}
+    for meta in metas:
+        whole[meta] = (meta / "hoodie.properties").read_bytes()
+        (meta / "hoodie.properties.backup").write_bytes(whole[meta])
+        (meta / "hoodie.properties").write_bytes(b"")
+    lake.produce(lake.source.changes(WorkloadConfig(seed=6, changes=120)))
+    _ingest_and_check(spark, lake.bootstrap, lake.root, lake.source, lake.sent)
+    for meta in metas:
+        assert not (meta / "hoodie.properties.backup").exists()
+        assert b"hoodie.table.checksum=" in (meta / "hoodie.properties").read_bytes()
+
+
 def _crash_after_main_commits(spark, root: str) -> list[str]:
     """Leave the lake as a SIGKILL after main's commit of the stream's last batch and before its change
     log's completed: each change log's commit of that batch back to in flight (its completed instant file

@@ -26,7 +26,8 @@ from pathlib import Path
 import pytest
 
 from pipelines.devtools.generator import ShopSource, WorkloadConfig, ensure_topics, produce
-from pipelines.devtools.spark_cluster import LocalCluster, Worker, fetch_json
+from pipelines.devtools.spark_cluster import AppTasks, LocalCluster, Worker, fetch_json
+from pipelines.local_process import process_started
 from pipelines.spark_conf import event_log_dir
 from tests.kill import bronze_as_model, inflight, pending_instants, torn_read
 from tests.lake import assert_bronze_equals_model, assert_lake_equals_model
@@ -65,33 +66,18 @@ def executors_by_worker(cluster: LocalCluster) -> dict[tuple[str, str], str]:
     return found
 
 
-def tasks_of(events: Path) -> tuple[str, Counter, list[str]]:
-    """An application's event log: its id, successful tasks per executor id, and why others ended."""
-    app, done, failed = "", Counter(), []
-    for line in events.read_text().splitlines():
-        event = json.loads(line)
-        if event["Event"] == "SparkListenerApplicationStart":
-            app = event["App ID"]
-        elif event["Event"] == "SparkListenerTaskEnd":
-            reason = event["Task End Reason"]["Reason"]
-            if reason == "Success":
-                done[event["Task Info"]["Executor ID"]] += 1
-            else:
-                failed.append(reason)
-    return app, done, failed
-
-
 def tasks_per_worker(cluster: LocalCluster, logs: Path, where: dict[tuple[str, str], str]) -> dict[str, dict]:
     """Per application that ran on the cluster: its name, successful tasks per worker, failed tasks' reasons."""
-    apps = {a["id"]: a["name"] for a in cluster.state()["completedapps"] + cluster.state()["activeapps"]}
+    page = cluster.state()
+    apps = {a["id"] for a in page["completedapps"] + page["activeapps"]}
     result = {}
     for events in (logs / event_log_dir().name).iterdir():
-        app, done, failed = tasks_of(events)
-        if app in apps:
+        app = AppTasks.read(events)
+        if app.app_id in apps:
             per_worker = Counter()
-            for executor, n in done.items():
-                per_worker[where.get((app, executor), f"unknown executor {executor}")] += n
-            result[app] = {"name": apps[app], "workers": dict(per_worker), "failed": failed}
+            for executor, n in app.succeeded.items():
+                per_worker[where.get((app.app_id, executor), f"unknown executor {executor}")] += n
+            result[app.app_id] = {"name": app.name, "workers": dict(per_worker), "failed": app.failed}
     return result
 
 
@@ -129,6 +115,9 @@ def test_the_shop_on_a_cluster_survives_its_driver_an_executor_and_a_worker(spar
         path = run / "bronze-stream" / "stream.pid"
         return json.loads(path.read_text())["pid"] if path.exists() else None
 
+    def stream_alive(pid: int) -> bool:
+        return stream_pid() == pid and process_started(pid) is not None
+
     def caught_up() -> None:
         expected, _ = fold_with_lsn(sent)
         deadline = time.monotonic() + 400
@@ -151,14 +140,14 @@ def test_the_shop_on_a_cluster_survives_its_driver_an_executor_and_a_worker(spar
         # commit; `ensure` finds it dead and starts it again from the same checkpoint.
         lakehouse("stream", "ensure", "--trigger-seconds", "2")
         first = stream_pid()
-        kill_when(lambda: bronze_commit(""), lambda: os.killpg(first, signal.SIGKILL),
-                  lambda: stream_pid() == first and Path(f"/proc/{first}").exists())
+        kill_when(lambda: bronze_commit(""), lambda: os.killpg(first, signal.SIGKILL), lambda: stream_alive(first))
         more = source.changes(WorkloadConfig(seed=30, changes=200, replay_runs=1))
         produce(more, broker.bootstrap)
         sent += more
         assert "dead" in lakehouse("stream", "ensure", "--trigger-seconds", "2").stdout
         second = stream_pid()
         assert second != first
+        caught_up()  # the killed commit rolled back, every change applied once
 
         # An executor: SIGKILLed while it runs a task of a batch whose bronze commit is in flight;
         # the worker starts another, the tasks run again, the stream goes on.
@@ -167,11 +156,11 @@ def test_the_shop_on_a_cluster_survives_its_driver_an_executor_and_a_worker(spar
         sent += more
         killed: list[int | None] = []
         kill_when(lambda: bronze_commit("") and bool(running_tasks(worker1)),
-                  lambda: killed.append(cluster.kill_executor(0)), lambda: stream_pid() == second)
+                  lambda: killed.append(cluster.kill_executor(0)), lambda: stream_alive(second))
         assert killed[0] is not None, "no executor of the first worker was running"
         caught_up()
         assert "stopped" in lakehouse("stream", "stop").stdout
-        assert stream_pid() is None and not pending_instants(root)
+        assert process_started(second) is None and not pending_instants(root)
         expected, lsns = fold_with_lsn(sent)
         assert_bronze_equals_model(spark, str(root), expected, lsns)
 
@@ -212,6 +201,17 @@ def test_the_shop_on_a_cluster_survives_its_driver_an_executor_and_a_worker(spar
             assert len(app["workers"]) == 2 and not any(k.startswith("unknown") for k in app["workers"]), app
         assert any("ExecutorLostFailure" in a["failed"] for a in ingests), ingests
     finally:
-        if (pid := stream_pid()) is not None:
+        if (pid := stream_pid()) is not None and process_started(pid) is not None:
             os.killpg(pid, signal.SIGKILL)
         cluster.start()  # the lost worker back, for whoever uses the cluster next
+
+
+def test_cluster_status_names_the_master_its_ui_and_the_workers(cluster: LocalCluster, tmp_path: Path) -> None:
+    from tests.lake import run_cli
+
+    shown = run_cli("cluster", "status", "--home", str(cluster.home))
+    assert shown.exit_code == 0, shown.output
+    assert f"master {cluster.url} (ALIVE), web UI {cluster.master.ui_url}" in shown.output
+    assert shown.output.count(" ALIVE: 1 core(s)") == 2, shown.output
+    missing = run_cli("cluster", "status", "--home", str(tmp_path / "none"))
+    assert missing.exit_code == 1 and "no Spark master runs from" in missing.output

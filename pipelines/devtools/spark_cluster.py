@@ -19,6 +19,7 @@ import os
 import signal
 import urllib.error
 import urllib.request
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self
@@ -158,9 +159,10 @@ class Worker(_Daemon):
         pid = self.pid()
         if pid is None:
             return []
-        children = Path(f"/proc/{pid}/task/{pid}/children")
+        # A child is listed under the thread that started it (an ExecutorRunner's), not the main one.
+        children = {c for t in Path(f"/proc/{pid}/task").glob("*/children") for c in _read(t).split()}
         found = []
-        for child in children.read_text().split() if children.exists() else []:
+        for child in sorted(children):
             try:
                 cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
             except OSError:
@@ -168,6 +170,13 @@ class Worker(_Daemon):
             if EXECUTOR_CLASS.encode() in cmdline:
                 found.append(int(child))
         return found
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:  # the thread ended meanwhile
+        return ""
 
 
 @dataclass
@@ -255,6 +264,56 @@ class LocalCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+# Task metrics of an event log's SparkListenerTaskEnd, milliseconds (the shuffle write's is in ns).
+_TASK_MS = {"run": "Executor Run Time", "deserialize": "Executor Deserialize Time",
+            "result_serialization": "Result Serialization Time", "gc": "JVM GC Time"}
+
+
+@dataclass
+class AppTasks:
+    """What an application's event log says of its tasks: where they ran and where their time went."""
+
+    app_id: str = ""
+    name: str = ""
+    succeeded: Counter = field(default_factory=Counter)  # executor id -> tasks that succeeded there
+    failed: list[str] = field(default_factory=list)  # the reason of each task that did not
+    seconds: Counter = field(default_factory=Counter)  # summed over tasks: run, deserialize, ..., shuffle
+    shuffle_bytes: int = 0  # read by tasks, local and remote
+
+    @classmethod
+    def read(cls, path: Path) -> AppTasks:
+        """Parse an event log (Spark's JSON lines, `spark.eventLog.dir`), complete or in progress."""
+        app = cls()
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                event = json.loads(line)
+            except ValueError:  # the last line of a log still being written
+                continue
+            kind = event.get("Event")
+            if kind == "SparkListenerApplicationStart":
+                app.app_id, app.name = event.get("App ID", ""), event.get("App Name", "")
+            elif kind == "SparkListenerTaskEnd":
+                reason = event["Task End Reason"]["Reason"]
+                if reason != "Success":
+                    app.failed.append(reason)
+                    continue
+                app.succeeded[event["Task Info"]["Executor ID"]] += 1
+                metrics = event.get("Task Metrics") or {}
+                for name, key in _TASK_MS.items():
+                    app.seconds[name] += metrics.get(key, 0) / 1000
+                read = metrics.get("Shuffle Read Metrics") or {}
+                app.seconds["shuffle_fetch_wait"] += read.get("Fetch Wait Time", 0) / 1000
+                app.seconds["shuffle_write"] += (metrics.get("Shuffle Write Metrics") or {}).get(
+                    "Shuffle Write Time", 0) / 1e9
+                app.shuffle_bytes += read.get("Remote Bytes Read", 0) + read.get("Local Bytes Read", 0)
+        return app
+
+    def summary(self) -> dict[str, Any]:
+        return {"tasks": sum(self.succeeded.values()), "failed_tasks": len(self.failed),
+                "task_seconds": {k: round(v, 1) for k, v in self.seconds.items()},
+                "shuffle_mb": round(self.shuffle_bytes / 2**20, 1)}
 
 
 _HOME = click.option("--home", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_DIR,

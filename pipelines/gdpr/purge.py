@@ -19,7 +19,7 @@ from pipelines.gdpr.find import Target, each_table, read_rows, source_of
 from pipelines.gdpr.scan import Subject, scan_lake
 from pipelines.hudi_client import WriteClient
 from pipelines.hudi_timeline import READABLE_FROM_META, earliest_retained, latest_completion, pending_writes
-from pipelines.ingest.state import DELETED_FLAG
+from pipelines.ingest.state import DELETED_FLAG, materialized
 from pipelines.settings import dead_letter_path, gold_path, silver_path
 from pipelines.table_stats import has_completed_commit
 from pipelines.transform import gold
@@ -65,7 +65,7 @@ def sweep(spark: SparkSession, root: str, target: Target, key: str,
             if predicate is None:
                 return None
             mine = df.filter(predicate)
-        mine = mine.localCheckpoint()
+        mine = materialized(mine)
         n = mine.count()
         if not n:
             return None
@@ -275,7 +275,7 @@ def _rewrite(spark: SparkSession, table: LakeTable, file_ids: list[str]) -> int:
     if not file_ids:
         return 0
     rows = read_rows(spark, table.path).filter(F.split("_hoodie_file_name", "_")[0].isin(file_ids))
-    rows = rows.drop(*[c for c in rows.columns if c.startswith("_hoodie_") and c != DELETED_FLAG]).localCheckpoint()
+    rows = materialized(rows.drop(*[c for c in rows.columns if c.startswith("_hoodie_") and c != DELETED_FLAG]))
     if rows.isEmpty():
         return 0
     rows.write.format("hudi").options(**{**table.options, "hoodie.datasource.write.operation": "upsert"}) \

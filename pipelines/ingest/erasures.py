@@ -16,6 +16,7 @@ from pipelines.erasure_registry import (
     without_erased,
 )
 from pipelines.hudi_timeline import latest_completion
+from pipelines.ingest.state import materialized
 from pipelines.table_stats import has_completed_commit
 
 
@@ -51,5 +52,5 @@ class ErasureRegistry:
         if version is None:
             return None
         if self._erased is None or self._erased.version != version:
-            self._erased = Erased(read_registry(self.spark, self.root).localCheckpoint(), erasure_key(), version)
+            self._erased = Erased(materialized(read_registry(self.spark, self.root)), erasure_key(), version)
         return self._erased

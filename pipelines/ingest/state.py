@@ -96,8 +96,8 @@ def read_deletes(spark: SparkSession, table: str, root: str, key: dict[str, str]
     """
     path = changelog_path(table, root)
     if has_completed_commit(path):
-        log_deletes = spark.read.format("hudi").options(**hudi_configs.section("bronze", "state_read")) \
-            .load(path).filter(F.col("_op") == "d").select(*key, "_lsn").localCheckpoint()
+        log_deletes = materialized(spark.read.format("hudi").options(**hudi_configs.section("bronze", "state_read"))
+                                   .load(path).filter(F.col("_op") == "d").select(*key, "_lsn"))
     else:
         log_deletes = _empty_state(spark, key)
     return log_deletes.unionByName(read_state(spark, ledger_path(table, root), key))
@@ -235,7 +235,7 @@ class KnownRows:
         # One partition per piece: a lookup scans every partition of every piece, and a batch's
         # rows arrive in as many partitions as its shuffles made (4 locally, 64 on EMR), most of
         # them tiny.
-        self._pieces.append((rows.coalesce(1).localCheckpoint(), n))
+        self._pieces.append((materialized(rows.coalesce(1)), n))
         while True:
             tier = self._tier(self._pieces[-1][1])
             run = 0
@@ -244,9 +244,9 @@ class KnownRows:
             if run < self.FAN_IN:
                 return
             merging = self._pieces[-run:]
-            merged = _compacted(union_all([frame for frame, _ in merging]), self.key).coalesce(1).localCheckpoint()
+            merged = materialized(_compacted(union_all([frame for frame, _ in merging]), self.key).coalesce(1))
             self._pieces[-run:] = [(merged, sum(size for _, size in merging))]
-            for frame, _ in merging:  # merged now (localCheckpoint is eager): their blocks go at once
+            for frame, _ in merging:  # merged now (the checkpoint is eager): their blocks go at once
                 release(frame)
 
     @classmethod
@@ -258,7 +258,7 @@ class KnownRows:
 
     def _rows(self) -> DataFrame:
         if self._pieces is None:
-            rows = self._load().localCheckpoint()
+            rows = materialized(self._load())
             self._pieces = [(rows, rows.count())]
             self._nothing = self._pieces[0][1] == 0
         return union_all([frame for frame, _ in self._pieces])
@@ -271,14 +271,28 @@ def materialized(frame: DataFrame) -> DataFrame:
     Dataset built on it has that plan analyzed again, Hudi's analyzer rules walking every node.
     A leaf costs nothing to analyze: a batch's freshness runs measured its batches about 0.7 s
     shorter (BENCHMARKS.md, "Leaf plans").
+
+    In one JVM (local mode) the leaf is a local checkpoint, blocks in the block manager. On a
+    cluster those blocks live in an executor, and when it is lost no later job can compute the
+    frame again: an executor SIGKILLed under a batch failed that batch and every later one
+    ("Checkpoint block rdd_628_0 not found", tests/test_cluster.py), the stream's known rows
+    being such frames. There the session has a checkpoint folder (pipelines/spark.py) and the
+    leaf is a reliable checkpoint: files that any executor reads.
     """
-    return frame.localCheckpoint()
+    if frame.sparkSession.sparkContext.getCheckpointDir() is None:
+        return frame.localCheckpoint()
+    return frame.checkpoint()
 
 
 def release(frame: DataFrame) -> None:
-    """Free a `materialized` frame's blocks now: unreferenced, they would wait for the JVM's
-    garbage collector (Spark's ContextCleaner, up to 30 minutes), a parsed batch each."""
-    frame._jdf.queryExecution().logical().rdd().unpersist(False)
+    """Free a `materialized` frame's blocks (or checkpoint files) now: unreferenced, they would wait for
+    the JVM's garbage collector (Spark's ContextCleaner, up to 30 minutes), a parsed batch each."""
+    rdd = frame._jdf.queryExecution().logical().rdd()
+    rdd.unpersist(False)
+    context = frame.sparkSession.sparkContext
+    if (folder := context.getCheckpointDir()) is not None:
+        path = context._jvm.org.apache.hadoop.fs.Path(f"{folder}/rdd-{rdd.id()}")
+        path.getFileSystem(context._jsc.hadoopConfiguration()).delete(path, True)
 
 
 def union_all(frames: list[DataFrame]) -> DataFrame:

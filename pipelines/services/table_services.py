@@ -39,7 +39,7 @@ import hudi_configs
 from pipelines.catalog import lake_tables
 from pipelines.hudi_client import WriteClient
 from pipelines.hudi_timeline import READABLE_FROM_META, checkpoint, consumed, repair_torn_timeline
-from pipelines.ingest.state import LEDGER_COLUMNS
+from pipelines.ingest.state import LEDGER_COLUMNS, materialized
 from pipelines.table_stats import has_completed_commit
 
 log = logging.getLogger(__name__)
@@ -114,11 +114,11 @@ class ServicesClient(WriteClient):
             return 0
         _, path, options = self.table.ledger
         values = [_day(d).strftime("%Y-%m-%d") for d in days]
-        deletes = (self.spark.read.format("hudi").load(self.table.path)
-                   .filter(F.col("_ingest_date").isin(values) & (F.col("_op") == "d"))
-                   .groupBy(*self.table.key)
-                   .agg(F.max_by(F.struct(*self.table.key, *LEDGER_COLUMNS), F.col("_lsn")).alias("d"))
-                   .select("d.*").localCheckpoint())
+        deletes = materialized(self.spark.read.format("hudi").load(self.table.path)
+                               .filter(F.col("_ingest_date").isin(values) & (F.col("_op") == "d"))
+                               .groupBy(*self.table.key)
+                               .agg(F.max_by(F.struct(*self.table.key, *LEDGER_COLUMNS), F.col("_lsn")).alias("d"))
+                               .select("d.*"))
         n = deletes.count()
         if n:
             deletes.write.format("hudi").options(**hudi_configs.services(options)).mode("append").save(path)

@@ -32,7 +32,7 @@ from pipelines.hudi_timeline import (
     partitions_written,
 )
 from pipelines.ingest.plan import newest_per_key
-from pipelines.ingest.state import LEDGER_COLUMNS, META_COLUMNS, union_all
+from pipelines.ingest.state import LEDGER_COLUMNS, META_COLUMNS, materialized, union_all
 from pipelines.settings import changelog_path, lake_root, ledger_path, main_path, table_path
 from pipelines.table_stats import has_completed_commit
 
@@ -229,7 +229,7 @@ def read_changes(spark: SparkSession, table: str, since: str | None = None, root
     if partition_field := PARTITIONED_FEEDS.get(table):
         return ChangeSet(partition_diff(spark, w, key, partition_field), w.until or "")
     # Which keys changed, from the CDC feed; their rows, by key.
-    ops = cdc_last_ops(spark, w, key).localCheckpoint()
+    ops = materialized(cdc_last_ops(spark, w, key))
     live = keyed_read(spark, w.path, ops.filter("op != 'd'").select(*key))
     live = live.drop(*[c for c in live.columns if c.startswith("_hoodie")]).withColumn("_change", F.lit("upsert"))
     gone = ops.filter("op = 'd'").select(*key, F.lit("delete").alias("_change"))

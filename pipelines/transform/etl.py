@@ -22,7 +22,7 @@ from pipelines.catalog import gold_missing, silver_options
 from pipelines.declaration import TableDecl, declared
 from pipelines.erasure_registry import erasure_key, read_registry, without_erased
 from pipelines.hudi_timeline import checkpoint, consumed, repair_torn_timeline, write_with_checkpoint
-from pipelines.ingest.state import DELETED_FLAG
+from pipelines.ingest.state import DELETED_FLAG, materialized
 from pipelines.settings import changelog_path, gold_path, lake_root, quarantine_path, silver_path
 from pipelines.spark import get_spark
 from pipelines.table_stats import has_completed_commit
@@ -97,7 +97,7 @@ def write_silver(spark: SparkSession, step: SilverStep | None, root: str) -> dic
     changes = step.changes
     # Read after the changes were planned and before they run: a change read before an erasure swept it.
     if step.table.subject and (registry := read_registry(spark, root)) is not None:
-        changes = without_erased(changes, table, registry.localCheckpoint(), erasure_key())
+        changes = without_erased(changes, table, materialized(registry), erasure_key())
     changes = changes.persist()
     cleaned = clean(changes.filter(~F.col("_deleted")), step.table, step.columns).persist()
     try:

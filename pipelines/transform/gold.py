@@ -30,7 +30,7 @@ from pyspark.sql import functions as F
 from pipelines import console
 from pipelines.catalog import gold_options
 from pipelines.hudi_timeline import checkpoint, consumed, write_with_checkpoint
-from pipelines.ingest.state import DELETED_FLAG
+from pipelines.ingest.state import DELETED_FLAG, materialized
 from pipelines.settings import gold_path
 from pipelines.table_stats import has_completed_commit
 from pipelines.transform.changes import Window, cdc_last_ops, cdc_window, keyed_read, window
@@ -217,19 +217,19 @@ def state_cycle(spark: SparkSession, root: str, silver_customers: str, silver_or
     orders = spark.createDataFrame([], _ORDERS_SCHEMA)
     if not ord_w.empty:
         images = cdc_window(spark, ord_w)
-        touched = images.select(F.explode(F.array(*[
+        touched = materialized(images.select(F.explode(F.array(*[
             F.struct(F.get_json_object(image, "$.customer_id").cast("long").alias("customer_id"),
                      F.get_json_object(image, "$.id").cast("long").alias("order_id"))
             for image in ("before", "after")])).alias("t")) \
             .select("t.*").filter(F.col("order_id").isNotNull()) \
-            .withColumn("customer_id", F.coalesce("customer_id", F.lit(NO_CUSTOMER))).distinct().localCheckpoint()
+            .withColumn("customer_id", F.coalesce("customer_id", F.lit(NO_CUSTOMER))).distinct())
         orders = keyed_read(spark, silver_orders, touched.select(F.col("order_id").alias("id")).distinct()) \
             .select(*[c.split()[0] for c in _ORDERS_SCHEMA.split(", ")])
     # Each input is read once: the write evaluates its input several times, and every
-    # evaluation would read silver's files again. Local checkpoints rather than cached plans:
+    # evaluation would read silver's files again. Checkpoints rather than cached plans:
     # Spark infers a filter from the keyed read's key list for every input of the join, and
     # pushed into a cached plan that filter grew deep enough to overflow the stack.
-    customers, orders = (df.localCheckpoint() for df in (customers, orders))
+    customers, orders = (materialized(df) for df in (customers, orders))
     keys = touched.select("customer_id").unionByName(customers.select("customer_id"))
     old = keyed_read(spark, out, keys).select("customer_id", "country", "orders")
     rows = advance_state(old, customers, orders, touched)
@@ -261,7 +261,7 @@ def ltv_cycle(spark: SparkSession, root: str) -> dict[str, int]:
         images = state_images(cdc_window(spark, w))
         after = images.select("customer_id", F.col("after.country").alias("country"),
                               F.coalesce(F.col("after.orders"), _no_orders()).alias("orders"))
-        rows = customer_ltv(after).localCheckpoint()  # read the feed once, not once per evaluation
+        rows = materialized(customer_ltv(after))  # read the feed once, not once per evaluation
     write_with_checkpoint(rows, out, gold_options(LTV), {state: w.until})
     return {"rebuilt": 1} if rebuild else {"customers": rows.count()}
 

@@ -35,8 +35,9 @@ def bench(sink: str) -> None:
 @click.option("--events", type=click.IntRange(min=1000), default=1_000_000, show_default=True,
               help="Backlog size in change events (60% snapshot, 20% updates, 5% deletes).")
 @click.option("--contender", "contenders", multiple=True,
-              type=click.Choice(["lakehouse", "lakehouse_before_tuning", "hudi_sink", "parquet"]),
-              help="Run only these; repeatable  [default: all four]")
+              type=click.Choice(["lakehouse", "lakehouse_before_tuning", "lakehouse_cluster", "hudi_sink",
+                                 "parquet"]),
+              help="Run only these; repeatable  [default: all five]")
 @click.option("--overrides", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="A LAKEHOUSE_HUDI_OVERRIDES file for the Hudi writers (tuning experiments).")
 @SEED
@@ -62,13 +63,22 @@ def ingest(events: int, contenders: tuple[str, ...], overrides: Path | None, see
 @click.option("--snapshot-rows", type=click.IntRange(min=4), default=2000, show_default=True,
               help="Live rows of the source's snapshot, ingested before the steady phase (a quarter customers): "
                    "how large the tables are that the steady batches change and compact.")
+@click.option("--on", "spark_on", multiple=True, type=click.Choice(["local", "cluster"]),
+              help="Where the stream's Spark runs: local[2], or a standalone cluster the benchmark starts (a master "
+                   "and two one-core workers); both, one after the other, compares them  [default: local]")
 @SEED
 def freshness(minutes: float, rate: float, trigger_seconds: float, warmup_minutes: float, snapshot_rows: int,
-              seed: int) -> None:
+              spark_on: tuple[str, ...], seed: int) -> None:
     """Delay from an event's source time to its visibility in bronze (p50/p95/p99), and lag over time."""
     from pipelines.devtools.bench import freshness as b
 
-    click.echo(b.report(b.run(minutes, rate, trigger_seconds, seed, warmup_minutes, snapshot_rows)))
+    runs = {}
+    for where in dict.fromkeys(spark_on or ("local",)):
+        runs[where] = b.run(minutes, rate, trigger_seconds, seed, warmup_minutes, snapshot_rows,
+                            on_cluster=where == "cluster")
+        click.echo(f"{where}:\n{b.report(runs[where])}")
+    if len(runs) == 2:
+        click.echo(b.compare(runs["local"], runs["cluster"]))
 
 
 @bench.command()
@@ -155,7 +165,7 @@ def run_all(ctx: click.Context, events: int, minutes: float) -> None:
     ctx.invoke(ingest, events=events, contenders=(), overrides=None, seed=7)
     ctx.invoke(scale, sizes=(), changes=10_000, seed=7)
     ctx.invoke(freshness, minutes=minutes, rate=FRESHNESS_RATE, trigger_seconds=settings.INGEST_TRIGGER_SECONDS,
-               warmup_minutes=FRESHNESS_WARMUP_MINUTES, seed=7)
+               warmup_minutes=FRESHNESS_WARMUP_MINUTES, spark_on=(), seed=7)
     ctx.invoke(etl, events=300_000, seed=7)
     ctx.invoke(erasure, sizes=(), changes=20_000, customers=10, seed=7)
     ctx.invoke(reads, events=200_000, batches=40, seed=7)

@@ -30,6 +30,8 @@ from pipelines.devtools.generator.source import ShopSource
 from pipelines.devtools.generator.values import Message, WorkloadConfig
 from pipelines.devtools.kafka_local import KafkaBroker, free_port
 from pipelines.devtools.pg_source import RealSource
+from pipelines.devtools.spark_cluster import AppTasks, LocalCluster
+from pipelines.spark_conf import MASTER_VARIABLE
 
 PARTITIONS = 3
 # The backlog's mix (BENCHMARKS.md, "How each figure is measured"): about 60% snapshot rows,
@@ -81,6 +83,27 @@ def save(name: str, figures: dict[str, Any]) -> Path:
     path.write_text(json.dumps(doc, indent=2, default=str) + "\n")
     click.echo(f"figures: {path}", err=True)
     return path
+
+
+@contextmanager
+def spark_cluster(work: Path) -> Iterator[dict[str, str]]:
+    """A standalone cluster of its own for one contender (master and two one-core workers, free ports):
+    the environment that puts a job on it, its event logs under `work/cluster-logs`."""
+    with LocalCluster(work / "cluster", port=0, ui_port=0) as running:
+        say(f"Spark cluster {running.url} (web UI {running.master.ui_url})")
+        yield {MASTER_VARIABLE: running.url, "LAKEHOUSE_LOG_DIR": str(work / "cluster-logs")}
+
+
+def cluster_tasks(env: dict[str, str]) -> dict[str, Any]:
+    """Where the tasks of the jobs run with `env` (from `spark_cluster`) spent their time, summed."""
+    total = AppTasks()
+    for events in (Path(env["LAKEHOUSE_LOG_DIR"]) / "spark-events").iterdir():
+        app = AppTasks.read(events)
+        total.succeeded += app.succeeded
+        total.failed += app.failed
+        total.seconds += app.seconds
+        total.shuffle_bytes += app.shuffle_bytes
+    return {**total.summary(), "tasks_per_executor": dict(total.succeeded)}
 
 
 def say(message: str) -> None:

@@ -40,7 +40,17 @@ from typing import Any
 import click
 import numpy as np
 
-from pipelines.devtools.bench.common import DELETE_FRACTION, bench_dir, broker, produce_snapshot, save, say, table
+from pipelines.devtools.bench.common import (
+    DELETE_FRACTION,
+    bench_dir,
+    broker,
+    cluster_tasks,
+    produce_snapshot,
+    save,
+    say,
+    spark_cluster,
+    table,
+)
 from pipelines.devtools.bench.plots import freshness_chart
 from pipelines.devtools.bench.visibility import WRITER_TZ, LagProbe, Offsets, Visibility, stream_done, visibility
 from pipelines.devtools.generator.kafka import produce
@@ -130,7 +140,7 @@ def _stop(ingest: subprocess.Popen) -> None:
 
 
 def run(minutes: float, rate: float, trigger_seconds: float, seed: int, warmup_minutes: float = 0.0,
-        snapshot_rows: int = SNAPSHOT_ROWS) -> dict[str, Any]:
+        snapshot_rows: int = SNAPSHOT_ROWS, on_cluster: bool = False) -> dict[str, Any]:
     """Steady production for `warmup_minutes` then `minutes` at `rate` records/s into a running ingest; the
     figures of the changes produced in the last `minutes`, and apart those of the warm-up, saved and plotted.
 
@@ -138,19 +148,25 @@ def run(minutes: float, rate: float, trigger_seconds: float, seed: int, warmup_m
     Hudi's code (the JIT's compile time fell from 35 s per 30 s to 16 by the fourth minute of a
     run at 2,000 records/s, and the batches from about 11 s to 8), where a production stream
     runs for days. Both windows are reported; the production never pauses between them.
+
+    `on_cluster`: the stream runs on a Spark standalone cluster of its own (bench/common.py,
+    spark_cluster) instead of local[2]; figures saved as `freshness_cluster`.
     """
-    out = bench_dir() / NAME
+    name = f"{NAME}_cluster" if on_cluster else NAME
+    out = bench_dir() / name
     root, log = out / "lake", out / "ingest.log"
     shutil.rmtree(root, ignore_errors=True)
     log.unlink(missing_ok=True)
     samples: list[tuple[float, dict[str, int]]] = []
-    with broker(NAME, sinks=("kafka",)) as node:
+    with broker(name, sinks=("kafka",)) as node:
         source = ShopSource(seed)
         say(f"snapshot: {snapshot_rows:,} rows")
         produce_snapshot(source, node.bootstrap, snapshot_rows, seed)
         env = {**os.environ, "LAKEHOUSE_ROOT": str(root), "KAFKA_BOOTSTRAP_SERVERS": node.bootstrap,
                "LAKEHOUSE_ERASURE_KEY_FILE": str(out / "erasure.key"), "TZ": WRITER_TZ}
         with ExitStack() as stack:
+            if on_cluster:
+                env |= stack.enter_context(spark_cluster(out))
             probe = LagProbe(node.bootstrap, str(root))
             stack.callback(probe.close)
             with log.open("ab") as sink:
@@ -228,9 +244,11 @@ def run(minutes: float, rate: float, trigger_seconds: float, seed: int, warmup_m
         "lag": [{"t": round(at - steady_t0, 2), **lag} for at, lag in samples],
         "ingest_log": str(log),
     }
-    figures["plot"] = str(freshness_chart(figures, [v.delay for v in changes], bench_dir() / f"{NAME}.png",
+    if on_cluster:
+        figures["cluster_tasks"] = cluster_tasks(env)
+    figures["plot"] = str(freshness_chart(figures, [v.delay for v in changes], bench_dir() / f"{name}.png",
                                           [v.delay for v in warm]))
-    save(NAME, figures)
+    save(name, figures)
     return figures
 
 
@@ -250,4 +268,18 @@ def report(figures: dict[str, Any]) -> str:
         where += (f"\nnot counted, the first {figures['warmup_minutes']:g} min (JVM warm-up): "
                   f"{figures['warmup_events']:,} changes, p50 {w['p50']}s, p95 {w['p95']}s, max {w['max']}s, "
                   f"{wb['count']} batches of {wb['seconds_mean']}s (mean)")
+    if tasks := figures.get("cluster_tasks"):
+        where += (f"\non the cluster: {tasks['tasks']} tasks ({tasks['failed_tasks']} failed), per executor "
+                  f"{tasks['tasks_per_executor']}; task seconds "
+                  + " ".join(f"{k}={v}" for k, v in tasks["task_seconds"].items())
+                  + f"; shuffle read {tasks['shuffle_mb']} MB")
     return table([row], list(row)) + where
+
+
+def compare(local: dict[str, Any], cluster: dict[str, Any]) -> str:
+    """Cluster against local[2], same session: the ratios of the delays and of the mean batch."""
+    pairs = {f"{p} s": (local["delay_seconds"][p], cluster["delay_seconds"][p]) for p in ("p50", "p95", "p99")}
+    pairs["batch s (mean)"] = (local["batches"]["seconds_mean"], cluster["batches"]["seconds_mean"])
+    rows = [{"figure": k, "local[2]": a, "cluster": b, "cluster / local": round(b / a, 2) if a else "-"}
+            for k, (a, b) in pairs.items()]
+    return table(rows, ["figure", "local[2]", "cluster", "cluster / local"])

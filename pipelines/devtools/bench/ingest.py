@@ -10,6 +10,9 @@
   is HoodieStreamer, but Maven Central as reachable here serves no hudi-utilities(-slim)-bundle
   for Hudi 1.0.x and the Spark bundle lacks it, so the sink in that bundle is the plain-Hudi
   reference.
+- `lakehouse_cluster`: the project's job again, on a Spark standalone cluster of its own (a master
+  and two one-core workers, pipelines/devtools/spark_cluster.py) instead of `local[2]`: the cost
+  of separate executor JVMs on the same two cores, with where the tasks' time went (event logs).
 - `parquet`: the same Spark read and parse appending plain Parquet: the upper bound of any
   table format on this machine (`pipelines.devtools.bench.parquet_sink`).
 
@@ -28,12 +31,23 @@ import pyarrow.dataset as ds
 
 import hudi_configs
 from pipelines import contract
-from pipelines.devtools.bench.common import Backlog, bench_dir, broker, lakehouse, produce_backlog, save, say, table
+from pipelines.devtools.bench.common import (
+    Backlog,
+    bench_dir,
+    broker,
+    cluster_tasks,
+    lakehouse,
+    produce_backlog,
+    save,
+    say,
+    spark_cluster,
+    table,
+)
 from pipelines.devtools.bench.plots import bar_chart
 from pipelines.ingest.batch import BatchReport
 from pipelines.table_stats import table_stats
 
-CONTENDERS = ("lakehouse", "lakehouse_before_tuning", "hudi_sink", "parquet")
+CONTENDERS = ("lakehouse", "lakehouse_before_tuning", "lakehouse_cluster", "hudi_sink", "parquet")
 
 
 def _live_rows(path: str) -> int:
@@ -65,6 +79,12 @@ def _lakehouse_before(work: Path, bootstrap: str, env: dict[str, str]) -> dict[s
                       "lakehouse_before_tuning")
 
 
+def _lakehouse_cluster(work: Path, bootstrap: str, env: dict[str, str]) -> dict[str, Any]:
+    with spark_cluster(work) as on_cluster:
+        result = _lakehouse(work, bootstrap, {**env, **on_cluster}, "lakehouse_cluster")
+        return {**result, "cluster_tasks": cluster_tasks(on_cluster)}
+
+
 def _reference(work: Path, command: str, name: str, bootstrap: str, env: dict[str, str]) -> tuple[Path, float]:
     """Run a reference writer (`lakehouse bench COMMAND`) in its own process, as the job runs: its root and
     wall time."""
@@ -86,8 +106,8 @@ def _hudi_sink(work: Path, bootstrap: str, env: dict[str, str]) -> dict[str, Any
     return {"seconds": seconds, "rows": {t: _live_rows(str(root / t)) for t in contract.TABLES}}
 
 
-RUNNERS = {"lakehouse": _lakehouse, "lakehouse_before_tuning": _lakehouse_before, "hudi_sink": _hudi_sink,
-           "parquet": _parquet}
+RUNNERS = {"lakehouse": _lakehouse, "lakehouse_before_tuning": _lakehouse_before,
+           "lakehouse_cluster": _lakehouse_cluster, "hudi_sink": _hudi_sink, "parquet": _parquet}
 
 
 def run(events: int, seed: int, contenders: tuple[str, ...] = CONTENDERS,
@@ -113,7 +133,7 @@ def run(events: int, seed: int, contenders: tuple[str, ...] = CONTENDERS,
             say(f"{name}: {result['seconds']:.1f}s, {result['records_per_second']:,} records/s")
     ratios = {}
     if "lakehouse" in results:
-        for other in ("lakehouse_before_tuning", "hudi_sink", "parquet"):
+        for other in ("lakehouse_before_tuning", "lakehouse_cluster", "hudi_sink", "parquet"):
             if other in results:
                 ratios[f"lakehouse_vs_{other}"] = round(
                     results["lakehouse"]["records_per_second"] / results[other]["records_per_second"], 2)
@@ -130,4 +150,18 @@ def report(figures: dict[str, Any]) -> str:
              "live rows match source": {True: "yes", False: "NO", None: "n/a"}[r.get("rows_match_source")]}
             for n, r in figures["contenders"].items()]
     ratios = ", ".join(f"{k} = {v}" for k, v in figures["ratios"].items())
-    return table(rows, ["writer", "seconds", "records/s", "live rows match source"]) + f"\n{ratios}"
+    return table(rows, ["writer", "seconds", "records/s", "live rows match source"]) + f"\n{ratios}" + \
+        _where_the_cluster_spends(figures["contenders"])
+
+
+def _where_the_cluster_spends(contenders: dict[str, Any]) -> str:
+    """The phases of a batch in local mode and on the cluster side by side, and the cluster's task time."""
+    if "lakehouse_cluster" not in contenders:
+        return ""
+    on, tasks = contenders["lakehouse_cluster"], contenders["lakehouse_cluster"]["cluster_tasks"]
+    local = contenders.get("lakehouse", {}).get("phases_s", {})
+    phases = " ".join(f"{k}={local.get(k, '-')}/{v}" for k, v in on["phases_s"].items())
+    spent = " ".join(f"{k}={v}" for k, v in tasks["task_seconds"].items())
+    return (f"\nphases, local[2]/cluster (s, summed over batches): {phases}"
+            f"\ncluster tasks: {tasks['tasks']} ({tasks['failed_tasks']} failed), per executor "
+            f"{tasks['tasks_per_executor']}; task seconds: {spent}; shuffle read {tasks['shuffle_mb']} MB")
