@@ -18,6 +18,7 @@ from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
 from pipelines import console
+from pipelines.code_archive import write_archive
 from pipelines.local_process import process_started
 from pipelines.spark_conf import cluster_master, event_log_dir, spark_conf
 
@@ -62,8 +63,6 @@ def ship_code(spark: SparkSession) -> Path:
     the pipeline runs Python on an executor today (every transformation is Spark SQL), so this is
     what keeps a Python function that one ships importable there, from the same code as the driver.
     """
-    from pipelines.deploy.package import write_archive
-
     folder = Path(tempfile.mkdtemp(prefix="lakehouse-code-"))
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
     archive = write_archive(folder / "lakehouse.zip")

@@ -3,8 +3,8 @@
 An EMR step runs `spark-submit --deploy-mode cluster --py-files <uri>/lakehouse.zip <uri>/cli.py`
 (pipelines/deploy/jobs.py). The cluster brings Spark and the Hudi bundle; the bundle brings the rest:
 
-- `lakehouse.zip`: the `pipelines` and `hudi_configs` packages, TOML files included (they are
-  read through importlib.resources, which reads them inside the zip), without the dev tools
+- `lakehouse.zip` (pipelines/code_archive.py): the `pipelines` and `hudi_configs` packages, TOML
+  files included (they are read through importlib.resources, which reads them inside the zip), without the dev tools
   (`pipelines/devtools`: the generator, the local services and the benchmarks; the CLI then
   offers the pipeline's commands only);
   and the declaration of tables in force where it is built (`LAKEHOUSE_TABLES`, or the shop's) as
@@ -23,15 +23,12 @@ Pure Python: no Spark is needed to build it.
 
 from __future__ import annotations
 
-import zipfile
 from importlib import metadata
 from pathlib import Path
 
-from pipelines.declaration import BUNDLED, SHOP, declared
+from pipelines.code_archive import write_archive
 from pipelines.settings import PROJECT_ROOT
 
-PACKAGES = ("pipelines", "hudi_configs")
-NOT_BUNDLED = ("pipelines/devtools/",)
 DISTRIBUTION = "lakehouse-cdc"
 # Provided by the cluster.
 NOT_SHIPPED = {"pyspark"}
@@ -61,25 +58,6 @@ def requirements() -> list[str]:
         if name.lower() not in NOT_SHIPPED:
             pins.append(f"{name}=={metadata.version(name)}")
     return sorted(pins, key=str.lower)
-
-
-def write_archive(archive: Path) -> Path:
-    """`lakehouse.zip`: the packages the jobs import, and the declaration in force as pipelines/tables.toml.
-
-    What `--py-files` ships to an EMR cluster, and what a job on a local standalone cluster ships
-    to its executors (pipelines/spark.py).
-    """
-    with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zf:
-        for package in PACKAGES:
-            for path in sorted((PROJECT_ROOT / package).rglob("*")):
-                name = path.relative_to(PROJECT_ROOT).as_posix()
-                if path.is_file() and path.suffix in (".py", ".toml", ".properties") \
-                        and not name.startswith(NOT_BUNDLED):
-                    zf.write(path, name)
-        decl = declared()  # checked whole before it ships
-        zf.writestr(f"pipelines/{BUNDLED}", Path(decl.path).read_text() if Path(decl.path).is_file()
-                    else (PROJECT_ROOT / "pipelines" / SHOP).read_text())
-    return archive
 
 
 def build(out: Path) -> list[Path]:
