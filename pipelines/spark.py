@@ -32,8 +32,14 @@ def get_spark(app_name: str = "lakehouse", conf: dict[str, str] | None = None) -
     if on_cluster:
         event_log_dir().mkdir(parents=True, exist_ok=True)  # Spark refuses to start without it
     builder = SparkSession.builder.appName(app_name)
-    for key, value in {**spark_conf(), **(conf or {})}.items():
+    options = {**spark_conf(), **(conf or {})}
+    for key, value in options.items():
         builder = builder.config(key, value)
+    if on_cluster:
+        # PySpark tells executors which interpreter to run from PYSPARK_PYTHON, not from
+        # spark.pyspark.python (spark-submit turns one into the other; a session started from Python
+        # does not): without it the executors ran the workers' `python3`, not the driver's.
+        os.environ["PYSPARK_PYTHON"] = options["spark.pyspark.python"]
     if SparkContext._active_spark_context is not None:  # the session exists: `conf` is set on it
         return builder.getOrCreate()
     if "PYSPARK_GATEWAY_PORT" in os.environ:

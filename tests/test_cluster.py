@@ -215,3 +215,25 @@ def test_cluster_status_names_the_master_its_ui_and_the_workers(cluster: LocalCl
     assert shown.output.count(" ALIVE: 1 core(s)") == 2, shown.output
     missing = run_cli("cluster", "status", "--home", str(tmp_path / "none"))
     assert missing.exit_code == 1 and "no Spark master runs from" in missing.output
+
+
+PROBE = """
+import json, sys
+from pipelines.spark import get_spark
+
+def where(_):
+    import pipelines.declaration
+    yield sys.executable, pipelines.declaration.__file__
+
+print(json.dumps(get_spark("lakehouse-probe").sparkContext.parallelize(range(4), 4).mapPartitions(where).collect()))
+"""
+
+
+def test_executors_import_the_shipped_code_with_the_drivers_python(cluster: LocalCluster, tmp_path: Path) -> None:
+    """The code reaches the executors' Python as EMR's does, the `lakehouse package` zip, not this checkout."""
+    env = {**os.environ, "LAKEHOUSE_SPARK_MASTER": cluster.url, "LAKEHOUSE_LOG_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.splitlines()[-1])
+    assert {python for python, _ in seen} == {sys.executable}
+    assert all(f"lakehouse.zip{os.sep}pipelines{os.sep}declaration.py" in path for _, path in seen), seen
