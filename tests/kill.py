@@ -125,6 +125,16 @@ def bronze_as_model(root: str) -> dict:
     return {t: {k: {c: v[c] for c in COLUMNS[t]} for k, v in bronze_hudi_rs(root, t).items()} for t in TABLES}
 
 
+def wait_caught_up(root: str, expected: dict, log_path: Path, seconds: float = 300) -> None:
+    """Poll until bronze, read with hudi-rs, holds the model's live rows `expected`; fail with the stream's log."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if torn_read(lambda: bronze_as_model(root) == expected):
+            return
+        time.sleep(2)
+    raise AssertionError("the stream did not catch up: " + log_path.read_text()[-3000:])
+
+
 @contextmanager
 def running_ingest(env: dict[str, str], log_path: Path, trigger_seconds: float = 2) -> Iterator[subprocess.Popen]:
     """`lakehouse ingest` running continuously, from its first commit to both bronze tables until SIGTERM.

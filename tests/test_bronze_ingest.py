@@ -21,7 +21,7 @@ from pipelines.contract import TABLES
 from pipelines.devtools.generator import Message, ShopSource, WorkloadConfig, ensure_topics, produce
 from pipelines.ingest.bronze import run_ingest
 from pipelines.settings import changelog_path, dead_letter_path, main_path
-from tests.kill import bronze_as_model, pending_instants, torn_read
+from tests.kill import pending_instants, wait_caught_up
 from tests.lake import LakeCopy, assert_bronze_equals_model, dead_letters
 from tests.model import fold_with_lsn, is_malformed
 
@@ -217,13 +217,7 @@ def test_supervised_stream_restarts_upgrades_and_stops_exactly_once(spark, broke
         return json.loads((tmp_path / "run" / "bronze-stream" / "stream.pid").read_text())["pid"]
 
     def caught_up(sent: list[Message]) -> None:
-        expected, _ = fold_with_lsn(sent)
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            if torn_read(lambda: bronze_as_model(str(root)) == expected):
-                return
-            time.sleep(2)
-        raise AssertionError("the stream did not catch up: " + log_path.read_text()[-3000:])
+        wait_caught_up(str(root), fold_with_lsn(sent)[0], log_path)
 
     def mid_batch(more: list[Message]) -> None:
         """Produce `more` and return once the stream has started a batch after it."""

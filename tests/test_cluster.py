@@ -29,7 +29,7 @@ from pipelines.devtools.generator import ShopSource, WorkloadConfig, ensure_topi
 from pipelines.devtools.spark_cluster import AppTasks, LocalCluster, Worker, fetch_json
 from pipelines.local_process import process_started
 from pipelines.spark_conf import event_log_dir
-from tests.kill import bronze_as_model, inflight, pending_instants, torn_read
+from tests.kill import inflight, pending_instants, wait_caught_up
 from tests.lake import assert_bronze_equals_model, assert_lake_equals_model
 from tests.model import fold_with_lsn
 from tests.test_bronze_ingest import STREAM_LIMITS
@@ -119,13 +119,7 @@ def test_the_shop_on_a_cluster_survives_its_driver_an_executor_and_a_worker(spar
         return stream_pid() == pid and process_started(pid) is not None
 
     def caught_up() -> None:
-        expected, _ = fold_with_lsn(sent)
-        deadline = time.monotonic() + 400
-        while time.monotonic() < deadline:
-            if torn_read(lambda: bronze_as_model(str(root)) == expected):
-                return
-            time.sleep(2)
-        raise AssertionError("the stream did not catch up: " + stream_log.read_text()[-3000:])
+        wait_caught_up(str(root), fold_with_lsn(sent)[0], stream_log, seconds=400)
 
     source = ShopSource(29)
     ensure_topics(broker.bootstrap)
