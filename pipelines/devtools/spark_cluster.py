@@ -26,7 +26,7 @@ from typing import Any, Self
 
 import click
 
-from pipelines.local_process import HOST, LocalProcess, StartFailed, free_port, port_open
+from pipelines.local_process import HOST, LocalProcess, StartFailed, command_line, free_port, port_open
 from pipelines.settings import PROJECT_ROOT, spark_home
 
 DEFAULT_DIR = PROJECT_ROOT / ".cluster"
@@ -96,7 +96,8 @@ class _Daemon(LocalProcess):
                 str(self.properties_path), *args]
 
     def prepare(self, log_start: int) -> None:
-        # Daemons log to stdout (our log file) at INFO; the properties only silence nothing of it.
+        # The file's path in the JVM's command line is what marks this cluster's daemon (`marker`); its
+        # one setting is Spark's default made explicit. The daemons log to stdout, our log file, at INFO.
         self.properties_path.write_text("spark.ui.showConsoleProgress=false\n")
 
 
@@ -161,15 +162,7 @@ class Worker(_Daemon):
             return []
         # A child is listed under the thread that started it (an ExecutorRunner's), not the main one.
         children = {c for t in Path(f"/proc/{pid}/task").glob("*/children") for c in _read(t).split()}
-        found = []
-        for child in sorted(children):
-            try:
-                cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
-            except OSError:
-                continue
-            if EXECUTOR_CLASS.encode() in cmdline:
-                found.append(int(child))
-        return found
+        return [int(c) for c in sorted(children) if EXECUTOR_CLASS in command_line(int(c))]
 
 
 def _read(path: Path) -> str:
