@@ -14,8 +14,9 @@ from pathlib import Path
 
 import click
 
-from pipelines import console, settings
+from pipelines import catalog_sync, console, settings
 from pipelines.catalog import change_feed_tables
+from pipelines.catalog_cli import catalog, sql
 from pipelines.declaration import DeclarationError, declared
 from pipelines.deploy.stream_local import stream
 from pipelines.gdpr.cli import gdpr
@@ -42,6 +43,8 @@ def main(ctx: click.Context, verbose: bool) -> None:
         raise click.ClickException(str(exc)) from exc
     console.setup(ctx.invoked_subcommand or "lakehouse", verbose)
     ctx.call_on_close(console.teardown)
+    # Last commits' catalog syncs (LAKEHOUSE_METASTORE_URI) before the process ends: a no-op without any.
+    ctx.call_on_close(catalog_sync.flush)
     logging.getLogger("kafka").setLevel(logging.WARNING)
     logging.getLogger("py4j").setLevel(logging.WARNING)
 
@@ -49,13 +52,17 @@ def main(ctx: click.Context, verbose: bool) -> None:
 main.add_command(stream)
 main.add_command(schema)
 main.add_command(gdpr)
+main.add_command(catalog)
+main.add_command(sql)
 # The dev tools (generator, local broker, source and store, benchmarks) where they are installed: the
 # EMR bundle leaves them out (pipelines.deploy.package), and its CLI has the pipeline's commands only.
 if importlib.util.find_spec("pipelines.devtools") is not None:
-    from pipelines.devtools import commands
+    from pipelines.devtools import catalog_commands, commands
 
     for command in commands():
         main.add_command(command)
+    for command in catalog_commands():
+        catalog.add_command(command)
 
 
 @main.command()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
 
-from pipelines import storage
+from pipelines import catalog_sync, storage
 from pipelines.settings import lake_relative
 
 log = logging.getLogger(__name__)
@@ -43,6 +43,12 @@ def latest_completion(spark: SparkSession, path: str) -> str | None:
     """Completion time of the newest completed commit: the inclusive end of an incremental read."""
     last = _completed(spark, path).lastInstant()
     return last.get().getCompletionTime() if last.isPresent() else None
+
+
+def latest_instant(spark: SparkSession, path: str) -> str | None:
+    """Instant (requested) time of the newest completed commit: what a catalog sync records as synced."""
+    last = _completed(spark, path).lastInstant()
+    return last.get().requestedTime() if last.isPresent() else None
 
 
 def retained_instants(spark: SparkSession, path: str) -> list[str]:
@@ -230,6 +236,7 @@ def write_with_checkpoint(df: DataFrame, path: str, options: dict[str, str], mar
     keyed = {lake_relative(source): mark for source, mark in marks.items()}
     df.write.format("hudi").options(**options).option(CHECKPOINT_META, json.dumps(keyed, sort_keys=True)) \
         .mode("append").save(path)
+    catalog_sync.committed(df.sparkSession, path, options)
 
 
 # Timeline file names of Hudi 1.x: `<requested>.<action>.requested`, `<requested>.<action>.inflight` (a copy-on-write

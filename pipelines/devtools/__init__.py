@@ -1,8 +1,9 @@
 """What development, tests and benchmarks need around the pipeline, and production does not.
 
-The shop workload's generator, the local Kafka broker, the real source (PostgreSQL + Debezium)
-the S3-compatible store and a Spark standalone cluster run on 127.0.0.1, and `lakehouse bench`. The EMR bundle ships
-without this package (pipelines.deploy.package): a cluster reads a real Kafka and a real S3.
+The shop workload's generator, the local Kafka broker, the real source (PostgreSQL + Debezium),
+the S3-compatible store, a Spark standalone cluster and a Hive Metastore run on 127.0.0.1, and
+`lakehouse bench`. The EMR bundle ships without this package (pipelines.deploy.package): a cluster
+reads a real Kafka and a real S3.
 """
 
 from __future__ import annotations
@@ -20,3 +21,10 @@ def commands() -> list[click.Command]:
     from pipelines.devtools.spark_cluster import cluster
 
     return [generate, source, kafka, s3, cluster, bench]
+
+
+def catalog_commands() -> list[click.Command]:
+    """`catalog up` and `catalog down`: the local Hive Metastore, beside the pipeline's `catalog status`, `sync`."""
+    from pipelines.devtools.metastore import down, up
+
+    return [up, down]

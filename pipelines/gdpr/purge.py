@@ -13,6 +13,7 @@ from typing import ClassVar
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from pipelines import catalog_sync
 from pipelines.catalog import LakeTable, gold_declared, lake_tables
 from pipelines.erasure_registry import dead_letters_of_erased, key_in
 from pipelines.gdpr.find import Target, each_table, read_rows, source_of
@@ -44,6 +45,7 @@ def _delete_rows(spark: SparkSession, table: LakeTable, rows: DataFrame) -> None
         operation = "delete"
     options = {**table.options, "hoodie.datasource.write.operation": operation}
     data.write.format("hudi").options(**options).mode("append").save(table.path)
+    catalog_sync.committed(spark, table.path, table.options)
 
 
 def sweep(spark: SparkSession, root: str, target: Target, key: str,
@@ -280,6 +282,7 @@ def _rewrite(spark: SparkSession, table: LakeTable, file_ids: list[str]) -> int:
         return 0
     rows.write.format("hudi").options(**{**table.options, "hoodie.datasource.write.operation": "upsert"}) \
         .mode("append").save(table.path)
+    catalog_sync.committed(spark, table.path, table.options)
     return len(file_ids)
 
 

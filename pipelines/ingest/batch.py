@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pyspark import SparkContext
 from pyspark.sql import DataFrame
 
+from pipelines import catalog_sync
+
 _BATCH_LINE = re.compile(r"batch (\d+): (\d+) records in ([\d.]+)s")
 
 
@@ -98,3 +100,4 @@ def append(rows: DataFrame, path: str, options: dict[str, str], n: int | None = 
     if n is not None:
         rows = in_files(rows, n, options)
     rows.write.format("hudi").options(**options).mode("append").save(path)
+    catalog_sync.committed(rows.sparkSession, path, options)

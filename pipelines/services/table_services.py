@@ -36,6 +36,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 import hudi_configs
+from pipelines import catalog_sync
 from pipelines.catalog import lake_tables
 from pipelines.hudi_client import WriteClient
 from pipelines.hudi_timeline import READABLE_FROM_META, checkpoint, consumed, repair_torn_timeline
@@ -122,6 +123,7 @@ class ServicesClient(WriteClient):
         n = deletes.count()
         if n:
             deletes.write.format("hudi").options(**hudi_configs.services(options)).mode("append").save(path)
+            catalog_sync.committed(self.spark, path, options)
         return n
 
     def _delete_partitions(self, days: list[str], readable_from: str) -> None:
@@ -164,6 +166,8 @@ def run_services(spark: SparkSession, root: str, tables: Sequence[str] | None = 
                 started = time.monotonic()
                 done[service] = getattr(client, service)()
                 log.info("%s %s: %s (%.1fs)", name, service, done[service], time.monotonic() - started)
+        # A compaction or a clustering is a commit of the timeline, an expiry drops partitions.
+        catalog_sync.committed(spark, table.path, table.options)
         report[name] = done
     return report
 

@@ -1,0 +1,117 @@
+"""`lakehouse catalog status|sync` and `lakehouse sql`: the lake's tables by name (pipelines/query.py).
+
+`catalog up|down` (a local Hive Metastore) are the dev tools' (pipelines/devtools/metastore.py).
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlparse
+
+import click
+
+from pipelines import catalog_sync, console, settings
+from pipelines.local_process import port_open
+
+
+def _require_catalog() -> str:
+    """The catalog's kind, or a ClickException saying how to get one; for HMS, one that answers."""
+    try:
+        kind = catalog_sync.catalog_kind()
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if kind is None:
+        raise click.ClickException(f"no catalog: set {catalog_sync.METASTORE_VARIABLE} to a Hive Metastore "
+                                   "(`make catalog-up` starts one and prints it), or run on the EMR target (Glue)")
+    if kind == "hms":
+        uri = urlparse(catalog_sync.metastore_uri() or "")
+        if not port_open(uri.port or 9083, uri.hostname or "127.0.0.1"):
+            raise click.ClickException(f"the Hive Metastore at {uri.geturl()} ({catalog_sync.METASTORE_VARIABLE}) "
+                                       "does not answer; `make catalog-up` starts the local one")
+    return kind
+
+
+def _catalog_spark(app: str):  # -> SparkSession
+    from pipelines.spark import get_spark
+
+    return get_spark(app, catalog_sync.catalog_session_conf())
+
+
+@click.group("catalog")
+def catalog() -> None:
+    """The catalog the lake's tables are registered in by name (LAKEHOUSE_METASTORE_URI; Glue on EMR)."""
+
+
+@catalog.command()
+def status() -> None:
+    """Each lake table's newest commit against what the catalog last synced of it; exit 1 if any is behind
+    or not registered (the writers sync after each commit and retry while the metastore is down)."""
+    from pipelines.query import sync_states
+
+    kind = _require_catalog()
+    where = catalog_sync.metastore_uri() if kind == "hms" else "the Glue Data Catalog"
+    states = [s for s in sync_states(_catalog_spark("lakehouse-catalog"), settings.lake_root())
+              if s.newest is not None]
+    width = max((len(s.name) for s in states), default=10)
+    click.echo(f"catalog: {where}")
+    for s in states:
+        click.echo(f"{s.name:<{width}}  {s.state:<14}  newest commit {s.newest}  synced {s.synced or '-'}")
+    lagging = [s.name for s in states if s.state != "in step"]
+    if lagging:
+        click.echo(f"catalog is behind on {len(lagging)} of {len(states)} tables: {', '.join(lagging)}")
+        raise SystemExit(1)
+    click.echo(f"catalog in step: {len(states)} tables")
+
+
+@catalog.command()
+def sync() -> None:
+    """Register every lake table in the catalog now, or bring it up to date (a lake written before the
+    catalog existed, a table behind); prints each table and how long its sync took."""
+    import time
+
+    from pipelines.catalog import lake_tables
+    from pipelines.table_stats import has_completed_commit
+
+    _require_catalog()
+    spark = _catalog_spark("lakehouse-catalog")
+    for table in lake_tables(settings.lake_root()):
+        if not has_completed_commit(table.path):
+            continue
+        started = time.monotonic()
+        try:
+            catalog_sync.sync_now(spark, table.path, table.options)
+        except Exception as exc:
+            raise click.ClickException(f"sync of {table.name} failed: {console.first_line(exc)}{console.see_log()}") \
+                from exc
+        click.echo(f"{catalog_sync.catalog_name(table.name)}: synced in {time.monotonic() - started:.1f} s")
+
+
+@click.command()
+@click.argument("statement")
+@click.option("--as-of", default=None, metavar="WHEN",
+              help="Read every table of STATEMENT as it was then (Hudi time travel): an instant "
+                   "(20261128183000123) or a time of the timeline's clock (2026-11-28 18:30:00[.123], or a date).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per row instead of a table.")
+@click.option("--limit", type=click.IntRange(min=1), default=1000, show_default=True,
+              help="At most this many rows printed.")
+def sql(statement: str, as_of: str | None, as_json: bool, limit: int) -> None:
+    """Run Spark SQL on the lake's tables by name: bronze.<table> (and _rt, _ro), silver.<table>, gold.<table>.
+
+    Example: lakehouse sql "SELECT country, ltv FROM gold.customer_ltv ORDER BY ltv DESC LIMIT 5"
+    """
+    from pipelines.query import QueryError, run_sql
+
+    _require_catalog()
+    spark = _catalog_spark("lakehouse-sql")
+    try:
+        rows = run_sql(spark, statement, as_of).limit(limit)
+        if as_json:
+            for line in rows.toJSON().toLocalIterator():
+                click.echo(line)
+            return
+        frame = rows.toPandas()
+    except QueryError as exc:
+        raise click.ClickException(str(exc)) from exc
+    except Exception as exc:  # Spark's analysis and runtime errors: their first line names the problem
+        raise click.ClickException(f"sql failed: {console.first_line(exc)}{console.see_log()}") from exc
+    click.echo(frame.to_string(index=False) if len(frame) else "(no rows)")
+    click.echo(f"({len(frame)} row{'s' if len(frame) != 1 else ''}{', as of ' + as_of if as_of else ''})", err=True)

@@ -1,0 +1,240 @@
+"""Every lake table registered by name in a catalog, kept in step with its commits.
+
+Analysts and incremental consumers find tables by name (`silver.orders`), not by path. With
+`LAKEHOUSE_METASTORE_URI` set (a Hive Metastore's thrift URI; `make catalog-up` runs one) every
+writer hands each table it committed to a syncer that runs Hudi's own meta sync tool on it
+(HiveSyncTool in HMS mode; AwsGlueCatalogSyncTool into the Glue Data Catalog on the EMR target):
+it creates the databases and tables, follows the schema (added columns, widened types) and adds the
+new partitions. Options: hudi_configs/catalog.toml.
+
+The sync runs beside the writer, on a thread of its own, not in the write (why: catalog.toml), for
+two reasons. A catalog must never stop the lake: when the metastore is down the commits go on, the
+tables stay pending and are synced again every RETRY_SECONDS and at their next commit, and
+`lakehouse catalog status` says which are behind. And a stream batch does not wait for the
+catalog: a sync takes 0.3 to 1 s a table, on the batch's critical path it would add seconds to
+freshness. A sync is incremental (Hudi reads the timeline since the table's `last_commit_time_sync`),
+so a table committed twice while its sync waited needs one sync. A process killed with syncs
+pending leaves those tables behind until their next commit or `lakehouse catalog sync`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+from urllib.parse import urlparse
+
+import hudi_configs
+from pipelines import console
+from pipelines.local_process import port_open
+from pipelines.settings import lake_relative
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
+
+METASTORE_VARIABLE = "LAKEHOUSE_METASTORE_URI"
+LAYERS = ("bronze", "silver", "gold")
+# How long a failed sync waits before it is tried again (a commit of the table does not hurry it).
+RETRY_SECONDS = 30.0
+# How long a batch job waits at its end for the syncs of its commits.
+FLUSH_SECONDS = 120.0
+BASE_FILE_FORMAT = "PARQUET"
+
+
+def metastore_uri() -> str | None:
+    """`LAKEHOUSE_METASTORE_URI`: the Hive Metastore the tables are registered in (thrift://host:port)."""
+    uri = os.environ.get(METASTORE_VARIABLE) or None
+    if uri is not None and not uri.startswith("thrift://"):
+        raise ValueError(f"{METASTORE_VARIABLE}={uri!r}: expected a Hive Metastore's thrift://host:port")
+    return uri
+
+
+def catalog_kind() -> str | None:
+    """Where the tables are registered: `glue` on the EMR target, `hms` with a metastore URI, else None."""
+    if hudi_configs.target() == "emr":
+        return "glue"
+    return "hms" if metastore_uri() else None
+
+
+def catalog_name(lake_name: str) -> str:
+    """`database.table` of a lake table (`bronze/_changelog/orders` -> `bronze._changelog_orders`)."""
+    layer, rest = lake_name.split("/", 1)
+    return f"{layer}.{rest.replace('/', '_')}"
+
+
+def sync_properties(path: str, options: dict[str, str], kind: str | None = None) -> dict[str, str]:
+    """What Hudi's sync tool is given for the table at `path`: its writer's options, catalog.toml's, its names."""
+    kind = kind or catalog_kind() or "hms"
+    database, table = catalog_name(lake_relative(path)).split(".", 1)
+    props = {**options, **hudi_configs.section("catalog", "common"), **hudi_configs.section("catalog", kind),
+             "hoodie.datasource.hive_sync.database": database, "hoodie.datasource.hive_sync.table": table,
+             "hoodie.datasource.meta.sync.base.path": path,
+             "hoodie.datasource.hive_sync.base_file_format": BASE_FILE_FORMAT}
+    if kind == "hms":
+        props["hoodie.datasource.hive_sync.metastore.uris"] = metastore_uri() or ""
+    return props
+
+
+def in_lake(path: str) -> bool:
+    """Whether `path` is a table of the lake's layers (the erasure registry and other stores are not synced)."""
+    return lake_relative(path) != path and lake_relative(path).split("/", 1)[0] in LAYERS
+
+
+class CatalogDown(RuntimeError):
+    """The catalog cannot be reached: the sync is left for later, the lake goes on."""
+
+
+def sync_now(spark: SparkSession, path: str, options: dict[str, str]) -> None:
+    """Run the catalog's Hudi sync tool on one table now; CatalogDown when the metastore does not answer."""
+    kind = catalog_kind()
+    if kind is None:
+        raise ValueError(f"no catalog to sync to: set {METASTORE_VARIABLE} (or LAKEHOUSE_TARGET=emr for Glue)")
+    props = sync_properties(path, options, kind)
+    if kind == "hms":
+        uri = urlparse(props["hoodie.datasource.hive_sync.metastore.uris"].split(",")[0])
+        # Hive's client retries a refused connection for seconds before it fails: look first.
+        if not port_open(uri.port or 9083, uri.hostname or "127.0.0.1"):
+            raise CatalogDown(f"the Hive Metastore at {uri.geturl()} ({METASTORE_VARIABLE}) does not answer")
+    jvm = spark.sparkContext._jvm
+    typed = jvm.org.apache.hudi.common.config.TypedProperties()
+    for key, value in props.items():
+        typed.setProperty(key, value)
+    conf = spark.sparkContext._jsc.hadoopConfiguration()
+    fs = jvm.org.apache.hadoop.fs.Path(path).getFileSystem(conf)
+    jvm.org.apache.hudi.sync.common.util.SyncUtilHelpers.runHoodieMetaSync(
+        props["hoodie.meta.sync.client.tool.class"], typed, conf, fs, path, BASE_FILE_FORMAT)
+
+
+@dataclass
+class _Pending:
+    options: dict[str, str]
+    failures: int = 0
+
+
+class Syncer:
+    """The process's syncer: a daemon thread that syncs the tables handed to it, latest options first.
+
+    Nothing of it is needed to recover from a crash: the catalog is derived from the tables, and a
+    table synced late is synced in full (schema and every partition since its last sync).
+    """
+
+    def __init__(self, spark: SparkSession) -> None:
+        self.spark = spark
+        self._pending: dict[str, _Pending] = {}
+        self._busy = False
+        self._retry_at = 0.0
+        self._failures = 0
+        self._down_since: float | None = None
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="catalog-sync", daemon=True)
+        self._thread.start()
+
+    def request(self, path: str, options: dict[str, str]) -> None:
+        with self._cond:
+            failures = self._pending[path].failures if path in self._pending else 0
+            self._pending[path] = _Pending(options, failures)
+            self._cond.notify_all()
+
+    def behind(self) -> list[str]:
+        """Catalog names of the tables committed and not yet synced."""
+        with self._cond:
+            return sorted(catalog_name(lake_relative(p)) for p in self._pending)
+
+    def flush(self, timeout: float) -> list[str]:
+        """Sync what is pending now, without waiting for its retry, and wait until it is done, or failed
+        again, or `timeout`; the tables still behind."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            failures, self._retry_at = self._failures, 0.0
+            self._cond.notify_all()
+            while (self._pending or self._busy) and self._failures == failures:
+                if not self._cond.wait(max(0.0, deadline - time.monotonic())) and time.monotonic() >= deadline:
+                    break
+        return self.behind()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending or time.monotonic() < self._retry_at:
+                    self._cond.wait(None if not self._pending else self._retry_at - time.monotonic())
+                path, pending = next(iter(self._pending.items()))
+                del self._pending[path]
+                self._busy = True
+            try:
+                started = time.monotonic()
+                sync_now(self.spark, path, pending.options)
+            except Exception as exc:  # CatalogDown, or the tool's own failure: the table stays pending
+                self._failed(path, pending, exc)
+            else:
+                log.debug("catalog: synced %s in %.2f s", catalog_name(lake_relative(path)), time.monotonic() - started)
+                self._synced()
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
+
+    def _failed(self, path: str, pending: _Pending, exc: Exception) -> None:
+        with self._cond:
+            self._pending.setdefault(path, _Pending(pending.options, pending.failures))
+            self._pending[path].failures += 1
+            self._failures += 1
+            self._retry_at = time.monotonic() + RETRY_SECONDS
+            first = self._down_since is None
+            self._down_since = self._down_since or time.time()
+            waiting = sorted(catalog_name(lake_relative(p)) for p in self._pending)
+        if first:  # once per outage: every table committed meanwhile joins the list
+            log.warning("catalog: could not sync %s (%s); the lake's commits go on, the catalog is behind on %s, "
+                        "retried every %.0f s and at their next commit", catalog_name(lake_relative(path)),
+                        console.first_line(exc), ", ".join(waiting), RETRY_SECONDS)
+
+    def _synced(self) -> None:
+        with self._cond:
+            if self._down_since is None:
+                return
+            outage, self._down_since = time.time() - self._down_since, None
+        log.warning("catalog: syncing again after %.0f s", outage)
+
+
+_SYNCER: Syncer | None = None
+_LOCK = threading.Lock()
+
+
+def committed(spark: SparkSession, path: str, options: dict[str, str]) -> None:
+    """Register (or bring up to date) the table at `path` in the catalog, in the background; a no-op
+    without a catalog or for a path outside the lake's layers."""
+    global _SYNCER
+    if catalog_kind() is None or not in_lake(path):
+        return
+    with _LOCK:
+        # One per process: the jobs' sessions (`newSession()`s among them) share one context and JVM.
+        if _SYNCER is None or _SYNCER.spark.sparkContext is not spark.sparkContext:
+            _SYNCER = Syncer(spark)
+    _SYNCER.request(path, options)
+
+
+def flush(timeout: float = FLUSH_SECONDS) -> list[str]:
+    """Wait for this process's pending syncs (a batch job, before it exits); the tables still behind, logged."""
+    if _SYNCER is None:
+        return []
+    behind = _SYNCER.flush(timeout)
+    if behind:
+        log.warning("catalog: behind on %s (the metastore did not answer); the next commit of each, or "
+                    "`lakehouse catalog sync`, brings them up to date", ", ".join(behind))
+    return behind
+
+
+def catalog_session_conf() -> dict[str, str]:
+    """Session options that read the lake's tables by name from the catalog (hudi_configs/spark.toml)."""
+    kind = catalog_kind()
+    if kind is None:
+        raise ValueError(f"no catalog: set {METASTORE_VARIABLE} (`make catalog-up` prints it) "
+                         "or run on the EMR target (Glue)")
+    conf = hudi_configs.section("spark", f"catalog_{kind}")
+    if kind == "hms":
+        conf["spark.hadoop.hive.metastore.uris"] = metastore_uri() or ""
+    return conf

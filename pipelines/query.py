@@ -1,0 +1,174 @@
+"""The lake's tables by name: Spark SQL on the catalog, time travel, and whether the catalog is in step.
+
+The catalog is the one the writers sync to (pipelines/catalog_sync.py): the Hive Metastore of
+`LAKEHOUSE_METASTORE_URI`, or Glue on EMR. Reading `silver.orders` there is a Hudi read of the
+table's path (its provider and schema are in the catalog's entry), so a read by name sees every
+commit, synced or not; the catalog only has to know the table, its columns and its partitions.
+
+Time travel (`--as-of`) is Spark's `TIMESTAMP AS OF`, which Hudi answers from the timeline for each
+table of a statement. What Hudi does not say is that the instant is too old: for a time before a
+table's oldest retained commit (the cleaner deleted the files of older versions; older commits
+may be archived) it returns no rows, or rows of files that survived, without an error. So each
+table's retained commits are looked up first, and such a read is refused naming them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import sqlglot
+from sqlglot import exp
+
+from pipelines.catalog import lake_catalog
+from pipelines.catalog_sync import catalog_name
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+DIALECT = "spark"
+# Hudi's instant format: yyyyMMddHHmmssSSS (the timeline's own zone, UTC on this project's machines).
+_INSTANT = re.compile(r"^\d{17}$")
+_TIME = re.compile(r"^(\d{4})-(\d{2})-(\d{2})(?:[ T](\d{2}):(\d{2})(?::(\d{2})(?:\.(\d{1,3}))?)?)?$")
+
+
+class QueryError(ValueError):
+    """A statement the catalog cannot answer as asked: an unknown table, a time it no longer holds."""
+
+
+def as_of_instant(value: str) -> str:
+    """`--as-of` as a Hudi instant: `20261128183000123` as it is, `2026-11-28 18:30[:00[.123]]` or a date
+    made into one the way Hudi's `TIMESTAMP AS OF` reads them (the timeline's wall clock, no zone)."""
+    value = value.strip()
+    if _INSTANT.match(value):
+        return value
+    if m := _TIME.match(value):
+        year, month, day, hour, minute, second, millis = m.groups()
+        return f"{year}{month}{day}{hour or '00'}{minute or '00'}{second or '00'}{(millis or '').ljust(3, '0')}"
+    raise QueryError(f"--as-of {value!r}: expected an instant (20261128183000123) or a time "
+                     "(2026-11-28 18:30:00[.123], or a date)")
+
+
+def referenced_tables(sql: str) -> list[str]:
+    """The tables a statement reads, as written (`silver.orders`), without its CTEs' names."""
+    try:
+        tree = sqlglot.parse_one(sql, dialect=DIALECT)
+    except sqlglot.errors.ParseError as exc:
+        raise QueryError(f"cannot parse the statement: {str(exc).splitlines()[0]}") from exc
+    ctes = {c.alias_or_name.lower() for c in tree.find_all(exp.CTE)}
+    found = []
+    for table in tree.find_all(exp.Table):
+        if not table.name or (not table.db and table.name.lower() in ctes):
+            continue
+        name = f"{table.db}.{table.name}".lower() if table.db else table.name.lower()
+        if name not in found:
+            found.append(name)
+    return found
+
+
+def with_as_of(sql: str, instant: str) -> str:
+    """The statement with `TIMESTAMP AS OF '<instant>'` on every table it reads (not on its CTEs)."""
+    tree = sqlglot.parse_one(sql, dialect=DIALECT)
+    ctes = {c.alias_or_name.lower() for c in tree.find_all(exp.CTE)}
+    for table in tree.find_all(exp.Table):
+        if table.name and (table.db or table.name.lower() not in ctes):
+            table.set("version", exp.Version(this="TIMESTAMP", kind="AS OF", expression=exp.Literal.string(instant)))
+    return tree.sql(dialect=DIALECT)
+
+
+def _catalog_tables(spark: SparkSession, database: str) -> list[str]:
+    if not spark.catalog.databaseExists(database):
+        return []
+    return sorted(t.name for t in spark.catalog.listTables(database))
+
+
+def locations(spark: SparkSession, names: list[str]) -> dict[str, str]:
+    """Each named table's path, from the catalog; QueryError naming an unknown one and what its database has."""
+    found = {}
+    for name in names:
+        if not spark.catalog.tableExists(name):
+            database = name.split(".", 1)[0] if "." in name else "default"
+            have = _catalog_tables(spark, database)
+            known = f"{database} has: {', '.join(have)}" if have else \
+                f"no database {database!r} holds lake tables; the lake's are bronze, silver, gold"
+            raise QueryError(f"no table {name} in the catalog ({known}). A table is registered at its "
+                             "first commit with LAKEHOUSE_METASTORE_URI set; `lakehouse catalog sync` "
+                             "registers a lake written before")
+        rows = spark.sql(f"DESCRIBE TABLE EXTENDED {name}").collect()
+        found[name] = next(r.data_type for r in rows if r.col_name == "Location")
+    return found
+
+
+def check_retained(spark: SparkSession, tables: dict[str, str], instant: str) -> None:
+    """QueryError when a table holds no version as of `instant`: before its oldest retained commit."""
+    from pipelines.hudi_timeline import retained_instants
+
+    for name, path in tables.items():
+        retained = retained_instants(spark, path)
+        if not retained:
+            raise QueryError(f"{name} has no completed commit to read as of {instant}")
+        if instant < retained[0]:
+            raise QueryError(f"{name} holds no version as of {instant}: its oldest retained commit is "
+                             f"{retained[0]} (retained: {len(retained)} commits, {retained[0]} to {retained[-1]}; "
+                             "older versions were cleaned or archived)")
+
+
+def run_sql(spark: SparkSession, sql: str, as_of: str | None = None) -> DataFrame:
+    """Run a statement on the catalog's tables, every table as of `as_of` when given (see `as_of_instant`)."""
+    tables = locations(spark, referenced_tables(sql))
+    if as_of is None:
+        return spark.sql(sql)
+    instant = as_of_instant(as_of)
+    check_retained(spark, tables, instant)
+    return spark.sql(with_as_of(sql, instant))
+
+
+def lake_name(name: str) -> str:
+    """The lake table (`silver/orders`) a catalog name (`silver.orders`; a merge-on-read table's `_rt`/`_ro`
+    too) stands for; a lake name as it is. KeyError naming the catalog's names."""
+    if "/" in name:
+        return name
+    wanted = name.lower()
+    for table in lake_catalog():
+        base = catalog_name(table.name)
+        if wanted in (base, f"{base}_rt", f"{base}_ro"):
+            return table.name
+    raise KeyError(f"no lake table is registered as {name!r}; the catalog's names: "
+                   f"{', '.join(catalog_name(t.name) for t in lake_catalog())}")
+
+
+@dataclass(frozen=True)
+class SyncState:
+    """One lake table against its catalog entry."""
+
+    table: str  # lake name: bronze/orders
+    name: str  # catalog name: bronze.orders
+    newest: str | None  # the timeline's newest completed commit (None: no table yet)
+    synced: str | None  # the catalog's `last_commit_time_sync` (None: not registered)
+
+    @property
+    def state(self) -> str:
+        if self.newest is None:
+            return "no table yet"
+        if self.synced is None:
+            return "not registered"
+        return "in step" if self.synced >= self.newest else "behind"
+
+
+def sync_states(spark: SparkSession, root: str) -> list[SyncState]:
+    """Every lake table's newest commit against what the catalog last synced of it."""
+    from pipelines.hudi_timeline import latest_instant
+    from pipelines.table_stats import has_completed_commit
+
+    states = []
+    for table in lake_catalog():
+        path = table.path(root)
+        newest = latest_instant(spark, path) if has_completed_commit(path) else None
+        name = catalog_name(table.name)
+        synced = None
+        if newest is not None and spark.catalog.tableExists(name):
+            props = {r.key: r.value for r in spark.sql(f"SHOW TBLPROPERTIES {name}").collect()}
+            synced = props.get("last_commit_time_sync")
+        states.append(SyncState(table.name, name, newest, synced))
+    return states
