@@ -15,7 +15,7 @@ MVN    := mvn -q -B -f jvm/pom.xml
 DEMO   := .demo
 
 .PHONY: help dev setup postgres browser demo test test-fast test-unit bench lint package airflow
-.PHONY: kafka-up kafka-down s3-up s3-down source-up source-down cluster-up cluster-down clean
+.PHONY: kafka-up kafka-down s3-up s3-down source-up source-down cluster-up cluster-down catalog-up catalog-down clean
 
 help:  ## List the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -82,13 +82,14 @@ browser:  ## Install Debian's chromium and chromium-driver if missing (the Airfl
 DEMO_PORT ?= 19092
 DEMO_PG_PORT ?= 15433
 DEMO_CONNECT_PORT ?= 18083
+DEMO_METASTORE_PORT ?= 19083
 DEMO_ROUNDS := "--seed 42 --customers 2000 --orders 6000 --changes 20000" "--changes 5000"
 DEMO_SHOWN  := gold/customer_ltv gold/daily_revenue
 DEMO_ENV := LAKEHOUSE_ROOT=$(CURDIR)/$(DEMO)/lake LAKEHOUSE_SOURCE_STATE=$(CURDIR)/$(DEMO)/shop_state.json \
             LAKEHOUSE_ERASURE_KEY_FILE=$(CURDIR)/$(DEMO)/erasure.key LAKEHOUSE_LOG_DIR=$(CURDIR)/$(DEMO)/logs \
-            KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:$(DEMO_PORT) \
+            KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:$(DEMO_PORT) LAKEHOUSE_METASTORE_URI=thrift://127.0.0.1:$(DEMO_METASTORE_PORT) \
             LAKEHOUSE_SOURCE_DSN=postgresql://postgres@127.0.0.1:$(DEMO_PG_PORT)/shop
-demo: setup  ## End to end on the embedded local default: Kafka, the real source (PostgreSQL + Debezium) or the generator, ingest, etl (silver, gold), stats, gold samples, quality, an erasure
+demo: setup  ## End to end on the embedded local default: Kafka, the real source (PostgreSQL + Debezium) or the generator, a Hive Metastore, ingest, etl (silver, gold), stats, gold samples, quality, an erasure, SQL by name and time travel
 	@rm -rf $(DEMO) && mkdir -p $(DEMO)
 	@src=$(or $(DEMO_SOURCE),$$([ -x $(PG_BIN)/initdb ] && echo postgres || echo generator)); \
 	case $$src in postgres) pg=1;; generator) pg=;; \
@@ -99,19 +100,26 @@ demo: setup  ## End to end on the embedded local default: Kafka, the real source
 	step kafka up --port $(DEMO_PORT) --data-dir $(DEMO)/kafka || exit 1; \
 	( set -e; \
 	  trap '[ -z "$$pg" ] || $(BIN)/lakehouse source down --home $(DEMO)/source; \
+	        $(BIN)/lakehouse catalog down --home $(DEMO)/metastore; \
 	        $(BIN)/lakehouse kafka down --data-dir $(DEMO)/kafka' EXIT; \
+	  step catalog up --home $(DEMO)/metastore --port $(DEMO_METASTORE_PORT); \
 	  if [ -n "$$pg" ]; then \
 	    step source up --home $(DEMO)/source --pg-port $(DEMO_PG_PORT) --rest-port $(DEMO_CONNECT_PORT); \
 	    step source status --home $(DEMO)/source; \
 	  fi; \
 	  for round in $(DEMO_ROUNDS); do \
 	    step generate $${pg:+--sink sql} $$round; step ingest --once; step etl; \
+	    [ -n "$$first" ] || { first=$$(date '+%Y-%m-%d %H:%M:%S'); sleep 1; }; \
 	  done; \
 	  step status; \
 	  for table in $(DEMO_SHOWN); do step show $$table --limit 5; done; \
 	  step quality; \
 	  step dead-letters list --limit 5; \
-	  step gdpr erase --customer-id 7 --reference DEMO-ERASURE-1 --requested-by demo )
+	  step gdpr erase --customer-id 7 --reference DEMO-ERASURE-1 --requested-by demo; \
+	  step catalog status; \
+	  step sql "SELECT country, count(*) AS customers, sum(orders_count) AS orders FROM gold.customer_ltv GROUP BY country ORDER BY orders DESC LIMIT 5"; \
+	  step sql --as-of "$$first" "SELECT count(*) AS customers, sum(orders_count) AS orders FROM gold.customer_ltv"; \
+	  step sql "SELECT count(*) AS customers, sum(orders_count) AS orders FROM gold.customer_ltv" )
 
 # Hudi's commit path is one driver thread: one test process kept the two cores 52 to 70% busy.
 # So the Spark suite runs in two processes (pytest-xdist, each with its own Spark session), and
@@ -137,7 +145,7 @@ test-fast: setup  ## Tests without the slow crash tests
 # the environment of `make dev` alone, with no .jvm/ and JAVA_HOME pointing nowhere. A file that
 # mixes such tests with Spark ones stays out (test_bronze_state.py, test_lake_scan.py, ...).
 UNIT_TESTS := $(addprefix tests/test_,$(addsuffix .py,console declaration declared_fixtures erasure_key gdpr_inbox generator hudi_configs \
-                lake_relative object_store_cli package spark_conf sql_sink stream_health))
+                lake_relative object_store_cli package spark_conf sql_sink stream_health catalog_names))
 test-unit: dev  ## The tests that need no JVM, Kafka, PostgreSQL or Airflow: seconds, after `make dev` alone
 	$(BIN)/pytest -q $(UNIT_TESTS)
 
@@ -175,6 +183,12 @@ cluster-up: setup  ## Start a Spark standalone cluster (master spark://127.0.0.1
 cluster-down:  ## Stop it (workers, their executors, the master)
 	$(BIN)/lakehouse cluster down --home .cluster
 
+catalog-up: setup  ## Start a Hive Metastore (thrift://127.0.0.1:9083; Derby and warehouse in .metastore/); then export LAKEHOUSE_METASTORE_URI=thrift://127.0.0.1:9083
+	$(BIN)/lakehouse catalog up --home .metastore
+
+catalog-down:  ## Stop it (the catalog stays in .metastore/)
+	$(BIN)/lakehouse catalog down --home .metastore
+
 source-down:  ## Stop Connect and PostgreSQL (their data stays in .pg-source/; the broker too: make kafka-down)
 	$(BIN)/lakehouse source down
 
@@ -183,4 +197,5 @@ clean:  ## Remove the local lake, demo and broker data, the logs (not .venv or .
 	-$(BIN)/lakehouse kafka down --data-dir .kafka
 	-$(BIN)/lakehouse s3 down --data-dir .s3
 	-$(BIN)/lakehouse cluster down --home .cluster
-	rm -rf lake .kafka .s3 .cluster .source .logs $(DEMO) spark-warehouse
+	-$(BIN)/lakehouse catalog down --home .metastore
+	rm -rf lake .kafka .s3 .cluster .metastore .source .logs $(DEMO) spark-warehouse

@@ -173,14 +173,21 @@ def quality(layers: tuple[str, ...], max_age_hours: float) -> None:
 @click.option("--checkpoint-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Read --since from this file if it exists, and store the new checkpoint in it after printing.")
 def changes(table: str, since: str | None, checkpoint_file: Path | None) -> None:
-    """Rows of TABLE (`<layer>/<name>`: bronze/orders, silver/customers, gold/customer_ltv, any declared table's)
-    changed since a checkpoint, one JSON object per line, deletions included.
+    """Rows of TABLE (`<layer>/<name>`: bronze/orders, silver/customers, gold/customer_ltv, any declared table's;
+    or its catalog name: silver.customers) changed since a checkpoint, one JSON object per line, deletions included.
 
     Each row has `_change`: "upsert" (the row as it is now) or "delete" (the key only). The new
     checkpoint goes to stderr as `checkpoint: ...` (and into --checkpoint-file). When the rows are
     the whole table instead (first read, or a checkpoint that was cleaned or archived), stderr
     also says `snapshot: ...`.
     """
+    if "/" not in table:  # a catalog name (`silver.orders`, `bronze.orders_rt`)
+        from pipelines.query import lake_name
+
+        try:
+            table = lake_name(table)
+        except KeyError as exc:
+            raise click.BadParameter(exc.args[0], param_hint="TABLE") from exc
     if table not in (feeds := change_feed_tables()):
         raise click.BadParameter(f"{table!r} is not a table with a change feed (tables: {', '.join(feeds)})",
                                  param_hint="TABLE")

@@ -55,7 +55,9 @@ def referenced_tables(sql: str) -> list[str]:
     try:
         tree = sqlglot.parse_one(sql, dialect=DIALECT)
     except sqlglot.errors.ParseError as exc:
-        raise QueryError(f"cannot parse the statement: {str(exc).splitlines()[0]}") from exc
+        first = exc.errors[0] if exc.errors else {}
+        where = f" (line {first['line']}, column {first['col']})" if "line" in first else ""
+        raise QueryError(f"cannot parse the statement: {first.get('description', exc)}{where}") from exc
     ctes = {c.alias_or_name.lower() for c in tree.find_all(exp.CTE)}
     found = []
     for table in tree.find_all(exp.Table):

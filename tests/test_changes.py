@@ -24,6 +24,9 @@ def test_cli_changes_with_a_checkpoint_file(spark, lake: LakeCopy, tmp_path) -> 
     assert len(upserts) == sum(r["_change"] == "upsert" for r in lines)
     assert deletes and not deletes & upserts
     assert "snapshot:" in first.stderr and ckpt.read_text().strip() in first.stderr
-    second = run_cli(*args, env={"LAKEHOUSE_ROOT": lake.root})
+    # The same table by its catalog name (a merge-on-read table's snapshot view too), from the checkpoint.
+    second = run_cli("changes", "bronze.customers_rt", *args[2:], env={"LAKEHOUSE_ROOT": lake.root})
     assert second.exit_code == 0 and second.stdout == "", second.stderr[-2000:]
     assert "snapshot:" not in second.stderr
+    unknown = run_cli("changes", "silver.custmers", env={"LAKEHOUSE_ROOT": lake.root})
+    assert unknown.exit_code == 2 and "no lake table is registered as 'silver.custmers'" in unknown.stderr

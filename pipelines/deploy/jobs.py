@@ -23,10 +23,11 @@ from pipelines.spark_conf import spark_conf
 # LAKEHOUSE_TABLES names a file of this machine: EMR jobs read the declaration the bundle carries instead
 # (pipelines/deploy/package.py).
 # LAKEHOUSE_SPARK_MASTER is a standalone master of the local target: on EMR, YARN is the master.
+# LAKEHOUSE_METASTORE_URI is the local target's Hive Metastore: on EMR, the writers sync to Glue.
 JOB_ENV = ("LAKEHOUSE_ROOT", "KAFKA_BOOTSTRAP_SERVERS", "LAKEHOUSE_TABLE_SERVICES", "LAKEHOUSE_HUDI_OVERRIDES",
            "LAKEHOUSE_ERASURE_KEY_FILE", "LAKEHOUSE_ERASURE_KEY_SECRET", "LAKEHOUSE_GDPR_INBOX", "LAKEHOUSE_LOG_DIR",
-           "LAKEHOUSE_TABLES", "LAKEHOUSE_SPARK_MASTER")
-LOCAL_ONLY_ENV = ("LAKEHOUSE_TABLES", "LAKEHOUSE_SPARK_MASTER")
+           "LAKEHOUSE_TABLES", "LAKEHOUSE_SPARK_MASTER", "LAKEHOUSE_METASTORE_URI")
+LOCAL_ONLY_ENV = ("LAKEHOUSE_TABLES", "LAKEHOUSE_SPARK_MASTER", "LAKEHOUSE_METASTORE_URI")
 
 
 @dataclass(frozen=True)
