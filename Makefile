@@ -78,7 +78,9 @@ browser:  ## Install Debian's chromium and chromium-driver if missing (the Airfl
 # installs it), else on the generator; DEMO_SOURCE=generator|postgres chooses. Each step prints
 # `$ lakehouse ...` and its summary; the environment (DEMO_ENV) is exported, not echoed. Spark,
 # Hudi and library logs go to $(DEMO)/logs/. The workload comes in two rounds, each ingested and
-# transformed: a new database (snapshot and changes), then changes on it, an incremental cycle.
+# transformed: a new database (snapshot and changes), an erasure of customer 7, then changes on it, an
+# incremental cycle. Every writer registers its tables in a Hive Metastore beside (LAKEHOUSE_METASTORE_URI);
+# the demo ends reading gold by name, now and as of the end of the first round (time travel).
 DEMO_PORT ?= 19092
 DEMO_PG_PORT ?= 15433
 DEMO_CONNECT_PORT ?= 18083
@@ -109,17 +111,19 @@ demo: setup  ## End to end on the embedded local default: Kafka, the real source
 	  fi; \
 	  for round in $(DEMO_ROUNDS); do \
 	    step generate $${pg:+--sink sql} $$round; step ingest --once; step etl; \
-	    [ -n "$$first" ] || { first=$$(date '+%Y-%m-%d %H:%M:%S'); sleep 1; }; \
+	    if [ -z "$$first" ]; then \
+	      step gdpr erase --customer-id 7 --reference DEMO-ERASURE-1 --requested-by demo; \
+	      first=$$(date '+%Y-%m-%d %H:%M:%S'); sleep 1; \
+	    fi; \
 	  done; \
 	  step status; \
 	  for table in $(DEMO_SHOWN); do step show $$table --limit 5; done; \
 	  step quality; \
 	  step dead-letters list --limit 5; \
-	  step gdpr erase --customer-id 7 --reference DEMO-ERASURE-1 --requested-by demo; \
 	  step catalog status; \
 	  step sql "SELECT country, count(*) AS customers, sum(orders_count) AS orders FROM gold.customer_ltv GROUP BY country ORDER BY orders DESC LIMIT 5"; \
-	  step sql --as-of "$$first" "SELECT count(*) AS customers, sum(orders_count) AS orders FROM gold.customer_ltv"; \
-	  step sql "SELECT count(*) AS customers, sum(orders_count) AS orders FROM gold.customer_ltv" )
+	  step sql --as-of "$$first" "SELECT count(*) AS customers, sum(orders_count) AS orders, count_if(customer_id = 7) AS erased_7 FROM gold.customer_ltv"; \
+	  step sql "SELECT count(*) AS customers, sum(orders_count) AS orders, count_if(customer_id = 7) AS erased_7 FROM gold.customer_ltv" )
 
 # Hudi's commit path is one driver thread: one test process kept the two cores 52 to 70% busy.
 # So the Spark suite runs in two processes (pytest-xdist, each with its own Spark session), and

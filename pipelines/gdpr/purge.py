@@ -259,6 +259,8 @@ def purge(spark: SparkSession, root: str, names: set[str], sweep_started: str,
         if rebuild:
             _rebuild_metadata(spark, table)
             done["metadata_table_rebuilt"] = sorted(rebuild)
+        # Its compactions, rewrites and cleans are commits the catalog has not seen.
+        catalog_sync.committed(spark, table.path, table.options)
         done["seconds"] = round(time.monotonic() - started, 1)
         return done
 
@@ -282,7 +284,6 @@ def _rewrite(spark: SparkSession, table: LakeTable, file_ids: list[str]) -> int:
         return 0
     rows.write.format("hudi").options(**{**table.options, "hoodie.datasource.write.operation": "upsert"}) \
         .mode("append").save(table.path)
-    catalog_sync.committed(spark, table.path, table.options)
     return len(file_ids)
 
 

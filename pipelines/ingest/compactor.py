@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
+from pipelines import catalog_sync
 from pipelines.catalog import LakeTable, bronze_options, keyed_options
 from pipelines.declaration import declared
 from pipelines.hudi_client import WriteClient
@@ -92,6 +93,7 @@ class Compactor:
             options = bronze_options("table", f"bronze_{table}", **keyed_options(declared().table(table).key))
             with WriteClient(self.spark, LakeTable(f"bronze/{table}", path, options), options) as client:
                 instants = client.run_compactions()
+            catalog_sync.committed(self.spark, path, options)
             log.info("bronze/%s: compacted %s in %.1fs, beside the stream", table, ", ".join(instants),
                      time.monotonic() - started)
             done += instants
