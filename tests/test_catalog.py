@@ -1,8 +1,9 @@
 """The lake's tables by name in a real Hive Metastore (`make catalog-up`'s), kept in step by the writers.
 
 One lake copy goes through: a catalog sync of the lake as it was; a round of ingest and etl (then
-time T1); a column added at the source; a round with the metastore stopped (the writers go on, the
-catalog falls behind and `catalog status` says so; it catches up when the metastore is back); a
+time T1); a round with the metastore stopped that adds a column at the source (the writers go on,
+the catalog falls behind and `catalog status` says so; it catches up, column included, when the
+metastore is back); a
 consumer's own PySpark job that finds every table by name, reads silver and gold equal to the lake
 (itself checked against the model), reads silver as of T1 equal to the lake then, and sees the
 added column; then an erasure, after which `lakehouse sql` finds none of the subject's rows by
@@ -88,19 +89,16 @@ def test_tables_by_name_follow_the_lake(spark: SparkSession, lake: LakeCopy, met
     t1 = max(latest_completion(spark, f"{root}/{name.replace('.', '/')}") for name in BY_NAME)
     time.sleep(1.0)  # the next commit's instant is later than T1 by more than the timeline's millisecond
 
-    # The source adds a column (contract section 6).
+    # The metastore goes down: every writer goes on, the catalog falls behind and says so (no retry by
+    # the clock until the end of the test's flush: what `catalog status` sees is this round's doing).
+    # Meanwhile the source adds a column (contract section 6), which the catalog must catch up with too.
+    monkeypatch.setattr(catalog_sync, "RETRY_SECONDS", 600.0)
+    metastore.down()
+    started = time.monotonic()
     src.alter("customers", add={"loyalty_tier": "string"})
     changed = sorted(src.state["customers"])[:5]
     added = [m for i in changed for m in src.update("customers", i, {"loyalty_tier": "gold"}, lake.cfg)]
     round_(added + src.changes(lake.cfg))
-    assert not catalog_sync.flush()
-
-    # The metastore goes down: every writer goes on, the catalog falls behind and says so (no retry by
-    # the clock until the end of the test's flush: what `catalog status` sees is this round's doing).
-    monkeypatch.setattr(catalog_sync, "RETRY_SECONDS", 600.0)
-    metastore.down()
-    started = time.monotonic()
-    round_(src.changes(lake.cfg))
     behind = catalog_sync.flush(timeout=30)
     assert behind and "silver.customers" in behind, behind
     outage_round = time.monotonic() - started
