@@ -9,10 +9,10 @@ new partitions. Options: hudi_configs/catalog.toml.
 
 The sync runs beside the writer, on a thread of its own, not in the write (why: catalog.toml), for
 two reasons. A catalog must never stop the lake: when the metastore is down the commits go on, the
-tables stay pending and are synced again every RETRY_SECONDS and at their next commit, and
+tables stay pending and are tried again every RETRY_SECONDS and when a batch job ends, and
 `lakehouse catalog status` says which are behind. And a stream batch does not wait for the
-catalog: a sync takes 0.3 to 1 s a table, on the batch's critical path it would add seconds to
-freshness. A sync is incremental (Hudi reads the timeline since the table's `last_commit_time_sync`),
+catalog: a sync takes 0.1 to 0.3 s a table (BENCHMARKS.md), several tables a batch on its
+critical path. A sync is incremental (Hudi reads the timeline since the table's `last_commit_time_sync`),
 so a table committed twice while its sync waited needs one sync. A process killed with syncs
 pending leaves those tables behind until their next commit or `lakehouse catalog sync`.
 """
@@ -23,7 +23,6 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
@@ -110,12 +109,6 @@ def sync_now(spark: SparkSession, path: str, options: dict[str, str]) -> None:
         props["hoodie.meta.sync.client.tool.class"], typed, conf, fs, path, BASE_FILE_FORMAT)
 
 
-@dataclass
-class _Pending:
-    options: dict[str, str]
-    failures: int = 0
-
-
 class Syncer:
     """The process's syncer: a daemon thread that syncs the tables handed to it, latest options first.
 
@@ -125,7 +118,7 @@ class Syncer:
 
     def __init__(self, spark: SparkSession) -> None:
         self.spark = spark
-        self._pending: dict[str, _Pending] = {}
+        self._pending: dict[str, dict[str, str]] = {}  # path -> the newest writer options
         self._busy = False
         self._retry_at = 0.0
         self._failures = 0
@@ -136,8 +129,7 @@ class Syncer:
 
     def request(self, path: str, options: dict[str, str]) -> None:
         with self._cond:
-            failures = self._pending[path].failures if path in self._pending else 0
-            self._pending[path] = _Pending(options, failures)
+            self._pending[path] = options
             self._cond.notify_all()
 
     def behind(self) -> list[str]:
@@ -162,14 +154,14 @@ class Syncer:
             with self._cond:
                 while not self._pending or time.monotonic() < self._retry_at:
                     self._cond.wait(None if not self._pending else self._retry_at - time.monotonic())
-                path, pending = next(iter(self._pending.items()))
+                path, options = next(iter(self._pending.items()))
                 del self._pending[path]
                 self._busy = True
             try:
                 started = time.monotonic()
-                sync_now(self.spark, path, pending.options)
+                sync_now(self.spark, path, options)
             except Exception as exc:  # CatalogDown, or the tool's own failure: the table stays pending
-                self._failed(path, pending, exc)
+                self._failed(path, options, exc)
             else:
                 log.debug("catalog: synced %s in %.2f s", catalog_name(lake_relative(path)), time.monotonic() - started)
                 self._synced()
@@ -178,10 +170,9 @@ class Syncer:
                     self._busy = False
                     self._cond.notify_all()
 
-    def _failed(self, path: str, pending: _Pending, exc: Exception) -> None:
+    def _failed(self, path: str, options: dict[str, str], exc: Exception) -> None:
         with self._cond:
-            self._pending.setdefault(path, _Pending(pending.options, pending.failures))
-            self._pending[path].failures += 1
+            self._pending.setdefault(path, options)  # unless a newer commit asked again meanwhile
             self._failures += 1
             self._retry_at = time.monotonic() + RETRY_SECONDS
             first = self._down_since is None
@@ -189,7 +180,7 @@ class Syncer:
             waiting = sorted(catalog_name(lake_relative(p)) for p in self._pending)
         if first:  # once per outage: every table committed meanwhile joins the list
             log.warning("catalog: could not sync %s (%s); the lake's commits go on, the catalog is behind on %s, "
-                        "retried every %.0f s and at their next commit", catalog_name(lake_relative(path)),
+                        "tried again every %.0f s", catalog_name(lake_relative(path)),
                         console.first_line(exc), ", ".join(waiting), RETRY_SECONDS)
 
     def _synced(self) -> None:

@@ -50,32 +50,32 @@ def as_of_instant(value: str) -> str:
                      "(2026-11-28 18:30:00[.123], or a date)")
 
 
-def referenced_tables(sql: str) -> list[str]:
-    """The tables a statement reads, as written (`silver.orders`), without its CTEs' names."""
+def _parse(sql: str) -> exp.Expression:
     try:
-        tree = sqlglot.parse_one(sql, dialect=DIALECT)
+        return sqlglot.parse_one(sql, dialect=DIALECT)
     except sqlglot.errors.ParseError as exc:
         first = exc.errors[0] if exc.errors else {}
         where = f" (line {first['line']}, column {first['col']})" if "line" in first else ""
         raise QueryError(f"cannot parse the statement: {first.get('description', exc)}{where}") from exc
+
+
+def _read_tables(tree: exp.Expression) -> list[exp.Table]:
+    """The table references of a parsed statement, without those that name one of its CTEs."""
     ctes = {c.alias_or_name.lower() for c in tree.find_all(exp.CTE)}
-    found = []
-    for table in tree.find_all(exp.Table):
-        if not table.name or (not table.db and table.name.lower() in ctes):
-            continue
-        name = f"{table.db}.{table.name}".lower() if table.db else table.name.lower()
-        if name not in found:
-            found.append(name)
-    return found
+    return [t for t in tree.find_all(exp.Table) if t.name and (t.db or t.name.lower() not in ctes)]
+
+
+def referenced_tables(sql: str) -> list[str]:
+    """The tables a statement reads, as written (`silver.orders`), without its CTEs' names."""
+    names = [f"{t.db}.{t.name}".lower() if t.db else t.name.lower() for t in _read_tables(_parse(sql))]
+    return list(dict.fromkeys(names))
 
 
 def with_as_of(sql: str, instant: str) -> str:
     """The statement with `TIMESTAMP AS OF '<instant>'` on every table it reads (not on its CTEs)."""
-    tree = sqlglot.parse_one(sql, dialect=DIALECT)
-    ctes = {c.alias_or_name.lower() for c in tree.find_all(exp.CTE)}
-    for table in tree.find_all(exp.Table):
-        if table.name and (table.db or table.name.lower() not in ctes):
-            table.set("version", exp.Version(this="TIMESTAMP", kind="AS OF", expression=exp.Literal.string(instant)))
+    tree = _parse(sql)
+    for table in _read_tables(tree):
+        table.set("version", exp.Version(this="TIMESTAMP", kind="AS OF", expression=exp.Literal.string(instant)))
     return tree.sql(dialect=DIALECT)
 
 
@@ -85,21 +85,24 @@ def _catalog_tables(spark: SparkSession, database: str) -> list[str]:
     return sorted(t.name for t in spark.catalog.listTables(database))
 
 
-def locations(spark: SparkSession, names: list[str]) -> dict[str, str]:
-    """Each named table's path, from the catalog; QueryError naming an unknown one and what its database has."""
-    found = {}
+def require_tables(spark: SparkSession, names: list[str]) -> None:
+    """QueryError naming a table the catalog does not have, and what its database has."""
     for name in names:
-        if not spark.catalog.tableExists(name):
-            database = name.split(".", 1)[0] if "." in name else "default"
-            have = _catalog_tables(spark, database)
-            known = f"{database} has: {', '.join(have)}" if have else \
-                f"no database {database!r} holds lake tables; the lake's are bronze, silver, gold"
-            raise QueryError(f"no table {name} in the catalog ({known}). A table is registered at its "
-                             "first commit with LAKEHOUSE_METASTORE_URI set; `lakehouse catalog sync` "
-                             "registers a lake written before")
-        rows = spark.sql(f"DESCRIBE TABLE EXTENDED {name}").collect()
-        found[name] = next(r.data_type for r in rows if r.col_name == "Location")
-    return found
+        if spark.catalog.tableExists(name):
+            continue
+        database = name.split(".", 1)[0] if "." in name else "default"
+        have = _catalog_tables(spark, database)
+        known = f"{database} has: {', '.join(have)}" if have else \
+            f"no database {database!r} holds lake tables; the lake's are bronze, silver, gold"
+        raise QueryError(f"no table {name} in the catalog ({known}). A table is registered at its "
+                         "first commit with LAKEHOUSE_METASTORE_URI set; `lakehouse catalog sync` "
+                         "registers a lake written before")
+
+
+def locations(spark: SparkSession, names: list[str]) -> dict[str, str]:
+    """Each named table's path, from its catalog entry."""
+    return {name: next(r.data_type for r in spark.sql(f"DESCRIBE TABLE EXTENDED {name}").collect()
+                       if r.col_name == "Location") for name in names}
 
 
 def check_retained(spark: SparkSession, tables: dict[str, str], instant: str) -> None:
@@ -118,11 +121,12 @@ def check_retained(spark: SparkSession, tables: dict[str, str], instant: str) ->
 
 def run_sql(spark: SparkSession, sql: str, as_of: str | None = None) -> DataFrame:
     """Run a statement on the catalog's tables, every table as of `as_of` when given (see `as_of_instant`)."""
-    tables = locations(spark, referenced_tables(sql))
+    names = referenced_tables(sql)
+    require_tables(spark, names)
     if as_of is None:
         return spark.sql(sql)
     instant = as_of_instant(as_of)
-    check_retained(spark, tables, instant)
+    check_retained(spark, locations(spark, names), instant)
     return spark.sql(with_as_of(sql, instant))
 
 
