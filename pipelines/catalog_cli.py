@@ -5,12 +5,9 @@
 
 from __future__ import annotations
 
-from urllib.parse import urlparse
-
 import click
 
 from pipelines import catalog_sync, console, settings
-from pipelines.local_process import port_open
 
 
 def _require_catalog() -> str:
@@ -23,10 +20,10 @@ def _require_catalog() -> str:
         raise click.ClickException(f"no catalog: set {catalog_sync.METASTORE_VARIABLE} to a Hive Metastore "
                                    "(`make catalog-up` starts one and prints it), or run on the EMR target (Glue)")
     if kind == "hms":
-        uri = urlparse(catalog_sync.metastore_uri() or "")
-        if not port_open(uri.port or 9083, uri.hostname or "127.0.0.1"):
-            raise click.ClickException(f"the Hive Metastore at {uri.geturl()} ({catalog_sync.METASTORE_VARIABLE}) "
-                                       "does not answer; `make catalog-up` starts the local one")
+        try:
+            catalog_sync.require_metastore()
+        except catalog_sync.CatalogDown as exc:
+            raise click.ClickException(f"{exc}; `make catalog-up` starts the local one") from exc
     return kind
 
 

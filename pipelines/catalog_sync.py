@@ -88,6 +88,16 @@ class CatalogDown(RuntimeError):
     """The catalog cannot be reached: the sync is left for later, the lake goes on."""
 
 
+def require_metastore(uri: str | None = None) -> None:
+    """CatalogDown unless the Hive Metastore (`uri`, default LAKEHOUSE_METASTORE_URI) accepts a connection.
+
+    Looked at before Hive's client is used: it retries a refused connection for seconds before it fails.
+    """
+    parsed = urlparse((uri or metastore_uri() or "").split(",")[0])
+    if not port_open(parsed.port or 9083, parsed.hostname or "127.0.0.1"):
+        raise CatalogDown(f"the Hive Metastore at {parsed.geturl()} ({METASTORE_VARIABLE}) does not answer")
+
+
 def sync_now(spark: SparkSession, path: str, options: dict[str, str]) -> None:
     """Run the catalog's Hudi sync tool on one table now; CatalogDown when the metastore does not answer."""
     kind = catalog_kind()
@@ -95,10 +105,7 @@ def sync_now(spark: SparkSession, path: str, options: dict[str, str]) -> None:
         raise ValueError(f"no catalog to sync to: set {METASTORE_VARIABLE} (or LAKEHOUSE_TARGET=emr for Glue)")
     props = sync_properties(path, options, kind)
     if kind == "hms":
-        uri = urlparse(props["hoodie.datasource.hive_sync.metastore.uris"].split(",")[0])
-        # Hive's client retries a refused connection for seconds before it fails: look first.
-        if not port_open(uri.port or 9083, uri.hostname or "127.0.0.1"):
-            raise CatalogDown(f"the Hive Metastore at {uri.geturl()} ({METASTORE_VARIABLE}) does not answer")
+        require_metastore(props["hoodie.datasource.hive_sync.metastore.uris"])
     jvm = spark.sparkContext._jvm
     typed = jvm.org.apache.hudi.common.config.TypedProperties()
     for key, value in props.items():
