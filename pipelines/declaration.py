@@ -46,7 +46,11 @@ CLEAN_STEPS = ("trim", "upper", "lower")
 WIRE_TYPES = ("bigint", "double", "boolean", "string")
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 _SOURCE = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]*\.[A-Za-z_][A-Za-z0-9_$]*$")
-_TABLE_FIELDS = {"source", "key", "subject", "pii", "rules", "clean", "derive", "columns", "typed", "silver_extra"}
+_TABLE_FIELDS = {"source", "key", "subject", "pii", "rules", "clean", "derive", "columns", "typed", "silver_extra",
+                 "freshness_seconds"}
+# How stale bronze/<table> may get behind its source when a table declares no target: the stream
+# commits a table's changes when they are due by it, not every batch (pipelines.ingest.cadence).
+DEFAULT_FRESHNESS_SECONDS = 15.0
 
 
 class DeclarationError(ValueError):
@@ -98,6 +102,7 @@ class TableDecl:
     columns: dict[str, str] = field(default_factory=dict)  # declared columns -> wire type (may be empty)
     typed: bool = True
     silver_extra: tuple[str, ...] = ()
+    freshness_seconds: float = DEFAULT_FRESHNESS_SECONDS  # bronze's target: a change visible within this
 
     @property
     def source(self) -> str:
@@ -306,8 +311,12 @@ def _table(name: str, spec: Any, at: str) -> TableDecl:
         twice = sorted({n for n in names if names.count(n) > 1})
         raise DeclarationError(f"{at}.rules: two rules share a name ({twice}): quarantine could not say which failed")
     schema, table = source.split(".", 1)
+    freshness = spec.get("freshness_seconds", DEFAULT_FRESHNESS_SECONDS)
+    if isinstance(freshness, bool) or not isinstance(freshness, int | float) or not 1 <= freshness <= 86400:
+        raise DeclarationError(f"{at}.freshness_seconds: must be a number of seconds from 1 to 86400 "
+                               f"(got {freshness!r})")
     return TableDecl(name, schema, table, key, subject, pii, rules, cleans, derives, dict(columns), typed,
-                     tuple(c for c in extra if c not in columns))
+                     tuple(c for c in extra if c not in columns), float(freshness))
 
 
 def _list(value: Any, at: str) -> list[dict[str, Any]]:

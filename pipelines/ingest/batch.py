@@ -59,20 +59,22 @@ class BatchReport:
                 + f" | seconds: {timing}")
 
 
-def run_together(jobs: list[Callable[[], None]], *, parallel: bool = True) -> None:
-    """Run `jobs` in threads of their own; when all are done, raise the first failure.
+def run_together(jobs: list[Callable[[], None]], *, parallel: bool = True, at_most: int | None = None) -> None:
+    """Run `jobs` in threads of their own, `at_most` at once; when all are done, raise the first failure.
 
     The change logs, the main tables and the dead letters are independent Hudi tables, and most
     of a commit's time is single-threaded driver work (timeline, metadata table, markers;
     `lakehouse bench commits`): one table's commit path runs while the other's tasks use the
     cores. A crash leaves some of them committed and others not, which the re-run handles table
-    by table (each commit records the positions it covers).
+    by table (each commit records the positions it covers). `at_most` bounds the threads when a
+    batch commits many tables: each table's commits hold their batch's rows and Spark jobs at once.
     """
     if len(jobs) <= 1 or not parallel:
         for job in jobs:
             job()
         return
-    with ThreadPoolExecutor(max_workers=len(jobs), thread_name_prefix="bronze-table") as pool:
+    workers = len(jobs) if at_most is None else max(1, min(at_most, len(jobs)))
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="bronze-table") as pool:
         futures = [pool.submit(job) for job in jobs]
     errors = [e for f in futures if (e := f.exception()) is not None]
     if errors:

@@ -77,16 +77,14 @@ import hudi_configs
 from pipelines import storage
 from pipelines.declaration import DeclarationError, current, declared, pinned
 from pipelines.ingest.compactor import Compactor, compactions_run_here
-from pipelines.ingest.state import positions_of
+from pipelines.ingest.held_letters import EARLIEST
 from pipelines.ingest.stream import STOP_REQUEST, StreamLease
 from pipelines.ingest.writer import BronzeBatchWriter
 from pipelines.settings import (
     INGEST_TRIGGER_SECONDS,
-    changelog_path,
     ingest_checkpoint_path,
     kafka_bootstrap,
     lake_root,
-    main_path,
 )
 from pipelines.spark import get_spark
 
@@ -102,32 +100,16 @@ def kafka_stream(spark: SparkSession, bootstrap: str, tables: tuple[str, ...] | 
             .options(**hudi_configs.section("bronze", "kafka")))
 
 
-def checkpoint_lost(spark: SparkSession, checkpoint: str) -> bool:
-    """True when the stream's checkpoint holds no offsets: a new stream, or a deleted checkpoint."""
-    jvm = spark.sparkContext._jvm
-    offsets = jvm.org.apache.hadoop.fs.Path(f"{checkpoint}/offsets")
-    fs = offsets.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
-    return not fs.exists(offsets) or len(fs.listStatus(offsets)) == 0
-
-
-def starting_offsets(spark: SparkSession, root: str, partitions: dict[str, list[int]]) -> str | None:
-    """Spark's `startingOffsets` for a stream without checkpoint: each topic from its table's position.
-
-    A table's position is the older of its main table's and its change log's (they differ only
-    after a crash between their side-by-side commits: the batch main holds is read again, and
-    logged again, `positions.PositionLedger.log_behind`). `partitions` lists every partition of
-    each table's topic (Spark wants all of them); a partition without a position starts at the
-    earliest offset (-2). None when no table has a position: the first run of a lake starts
-    from the earliest.
+def starting_offsets(start: dict[str, int], partitions: dict[str, list[int]]) -> str | None:
+    """Spark's `startingOffsets` for the stream: each topic partition from `start` ({"topic/partition": offset},
+    `BronzeBatchWriter.start`). `partitions` lists every partition of each table's topic (Spark wants all of
+    them); a partition without a position starts at the earliest offset (-2). None when no table has a
+    position: the first run of a lake starts from the earliest.
     """
-    found: dict[str, dict[str, int]] = {}
-    for table in declared().names:
-        topic = declared().topic(table)
-        applied = [positions_of(spark, where(table, root)) for where in (main_path, changelog_path)]
-        found[topic] = {str(p): min(a.get(f"{topic}/{p}", -2) for a in applied) for p in partitions.get(topic, [])}
-    if not any(o >= 0 for offsets in found.values() for o in offsets.values()):
+    if not any(o >= 0 for o in start.values()):
         return None
-    return json.dumps({t: o for t, o in found.items() if o}, sort_keys=True)
+    found = {t: {str(p): start.get(f"{t}/{p}", EARLIEST) for p in ps} for t, ps in partitions.items() if ps}
+    return json.dumps(found, sort_keys=True)
 
 
 def topic_partitions(bootstrap: str) -> dict[str, list[int]]:
@@ -202,7 +184,7 @@ def _run_query(spark: SparkSession, root: str, bootstrap: str, once: bool, trigg
     query, batches = _start_query(spark, root, bootstrap, once, trigger_seconds, max_offsets_per_trigger)
     try:
         while not query.awaitTermination(lease.lim.heartbeat_seconds):
-            lease.beat(query.lastProgress, query.status["isTriggerActive"])
+            lease.beat(query.lastProgress, query.status["isTriggerActive"], batches.freshness())
             if lease.stop_requested():
                 log.info("stop requested (%s): stopping after the batch in progress", STOP_REQUEST)
                 _let_batch_finish(query, stop_timeout)
@@ -217,25 +199,30 @@ def _run_query(spark: SparkSession, root: str, bootstrap: str, once: bool, trigg
     finally:
         if query.isActive:
             query.stop()
-        batches.flush()  # no batch runs any more: the dead letters held back go to the store
+        # No batch runs any more: the tables' waiting changes and the dead letters held back are written.
+        batches.flush()
 
 
 def _start_query(spark: SparkSession, root: str, bootstrap: str, once: bool, trigger_seconds: float,
                  max_offsets_per_trigger: int | None) -> tuple[StreamingQuery, BronzeBatchWriter]:
-    """The ingest query over the declared tables' topics, from its checkpoint or, without one, from bronze's commits."""
+    """The ingest query over the declared tables' topics, from the positions in bronze's commits.
+
+    Progress has one truth, the tables' own commits: Structured Streaming's checkpoint would resume
+    after the batches it has seen, and a table that let its changes wait (`cadence`) and was killed
+    before its commit holds them nowhere else. So every query starts without a checkpoint, each
+    topic partition from the position its table's commits record (`BronzeBatchWriter.start`).
+    """
+    batches = BronzeBatchWriter(spark, root, trigger_seconds=trigger_seconds, eager=once)
     reader = kafka_stream(spark, bootstrap)
-    if checkpoint_lost(spark, ingest_checkpoint_path(root)) and \
-            (start := starting_offsets(spark, root, topic_partitions(bootstrap))):
-        log.warning("no stream checkpoint at %s: resuming from the positions in bronze's commits %s",
-                    ingest_checkpoint_path(root), start)
+    storage.remove_tree(ingest_checkpoint_path(root))
+    if start := starting_offsets(batches.start(), topic_partitions(bootstrap)):
+        log.info("the stream starts from the positions in bronze's commits %s", start)
         reader = reader.option("startingOffsets", start)
     if max_offsets_per_trigger:
         reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
-    batches = BronzeBatchWriter(spark, root, bootstrap)
     writer = (reader.load().writeStream.queryName("bronze_ingest").foreachBatch(batches)
               .option("checkpointLocation", ingest_checkpoint_path(root)))
     writer = writer.trigger(availableNow=True) if once else writer.trigger(processingTime=f"{trigger_seconds} seconds")
-    batches.recover()
     return writer.start(), batches
 
 

@@ -103,6 +103,14 @@ class Heartbeat:
     batch: int | None = None  # the newest trigger Spark reported
     last_progress_at: float | None = None  # when that trigger completed (epoch seconds)
     trigger_since: float | None = None  # a batch in progress since (epoch seconds), None between batches
+    # Per declared table: its freshness target, how many changes wait for its commit and the age of the
+    # oldest of them at `written_at` (pipelines.ingest.cadence.Cadence.freshness).
+    tables: dict[str, dict] | None = None
+
+    def behind(self) -> dict[str, tuple[float, float]]:
+        """Tables whose oldest waiting change is older than their target: (age, target) in seconds."""
+        return {t: (f["age"], f["target"]) for t, f in (self.tables or {}).items()
+                if f.get("age") is not None and f["age"] > f["target"]}
 
 
 @dataclass(frozen=True)
@@ -138,7 +146,10 @@ def judge(hb: Heartbeat | None, lim: Limits, now: float | None = None) -> Health
                                  f"(limit {lim.stalled_after_seconds:.0f} s)")
     batch = "no batch yet" if hb.batch is None else f"batch {hb.batch}"
     busy = f", a batch running for {now - hb.trigger_since:.0f} s" if hb.trigger_since is not None else ""
-    return Health("healthy", f"{who}: {batch}, last trigger {now - last:.0f} s ago{busy}")
+    behind = hb.behind()
+    late = ("; behind their freshness target: " + ", ".join(
+        f"{t} ({age:.0f} s, target {target:.0f} s)" for t, (age, target) in sorted(behind.items()))) if behind else ""
+    return Health("healthy", f"{who}: {batch}, last trigger {now - last:.0f} s ago{busy}{late}")
 
 
 class AnotherStreamRunning(RuntimeError):
@@ -177,8 +188,10 @@ class StreamLease:
         if now is None or now.owner != self.hb.owner:
             raise AnotherStreamRunning("another ingest stream claimed this lake's checkpoint at the same time")
 
-    def beat(self, progress: dict | None, trigger_active: bool) -> None:
+    def beat(self, progress: dict | None, trigger_active: bool, tables: dict[str, dict] | None = None) -> None:
         now = time.time()
+        if tables is not None:
+            self.hb.tables = tables
         if progress:
             self.hb.batch = progress.get("batchId")
             self.hb.last_progress_at = _epoch(progress.get("timestamp")) or self.hb.last_progress_at

@@ -1,5 +1,6 @@
-"""The micro-batch writer: parse, the schema decision, plan, then the change logs, the main tables and
-the dead letters, all their commits side by side, with the batch's Kafka position in every commit.
+"""The micro-batch writer: parse, the schema decision, which tables are due (`cadence`), plan, then the due
+tables' change logs and main tables and the dead letters, their commits side by side, with the batch's
+Kafka position in every commit.
 
 Each job has a part of its own, which the batch flow (`BronzeBatchWriter`) composes: the schema survey
 (`survey`), the tables' writes (`tables`), the dead-letter writer (`dead_letter_writer`), the position
@@ -13,6 +14,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -20,19 +22,20 @@ from pyspark.sql import functions as F
 from pipelines.declaration import declared
 from pipelines.hudi_timeline import repair_torn_timeline
 from pipelines.ingest.batch import BatchReport, run_together
+from pipelines.ingest.cadence import BatchRecords, Cadence
 from pipelines.ingest.dead_letter_writer import DeadLetterWriter
-from pipelines.ingest.erasures import ErasureRegistry
-from pipelines.ingest.held_letters import kafka_range
+from pipelines.ingest.erasures import Erased, ErasureRegistry
+from pipelines.ingest.held_letters import EARLIEST
 from pipelines.ingest.parse import parse_topics
 from pipelines.ingest.positions import PositionLedger, end_offsets
 from pipelines.ingest.state import (
     BATCH_ID_META,
+    DEAD_LETTERS_META,
     POSITIONS_META,
     REGISTRY_META,
     discard_unborn,
     ingest_meta,
     materialized,
-    release,
 )
 from pipelines.ingest.survey import SchemaSurvey, tally
 from pipelines.ingest.tables import TableWriter
@@ -40,15 +43,18 @@ from pipelines.settings import changelog_path, dead_letter_path, main_path, unav
 
 log = logging.getLogger(__name__)
 
+# Tables whose newest commits a starting stream reads at once: reading a timeline is mostly waiting
+# on the file system and the JVM's metadata client, not a core's work.
+START_READERS = 8
+
 
 class BronzeBatchWriter:
     """The `foreachBatch` function of the ingest stream."""
 
-    def __init__(self, spark: SparkSession, root: str, bootstrap: str, *, parallel: bool = True) -> None:
+    def __init__(self, spark: SparkSession, root: str, *, trigger_seconds: float, eager: bool,
+                 parallel: bool = True) -> None:
         self.spark = spark
         self.root = root
-        # Where the records are read again that dead letters held back by a killed writer came from.
-        self.bootstrap = bootstrap
         # The tables' commits side by side (`run_together`); False only for a benchmark's reference.
         self.parallel = parallel
         self.placeholder = unavailable_placeholder()
@@ -57,54 +63,61 @@ class BronzeBatchWriter:
         self.registry = ErasureRegistry(spark, root)
         self.dead_letters = DeadLetterWriter(root, self.positions)
         self.tables = TableWriter(spark, root, self.positions, self.schema, self.placeholder)
-        self._recovering = False
+        # Which tables a batch commits (every table with changes when `eager`: `ingest --once`).
+        self.cadence = Cadence(trigger_seconds, eager=eager)
+        # Spark numbers a query's batches from 0, and every query starts afresh from the tables'
+        # positions (`start`): the batch ids the commits record go on from the newest one there.
+        self.first_batch = 0
+        self._cut: int | None = None  # a batch that started and did not end (it failed, or was stopped)
         # Only this writer creates these tables (one stream per lake): an unborn one is a crash's.
-        for path in [*(f(t, root) for t in declared().names for f in (main_path, changelog_path)),
-                     dead_letter_path(root)]:
-            discard_unborn(path)
-            repair_torn_timeline(path)
+        paths = [*(f(t, root) for t in declared().names for f in (main_path, changelog_path)), dead_letter_path(root)]
+        with ThreadPoolExecutor(max_workers=START_READERS, thread_name_prefix="bronze-start") as pool:
+            list(pool.map(_readable, paths))
 
-    def _start(self) -> None:
-        """Where the tables and the dead-letter store stand, from their newest ingest commits (one read each)."""
+    def start(self) -> dict[str, int]:
+        """Where the tables and the dead-letter store stand, from their newest ingest commits (one read each, side by
+        side): the position to read each topic partition from, {"topic/partition": offset}.
+
+        A table's topic is read from the oldest of its main table's and its change log's positions
+        (they differ only after a crash between their side-by-side commits: the batch main holds is
+        read, and logged, again: `positions.PositionLedger.log_behind`), and from no later than where
+        the dead-letter store holds every letter (letters a killed writer held back are read again).
+        Everything a table has not committed, its waiting changes included, is read again.
+        """
         mains = [main_path(t, self.root) for t in declared().names]
         logs = [changelog_path(t, self.root) for t in declared().names]
-        newest = {path: ingest_meta(self.spark, path) for path in [*mains, *logs, dead_letter_path(self.root)]}
+        paths = [*mains, *logs, dead_letter_path(self.root)]
+        with ThreadPoolExecutor(max_workers=START_READERS, thread_name_prefix="bronze-start") as pool:
+            newest = dict(zip(paths, pool.map(functools.partial(ingest_meta, self.spark), paths), strict=True))
         # Main's newest ingest commit also records the table's shape.
         self.schema.start({t: newest[path] for t, path in zip(declared().names, mains, strict=True)})
         self.tables.start()
-        self.positions.start(newest)
-
-    def recover(self) -> None:
-        """Before the stream starts: the dead letters a killed writer held back, read again from Kafka and stored.
-
-        The records since the store's position run as one batch under the newest batch id the
-        tables record: main and the change log hold them already (nothing to write, by the LSN
-        rule), and the store gets the letters it lacks, in one commit.
-        """
-        self._start()
         ledger = self.positions
-        assert ledger.position is not None
-        behind = kafka_range(self.spark, self.bootstrap, ledger.through, ledger.position)
-        if behind is None:
-            return
-        last = ledger.last_batch if ledger.last_batch is not None else 0
-        log.warning("dead letters held by a writer that stopped without writing them: reading the records since %s "
-                    "again (as batch %d)", json.dumps(ledger.through, sort_keys=True), last)
-        self._recovering = True
-        self(behind, last)
+        ledger.start(newest)
+        self.first_batch = 0 if ledger.last_batch is None else ledger.last_batch + 1
+        start: dict[str, int] = {}
+        for table in declared().names:
+            applied = [ledger.applied[where(table, self.root)] for where in (main_path, changelog_path)]
+            for tp in {tp for a in applied for tp in a}:
+                start[tp] = min(a.get(tp, EARLIEST) for a in applied)
+        if behind := {tp: o for tp, o in ledger.through.items() if o < start.get(tp, o)}:
+            log.warning("dead letters held by a writer that stopped without writing them: reading the records "
+                        "since %s again", json.dumps(behind, sort_keys=True))
+            start |= behind
+        return start
 
-    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+    def __call__(self, batch: DataFrame, query_batch: int) -> None:
         started = time.monotonic()
+        batch_id = self.first_batch + query_batch
         log.info("batch %d: started", batch_id)
+        self._cut = batch_id
         report = BatchReport(batch_id)
-        recovering, self._recovering = self._recovering, False
-        if not self.positions.started:
-            self._start()
-        # The batch's records parsed in one pass and kept while its tables are written, each
-        # table's a filter of it; the raw batch is not kept (a wrapped envelope is kilobytes of
-        # schema, parsed away here).
+        # The batch's records parsed in one pass and kept while its tables are written, and after
+        # that while a table still holds changes among them (`cadence`), each table's a filter of it;
+        # the raw batch is not kept (a wrapped envelope is kilobytes of schema, parsed away here).
         with report.phase("read+parse"):
             every = materialized(parse_topics(batch, self.schema.parses(), self.placeholder))
+        records = BatchRecords(every)
         parsed = {t: every.filter(F.col("kafka_topic") == declared().topic(t)) for t in declared().names}
         try:
             with report.phase("read+parse"):
@@ -124,30 +137,83 @@ class BronzeBatchWriter:
             parsed = {t: survey.events for t, survey in surveys.items()}
             # The surveys counted the dead letters.
             dead = sum(s.kinds.get("dead", 0) for s in surveys.values())
-            store = self.dead_letters.stage(parsed, dead, batch_id, starts, ends, position, recovering=recovering,
-                                            meta=commit_meta, report=report, erased=erased)
-            jobs: list[Callable[[], None]] = [store.job] if store.job is not None else []
-            for table, events in parsed.items():
-                mine = {tp: o for tp, o in ends.items() if tp.startswith(declared().topic(table) + "/")}
-                if mine and all(self.positions.covered(where(table, self.root), mine)
-                                for where in (main_path, changelog_path)):
-                    report.counts[table] = {"already_applied": sum(n for t, _, _, _, n in offsets
-                                                                   if t == declared().topic(table))}
+            store = self.dead_letters.stage(parsed, dead, batch_id, starts, ends, position,
+                                            recovering=False, meta=commit_meta, report=report, erased=erased)
+            for table, survey in surveys.items():
+                topic = declared().topic(table)
+                mine = [g for g in groups if g["kafka_topic"] == topic]
+                if not mine:
                     continue
-                jobs.append(functools.partial(self.tables.apply, table, events, surveys[table], commit_meta, report,
-                                              erased, parallel=self.parallel))
-            with report.phase("tables"):
-                run_together(jobs, parallel=self.parallel)
+                spans = {tp: o for tp, o in ends.items() if tp.startswith(topic + "/")}
+                if all(self.positions.covered(where(table, self.root), spans) for where in (main_path, changelog_path)):
+                    report.counts[table] = {"already_applied": sum(g["n"] for g in mine)}
+                    continue
+                changes = sum(g["n"] for g in mine if g["kind"] in ("row", "truncate"))
+                if changes or table in self.cadence.waiting:
+                    oldest = min((g["oldest"] for g in mine if g["kind"] in ("row", "truncate")), default=None)
+                    self.cadence.hold(table, survey, records, changes,
+                                      oldest.timestamp() if oldest is not None else None)
+                else:  # tombstones, logical messages, dead letters: nothing for the table to commit
+                    report.counts[table] = {k: n for k, n in survey.kinds.items() if n}
+            due = self.cadence.due()
+            for table, waiting in self.cadence.waiting.items():
+                if table not in due:
+                    report.counts[table] = {"waiting": waiting.changes}
+            jobs: list[Callable[[], None]] = [store.job] if store.job is not None else []
+            self._commit(due, jobs, commit_meta, report, erased)
             self.positions.advance(position, batch_id)
             self.dead_letters.settle(store, position, report)
             self.schema.keep_declared(surveys)
         finally:
-            release(every)
+            if records.holders == 0:
+                records.release()
         report.seconds = time.monotonic() - started
+        self.cadence.batch_done(report.seconds)
+        self._cut = None
         log.info(report.line())
 
+    def _commit(self, tables: list[str], jobs: list[Callable[[], None]], meta: dict[str, str], report: BatchReport,
+                erased: Erased | None) -> None:
+        """The waiting changes of `tables` into their change logs and main tables, beside `jobs`; each commit
+        with `meta`, `cadence.limits.parallel_tables` tables at once."""
+        for table in tables:
+            survey = self.cadence.waiting[table].survey()
+            jobs.append(functools.partial(self.tables.apply, table, survey.events, survey, meta, report, erased,
+                                          parallel=self.parallel))
+        with report.phase("tables"):
+            run_together(jobs, parallel=self.parallel, at_most=self.cadence.limits.parallel_tables)
+        for table in tables:
+            self.cadence.committed(table)
+
     def flush(self) -> None:
-        """Write the dead letters held back (the stream is stopping): the store then holds every one."""
-        if not self.dead_letters.holding or not self.positions.started:
+        """The stream is stopping: every table's waiting changes, and the dead letters held back, are written."""
+        if not self.positions.started:
             return
-        self.dead_letters.flush(self.registry.erased())
+        erased = self.registry.erased()
+        if self._cut is not None:
+            # What the batch left waiting is not known to be whole: the next stream reads it again.
+            log.warning("batch %d did not end: the tables' waiting changes are left to the next stream (%s)",
+                        self._cut, ", ".join(sorted(self.cadence.waiting)) or "none")
+        elif self.cadence.waiting:
+            ledger = self.positions
+            assert ledger.position is not None and ledger.last_batch is not None
+            report = BatchReport(ledger.last_batch)
+            meta = {BATCH_ID_META: str(ledger.last_batch), POSITIONS_META: json.dumps(ledger.position, sort_keys=True),
+                    DEAD_LETTERS_META: json.dumps(ledger.through, sort_keys=True)}
+            if erased:
+                meta[REGISTRY_META] = erased.version
+            started = time.monotonic()
+            self._commit(list(self.cadence.waiting), [], meta, report, erased)
+            report.seconds = time.monotonic() - started
+            log.info("the waiting changes, written as the stream stops: %s", report.line())
+        if self.dead_letters.holding:
+            self.dead_letters.flush(erased)
+
+    def freshness(self) -> dict[str, dict[str, float | int | None]]:
+        """Per declared table, its target and what waits (the heartbeat's)."""
+        return self.cadence.freshness()
+
+
+def _readable(path: str) -> None:
+    discard_unborn(path)
+    repair_torn_timeline(path)

@@ -46,6 +46,7 @@ from pipelines.devtools.generator.source import ShopSource
 from pipelines.devtools.generator.values import WorkloadConfig
 from pipelines.ingest.batch import BatchReport
 from pipelines.ingest.writer import BronzeBatchWriter
+from pipelines.settings import INGEST_TRIGGER_SECONDS
 from pipelines.table_stats import table_stats
 
 SIZES = (100_000, 2_000_000)
@@ -98,6 +99,13 @@ def _batch(spark, writer: BronzeBatchWriter, bootstrap: str, start: dict, end: d
             "counts": report.counts}
 
 
+def _writer(spark, root: str) -> BronzeBatchWriter:
+    """A started writer that commits every table each batch (the batches here are the stream's, without its cadence)."""
+    writer = BronzeBatchWriter(spark, root, trigger_seconds=INGEST_TRIGGER_SECONDS, eager=True)
+    writer.start()
+    return writer
+
+
 def _one_size(spark, rows: int, changes: int, seed: int, reports: _Reports) -> dict[str, Any]:
     work = bench_dir() / "scale" / f"{rows}"
     shutil.rmtree(work, ignore_errors=True)
@@ -115,7 +123,7 @@ def _one_size(spark, rows: int, changes: int, seed: int, reports: _Reports) -> d
         for count in (WARM_UP, changes, changes, changes):
             _changes(source, node.bootstrap, count, seed)
             marks.append(_end_offsets(node.bootstrap))
-        writer = BronzeBatchWriter(spark, root, node.bootstrap)
+        writer = _writer(spark, root)
         warm_up = _batch(spark, writer, node.bootstrap, marks[0], marks[1], 1_000_000, reports)
         say(f"{rows:,} rows: warm-up batch {warm_up['seconds']}s (reads the tables once)")
         measured = _batch(spark, writer, node.bootstrap, marks[1], marks[2], 1_000_001, reports)
@@ -124,7 +132,7 @@ def _one_size(spark, rows: int, changes: int, seed: int, reports: _Reports) -> d
         sequential = _batch(spark, writer, node.bootstrap, marks[2], marks[3], 1_000_002, reports)
         say(f"{rows:,} rows: the same size of batch, tables one after the other {sequential['seconds']}s")
         writer.flush()  # as a stopping stream does: the new writer has no held dead letters to read again
-        fresh = _batch(spark, BronzeBatchWriter(spark, root, node.bootstrap), node.bootstrap, marks[3], marks[4],
+        fresh = _batch(spark, _writer(spark, root), node.bootstrap, marks[3], marks[4],
                        1_000_003, reports)
         say(f"{rows:,} rows: the same size of batch on a new writer {fresh['seconds']}s")
         live = {t: table_stats(f"{root}/bronze/{t}").rows for t in contract.TABLES}

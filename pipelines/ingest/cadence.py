@@ -1,0 +1,168 @@
+"""When the stream commits a table: each table at its own pace, by its freshness target, not every batch.
+
+A commit costs about the same whatever it holds (a dozen Spark jobs, the timeline, the metadata
+table: 1 to 2.5 s of a core, BENCHMARKS.md), so a stream that committed every table each batch
+would spend a batch's time on the commits of tables with a handful of changes. A table's changes
+are therefore held from batch to batch, in the batches' own parsed records (kept while any table
+still needs them), until they are *due*:
+
+- the table has `eager_records` changes waiting or more (a busy table: its commit's fixed cost is
+  small beside its rows' work, and waiting would only add delay), or
+- waiting for the next batch could take its oldest waiting change past the table's target
+  (`freshness_seconds` in the declaration): the next batch ends at the earliest a trigger
+  interval plus a batch after this one, and a batch is taken to last as long as the longest of the
+  last few, or
+- something must not wait: a change of shape (the schema decision is made once, and applied by
+  the commit), a truncate, the stream stopping, an `ingest --once` (eager mode).
+
+A table with nothing waiting costs nothing: no commit, no read, no timeline walk.
+
+Nothing held is lost on a crash: what a table has not committed is after the position its own
+commits record, and the stream always starts from the tables' positions
+(`bronze._start_query`), so a restarted stream reads each table's waiting changes from Kafka again.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from pyspark.sql import DataFrame
+
+import hudi_configs
+from pipelines.declaration import declared
+from pipelines.ingest.state import release, union_all
+from pipelines.ingest.survey import Survey
+
+
+@dataclass(frozen=True)
+class CadenceLimits:
+    eager_records: int  # a table with this many changes waiting commits in the batch
+    parallel_tables: int  # tables committed side by side
+    recent_batches: int  # the batches whose longest duration predicts the next one's
+
+
+def cadence_limits() -> CadenceLimits:
+    """hudi_configs/stream.toml `[cadence]`, with the deployment's overrides."""
+    values = hudi_configs.section("stream", "cadence")
+    return CadenceLimits(int(values["eager_records"]), int(values["parallel_tables"]), int(values["recent_batches"]))
+
+
+@dataclass
+class BatchRecords:
+    """A batch's parsed records (materialized), kept while a table still holds changes among them."""
+
+    frame: DataFrame
+    holders: int = 0
+    released: bool = False
+
+    def drop(self) -> None:
+        self.holders -= 1
+        if self.holders <= 0:
+            self.release()
+
+    def release(self) -> None:
+        if not self.released:
+            release(self.frame)
+            self.released = True
+
+
+@dataclass
+class Waiting:
+    """One table's changes that no commit holds yet: the surveys of the batches they came in."""
+
+    surveys: list[Survey] = field(default_factory=list)
+    batches: list[BatchRecords] = field(default_factory=list)
+    changes: int = 0  # change records (rows, truncates)
+    since: float | None = None  # Kafka timestamp (epoch seconds) of the oldest
+    must: str | None = None  # why the table cannot wait ("shape", "truncate")
+
+    def survey(self) -> Survey:
+        """One survey of every batch held: their events together, the newest shape (a change of it is never held)."""
+        if len(self.surveys) == 1:
+            return self.surveys[0]
+        newest = self.surveys[-1]
+        kinds: dict[str, int] = {}
+        for s in self.surveys:
+            for kind, n in s.kinds.items():
+                kinds[kind] = kinds.get(kind, 0) + n
+        return Survey(union_all([s.events for s in self.surveys]), kinds, newest.shape,
+                      any(s.changed for s in self.surveys), sorted({c for s in self.surveys for c in s.toast}),
+                      set().union(*(s.applied_declared for s in self.surveys)))
+
+
+class Cadence:
+    """Which tables a batch commits, and what each table is waiting with."""
+
+    def __init__(self, trigger_seconds: float, *, eager: bool, limits: CadenceLimits | None = None) -> None:
+        self.trigger_seconds = trigger_seconds
+        self.eager = eager  # every table commits every batch (`ingest --once`, a benchmark's reference)
+        self.limits = limits or cadence_limits()
+        self.waiting: dict[str, Waiting] = {}
+        self._durations: deque[float] = deque(maxlen=self.limits.recent_batches)
+        self.committed_at: dict[str, float] = {}  # per table, when this stream last committed it (epoch)
+
+    def hold(self, table: str, survey: Survey, batch: BatchRecords, changes: int, oldest: float | None) -> Waiting:
+        """The batch's `survey` of `table`, with `changes` change records, the oldest entered Kafka at `oldest`."""
+        w = self.waiting.setdefault(table, Waiting())
+        w.surveys.append(survey)
+        w.batches.append(batch)
+        batch.holders += 1
+        w.changes += changes
+        if oldest is not None:
+            w.since = oldest if w.since is None else min(w.since, oldest)
+        if survey.changed:
+            w.must = "shape"
+        elif survey.kinds.get("truncate"):
+            w.must = w.must or "truncate"
+        return w
+
+    def due(self, now: float | None = None) -> list[str]:
+        """The tables whose waiting changes this batch commits."""
+        now = time.time() if now is None else now
+        return [t for t, w in self.waiting.items() if self._due(t, w, now)]
+
+    def _due(self, table: str, w: Waiting, now: float) -> bool:
+        if self.eager or w.must or w.changes >= self.limits.eager_records:
+            return True
+        if w.since is None:
+            return w.changes > 0
+        return now - w.since + self.next_batch_seconds() >= declared().table(table).freshness_seconds
+
+    def next_batch_seconds(self) -> float:
+        """How long after this batch the next one could end: a trigger interval, then a batch as long as the
+        longest recent one."""
+        batch = max(self._durations, default=self.trigger_seconds)
+        return max(self.trigger_seconds, batch) + batch
+
+    def committed(self, table: str) -> None:
+        """The table's waiting changes are in its commits: what they held of each batch is free."""
+        w = self.waiting.pop(table, None)
+        self.committed_at[table] = time.time()
+        if w is not None:
+            for batch in w.batches:
+                batch.drop()
+
+    def batch_done(self, seconds: float) -> None:
+        self._durations.append(seconds)
+
+    def behind(self, now: float | None = None) -> dict[str, float]:
+        """Tables whose oldest waiting change is older than their target: per table, that age in seconds."""
+        now = time.time() if now is None else now
+        ages = {t: now - w.since for t, w in dict(self.waiting).items() if w.since is not None}
+        return {t: round(a, 1) for t, a in ages.items() if a > declared().table(t).freshness_seconds}
+
+    def freshness(self, now: float | None = None) -> dict[str, dict[str, float | int | None]]:
+        """Per declared table: its target, the age of its oldest waiting change (None: nothing waiting), and how
+        many wait: what the heartbeat says of each table (`lakehouse status`)."""
+        now = time.time() if now is None else now
+        waiting = dict(self.waiting)  # the heartbeat's thread reads while a batch's thread writes
+        tables = {}
+        for t in declared().names:
+            w = waiting.get(t)
+            tables[t] = {"target": declared().table(t).freshness_seconds,
+                         "waiting": w.changes if w else 0,
+                         "age": round(now - w.since, 1) if w and w.since is not None else None,
+                         "committed_at": self.committed_at.get(t)}
+        return tables
