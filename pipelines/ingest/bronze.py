@@ -19,10 +19,13 @@ and `bronze/_dead_letters` (COW) for all: every Kafka record that is not a usabl
 envelope, with the reason, the raw key and value and its Kafka position, keyed by that
 position.
 
-A batch makes two commits per source table it changes (change log and main), side by side
-(`batch.run_together`). Its malformed records are held back and reach the dead-letter store in
-one commit every minute or so, and when the stream stops (`held_letters`): a source that sends a
-malformed record now and then does not add a commit to every batch.
+A table's changes are committed when they are due by its freshness target (`freshness_seconds` in
+the declaration), or at once when the table is busy (`cadence`): a batch commits the tables that are
+due, and a table with nothing due costs it nothing. A commit of a table makes two commits (change log
+and main), side by side, and up to four tables commit side by side (`batch.run_together`). Its
+malformed records are held back and reach the dead-letter store in one commit every minute or so,
+and when the stream stops (`held_letters`): a source that sends a malformed record now and then
+does not add a commit to every batch.
 
 Ordering and exactly-once come from one rule (`plan`): per key, keep the newest event of the batch
 (highest `source.lsn`), then apply it only if it is newer than everything applied for the key, live
@@ -51,11 +54,11 @@ applied (a contract column gone, a type narrowed) become dead letters with a `sc
 holding only that table. An update's placeholder for an unchanged TOASTed value is replaced by
 the value the source still holds (`tables.TableWriter`).
 
-Progress lives in the tables' own commits: each carries the stream's Kafka position after
-its batch (`_lakehouse.kafka_positions`). A replayed batch that main and the change log already
-cover is skipped without reading anything, and a lost Spark checkpoint resumes each topic from
-the older of the positions in its main table's and its change log's newest commits
-(`starting_offsets`).
+Progress lives in the tables' own commits, and only there: each carries the stream's Kafka position
+after its batch (`_lakehouse.kafka_positions`). A replayed batch that main and the change log already
+cover is skipped without reading anything, and every stream starts each topic from the older of the
+positions in its main table's and its change log's newest commits (`starting_offsets`), not from a
+Spark checkpoint, which would skip what a table let wait in a killed process.
 
 Where each part lives: `parse` classifies the Kafka records, `survey` finds their shapes, `plan`
 decides what each key still needs, `state` knows what the tables hold, `tables` writes a table's change
@@ -130,11 +133,11 @@ def run_ingest(*, once: bool, root: str | None = None, bootstrap: str | None = N
                spark: SparkSession | None = None, stop_timeout: float = 300.0) -> None:
     """Run the ingest stream: until caught up with what was on the topics at start (`once`), or forever.
 
-    Offsets are tracked by Structured Streaming in a checkpoint under the lake root; each
-    Hudi commit also records the stream's position, so a lost checkpoint resumes from the
-    tables instead of the beginning of the topics. An interrupt (SIGTERM in the CLI) lets
-    the batch in progress finish, up to `stop_timeout` seconds, then stops the stream: a
-    batch is committed whole, or abandoned and re-run whole on the next start. A stop
+    Each Hudi commit records the stream's position, and the stream starts from the tables'
+    positions (Structured Streaming's checkpoint under the lake root lasts one run). An
+    interrupt (SIGTERM in the CLI) lets the batch in progress finish, up to `stop_timeout`
+    seconds, then stops the stream: a batch is committed whole, or abandoned and re-run whole
+    on the next start; the tables' waiting changes are committed as the stream stops. A stop
     request (`lakehouse stream stop`, pipelines.ingest.stream) does the same and the run returns.
     The stream's heartbeat beside its checkpoint keeps a second copy from starting.
     """

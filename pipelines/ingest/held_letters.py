@@ -11,10 +11,10 @@ and when the stream stops (`ingest --once` done, SIGTERM, a stop request).
 What keeps held letters safe is the stream's position, as the tables' own commits record it: each
 commit of a batch says up to where every dead letter is in the store (`DEAD_LETTERS_META`). A writer
 that starts (after a SIGKILL, say) on a lake where that position is behind the stream's reads the
-Kafka records in between again (the topics keep them; a gap fails the job, `failOnDataLoss`) and
-runs them as a batch of their own before its stream starts (`BronzeBatchWriter.recover`): main and
-the change log hold them already, so by the LSN rule they change nothing there, and the store gets
-exactly the letters it lacks (the writer leaves out the positions the store's commits cover).
+Kafka records in between again (the topics keep them; a gap fails the job, `failOnDataLoss`): its
+stream starts there (`BronzeBatchWriter.start`). Main and the change log hold them already, so by the
+LSN rule they change nothing there, and the store gets exactly the letters it lacks (the writer leaves
+out the positions the store's commits cover).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import json
 import time
 from dataclasses import dataclass, field
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame
 
 import hudi_configs
 from pipelines.ingest.state import DEAD_LETTERS_META, POSITIONS_META, release
@@ -85,21 +85,3 @@ def stored_through(tables: list[dict[str, str]], store: dict[str, str]) -> dict[
 
 
 EARLIEST = -2  # Kafka's "earliest" in startingOffsets: a partition the store's position does not name yet
-
-
-def kafka_range(spark: SparkSession, bootstrap: str, start: dict[str, int], end: dict[str, int]) -> DataFrame | None:
-    """The Kafka records from `start` up to `end` ({"topic/partition": offset}), read as a batch; None if none."""
-    wanted = {tp: (start.get(tp, EARLIEST), o) for tp, o in end.items() if start.get(tp, EARLIEST) < o}
-    if not wanted:
-        return None
-    by_topic: dict[str, dict[str, tuple[int, int]]] = {}
-    for tp, span in wanted.items():
-        topic, partition = tp.rsplit("/", 1)
-        by_topic.setdefault(topic, {})[partition] = span
-    def offsets(end: int) -> str:
-        return json.dumps({t: {p: span[end] for p, span in ps.items()} for t, ps in by_topic.items()})
-
-    return (spark.read.format("kafka").option("kafka.bootstrap.servers", bootstrap)
-            .option("assign", json.dumps({t: [int(p) for p in ps] for t, ps in by_topic.items()}))
-            .option("startingOffsets", offsets(0)).option("endingOffsets", offsets(1))
-            .option("failOnDataLoss", "true").load())
