@@ -240,9 +240,20 @@ def _deleted_keys(table: str) -> int:
     return sum(d for _, d in newest.values())
 
 
+def _freshness(fresh: dict, since_beat: float) -> str:
+    """A table's line in `status`: how long its oldest waiting change has waited, against its target."""
+    target = fresh["target"]
+    if fresh.get("age") is None:
+        return f"nothing waiting / {target:.0f}s"
+    age = fresh["age"] + since_beat
+    late = "  BEHIND" if age > target else ""
+    return f"{age:.0f}s ({fresh['waiting']} changes) / {target:.0f}s{late}"
+
+
 @main.command()
 def status() -> None:
-    """Per bronze, silver and gold table: rows, commits, file groups, log files, deletes, dead letters, quarantine.
+    """Per bronze, silver and gold table: rows, commits, file groups, log files, deletes, dead letters, quarantine;
+    the stream's health, and while it runs, each bronze table's freshness against its target.
 
     Read with hudi-rs: no Spark needed.
     """
@@ -258,9 +269,17 @@ def status() -> None:
                            strict=True))
         for t, _ in reasons:
             dead[t] = dead.get(t, 0) + 1
+    from pipelines.ingest.stream import ControlFiles, judge, limits
+
     click.echo(f"lake root: {settings.lake_root()}")
+    beat = ControlFiles(settings.lake_root()).heartbeat()
+    health = judge(beat, limits())
+    click.echo(f"stream: {health.state}: {health.why}")
+    # Each bronze table's freshness as the running stream's last heartbeat saw it (a stopped stream has
+    # written what waited: it commits the tables' waiting changes as it stops).
+    freshness = (beat.tables or {}) if beat is not None and health.live else {}
     click.echo(f"{'table':<18}{'rows':>9}{'commits':>9}{'file groups':>13}{'log files':>11}{'deleted keys':>14}"
-               f"{'dead letters':>14}")
+               f"{'dead letters':>14}  freshness (oldest waiting change / target)")
     # The catalog's tables that people read: bronze's and silver's of each source table, gold's
     # aggregates; not the internal ones (names with a `_` part: change logs, ledgers, quarantine).
     topic = declared().topic
@@ -274,6 +293,8 @@ def status() -> None:
         line = f"{table.name:<18}{s.rows:>9}{s.commits:>9}{s.file_groups:>13}{s.log_files:>11}"
         if table.layer == "bronze":
             line += f"{_deleted_keys(table.source):>14}{dead.get(topic(table.source), 0):>14}"
+            if (fresh := freshness.get(table.source)) is not None:
+                line += "  " + _freshness(fresh, time.time() - beat.written_at)
         elif table.layer == "silver":
             quarantine = lake_table(f"silver/_quarantine/{table.source}").path()
             quarantined = table_stats(quarantine).rows if has_completed_commit(quarantine) else 0

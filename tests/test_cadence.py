@@ -85,6 +85,10 @@ def test_a_quiet_table_waits_and_a_sigkill_loses_nothing_it_waited_with(spark, l
         hb = files.heartbeat()
         assert hb is not None and hb.tables is not None
         assert hb.tables["customers"]["target"] == 600 and hb.tables["customers"]["age"] is not None
+        status = subprocess.run([sys.executable, "-m", "pipelines.cli", "status"], env=env, capture_output=True,
+                                text=True, check=True).stdout
+        line = next(x for x in status.splitlines() if x.startswith("bronze/customers "))
+        assert "changes) / 600s" in line and "BEHIND" not in line, status
         os.killpg(job.pid, signal.SIGKILL)
         job.wait()
     finally:

@@ -91,6 +91,8 @@ def test_a_team_declaration_drives_the_catalog(tmp_path: Path, monkeypatch: pyte
                          'typed = false\ncolumns = { region = "string", payment_no = "bigint" }'),
      r"tables\.payments\.subject: column 'customer_id' is not among the table's declared columns"),
     (lambda t: t.replace('subject = "customer_id"\n', ""), r"tables\.payments\.pii: personal data needs a `subject`"),
+    (lambda t: t.replace('key = ["region", "payment_no"]', 'key = ["region", "payment_no"]\nfreshness_seconds = "15"'),
+     r"tables\.payments\.freshness_seconds: must be a number of seconds from 1 to 86400 \(got '15'\)"),
 ])
 def test_a_wrong_declaration_names_file_table_and_field_and_nothing_runs(tmp_path: Path, change, message) -> None:
     path = tmp_path / "tables.toml"

@@ -1,0 +1,64 @@
+"""When a table is due (pipelines.ingest.cadence) and how the heartbeat names the tables behind: no Spark."""
+
+from __future__ import annotations
+
+from pipelines.declaration import declared
+from pipelines.ingest.cadence import BatchRecords, Cadence, CadenceLimits
+from pipelines.ingest.schema import Shape
+from pipelines.ingest.stream import Heartbeat, Limits, judge
+from pipelines.ingest.survey import Survey
+
+LIMITS = CadenceLimits(eager_records=100, parallel_tables=4, recent_batches=3)
+
+
+def _survey(table: str, changed: bool = False, **kinds: int) -> Survey:
+    return Survey(None, kinds, Shape.initial(table), changed=changed)  # type: ignore[arg-type]
+
+
+def test_a_table_is_due_when_busy_when_its_target_is_near_or_when_it_must_not_wait() -> None:
+    cadence = Cadence(trigger_seconds=2, eager=False, limits=LIMITS)
+    now = 1_000_000.0
+    batch = BatchRecords(None)  # type: ignore[arg-type]
+    target = declared().table("customers").freshness_seconds
+    cadence.hold("customers", _survey("customers", row=5), batch, 5, now - 1)
+    assert cadence.due(now) == [], "a few fresh changes wait"
+    for seconds in (3.0, 4.0, 2.5):
+        cadence.batch_done(seconds)
+    assert cadence.next_batch_seconds() == 8.0, "a trigger's wait or a batch, then the longest recent batch"
+    # The oldest change entered Kafka at now - 1: due once its age and the next batch reach the target.
+    assert cadence.due(now + target - 8.0 - 2) == [] and cadence.due(now + target - 8.0) == ["customers"]
+    cadence.hold("orders", _survey("orders", row=150), batch, 150, now)
+    assert "orders" in cadence.due(now), "a busy table commits every batch"
+    assert batch.holders == 2
+    shaped = Cadence(trigger_seconds=2, eager=False, limits=LIMITS)
+    shaped.hold("customers", _survey("customers", changed=True, row=1), batch, 1, now)
+    assert shaped.due(now) == ["customers"], "a change of shape is applied at once"
+    truncated = Cadence(trigger_seconds=2, eager=False, limits=LIMITS)
+    truncated.hold("orders", _survey("orders", truncate=1), batch, 1, now)
+    assert truncated.due(now) == ["orders"]
+    eager = Cadence(trigger_seconds=2, eager=True, limits=LIMITS)
+    eager.hold("customers", _survey("customers", row=1), batch, 1, now)
+    assert eager.due(now) == ["customers"], "ingest --once commits every batch"
+    merged = Cadence(trigger_seconds=2, eager=False, limits=LIMITS)
+    for n in (3, 4):
+        merged.hold("customers", _survey("customers", row=n, tombstone=1), batch, n, now - n)
+    waiting = merged.waiting["customers"]
+    assert (waiting.changes, waiting.since) == (7, now - 4)
+    fresh = merged.freshness(now)
+    assert fresh["customers"] == {"target": target, "waiting": 7, "age": 4.0, "committed_at": None}
+    assert fresh["orders"]["age"] is None
+    assert merged.behind(now + target) == {"customers": target + 4}
+
+
+def test_the_heartbeat_names_the_tables_behind_their_target() -> None:
+    lim = Limits(heartbeat_seconds=10, dead_after_seconds=90, stalled_after_seconds=600, start_timeout_seconds=300,
+                 stop_timeout_seconds=330, kill_timeout_seconds=60)
+    now = 2_000_000.0
+    hb = Heartbeat(owner="x", host="elsewhere", pid=1, pid_started=None, started_at=now - 60, written_at=now,
+                   state="running", batch=7, last_progress_at=now - 2,
+                   tables={"customers": {"target": 15.0, "waiting": 3, "age": 22.0, "committed_at": None},
+                           "orders": {"target": 15.0, "waiting": 0, "age": None, "committed_at": now - 3}})
+    health = judge(hb, lim, now)
+    assert health.state == "healthy"
+    assert "behind their freshness target: customers (22 s, target 15 s)" in health.why
+    assert "orders" not in health.why
