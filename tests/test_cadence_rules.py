@@ -8,7 +8,7 @@ from pipelines.ingest.schema import Shape
 from pipelines.ingest.stream import Heartbeat, Limits, judge
 from pipelines.ingest.survey import Survey
 
-LIMITS = CadenceLimits(eager_records=100, parallel_tables=4, recent_batches=3)
+LIMITS = CadenceLimits(eager_records=100, parallel_tables=4, budget_seconds=4, recent_batches=3)
 
 
 def _survey(table: str, changed: bool = False, **kinds: int) -> Survey:
@@ -29,6 +29,8 @@ def test_a_table_is_due_when_busy_when_its_target_is_near_or_when_it_must_not_wa
     assert cadence.due(now + target - 8.0 - 2) == [] and cadence.due(now + target - 8.0) == ["customers"]
     cadence.hold("orders", _survey("orders", row=150), batch, 150, now)
     assert "orders" in cadence.due(now), "a busy table commits every batch"
+    assert cadence.due(now + target) == ["orders", "customers"], "the tables that cannot wait first"
+    assert cadence.urgent("orders") and not cadence.urgent("customers")
     assert batch.holders == 2
     shaped = Cadence(trigger_seconds=2, eager=False, limits=LIMITS)
     shaped.hold("customers", _survey("customers", changed=True, row=1), batch, 1, now)

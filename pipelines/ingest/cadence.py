@@ -15,6 +15,14 @@ still needs them), until they are *due*:
 - something must not wait: a change of shape (the schema decision is made once, and applied by
   the commit), a truncate, the stream stopping, an `ingest --once` (eager mode).
 
+More tables can be due than a batch has the cores to commit without making the busy tables wait:
+due tables start their commits oldest first, `parallel_tables` at a time, and once the batch's
+commits have run `budget_seconds`, only the tables that cannot wait (busy, or must) still start;
+the others stay waiting, the oldest first in the next batch. An overloaded stream so stays a
+stream: its busy tables as fresh as its cores allow, its quiet ones behind their targets by what
+the cores lack, and a heartbeat that names them (`behind`), rather than batches that grow without
+bound because every table is always due.
+
 A table with nothing waiting costs nothing: no commit, no read, no timeline walk.
 
 Nothing held is lost on a crash: what a table has not committed is after the position its own
@@ -40,13 +48,15 @@ from pipelines.ingest.survey import Survey
 class CadenceLimits:
     eager_records: int  # a table with this many changes waiting commits in the batch
     parallel_tables: int  # tables committed side by side
+    budget_seconds: float  # into a batch's commits, no quiet table's commit starts any more
     recent_batches: int  # the batches whose longest duration predicts the next one's
 
 
 def cadence_limits() -> CadenceLimits:
     """hudi_configs/stream.toml `[cadence]`, with the deployment's overrides."""
     values = hudi_configs.section("stream", "cadence")
-    return CadenceLimits(int(values["eager_records"]), int(values["parallel_tables"]), int(values["recent_batches"]))
+    return CadenceLimits(int(values["eager_records"]), int(values["parallel_tables"]),
+                         float(values["budget_seconds"]), int(values["recent_batches"]))
 
 
 @dataclass
@@ -119,12 +129,20 @@ class Cadence:
         return w
 
     def due(self, now: float | None = None) -> list[str]:
-        """The tables whose waiting changes this batch commits."""
+        """The tables whose waiting changes this batch commits: those that cannot wait first (`urgent`), then
+        the oldest waiting first."""
         now = time.time() if now is None else now
-        return [t for t, w in self.waiting.items() if self._due(t, w, now)]
+        due = [t for t, w in self.waiting.items() if self._due(t, w, now)]
+        return sorted(due, key=lambda t: (not self.urgent(t), self.waiting[t].since or now))
+
+    def urgent(self, table: str) -> bool:
+        """A table committed in the batch whatever the batch's time budget: eager mode, a change of shape or a
+        truncate, or a busy table (as busy, it is the batch's main work)."""
+        w = self.waiting[table]
+        return self.eager or w.must is not None or w.changes >= self.limits.eager_records
 
     def _due(self, table: str, w: Waiting, now: float) -> bool:
-        if self.eager or w.must or w.changes >= self.limits.eager_records:
+        if self.urgent(table):
             return True
         if w.since is None:
             return w.changes > 0

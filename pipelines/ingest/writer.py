@@ -155,12 +155,10 @@ class BronzeBatchWriter:
                                       oldest.timestamp() if oldest is not None else None)
                 else:  # tombstones, logical messages, dead letters: nothing for the table to commit
                     report.counts[table] = {k: n for k, n in survey.kinds.items() if n}
-            due = self.cadence.due()
-            for table, waiting in self.cadence.waiting.items():
-                if table not in due:
-                    report.counts[table] = {"waiting": waiting.changes}
             jobs: list[Callable[[], None]] = [store.job] if store.job is not None else []
-            self._commit(due, jobs, commit_meta, report, erased)
+            self._commit(self.cadence.due(), jobs, commit_meta, report, erased)
+            for table, waiting in self.cadence.waiting.items():
+                report.counts[table] = {"waiting": waiting.changes}
             self.positions.advance(position, batch_id)
             self.dead_letters.settle(store, position, report)
             self.schema.keep_declared(surveys)
@@ -173,16 +171,24 @@ class BronzeBatchWriter:
         log.info(report.line())
 
     def _commit(self, tables: list[str], jobs: list[Callable[[], None]], meta: dict[str, str], report: BatchReport,
-                erased: Erased | None) -> None:
+                erased: Erased | None, *, budget: bool = True) -> None:
         """The waiting changes of `tables` into their change logs and main tables, beside `jobs`; each commit
-        with `meta`, `cadence.limits.parallel_tables` tables at once."""
-        for table in tables:
+        with `meta`, `cadence.limits.parallel_tables` tables at once, within the batch's time `budget`."""
+        deadline = time.monotonic() + (self.cadence.limits.budget_seconds if budget else float("inf"))
+        done: list[str] = []
+
+        def commit(table: str) -> None:
+            if not self.cadence.urgent(table) and time.monotonic() > deadline:
+                return  # it waits for the next batch (the budget: `cadence`)
             survey = self.cadence.waiting[table].survey()
-            jobs.append(functools.partial(self.tables.apply, table, survey.events, survey, meta, report, erased,
-                                          parallel=self.parallel))
+            self.tables.apply(table, survey.events, survey, meta, report, erased, parallel=self.parallel)
+            done.append(table)
+
+        # Started in the order `due` gives (urgent, then the oldest waiting), `parallel_tables` at once.
+        jobs += [functools.partial(commit, table) for table in tables]
         with report.phase("tables"):
             run_together(jobs, parallel=self.parallel, at_most=self.cadence.limits.parallel_tables)
-        for table in tables:
+        for table in done:
             self.cadence.committed(table)
 
     def flush(self) -> None:
@@ -203,7 +209,7 @@ class BronzeBatchWriter:
             if erased:
                 meta[REGISTRY_META] = erased.version
             started = time.monotonic()
-            self._commit(list(self.cadence.waiting), [], meta, report, erased)
+            self._commit(list(self.cadence.waiting), [], meta, report, erased, budget=False)
             report.seconds = time.monotonic() - started
             log.info("the waiting changes, written as the stream stops: %s", report.line())
         if self.dead_letters.holding:
