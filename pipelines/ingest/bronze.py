@@ -185,8 +185,16 @@ def _run_query(spark: SparkSession, root: str, bootstrap: str, once: bool, trigg
                max_offsets_per_trigger: int | None, lease: StreamLease, stop_timeout: float, topics: list[str]) -> bool:
     """Run one ingest query until it ends, is asked to stop, or the declared tables change (then True)."""
     query, batches = _start_query(spark, root, bootstrap, once, trigger_seconds, max_offsets_per_trigger)
+    beat_at = 0.0
     try:
-        while not query.awaitTermination(lease.lim.heartbeat_seconds):
+        # Every trigger interval, what came due between batches (no batch runs without new records);
+        # every heartbeat interval, the heartbeat.
+        while not query.awaitTermination(min(lease.lim.heartbeat_seconds, trigger_seconds)):
+            if not once:
+                batches.commit_due()
+            if time.monotonic() - beat_at < lease.lim.heartbeat_seconds:
+                continue
+            beat_at = time.monotonic()
             lease.beat(query.lastProgress, query.status["isTriggerActive"], batches.freshness())
             if lease.stop_requested():
                 log.info("stop requested (%s): stopping after the batch in progress", STOP_REQUEST)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -69,6 +70,8 @@ class BronzeBatchWriter:
         # positions (`start`): the batch ids the commits record go on from the newest one there.
         self.first_batch = 0
         self._cut: int | None = None  # a batch that started and did not end (it failed, or was stopped)
+        # One batch or between-batch commit at a time (Spark's batch thread, the stream's own thread).
+        self._lock = threading.Lock()
         # Only this writer creates these tables (one stream per lake): an unborn one is a crash's.
         paths = [*(f(t, root) for t in declared().names for f in (main_path, changelog_path)), dead_letter_path(root)]
         with ThreadPoolExecutor(max_workers=START_READERS, thread_name_prefix="bronze-start") as pool:
@@ -107,6 +110,10 @@ class BronzeBatchWriter:
         return start
 
     def __call__(self, batch: DataFrame, query_batch: int) -> None:
+        with self._lock:
+            self._batch(batch, query_batch)
+
+    def _batch(self, batch: DataFrame, query_batch: int) -> None:
         started = time.monotonic()
         batch_id = self.first_batch + query_batch
         log.info("batch %d: started", batch_id)
@@ -193,27 +200,45 @@ class BronzeBatchWriter:
 
     def flush(self) -> None:
         """The stream is stopping: every table's waiting changes, and the dead letters held back, are written."""
-        if not self.positions.started:
-            return
-        erased = self.registry.erased()
-        if self._cut is not None:
-            # What the batch left waiting is not known to be whole: the next stream reads it again.
-            log.warning("batch %d did not end: the tables' waiting changes are left to the next stream (%s)",
-                        self._cut, ", ".join(sorted(self.cadence.waiting)) or "none")
-        elif self.cadence.waiting:
-            ledger = self.positions
-            assert ledger.position is not None and ledger.last_batch is not None
-            report = BatchReport(ledger.last_batch)
-            meta = {BATCH_ID_META: str(ledger.last_batch), POSITIONS_META: json.dumps(ledger.position, sort_keys=True),
-                    DEAD_LETTERS_META: json.dumps(ledger.through, sort_keys=True)}
-            if erased:
-                meta[REGISTRY_META] = erased.version
-            started = time.monotonic()
-            self._commit(list(self.cadence.waiting), [], meta, report, erased, budget=False)
-            report.seconds = time.monotonic() - started
-            log.info("the waiting changes, written as the stream stops: %s", report.line())
-        if self.dead_letters.holding:
-            self.dead_letters.flush(erased)
+        with self._lock:
+            if not self.positions.started:
+                return
+            erased = self.registry.erased()
+            if self._cut is not None:
+                # What the batch left waiting is not known to be whole: the next stream reads it again.
+                log.warning("batch %d did not end: the tables' waiting changes are left to the next stream (%s)",
+                            self._cut, ", ".join(sorted(self.cadence.waiting)) or "none")
+            elif self.cadence.waiting:
+                self._commit_between(list(self.cadence.waiting), erased, "written as the stream stops", budget=False)
+            if self.dead_letters.holding:
+                self.dead_letters.flush(erased)
+
+    def commit_due(self) -> None:
+        """Between batches: the tables whose waiting changes have come due. Structured Streaming runs no batch
+        while no record arrives, and a quiet table's changes would otherwise wait for the next record."""
+        if not self._lock.acquire(blocking=False):
+            return  # a batch runs: it commits what is due
+        try:
+            if self._cut is None and self.positions.started and (due := self.cadence.due()):
+                self._commit_between(due, self.registry.erased(), "due between batches")
+        finally:
+            self._lock.release()
+
+    def _commit_between(self, tables: list[str], erased: Erased | None, why: str, *, budget: bool = True) -> None:
+        """`tables`' waiting changes committed outside a batch, with the position and id of the newest batch."""
+        ledger = self.positions
+        assert ledger.position is not None and ledger.last_batch is not None
+        report = BatchReport(ledger.last_batch)
+        meta = {BATCH_ID_META: str(ledger.last_batch), POSITIONS_META: json.dumps(ledger.position, sort_keys=True),
+                DEAD_LETTERS_META: json.dumps(ledger.through, sort_keys=True)}
+        if erased:
+            meta[REGISTRY_META] = erased.version
+        started = time.monotonic()
+        self._cut = ledger.last_batch  # an interrupt in these commits leaves what waited to the next stream
+        self._commit(tables, [], meta, report, erased, budget=budget)
+        self._cut = None
+        report.seconds = time.monotonic() - started
+        log.info("the waiting changes, %s: %s", why, report.line())
 
     def freshness(self) -> dict[str, dict[str, float | int | None]]:
         """Per declared table, its target and what waits (the heartbeat's)."""
