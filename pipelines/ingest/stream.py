@@ -209,7 +209,8 @@ class StreamLease:
     def release(self) -> None:
         current = self.files.heartbeat()
         if current is None or current.owner == self.hb.owner:
-            self.hb.state, self.hb.trigger_since = "stopped", None
+            # A stopped stream has committed what its tables let wait (or left it to the next stream to read).
+            self.hb.state, self.hb.trigger_since, self.hb.tables = "stopped", None, None
             self._write()
 
     def _write(self, now: float | None = None) -> None:

@@ -100,8 +100,10 @@ class BronzeBatchWriter:
         self.first_batch = 0 if ledger.last_batch is None else ledger.last_batch + 1
         start: dict[str, int] = {}
         for table in declared().names:
+            # A commit records the stream's position in every topic: a table's own topic is the one it speaks for.
+            mine = declared().topic(table) + "/"
             applied = [ledger.applied[where(table, self.root)] for where in (main_path, changelog_path)]
-            for tp in {tp for a in applied for tp in a}:
+            for tp in {tp for a in applied for tp in a if tp.startswith(mine)}:
                 start[tp] = min(a.get(tp, EARLIEST) for a in applied)
         if behind := {tp: o for tp, o in ledger.through.items() if o < start.get(tp, o)}:
             log.warning("dead letters held by a writer that stopped without writing them: reading the records "
