@@ -6,7 +6,6 @@ without a trace.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from pyspark.sql import Column, DataFrame
@@ -96,17 +95,52 @@ def parse_events(raw: DataFrame, table: str, shape: Shape | None = None, known_d
 
 
 def parse_topics(raw: DataFrame, tables: dict[str, TableParse], placeholder: str | None = None) -> DataFrame:
-    """Kafka records -> one row per record, classified as its topic's table says; one pass over the records.
+    """Kafka records -> one row per record, classified as its topic's table says (`read_envelopes`, then `classify`).
+
+    The ingest materializes the envelopes between the two steps, so that the records are read and
+    their JSON parsed once (`BronzeBatchWriter`); this lazy form serves single tables and tests.
+    """
+    return classify(read_envelopes(raw), tables, placeholder, all_mine=len(tables) == 1)
+
+
+def read_envelopes(raw: DataFrame) -> DataFrame:
+    """Kafka records -> their Debezium envelopes parsed, whatever their table: the JSON is decoded here, once.
+
+    Both converter settings are read by one schema (`value_schema`): `_env` is the payload of a
+    wrapped record or the bare envelope, `_schema` a wrapped record's Connect schema as its text,
+    `_unparsed` true when the value is not a JSON object of the envelope's types.
+    """
+    text = F.col("value").cast("string")
+    parsed = F.from_json(text, value_schema(), {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": "_corrupt"})
+    df = raw.select(
+        F.col("topic").alias("kafka_topic"), F.col("partition").alias("kafka_partition"),
+        F.col("offset").alias("kafka_offset"), F.col("timestamp").alias("kafka_timestamp"),
+        "key", "value", text.alias("_text"), parsed.alias("_v"),
+    )
+    v = F.col("_v")
+    bare = F.struct(*[v[f.name].alias(f.name) for f in _envelope_fields()])
+    return df.select(
+        "kafka_topic", "kafka_partition", "kafka_offset", "kafka_timestamp", "key", "value", "_text",
+        (v.isNull() | v["_corrupt"].isNotNull()).alias("_unparsed"), v["schema"].alias("_schema"),
+        F.when(v["payload"].isNotNull(), v["payload"]).otherwise(bare).alias("_env"))
+
+
+def classify(envelopes: DataFrame, tables: dict[str, TableParse], placeholder: str | None = None, *,
+             all_mine: bool = False) -> DataFrame:
+    """Envelopes (`read_envelopes`) -> one row per record, classified as its topic's table says.
 
     `kind` is `row` (a change with its image), `truncate`, `tombstone`, `ignored` (op=m)
     or `dead` (with `reason` and the raw `value`). Every input record yields exactly one
-    output row, so nothing is dropped without a trace. With several tables, each record is
-    parsed by the table of its topic (a record of another topic is a dead letter); with one,
-    every record is that table's.
+    output row, so nothing is dropped without a trace. Each record is classified by the table of
+    its topic (a record of another topic is a dead letter), or with `all_mine`, every record by the
+    one table of `tables`.
 
-    One pass for every table's topic: a frame per table filtered from the stream's batch would read
-    and decode each Kafka record once per table (Spark's Kafka source cannot skip a topic's
-    partitions on a filter), half of the batch's reading thrown away with two tables.
+    Each table's records are classified by an expression of its own, over its topic's part of the
+    envelopes, and the parts are put together: one expression choosing among the tables (a CASE
+    per column with a branch per table) grew with the table count until Spark's generated code
+    was too large to compile, and a batch of 50 tables spent 35 to 60 s here (BENCHMARKS.md,
+    "Fifty tables"). Only the tables in `tables` are looked at, so the writer passes those whose
+    topics the batch has records of: an idle table costs nothing.
 
     The image is kept as a map (`_image`); `image_columns` types it by the table's shape. Beside
     it, what the schema decision needs (pipelines.ingest.schema), empty for a record of a known
@@ -118,17 +152,6 @@ def parse_topics(raw: DataFrame, tables: dict[str, TableParse], placeholder: str
     for records of an unknown shape (they may be held).
     """
     placeholder = placeholder or unavailable_placeholder()
-    text = F.col("value").cast("string")
-    parsed = F.from_json(text, value_schema(), {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": "_corrupt"})
-    df = raw.select(
-        F.col("topic").alias("kafka_topic"), F.col("partition").alias("kafka_partition"),
-        F.col("offset").alias("kafka_offset"), F.col("timestamp").alias("kafka_timestamp"),
-        "key", "value", text.alias("_text"), parsed.alias("_v"),
-    )
-    v = F.col("_v")
-    bare = F.struct(*[v[f.name].alias(f.name) for f in _envelope_fields()])
-    env = F.when(v["payload"].isNotNull(), v["payload"]).otherwise(bare)
-    df = df.withColumn("_env", env)
     e = F.col("_env")
     op = e["op"]
     # An incremental snapshot's reads (a table added while the stream runs: `lakehouse source sync`) carry no
@@ -145,24 +168,13 @@ def parse_topics(raw: DataFrame, tables: dict[str, TableParse], placeholder: str
     def ok(kind: str) -> Column:
         return F.struct(F.lit(kind).alias("kind"), F.lit(None).cast("string").alias("reason"))
 
-    def by_topic(build: Callable[[str, TableParse], Column], other: Column | None = None) -> Column:
-        """`build`'s column for each record's table (`other` for a record of no table's topic)."""
-        if len(tables) == 1:
-            return build(*next(iter(tables.items())))
-        chosen: Column | None = None
-        for table, spec in tables.items():
-            mine = F.col("kafka_topic") == decl.topic(table)
-            chosen = F.when(mine, build(table, spec)) if chosen is None else chosen.when(mine, build(table, spec))
-        assert chosen is not None
-        return chosen if other is None else chosen.otherwise(other)
-
     no_image = F.concat(F.lit("op="), op, F.when(op == "d", F.lit(" without 'before'"))
                         .otherwise(F.lit(" without 'after'")))
 
     def not_bigint(c: str) -> Column:
         return image[c].isNotNull() & image[c].cast("bigint").isNull()
 
-    def classified(table: str, _: TableParse) -> Column:
+    def classified(table: str) -> Column:
         where = f"on topic {decl.topic(table)}"
         t = decl.table(table)
         numbers = sorted(c for c in t.columns if t.wire_type(c) == "bigint")
@@ -174,7 +186,7 @@ def parse_topics(raw: DataFrame, tables: dict[str, TableParse], placeholder: str
         return (
             F.when(F.col("value").isNull(), ok("tombstone"))
             .when(F.encode(F.col("_text"), "UTF-8") != F.col("value"), dead(F.lit("value is not valid UTF-8 text")))
-            .when(v.isNull() | v["_corrupt"].isNotNull(), dead(
+            .when(F.col("_unparsed"), dead(
                 F.when(F.get_json_object("_text", "$").isNull(), F.lit("value is not valid JSON"))
                 .when(~F.ltrim(F.col("_text")).startswith("{"),
                       F.lit("JSON value is not an object, so not a Debezium envelope"))
@@ -197,11 +209,11 @@ def parse_topics(raw: DataFrame, tables: dict[str, TableParse], placeholder: str
 
     is_row = F.col("_c.kind") == "row"
     upsert = is_row & (op != "d")
-    connect_schema = v["schema"]  # its JSON text; null for a bare envelope
+    connect_schema = F.col("_schema")  # its JSON text; null for a bare envelope
     decl_hash = F.xxhash64(connect_schema)
     empty = F.array().cast("array<string>")
 
-    def decl_new(_: str, spec: TableParse) -> Column:
+    def decl_new(spec: TableParse) -> Column:
         unknown = connect_schema.isNotNull() & ~decl_hash.isin(*spec.known_declared) if spec.known_declared \
             else connect_schema.isNotNull()
         return F.when(is_row & unknown, F.lit(True))
@@ -211,7 +223,7 @@ def parse_topics(raw: DataFrame, tables: dict[str, TableParse], placeholder: str
         # lacks nothing: one array comparison instead of two set differences per record.
         return F.map_keys(image) == literal_array(list(spec.shape.columns))
 
-    def new_keys(_: str, spec: TableParse) -> Column:
+    def new_keys(spec: TableParse) -> Column:
         return F.when(is_row & ~as_shape(spec), F.array_except(
             F.map_keys(image), literal_array(list(spec.shape.columns)))).otherwise(empty)
 
@@ -222,7 +234,7 @@ def parse_topics(raw: DataFrame, tables: dict[str, TableParse], placeholder: str
         return F.when(upsert & connect_schema.isNull() & ~as_shape(spec), F.array_except(
             literal_array(fixed), F.map_keys(image))).otherwise(empty)
 
-    def badcast(_: str, spec: TableParse) -> Column:
+    def badcast(spec: TableParse) -> Column:
         shape = spec.shape
         typed = [c for c in shape.extras if shape.columns[c].type != "string"]
         return F.when(is_row & connect_schema.isNull(), F.array_compact(F.array(*[
@@ -232,24 +244,34 @@ def parse_topics(raw: DataFrame, tables: dict[str, TableParse], placeholder: str
 
     toast = F.when(upsert & F.col("_text").contains(placeholder),
                    F.map_keys(F.map_filter(image, lambda _, x: x == placeholder))).otherwise(empty)
-    not_mine = dead(F.concat(F.lit("topic '"), F.col("kafka_topic"), F.lit("' is no source table's")))
-    df = df.withColumn("_c", by_topic(classified, not_mine)).select(
-        "*", by_topic(decl_new).alias("_decl_new"),
-        F.when(is_row & connect_schema.isNotNull(), decl_hash).alias("_decl_hash"),
-        by_topic(new_keys, empty).alias("_new_keys"), by_topic(missing, empty).alias("_missing"),
-        by_topic(badcast, empty).alias("_badcast"), toast.alias("_toast"))
-    odd = F.col("_decl_new").isNotNull() | (F.size("_new_keys") > 0) | (F.size("_missing") > 0) | \
-        (F.size("_badcast") > 0)
-    columns = [F.col("_c.kind").alias("kind"), F.col("_c.reason").alias("reason"),
-               op.alias("_op"), lsn.alias("_lsn"), F.timestamp_millis(e["source"]["ts_ms"]).alias("_source_ts"),
-               e["source"]["txId"].alias("_tx_id"), image.alias("_image")]
-    # The raw value is kept for dead letters (and records that may become one) only: the batch's
-    # parsed rows stay cached while every table is written, and a wrapped envelope's value is
-    # mostly its schema (kilobytes).
-    return df.select(
-        "kafka_topic", "kafka_partition", "kafka_offset", "kafka_timestamp", "key",
-        F.when((F.col("_c.kind") == "dead") | odd, F.col("value")).alias("value"), *columns,
-        "_decl_new", "_decl_hash", "_new_keys", "_missing", "_badcast", "_toast")
+
+    def part(records: DataFrame, c: Column, new: Column, keys: Column, lacking: Column, bad: Column) -> DataFrame:
+        df = records.withColumn("_c", c).select(
+            "*", new.alias("_decl_new"), F.when(is_row & connect_schema.isNotNull(), decl_hash).alias("_decl_hash"),
+            keys.alias("_new_keys"), lacking.alias("_missing"), bad.alias("_badcast"), toast.alias("_toast"))
+        odd = F.col("_decl_new").isNotNull() | (F.size("_new_keys") > 0) | (F.size("_missing") > 0) | \
+            (F.size("_badcast") > 0)
+        # The raw value is kept for dead letters (and records that may become one) only: the batch's
+        # parsed rows stay cached while every table is written, and a wrapped envelope's value is
+        # mostly its schema (kilobytes).
+        return df.select(
+            "kafka_topic", "kafka_partition", "kafka_offset", "kafka_timestamp", "key",
+            F.when((F.col("_c.kind") == "dead") | odd, F.col("value")).alias("value"),
+            F.col("_c.kind").alias("kind"), F.col("_c.reason").alias("reason"),
+            op.alias("_op"), lsn.alias("_lsn"), F.timestamp_millis(e["source"]["ts_ms"]).alias("_source_ts"),
+            e["source"]["txId"].alias("_tx_id"), image.alias("_image"),
+            "_decl_new", "_decl_hash", "_new_keys", "_missing", "_badcast", "_toast")
+
+    def of(table: str) -> DataFrame:
+        return envelopes if all_mine else envelopes.filter(F.col("kafka_topic") == decl.topic(table))
+
+    parts = [part(of(table), classified(table), decl_new(spec), new_keys(spec), missing(table, spec), badcast(spec))
+             for table, spec in tables.items()]
+    if not all_mine:
+        not_mine = dead(F.concat(F.lit("topic '"), F.col("kafka_topic"), F.lit("' is no source table's")))
+        others = envelopes.filter(~F.col("kafka_topic").isin(*[decl.topic(t) for t in tables]))
+        parts.append(part(others, not_mine, F.lit(None).cast("boolean"), empty, empty, empty))
+    return functools.reduce(DataFrame.unionByName, parts)
 
 
 def image_columns(shape: Shape) -> list[Column]:

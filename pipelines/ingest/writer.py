@@ -27,7 +27,7 @@ from pipelines.ingest.cadence import BatchRecords, Cadence
 from pipelines.ingest.dead_letter_writer import DeadLetterWriter
 from pipelines.ingest.erasures import Erased, ErasureRegistry
 from pipelines.ingest.held_letters import EARLIEST
-from pipelines.ingest.parse import parse_topics
+from pipelines.ingest.parse import classify, read_envelopes
 from pipelines.ingest.positions import PositionLedger, end_offsets
 from pipelines.ingest.state import (
     BATCH_ID_META,
@@ -37,6 +37,7 @@ from pipelines.ingest.state import (
     discard_unborn,
     ingest_meta,
     materialized,
+    release,
 )
 from pipelines.ingest.survey import SchemaSurvey, tally
 from pipelines.ingest.tables import TableWriter
@@ -125,7 +126,7 @@ class BronzeBatchWriter:
         # that while a table still holds changes among them (`cadence`), each table's a filter of it;
         # the raw batch is not kept (a wrapped envelope is kilobytes of schema, parsed away here).
         with report.phase("read+parse"):
-            every = materialized(parse_topics(batch, self.schema.parses(), self.placeholder))
+            every = self._parse(batch)
         records = BatchRecords(every)
         parsed = {t: every.filter(F.col("kafka_topic") == declared().topic(t)) for t in declared().names}
         try:
@@ -178,6 +179,17 @@ class BronzeBatchWriter:
         self.cadence.batch_done(report.seconds)
         self._cut = None
         log.info(report.line())
+
+    def _parse(self, batch: DataFrame) -> DataFrame:
+        """The batch's records classified (materialized): read and decoded once, then each table's records by
+        its own rules, for the tables the batch has records of only (`parse.classify`)."""
+        envelopes = materialized(read_envelopes(batch))
+        try:
+            topics = {r["kafka_topic"] for r in envelopes.select("kafka_topic").distinct().collect()}
+            present = {t: p for t, p in self.schema.parses().items() if declared().topic(t) in topics}
+            return materialized(classify(envelopes, present, self.placeholder))
+        finally:
+            release(envelopes)
 
     def _commit(self, tables: list[str], jobs: list[Callable[[], None]], meta: dict[str, str], report: BatchReport,
                 erased: Erased | None, *, budget: bool = True) -> None:
