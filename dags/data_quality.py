@@ -2,7 +2,20 @@
 ### Data quality
 
 Great Expectations 1.x suites on every layer, after each hour's ETL, for every table the
-declaration names (`LAKEHOUSE_TABLES`, contract section 7):
+declaration names (`LAKEHOUSE_TABLES`, contract section 7), run only where something changed:
+
+1. **changed_suites** compares, for each suite, the newest data-changing commit of each table it
+   reads with what its last passing check recorded (`$LAKEHOUSE_ROOT/_quality/checked/`), from the
+   timelines alone (no Spark, `pipelines/services/due.py`). It logs every suite: checked, and why
+   (changed, never passed, its declaration changed, bronze older than the freshness limit), or
+   not checked again, unchanged since which check. Then it groups the declared tables with due
+   suites, and gold when its are due, into jobs of at most `tables_per_job`
+   (`hudi_configs/table_services.toml` [jobs]: a JVM start per job, not per table), in the
+   declaration's order, gold last, and logs each job's tables;
+2. **quality** runs one `lakehouse quality --suite ... --suite ...` job per group (dynamic task
+   mapping: none when nothing changed; each labelled with the tables it covers).
+
+The suites:
 
 - **bronze**: keys unique and not null, LSN present, operation codes, freshness (the
   newest row is less than 24 hours old), not empty;
@@ -14,17 +27,29 @@ declaration names (`LAKEHOUSE_TABLES`, contract section 7):
   value ranges and sets, one `customer_ltv` row per silver customer, no `customer_ltv` row
   without a silver customer, `daily_revenue` order counts equal to silver's per day.
 
-A failed expectation fails its task; the log lists each failed expectation with a few
-offending values. Data Docs (HTML) are written under the lake root:
-`$LAKEHOUSE_ROOT/_quality/data_docs/index.html`.
+A failed expectation fails its job's task (the other suites of the job still run, and those that
+pass are recorded) and records nothing, so the suite runs again next hour; the log lists each
+failed expectation with a few offending values. Data Docs (HTML) are written under the lake
+root: `$LAKEHOUSE_ROOT/_quality/data_docs/index.html`. To check everything again, delete
+`_quality/checked/` or run `lakehouse quality`.
 """
 
 from __future__ import annotations
 
 from datetime import timedelta
 
-from airflow.sdk import DAG
-from lakehouse_common import DEFAULT_ARGS, START, job, spark_task
+from airflow.sdk import DAG, task
+from lakehouse_common import DEFAULT_ARGS, START, mapped_spark_tasks
+
+
+@task(execution_timeout=timedelta(minutes=15))
+def changed_suites() -> list[dict]:
+    """The due suites, their tables in groups of at most `tables_per_job`: one work item per Spark job (reads file
+    names and the check records, writes nothing: outside the pool)."""
+    from pipelines.services.due import quality_work
+
+    return quality_work()
+
 
 with DAG(
     dag_id="data_quality",
@@ -38,6 +63,6 @@ with DAG(
     doc_md=__doc__,
     tags=["lakehouse", "quality"],
 ):
-    for layer in ("bronze", "silver", "gold"):
-        spark_task(job(f"validate_{layer}", "quality", "--layer", layer),
-                   doc_md=f"Great Expectations suites of the {layer} tables (`lakehouse quality --layer {layer}`).")
+    mapped_spark_tasks("quality", changed_suites(),
+                       doc_md="The due suites of a group of declared tables, gold's among them when due "
+                              "(`lakehouse quality --suite ... --suite ...`).")

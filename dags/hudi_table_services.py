@@ -3,40 +3,52 @@
 
 Every hour, beside the running ingest stream and ETL (all of them run with
 `LAKEHOUSE_TABLE_SERVICES=external`: optimistic concurrency control and one lock per table,
-see `hudi_configs/table_services.toml`):
+see `hudi_configs/table_services.toml`), on the tables that have work, and only there:
 
-- **compact** each bronze merge-on-read table: a plan is made only when there are log
-  files to compact, then every pending plan is executed;
+1. **due_tables** decides, from each table's timeline and file names (no Spark: a listing and a
+   few small metadata reads per table, `pipelines/services/due.py`), which services are due
+   on which table, and logs why for each (and which tables have nothing due); then groups the
+   due tables into jobs of at most `tables_per_job` (`hudi_configs/table_services.toml` [jobs]:
+   a JVM start per job, not per table), the most urgent first (a pending plan, a failed write
+   to roll back; then compaction; expiry and clustering; cleaning alone), and logs each job's
+   tables;
+2. **services** runs one `lakehouse services --table <t>:<services> --table ...` job per group
+   (dynamic task mapping: as many task instances as groups, none when nothing is due; each is
+   labelled with the tables it covers). A job runs on each of its tables that table's due
+   services in order, and the next table's when one fails (then fails, naming it):
+
+- **compact** a bronze merge-on-read table that has log files since its last compaction (or a
+  pending plan): a plan of every file slice with log files, then every pending plan;
 - **expire and cluster** bronze's change logs (insert-only, one or two small files per
   ingest batch): past days that silver has consumed and that are older than the retention
   are dropped, the other past days' small files are rewritten into large ones; and
   **cluster** the dead-letter store (a small file per batch that has malformed records);
-- **clean and archive** every table of each layer: file slices older than the retention
-  are deleted, failed writes rolled back, old instants archived.
+- **clean and archive**: file slices older than the retention are deleted, failed writes rolled
+  back, old instants archived. Due when the retention frees something, and on a table whose
+  other services run (what they replace goes in the same job once past the retention).
 
 Retention is by hours (`hoodie.clean.*`, `hoodie.keep.*` in `hudi_configs/*.toml`; the
 arithmetic is in `table_services.toml`): 12 h for the change logs, 36 h for silver and
 gold, against a worst reader lag of about 3 h in normal operation. A reader whose
-checkpoint is gone anyway notices and rebuilds from a full read.
+checkpoint is gone anyway notices and rebuilds from a full read. By hand, any table:
+`lakehouse services --table <t>` (every service, whether due or not).
 """
 
 from __future__ import annotations
 
 from datetime import timedelta
 
-from airflow.sdk import DAG
-from lakehouse_common import DEFAULT_ARGS, START, job, spark_task
-
-from pipelines.catalog import names
-
-LAYERS = {layer: names(layer) for layer in ("bronze", "silver", "gold")}
-MERGE_ON_READ = names("bronze", writer="table")
-# Bronze's insert-only tables, where small files pile up: the change logs and the dead-letter store.
-APPEND_ONLY = [*names("bronze", writer="changelog"), *names("bronze", writer="dead_letters")]
+from airflow.sdk import DAG, task
+from lakehouse_common import DEFAULT_ARGS, START, mapped_spark_tasks
 
 
-def _tables(names: list[str]) -> list[str]:
-    return [arg for name in names for arg in ("--table", name)]
+@task(execution_timeout=timedelta(minutes=15))
+def due_tables() -> list[dict]:
+    """The due tables, in groups of at most `tables_per_job`: one work item per Spark job (reads file names and small
+    metadata files, writes nothing: outside the pool)."""
+    from pipelines.services.due import services_work
+
+    return services_work()
 
 
 with DAG(
@@ -50,16 +62,6 @@ with DAG(
     doc_md=__doc__,
     tags=["lakehouse", "hudi", "maintenance"],
 ):
-    compactions = [spark_task(job(f"compact_{name.replace('/', '_')}", "services", "--only", "compact",
-                                  "--table", name),
-                              doc_md=f"Compaction of {name}, when it has log files.") for name in MERGE_ON_READ]
-    changelogs = spark_task(job("expire_cluster_changelogs", "services", "--only", "expire", "--only", "cluster",
-                                *_tables(APPEND_ONLY)),
-                            doc_md="Drop consumed days past the retention from bronze's change logs; "
-                                   "cluster the small files of their other past days and of the dead-letter store.")
-    cleanups = [spark_task(job(f"clean_archive_{layer}", "services", "--only", "clean", "--only", "archive",
-                               *_tables(tables)), doc_md=f"Cleaning and archival of every {layer} table.")
-                for layer, tables in LAYERS.items()]
-    # Clean bronze after its compactions and the change-log upkeep: what they replaced goes
-    # in the same run once it is past the retention.
-    [*compactions, changelogs] >> cleanups[0]
+    mapped_spark_tasks("services", due_tables(),
+                       doc_md="The due services of a group of tables "
+                              "(`lakehouse services --table <t>:<services> --table ...`).")

@@ -1,7 +1,9 @@
 """What the lakehouse DAGs share: defaults, and how a Spark job becomes tasks on the configured target.
 
 The target is one setting of the Airflow deployment, `LAKEHOUSE_TARGET` (local | emr), read
-when the DAGs are parsed because it decides the operators:
+when the DAGs are parsed because it decides the operators (`spark_task` for one fixed job,
+`mapped_spark_tasks` for the jobs a run decides on: one per work item, a group of tables, by dynamic task
+mapping):
 - local: a BashOperator running `spark-submit` of the project's CLI in the project's .venv;
 - emr: EmrAddStepsOperator + EmrStepSensor on the cluster whose id is the Airflow Variable
   `lakehouse_emr_cluster_id`, through the Airflow connection `aws_default`, with the code
@@ -14,6 +16,7 @@ from __future__ import annotations
 import os
 import shlex
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
 
 from airflow.providers.standard.operators.bash import BashOperator
 from airflow.sdk import Asset, TaskGroup
@@ -21,6 +24,10 @@ from airflow.sdk import Asset, TaskGroup
 from pipelines.catalog import change_feed_tables, lake_table
 from pipelines.deploy.jobs import JOB_ENV, SparkJob
 from pipelines.settings import PROJECT_ROOT, lake_root
+
+if TYPE_CHECKING:
+    from airflow.sdk.definitions.mappedoperator import MappedOperator
+    from airflow.sdk.definitions.xcom_arg import PlainXComArg
 
 START = datetime(2026, 1, 1)
 DEFAULT_ARGS = {
@@ -90,6 +97,64 @@ def spark_task(spark_job: SparkJob, outlets: list[Asset] | None = None, doc_md: 
                           step_id=f"{{{{ ti.xcom_pull(task_ids='{spark_job.name}.add_step')[0] }}}}",
                           poke_interval=60, mode="poke", pool=LAKE_POOL, outlets=outlets or [])
     return group
+
+
+def _label(decision: str) -> str:
+    """A mapped task's label in the UI (map_index_template): its work item's, the tables its job covers, read from
+    the decision's XCom (the mapped list itself: item i is map index i) when the task ends."""
+    return f"{{{{ ti.xcom_pull(task_ids='{decision}')[ti.map_index]['label'] }}}}"
+
+
+def mapped_spark_tasks(name: str, work: PlainXComArg, doc_md: str) -> MappedOperator | TaskGroup:
+    """One Spark job per item of `work` (`{"label": ..., "tables": [...], "args": [the lakehouse command]}`), the
+    list a task of the same run returns, each item a group of tables (`pipelines.services.due`: at most
+    `tables_per_job`): dynamic task mapping, so the DAG keeps its few tasks whatever the table count, and an empty
+    list starts no job (the mapped task is skipped). Each mapped task is labelled with the tables it covers. As
+    `spark_task`: a task (local) or a group of a mapped add_step and a mapped wait_for_step (emr), every one in
+    LAKE_POOL."""
+    label = _label(work.operator.task_id)
+    if _target() == "local":
+        return BashOperator.partial(task_id=name, env=job(name).local_env(), append_env=True, doc_md=doc_md,
+                                    pool=LAKE_POOL, map_index_template=label
+                                    ).expand(bash_command=work.map(local_command))
+    from airflow.providers.amazon.aws.operators.emr import EmrAddStepsOperator
+    from airflow.providers.amazon.aws.sensors.emr import EmrStepSensor
+
+    cluster = "{{ var.value.lakehouse_emr_cluster_id }}"
+    # As in spark_task: adding a step is not retried, the sensor pokes and holds the pool's slot. Map index i of
+    # either task is work item i: the sensor waits for the step its add_step of the same index added.
+    with TaskGroup(name, tooltip=doc_md) as group:
+        added = EmrAddStepsOperator.partial(task_id="add_step", job_flow_id=cluster, aws_conn_id="aws_default",
+                                            doc_md=doc_md, retries=0, pool=LAKE_POOL, map_index_template=label
+                                            ).expand(steps=work.map(emr_steps))
+        EmrStepSensor.partial(task_id="wait_for_step", job_flow_id=cluster, aws_conn_id="aws_default",
+                              poke_interval=60, mode="poke", pool=LAKE_POOL, map_index_template=label
+                              ).expand(step_id=added.output.map(added_step))
+    return group
+
+
+def _work_job(work: dict) -> SparkJob:
+    """The job of a work item, named after its command and label (`services bronze/orders, bronze/customers`): the
+    Spark application's and the EMR step's name."""
+    return job(f"{work['args'][0]} {work['label']}", *work["args"])
+
+
+def local_command(work: dict) -> str:
+    """The bash command of a work item on the local target (resolved in the mapped task, on the worker)."""
+    return _work_job(work).local_bash()
+
+
+def emr_steps(work: dict) -> list[dict]:
+    """The EMR step of a work item, with the code of the Variable `lakehouse_code_uri` as it is when the task runs
+    (values a mapped task gets from an XCom are not templates: Airflow renders none of them)."""
+    from airflow.sdk import Variable
+
+    return [_work_job(work).emr_step(Variable.get("lakehouse_code_uri"))]
+
+
+def added_step(step_ids: list[str]) -> str:
+    """The id of the one step an add_step task added (what its sensor waits for)."""
+    return step_ids[0]
 
 
 def _target() -> str:

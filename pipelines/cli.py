@@ -112,9 +112,27 @@ def etl() -> None:
                + (f" ({', '.join(changed)})" if changed else ""))
 
 
+def _table_services(tables: tuple[str, ...]) -> tuple[list[str], dict[str, tuple[str, ...]]]:
+    """`--table` values: the tables' names, and the services of those given with their own (`NAME:SERVICE,...`)."""
+    from pipelines.services.due import SERVICES
+
+    names, own = [], {}
+    for value in tables:
+        name, colon, listed = value.partition(":")
+        names.append(name)
+        if colon:
+            chosen = listed.split(",")
+            if unknown := [s for s in chosen if s not in SERVICES]:
+                raise click.BadParameter(f"{value!r}: {', '.join(map(repr, unknown))} not among "
+                                         f"{', '.join(SERVICES)}", param_hint="--table")
+            own[name] = tuple(s for s in SERVICES if s in chosen)
+    return names, own
+
+
 @main.command()
-@click.option("--table", "tables", multiple=True, metavar="NAME",
-              help="A table as `status` names it (bronze/orders, silver/_quarantine/customers, ...); repeatable  "
+@click.option("--table", "tables", multiple=True, metavar="NAME[:SERVICE,...]",
+              help="A table as `status` names it (bronze/orders, silver/_quarantine/customers, ...), optionally with "
+                   "its own services instead of --only's (bronze/orders:compact,clean,archive); repeatable  "
                    "[default: every table]")
 @click.option("--only", type=click.Choice(["compact", "expire", "cluster", "clean", "archive"]), multiple=True,
               help="Run only these services, in the default's order; repeatable  "
@@ -125,41 +143,58 @@ def services(tables: tuple[str, ...], only: tuple[str, ...]) -> None:
 
     Safe beside running writers when they run with LAKEHOUSE_TABLE_SERVICES=external (see
     hudi_configs/table_services.toml). Prints one JSON line per table: what each service did.
+    A table whose services fail does not stop the other tables'; the command then exits 1 naming it.
     """
     import json
 
-    from pipelines.services.table_services import SERVICES, run_services
+    from pipelines.services.due import SERVICES
+    from pipelines.services.table_services import run_services
     from pipelines.spark import get_spark
 
+    names, own = _table_services(tables)
     try:
-        report = run_services(get_spark("lakehouse-services"), settings.lake_root(), tables or None,
-                              tuple(s for s in SERVICES if s in only) if only else SERVICES)
+        report = run_services(get_spark("lakehouse-services"), settings.lake_root(), names or None,
+                              tuple(s for s in SERVICES if s in only) if only else SERVICES, own, keep_going=True)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from exc
     except Exception as exc:  # Spark/Hudi failures: name them and exit 1
         raise click.ClickException(f"services failed: {console.first_line(exc)}{console.see_log()}") from exc
     for table, done in report.items():
         click.echo(json.dumps({"table": table, **done}, default=str))
+    if failed := [table for table, done in report.items() if "failed" in done]:
+        raise click.ClickException(f"services failed on {len(failed)} of {len(report)} tables: "
+                                   f"{', '.join(failed)}{console.see_log()}")
 
 
 @main.command()
 @click.option("--layer", "layers", type=click.Choice(["bronze", "silver", "gold"]), multiple=True,
               help="Validate only this layer; repeatable  [default: all]")
+@click.option("--suite", "suites", multiple=True, metavar="NAME",
+              help="Validate only this suite, as the summary names it (bronze/orders, "
+                   "\"gold/customer_ltv -> silver/customers\"); repeatable  [default: every suite of the layers]")
 @click.option("--max-age-hours", type=click.FloatRange(min=0, min_open=True), default=24.0, show_default=True,
               help="Freshness: bronze's newest row must be younger than this.")
-def quality(layers: tuple[str, ...], max_age_hours: float) -> None:
+def quality(layers: tuple[str, ...], suites: tuple[str, ...], max_age_hours: float) -> None:
     """Great Expectations suites of the lake's tables; exit 1 naming every failed expectation.
 
-    Data Docs (HTML) are written to $LAKEHOUSE_ROOT/_quality/data_docs/index.html.
+    Data Docs (HTML) are written to $LAKEHOUSE_ROOT/_quality/data_docs/index.html. Each suite that
+    passes records what it checked in $LAKEHOUSE_ROOT/_quality/checked/: the data_quality DAG checks
+    again only the suites whose tables changed since.
     """
     from datetime import timedelta
 
+    from pipelines.services.due import quality_suites
     from pipelines.services.quality import LAYERS, data_docs_index, run_quality
     from pipelines.spark import get_spark
 
+    known = [spec.name for spec in quality_suites()]
+    if unknown := [s for s in suites if s not in known]:
+        raise click.BadParameter(f"{', '.join(map(repr, unknown))}: the suites are {', '.join(known)}",
+                                 param_hint="--suite")
     root = settings.lake_root()
     started = time.monotonic()
-    outcomes = run_quality(get_spark("lakehouse-quality"), root, layers or LAYERS, timedelta(hours=max_age_hours))
+    outcomes = run_quality(get_spark("lakehouse-quality"), root, layers or LAYERS, timedelta(hours=max_age_hours),
+                           suites)
     passed = sum(o.success for o in outcomes)
     click.echo(f"quality: {passed} of {len(outcomes)} suites passed in {time.monotonic() - started:.1f} s; "
                f"data docs: {data_docs_index(root)}")

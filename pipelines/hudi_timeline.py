@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import time
 from pathlib import Path
 
@@ -14,6 +13,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from pipelines import catalog_sync, storage
 from pipelines.settings import lake_relative
+from pipelines.timeline_files import HEARTBEAT_EXPIRY_MS, INSTANT_FILE, avro_long
 
 log = logging.getLogger(__name__)
 
@@ -163,11 +163,6 @@ def instant_of_batch(spark: SparkSession, path: str, key: str, batch: int) -> st
     return found
 
 
-# A writer touches its heartbeat file every hoodie.client.heartbeat.interval_in_ms (60 s) and
-# is taken for dead after hoodie.client.heartbeat.tolerable.misses (2) more: Hudi's defaults.
-HEARTBEAT_EXPIRY_MS = 60_000 * (2 + 1)
-
-
 def pending_writes(spark: SparkSession, path: str) -> list[str]:
     """Requested times of the writes in flight whose writer is alive (compaction plans excluded).
 
@@ -239,22 +234,7 @@ def write_with_checkpoint(df: DataFrame, path: str, options: dict[str, str], mar
     catalog_sync.committed(df.sparkSession, path, options)
 
 
-# Timeline file names of Hudi 1.x: `<requested>.<action>.requested`, `<requested>.<action>.inflight` (a copy-on-write
-# commit's: `<requested>.inflight`), `<requested>_<completed>.<action>`.
-_INSTANT_FILE = re.compile(r"^(\d+)(?:_\d+\.[a-z]+|\.(?:[a-z]+\.)?(requested|inflight))$")
-_STATE_RANK = {"requested": 0, "inflight": 1, None: 2}  # None: completed (the pattern's second group is empty)
-
-
-def _avro_long(data: bytes, at: int) -> tuple[int, int]:
-    """An Avro long (zig-zag varint) at `at`: (value, where the next item starts). IndexError past the end."""
-    shift = result = 0
-    while True:
-        byte = data[at]
-        at += 1
-        result |= (byte & 0x7F) << shift
-        shift += 7
-        if not byte & 0x80:
-            return (result >> 1) ^ -(result & 1), at
+_STATE_RANK = {"requested": 0, "inflight": 1, None: 2}  # None: completed (INSTANT_FILE's `state` is empty)
 
 
 def is_torn(data: bytes) -> bool:
@@ -266,12 +246,12 @@ def is_torn(data: bytes) -> bool:
         return False  # not Avro: not this writer's format, so not judged here
     try:
         at = 4
-        while (count := _avro_long(data, at))[0] != 0:  # the header's metadata map, block by block
+        while (count := avro_long(data, at))[0] != 0:  # the header's metadata map, block by block
             items, at = count
             if items < 0:
-                at = _avro_long(data, at)[1]  # a negative count is followed by the block's size
+                at = avro_long(data, at)[1]  # a negative count is followed by the block's size
             for _ in range(abs(items) * 2):  # key and value: length, then bytes
-                size, at = _avro_long(data, at)
+                size, at = avro_long(data, at)
                 at += size
         sync = data[count[1]:count[1] + 16]
     except IndexError:
@@ -288,10 +268,10 @@ def _torn_files(timeline: Path) -> list[Path]:
     """
     newest: dict[str, tuple[int, Path]] = {}  # instant -> (its newest state's rank, that state's file)
     for file in timeline.iterdir():
-        if m := _INSTANT_FILE.match(file.name):
-            rank = _STATE_RANK[m.group(2)]
-            if rank > newest.get(m.group(1), (-1, file))[0]:
-                newest[m.group(1)] = (rank, file)
+        if m := INSTANT_FILE.match(file.name):
+            rank = _STATE_RANK[m["state"]]
+            if rank > newest.get(m["requested"], (-1, file))[0]:
+                newest[m["requested"]] = (rank, file)
     torn = []
     for rank, file in newest.values():
         try:

@@ -18,6 +18,7 @@ from pipelines.contract import TABLES
 from pipelines.devtools.generator import ShopSource, WorkloadConfig, ensure_topics, produce
 from pipelines.hudi_timeline import checkpoint, consumed, earliest_checkpoint
 from pipelines.ingest.bronze import run_ingest
+from pipelines.services.due import live_files, services_due
 from pipelines.services.table_services import run_services
 from pipelines.settings import changelog_path, dead_letter_path, main_path, silver_path
 from pipelines.transform.changes import read_changes
@@ -96,6 +97,12 @@ def test_changelog_days_are_clustered_and_expired_without_losing_a_change(
     letters = _positions(spark, dead)
     assert _file_count(spark, dead) > 1
 
+    # What the DAG decides from the files alone (pipelines/services/due.py): the days Spark reads, work on each.
+    assert {p: len(f) for p, f in live_files(orders_log).items()} == before
+    due = {w.table: w.services for w in services_due(root)}
+    assert all({"expire", "cluster"} <= set(due[name]) for name in CHANGELOGS), due
+    assert "cluster" in due[DEAD_LETTERS], due
+
     report = run_services(spark, root, [*CHANGELOGS, DEAD_LETTERS], ("expire", "cluster", "clean"))
     assert report[DEAD_LETTERS]["cluster"]["executed"], report[DEAD_LETTERS]
     assert _file_count(spark, dead) == 1 and _positions(spark, dead) == letters
@@ -106,6 +113,7 @@ def test_changelog_days_are_clustered_and_expired_without_losing_a_change(
     assert _disk_files(orders_log).get(day_one, 0) == 0, "the expired day's files were not cleaned"
     after = _live_files(spark, orders_log)
     assert day_one not in after and after[day_two] == 1, f"not expired and clustered: {before} -> {after}"
+    assert {p: len(f) for p, f in live_files(orders_log).items()} == after
 
     # Silver reads its window across the clustering commit: every change once, none lost.
     run_etl(spark, root)
@@ -126,6 +134,9 @@ def test_changelog_days_are_clustered_and_expired_without_losing_a_change(
     again = run_services(spark, root, [*CHANGELOGS, DEAD_LETTERS], ("expire", "cluster"))
     assert all(not again[n]["cluster"]["executed"] and not again[n]["expire"]["expired"]
                for n in [*CHANGELOGS, DEAD_LETTERS]), again
+    # ... and so does the DAG's decision, the replaced files still on disk or not.
+    assert [w.line() for w in services_due(root) if w.table in [*CHANGELOGS, DEAD_LETTERS]
+            and {"expire", "cluster"} & set(w.services)] == []
     # Day one's records delivered again (a connector replay): its deletes now live in the
     # ledgers only, and no replayed insert brings a deleted row back.
     produce(day_one_records + source.changes(cfg), broker.bootstrap)

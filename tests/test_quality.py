@@ -8,6 +8,7 @@ import pytest
 
 from pipelines import storage
 from pipelines.ingest.bronze import run_ingest
+from pipelines.services.due import quality_due
 from pipelines.services.quality import ERASED, data_docs_index, quality_root, redact_subject, run_quality
 from tests.lake import LakeCopy
 from tests.plant import BAD_STATUS, plant_bad_emails, plant_bad_status
@@ -29,12 +30,17 @@ def test_suites_pass_on_the_pipeline_and_name_a_planted_violation(spark, lake: L
                                            "gold/customer_ltv", "gold/daily_revenue",
                                            "gold/customer_ltv -> silver/customers"}
     assert storage.exists(data_docs_index(root))
+    # Each passed suite recorded what it checked: the data_quality DAG has nothing to check again.
+    assert [d.spec.name for d in quality_due(root) if d.due] == []
 
     plant_bad_status(spark, root)
+    # A write to silver/orders: its suite and the gold relation that reads it are due, nothing else.
+    assert [d.spec.name for d in quality_due(root) if d.due] == ["silver/orders", "gold/daily_revenue -> silver/orders"]
 
     outcomes = {o.suite: o for o in run_quality(spark, root, ("silver", "gold"), timedelta(hours=1))}
     failed = {name for name, o in outcomes.items() if not o.success}
     assert failed == {"silver/orders"}, [outcomes[n].line() for n in failed]
+    assert [d.spec.name for d in quality_due(root) if d.due] == ["silver/orders"]  # a failed suite stays due
     (status_failure,) = [f for f in outcomes["silver/orders"].failures if "status" in f]
     assert "expect_column_values_to_be_in_set" in status_failure and BAD_STATUS in status_failure
     docs = data_docs_index(root).rsplit("/", 1)[0]

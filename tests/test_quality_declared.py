@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import tomllib
+from datetime import timedelta
+
+import pytest
 
 from pipelines.declaration import declared, parse
-from pipelines.services.quality import silver_expectations
+from pipelines.services.due import quality_suites, quality_work
+from pipelines.services.quality import silver_expectations, suites
 
 
 def _checks(table) -> set[tuple]:
@@ -52,3 +57,40 @@ def test_the_shop_suites_check_the_contract_rules() -> None:
     assert {dict(c)["column"] for t, c in orders if t == "expect_column_values_to_be_in_set"} == {"status", "currency"}
     assert ("expect_column_values_to_be_between", (("column", "amount"), ("min_value", "0.0"))) in orders
     assert any(t == "expect_column_values_to_not_be_null" and dict(c)["column"] == "order_date" for t, c in orders)
+
+
+@pytest.mark.parametrize("declaration", ["shop", "team"])
+def test_the_dag_decides_on_the_suites_quality_runs(declaration: str, tmp_path, monkeypatch) -> None:
+    """data_quality decides from `quality_suites` (no Spark) which suites `lakehouse quality` runs: the same names,
+    the shop's with gold's, a declaration without gold's inputs without them."""
+    if declaration == "team":
+        (tmp_path / "team.toml").write_text('[source]\ntopic_prefix = "x"\n[tables.t]\nsource = "app.t"\nkey = ["k"]\n')
+        monkeypatch.setenv("LAKEHOUSE_TABLES", str(tmp_path / "team.toml"))
+    names = [s.name for s in suites(None, str(tmp_path / "lake"), timedelta(hours=1))]  # builds, reads nothing
+    assert names == [spec.name for spec in quality_suites()]
+    assert any(n.startswith("gold/") for n in names) == (declaration == "shop")
+
+
+@pytest.mark.parametrize(("tables", "jobs"), [(5, [["t0", "t1"], ["t2", "t3"], ["t4"]]), (1, [["t0"]]),
+                                              (0, [["customers", "orders"], ["gold"]])])
+def test_the_dags_quality_jobs_take_a_few_tables_each(tables: int, jobs: list[list[str]], tmp_path,
+                                                       monkeypatch) -> None:
+    """data_quality's decision on a lake where no suite has passed yet (every one due), at 2 tables per job
+    (table_services.toml [jobs], overridden): the declared tables in the declaration's order, a job's each with
+    its bronze and silver suites, gold's as one more table, last; one due table is one job of one table.
+    `tables` 0: the shop's declaration."""
+    if tables:
+        (tmp_path / "team.toml").write_text('[source]\ntopic_prefix = "x"\n' + "".join(
+            f'[tables.t{i}]\nsource = "app.t{i}"\nkey = ["k"]\n' for i in range(tables)))
+        monkeypatch.setenv("LAKEHOUSE_TABLES", str(tmp_path / "team.toml"))
+    (tmp_path / "jobs.toml").write_text("[table_services.jobs]\ntables_per_job = 2\n")
+    overrides = [os.environ.get("LAKEHOUSE_HUDI_OVERRIDES"), str(tmp_path / "jobs.toml")]
+    monkeypatch.setenv("LAKEHOUSE_HUDI_OVERRIDES", os.pathsep.join(filter(None, overrides)))
+    decided = quality_work(str(tmp_path / "lake"))  # reads no table: none exists
+    assert [job["tables"] for job in decided] == jobs
+    suites = {spec.name: spec.group for spec in quality_suites()}
+    for job in decided:
+        assert job["args"][0] == "quality" and set(job["args"][1::2]) == {"--suite"}
+        # Each of its tables' suites, table by table.
+        assert job["args"][2::2] == [name for t in job["tables"] for name, group in suites.items() if group == t]
+        assert job["label"] == ", ".join(job["tables"])

@@ -15,8 +15,10 @@ from datetime import UTC, datetime
 
 import pytest
 
+from pipelines.catalog import lake_tables
 from pipelines.contract import TABLES
 from pipelines.devtools.generator import ShopSource, WorkloadConfig, ensure_topics, produce
+from pipelines.services.due import table_services_due
 from pipelines.settings import main_path
 from tests.hudi_files import committed_log_files, deltacommits_since, log_files
 from tests.kill import bronze_as_model, running_ingest, wait_while_running
@@ -34,7 +36,7 @@ OVERRIDES = """
 
 
 @pytest.mark.slow
-def test_services_compact_and_clean_while_ingest_runs(broker, spark, tmp_path) -> None:
+def test_services_compact_and_clean_while_ingest_runs(broker, spark, tmp_path, monkeypatch) -> None:
     root = str(tmp_path / "lake")
     env = {**os.environ, "LAKEHOUSE_ROOT": root, "KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap,
            "LAKEHOUSE_TABLE_SERVICES": "external",
@@ -69,6 +71,10 @@ def test_services_compact_and_clean_while_ingest_runs(broker, spark, tmp_path) -
                     after = datetime.now(UTC).strftime("%Y%m%d%H%M%S%f")[:17]  # an instant, as Hudi writes them
                     wait_while_running(lambda t0=after: all(deltacommits_since(main_path(t, root), t0) >= 3
                                                             for t in TABLES), ingest, log_path, poll=1)
+                    # The DAG's decision, from the files alone, before the run (checked against what it did).
+                    monkeypatch.setenv("LAKEHOUSE_HUDI_OVERRIDES", env["LAKEHOUSE_HUDI_OVERRIDES"])  # its retention
+                    tables = {table.name: table for table in lake_tables(root)}
+                    decided = {t: table_services_due(tables[f"bronze/{t}"]) for t in TABLES}
                 done = run_cli("services", env=env)
                 assert done.exit_code == 0, done.stderr[-3000:]
                 reports.append({r["table"]: r for r in map(json.loads, done.stdout.splitlines())})
@@ -86,5 +92,10 @@ def test_services_compact_and_clean_while_ingest_runs(broker, spark, tmp_path) -
         assert reports[1][f"bronze/{t}"]["clean"]["files_deleted"] + first["clean"]["files_deleted"] > 0
         # The log files compacted by the first run were cleaned by the time the second ran.
         assert not before[t] & log_files(main_path(t, root)), f"bronze/{t}: compacted log files still there"
+        # What the second run's clean deleted, the retention had freed: the decision saw it by itself, not only
+        # because the table's compaction was due too.
+        if reports[1][f"bronze/{t}"]["clean"]["files_deleted"]:
+            assert "rewrites" in decided[t].get("clean", ""), (t, decided[t])
+        assert "compact" in decided[t], (t, decided[t])
     assert_bronze_equals_model(spark, root, expected, lsns)
 

@@ -16,6 +16,9 @@ Gold's suites are the shop's business checks, code like gold itself, and run whe
 Row counts against bronze are exact, not approximate: silver + quarantine must hold as
 many keys as bronze did at the very batch that silver consumed last (time travel to it),
 not as bronze holds now, which the running ingest keeps moving.
+
+A suite that passes records the newest change of each table it read, as of before it read them
+(`pipelines.services.due`): the `data_quality` DAG then runs only the suites whose tables changed since.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from pipelines.catalog import gold_missing
 from pipelines.declaration import TableDecl, declared
 from pipelines.hudi_timeline import checkpoint, consumed, earliest_retained, instant_of_batch, meta_at
 from pipelines.ingest.state import BATCH_ID_META
+from pipelines.services.due import quality_root, quality_suites, record_checked, suite_versions
 from pipelines.settings import changelog_path, gold_path, main_path, quarantine_path, silver_path
 from pipelines.table_stats import has_completed_commit
 from pipelines.transform.gold import DAILY, DAILY_KEY, LTV
@@ -68,10 +72,6 @@ class Outcome:
 
     def line(self) -> str:
         return f"{'ok    ' if self.success else 'FAILED'} {self.suite}" + "".join(f"\n    - {f}" for f in self.failures)
-
-
-def quality_root(root: str) -> str:
-    return f"{root.rstrip('/')}/_quality"
 
 
 def _read(spark: SparkSession, path: str) -> DataFrame:
@@ -210,10 +210,11 @@ def _describe(result) -> str:
 
 
 def run_quality(spark: SparkSession, root: str, layers: tuple[str, ...] = LAYERS,
-                max_age: timedelta = timedelta(hours=24)) -> list[Outcome]:
-    """Validate the suites of `layers`; writes the Data Docs; returns one outcome per suite."""
+                max_age: timedelta = timedelta(hours=24), names: tuple[str, ...] = ()) -> list[Outcome]:
+    """Validate the suites of `layers` (only those named in `names`, when given); writes the Data Docs; returns one
+    outcome per suite."""
     with storage.local_copy(quality_root(root)) as base:
-        return _run_quality(spark, root, _context(base), layers, max_age)
+        return _run_quality(spark, root, base, layers, max_age, names)
 
 
 _SITE = "lake"
@@ -236,16 +237,21 @@ def _context(base: Path):  # -> FileDataContext
     return context
 
 
-def _run_quality(spark: SparkSession, root: str, context, layers: tuple[str, ...],
-                 max_age: timedelta) -> list[Outcome]:
+def _run_quality(spark: SparkSession, root: str, base: Path, layers: tuple[str, ...],
+                 max_age: timedelta, names: tuple[str, ...]) -> list[Outcome]:
+    context = _context(base)
     # persist=False: GE would cache every frame it validates, and cached plans are what
     # Hudi's data-skipping lookups deadlock against (reads.toml [scan]).
     source = context.data_sources.add_or_update_spark(name="lake", persist=False)
     outcomes = []
-    chosen = [suite for suite in suites(spark, root, max_age) if suite.layer in layers]
+    specs = {spec.name: spec for spec in quality_suites()}
+    chosen = [suite for suite in suites(spark, root, max_age)
+              if suite.layer in layers and (not names or suite.name in names)]
     for suite in console.progress(chosen, "quality suites"):
         started = time.monotonic()
-        asset_name = suite.name.replace("/", ".").replace(" -> ", "__")
+        spec = specs[suite.name]
+        asset_name = spec.file_name
+        versions = suite_versions(spec, root)  # before reading: a commit meanwhile leaves the suite due
         try:
             data = suite.data()
             expectations = suite.expectations()
@@ -267,6 +273,8 @@ def _run_quality(spark: SparkSession, root: str, context, layers: tuple[str, ...
         ).run(batch_parameters={"dataframe": data})
         failures = [_describe(r) for v in run.run_results.values() for r in v.results if not r.success]
         outcomes.append(Outcome(suite.name, run.success, failures))
+        if run.success:
+            record_checked(str(base), spec, versions)
         log.info("%s (%.1f s)", outcomes[-1].line(), time.monotonic() - started)
     return outcomes
 

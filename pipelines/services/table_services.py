@@ -1,9 +1,10 @@
 """Table services of the lake's Hudi tables: compaction, expiry, clustering, cleaning, archival.
 
-Run by `lakehouse services` (and so by Airflow's `hudi_table_services`) beside the
-writers, through Hudi's own write client with the table's writer options plus the
-services and lock options of `hudi_configs/table_services.toml`: it is one more writer
-of the table under optimistic concurrency control.
+Run by `lakehouse services` (and so by Airflow's `hudi_table_services`: one job per group of the
+tables `pipelines.services.due` finds work on, each table with its own due services) beside the
+writers, through Hudi's own write client with the table's writer options plus the services and lock
+options of `hudi_configs/table_services.toml`: it is one more writer of the table under optimistic
+concurrency control.
 
 - compaction (merge-on-read tables): a plan is scheduled only when Hudi's planner finds
   file slices with log files; then every pending plan is executed, including a plan
@@ -29,23 +30,22 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 import hudi_configs
-from pipelines import catalog_sync
-from pipelines.catalog import lake_tables
+from pipelines import catalog_sync, console
+from pipelines.catalog import LakeTable, lake_tables
 from pipelines.hudi_client import WriteClient
 from pipelines.hudi_timeline import READABLE_FROM_META, checkpoint, consumed, repair_torn_timeline
 from pipelines.ingest.state import LEDGER_COLUMNS, materialized
+from pipelines.services.due import SERVICES
 from pipelines.table_stats import has_completed_commit
 
 log = logging.getLogger(__name__)
-
-SERVICES = ("compact", "expire", "cluster", "clean", "archive")
 # Hudi instant times: local time (the timeline time zone, LOCAL by default), to the millisecond.
 _INSTANT = "%Y%m%d%H%M%S%f"
 
@@ -140,11 +140,16 @@ class ServicesClient(WriteClient):
 
 
 def run_services(spark: SparkSession, root: str, tables: Sequence[str] | None = None,
-                 services: tuple[str, ...] = SERVICES) -> dict[str, dict[str, object]]:
-    """Run `services` on the named tables (all by default); returns what each did, per table.
+                 services: tuple[str, ...] = SERVICES, per_table: Mapping[str, tuple[str, ...]] | None = None,
+                 keep_going: bool = False) -> dict[str, dict[str, object]]:
+    """Run `services` (a table in `per_table`: its own there) on the named tables (all by default); returns what
+    each did, per table.
 
     A table that does not exist yet is skipped; compaction applies to merge-on-read tables,
-    clustering and expiry to append-only ones (the change logs).
+    clustering and expiry to append-only ones (the change logs). With `keep_going`, a table whose
+    services fail is logged and reported (`failed`), and the next tables' services run anyway: a job
+    of the DAG takes several tables, and one table's failure must not put off the others' work by an
+    hour.
     """
     known = {t.name: t for t in lake_tables(root)}
     names = list(tables) if tables else list(known)
@@ -152,24 +157,34 @@ def run_services(spark: SparkSession, root: str, tables: Sequence[str] | None = 
         raise ValueError(f"unknown table(s) {', '.join(unknown)}: expected some of {', '.join(known)}")
     report: dict[str, dict[str, object]] = {}
     for name in names:
-        table = known[name]
-        repair_torn_timeline(table.path)  # a crashed writer's cut timeline file fails every reader of it
-        if not has_completed_commit(table.path):
-            report[name] = {"skipped": "no table yet"}
-            continue
         done: dict[str, object] = {}
-        with ServicesClient(spark, table) as client:
-            for service in services:
-                if (service == "compact" and not table.merge_on_read) or \
-                        (service in ("cluster", "expire") and not table.append_only):
-                    continue
-                started = time.monotonic()
-                done[service] = getattr(client, service)()
-                log.info("%s %s: %s (%.1fs)", name, service, done[service], time.monotonic() - started)
-        # A compaction or a clustering is a commit of the timeline, an expiry drops partitions.
-        catalog_sync.committed(spark, table.path, table.options)
-        report[name] = done
+        try:
+            report[name] = _run_table(spark, known[name], (per_table or {}).get(name, services), done)
+        except Exception as exc:
+            if not keep_going:
+                raise
+            log.exception("%s: services failed after %s", name, ", ".join(done) or "none")
+            report[name] = {**done, "failed": console.first_line(exc)}
     return report
+
+
+def _run_table(spark: SparkSession, table: LakeTable, services: tuple[str, ...],
+               done: dict[str, object]) -> dict[str, object]:
+    """Run `services` on `table`, recording into `done` what each did as it goes (a failure's report keeps it)."""
+    repair_torn_timeline(table.path)  # a crashed writer's cut timeline file fails every reader of it
+    if not has_completed_commit(table.path):
+        return {"skipped": "no table yet"}
+    with ServicesClient(spark, table) as client:
+        for service in services:
+            if (service == "compact" and not table.merge_on_read) or \
+                    (service in ("cluster", "expire") and not table.append_only):
+                continue
+            started = time.monotonic()
+            done[service] = getattr(client, service)()
+            log.info("%s %s: %s (%.1fs)", table.name, service, done[service], time.monotonic() - started)
+    # A compaction or a clustering is a commit of the timeline, an expiry drops partitions.
+    catalog_sync.committed(spark, table.path, table.options)
+    return done
 
 
 def _day(partition: str) -> datetime:

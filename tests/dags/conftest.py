@@ -106,3 +106,29 @@ def lake(built_lake: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
         yield tmp_path / "lake"
     finally:
         lakehouse("kafka", "down", "--data-dir", str(kafka_dir))
+
+
+def many_tables(n: int) -> str:
+    """A declaration of `n` source tables `t00`, `t01`, ... of mixed shapes, as a team with a real database
+    writes one: single and composite keys, typed and untyped topics, rules of every kind, personal data
+    with its subject, derived columns."""
+    tables = ['[source]\ntopic_prefix = "app"']
+    for i in range(n):
+        name, shape = f"t{i:02}", i % 4
+        spec = [f"[tables.{name}]", f'source = "public.{name}"']
+        if shape == 0:
+            spec += ['key = ["id"]', 'rules = [{ column = "status", one_of = ["new", "done"] }, '
+                     '{ column = "amount", min = 0, not_null = true }]']
+        elif shape == 1:
+            spec += ['key = ["site", "sku"]', 'rules = [{ column = "sku", pattern = "^[A-Z0-9-]+$" }]',
+                     'clean = [{ column = "sku", trim = true, upper = true }]']
+        elif shape == 2:
+            spec += ['key = ["id"]', 'subject = "customer_id"', 'pii = ["email"]',
+                     'rules = [{ column = "price", cast = "decimal(12,2)" }]',
+                     'derive = [{ column = "day", date_of = "created_at" }]']
+        else:
+            spec += ['key = ["id"]', "typed = false",
+                     'columns = { id = "bigint", note = "string", score = "double", ok = "boolean" }',
+                     'rules = [{ column = "score", max = 100 }, { column = "ok", not_null = true }]']
+        tables.append("\n".join(spec))
+    return "\n\n".join(tables) + "\n"

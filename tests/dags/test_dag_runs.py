@@ -12,18 +12,23 @@ from pathlib import Path
 import pytest
 from conftest import DAGS, PROJECT
 
+from pipelines.services.due import services_due
 from tests.hudi_files import log_files, pending_compactions
 from tests.plant import BAD_STATUS
 
 
-def _run(dag_id: str) -> tuple[str, set[str]]:
-    """Run a DAG with dag.test(); its state and the ids of its tasks that did not succeed."""
+def _dag(dag_id: str):
     from airflow.models.dagbag import DagBag
 
     bag = DagBag(dag_folder=str(DAGS), include_examples=False)
     assert bag.import_errors == {}, bag.import_errors
-    run = bag.dags[dag_id].test()
-    return run.state, {ti.task_id for ti in run.get_task_instances() if ti.state != "success"}
+    return bag.dags[dag_id]
+
+
+def _run(dag_id: str) -> tuple[str, set[str]]:
+    """Run a DAG with dag.test(); its state and the tasks that did not succeed (a mapped one by its label)."""
+    run = _dag(dag_id).test()
+    return run.state, {ti.rendered_map_index or ti.task_id for ti in run.get_task_instances() if ti.state != "success"}
 
 
 def _succeeds(dag_id: str) -> None:
@@ -38,7 +43,9 @@ def test_etl_then_table_services_on_real_tables(lake: Path) -> None:
     What the jobs themselves must achieve over several runs is the Spark suite's to show
     (tests/test_table_services.py: the compacted log files cleaned by a later run;
     tests/test_quality.py: every suite green on a correct lake); here the DAGs' wiring is
-    shown on real tables: each task runs its job, and a failing check fails its task alone.
+    shown on real tables: each task runs its job, the mapped ones one per group of due tables (at the
+    shop's few tables, one group: `tables_per_job` is 10), and a failing check fails its group's task
+    while the job's other suites pass, so that the next run checks it alone.
     """
     _succeeds("lakehouse_incremental_etl")
     for table in ("silver/customers", "silver/orders", "gold/customer_ltv", "gold/daily_revenue"):
@@ -52,13 +59,21 @@ def test_etl_then_table_services_on_real_tables(lake: Path) -> None:
         assert pending_compactions(path) == [], f"bronze/{t}: compaction still pending"
         # A merge-on-read compaction completes as a `commit` (delta commits are `deltacommit`).
         assert list((Path(path) / ".hoodie" / "timeline").glob("*.commit")), f"bronze/{t}: not compacted"
+    # The run left no work: the next run's decision maps no job (what it decided this time, the mapped jobs
+    # having run, test_many_tables.py checks at many tables).
+    assert services_due(str(lake)) == [], [w.line() for w in services_due(str(lake))]
 
-    # A planted violation (from the Spark environment, as a faulty upstream job would write it):
-    # the silver check fails its task alone; bronze's and gold's pass on the same real lake.
+    # A planted violation (from the Spark environment, as a faulty upstream job would write it): every suite is
+    # due (none has passed yet), all in one job of the shop's tables and gold's; the silver check fails that job's
+    # task, bronze's and gold's pass on the same real lake (the next run, below, shows it).
     planted = subprocess.run([str(PROJECT / ".venv" / "bin" / "python"), "-m", "tests.plant", str(lake)],
                              cwd=PROJECT, capture_output=True, text=True, timeout=600)
     assert planted.returncode == 0, planted.stderr[-3000:]
     state, failed = _run("data_quality")
-    assert state == "failed" and failed == {"validate_silver"}, (state, failed)
+    assert state == "failed" and failed == {"customers, orders, gold"}, (state, failed)
     pages = [p.read_text(errors="replace") for p in (lake / "_quality" / "data_docs").rglob("*.html")]
     assert any("silver.orders" in page and BAD_STATUS in page for page in pages), "Data Docs do not name it"
+    # The next run checks only what did not pass: the passed suites' tables have not changed since.
+    run = _dag("data_quality").test(mark_success_pattern="quality")
+    assert run.get_task_instance("changed_suites").xcom_pull(task_ids="changed_suites") == [
+        {"label": "orders", "tables": ["orders"], "args": ["quality", "--suite", "silver/orders"]}]

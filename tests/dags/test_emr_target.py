@@ -93,11 +93,43 @@ def test_etl_step_carries_spark_submit_arguments_and_configs(emr_env) -> None:
         assert confs[f"{where}.KAFKA_BOOTSTRAP_SERVERS"] == "b-1.msk.internal:9092"
 
 
-def test_table_services_steps_name_their_tables(emr_env) -> None:
+def test_table_services_map_a_step_per_group_of_due_tables(emr_env) -> None:
+    """The services DAG's jobs are mapped tasks: each group of due tables the run decides on becomes one step, each
+    table with its own services, with the code of the Variable as it is when the task runs (XCom values are not
+    templates), and a sensor on that step; both mapped tasks are labelled with the group's tables."""
+    from jinja2 import Template
+    from lakehouse_common import added_step, emr_steps
+
     emr, cluster = emr_env
     dag = _dag("hudi_table_services")
-    (step_id,) = _submit(dag.get_task("compact_bronze_orders.add_step"))
-    args = emr.describe_step(ClusterId=cluster, StepId=step_id)["Step"]["Config"]["Args"]
-    assert args[-5:] == ["services", "--only", "compact", "--table", "bronze/orders"]
-    sensor = dag.get_task("compact_bronze_orders.wait_for_step")
-    assert sensor.job_flow_id == "{{ var.value.lakehouse_emr_cluster_id }}"
+    add, sensor = dag.get_task("services.add_step"), dag.get_task("services.wait_for_step")
+    assert add.partial_kwargs["retries"] == 0  # a retried add would add the step twice (apache/airflow#28704)
+    assert sensor.upstream_task_ids == {"services.add_step"} and add.upstream_task_ids == {"due_tables"}
+    tables = ["bronze/orders", "bronze/_changelog/orders"]
+    work = {"label": "bronze/orders, bronze/_changelog/orders", "tables": tables,
+            "args": ["services", "--table", "bronze/orders:compact,clean,archive",
+                     "--table", "bronze/_changelog/orders:cluster,clean,archive"]}
+    (step_id,) = _submit(add.unmap({"steps": emr_steps(work)}))
+    step = emr.describe_step(ClusterId=cluster, StepId=step_id)["Step"]
+    args = step["Config"]["Args"]
+    assert step["Name"] == "lakehouse services bronze/orders, bronze/_changelog/orders"
+    assert args[-6:] == [f"{CODE_URI}/cli.py", *work["args"]]
+    assert added_step([step_id]) == step_id
+    assert sensor.partial_kwargs["job_flow_id"] == "{{ var.value.lakehouse_emr_cluster_id }}"
+    # Map index i of either task is the decision's item i: its label is that item's.
+    other = {"label": "silver/orders", "tables": ["silver/orders"],
+             "args": ["services", "--table", "silver/orders:clean,archive"]}
+    for task in (add, sensor):
+        template = Template(task.map_index_template)
+        assert [template.render(ti=_Decided([work, other], i)) for i in (0, 1)] == [work["label"], "silver/orders"]
+
+
+class _Decided:
+    """A mapped task instance at `map_index` of a run whose decision returned `decided`."""
+
+    def __init__(self, decided: list[dict], map_index: int) -> None:
+        self.decided, self.map_index = decided, map_index
+
+    def xcom_pull(self, task_ids: str) -> list[dict]:
+        assert task_ids == "due_tables"
+        return self.decided
