@@ -149,11 +149,11 @@ test-fast: setup  ## Tests without the slow crash tests
 # the environment of `make dev` alone, with no .jvm/ and JAVA_HOME pointing nowhere. A file that
 # mixes such tests with Spark ones stays out (test_bronze_state.py, test_lake_scan.py, ...).
 UNIT_TESTS := $(addprefix tests/test_,$(addsuffix .py,console declaration declared_fixtures erasure_key gdpr_inbox generator hudi_configs \
-                lake_relative object_store_cli package spark_conf sql_sink stream_health catalog_names))
+                lake_relative object_store_cli package spark_conf sql_sink stream_health catalog_names cadence_rules bench_tables))
 test-unit: dev  ## The tests that need no JVM, Kafka, PostgreSQL or Airflow: seconds, after `make dev` alone
 	$(BIN)/pytest -q $(UNIT_TESTS)
 
-bench: setup  ## Benchmarks (ingest vs plain Hudi and Parquet, freshness, etl, erasure, reads): tables on stdout, JSON and PNG in .bench/
+bench: setup  ## Benchmarks (ingest vs plain Hudi and Parquet, freshness, many tables, etl, erasure, reads): tables on stdout, JSON and PNG in .bench/
 	$(BIN)/lakehouse bench all $(BENCH_ARGS)
 
 lint: dev  ## ruff

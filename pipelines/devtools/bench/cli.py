@@ -81,6 +81,68 @@ def freshness(minutes: float, rate: float, trigger_seconds: float, warmup_minute
         click.echo(b.compare(runs["local"], runs["cluster"]))
 
 
+@bench.command(name="tables")
+@click.option("--tables", "n_tables", type=click.IntRange(min=1, max=999), default=50, show_default=True,
+              help="Declared tables of mixed shapes (keys, composite keys, 1 to 17 columns of every type).")
+@click.option("--rate", type=click.FloatRange(min=1), default=FRESHNESS_RATE, show_default=True,
+              help="Kafka records per second over all the tables.")
+@click.option("--minutes", type=click.FloatRange(min=0.1), default=5.0, show_default=True,
+              help="Counted minutes of steady production.")
+@click.option("--warmup-minutes", type=click.FloatRange(min=0), default=FRESHNESS_WARMUP_MINUTES, show_default=True,
+              help="Steady production before the counted minutes, while the new ingest JVM compiles its code.")
+@click.option("--trigger-seconds", type=click.FloatRange(min=0), default=settings.INGEST_TRIGGER_SECONDS,
+              show_default=True, help="The ingest stream's micro-batch interval.")
+@click.option("--zipf", "exponent", type=click.FloatRange(min=0), default=2.0, show_default=True,
+              help="Exponent of the tables' Zipf shares of the records (2: the busiest 5 of 50 take 90%; 0: even).")
+@click.option("--hot", type=click.IntRange(min=1), default=5, show_default=True,
+              help="The busiest tables, compared with the shop's freshness.")
+@click.option("--target", type=click.FloatRange(min=1, max=86400), default=15.0, show_default=True,
+              help="Every table's freshness_seconds in the declaration.")
+@click.option("--cold-target", type=click.FloatRange(min=1, max=86400), default=None,
+              help="freshness_seconds of the tables beyond the --hot busiest  [default: --target]")
+@click.option("--snapshot-rows", type=click.IntRange(min=0), default=2000, show_default=True,
+              help="Snapshot rows over all the tables, by their shares (at least 20 each), ingested first.")
+@click.option("--reference/--no-reference", default=True, show_default=True,
+              help="Also run the shop's two-table freshness at the same rate (the hot tables' goal).")
+@click.option("--reference-minutes", type=click.FloatRange(min=0.1), default=None,
+              help="Counted minutes of the shop's run  [default: --minutes]")
+@click.option("--reference-warmup-minutes", type=click.FloatRange(min=0), default=None,
+              help="Its warm-up  [default: --warmup-minutes]")
+@click.option("--reference-from", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="The shop's figures saved by `bench freshness` at the same rate in this session (freshness.json), "
+                   "instead of a run of its own.")
+@click.option("--deployments/--no-deployments", default=True, show_default=True,
+              help="Also run the busiest --touched tables' changes on deployments of --touched, --small and all "
+                   "the tables: batch time, start and peak driver memory.")
+@click.option("--touched", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Tables the deployments' batches touch.")
+@click.option("--small", type=click.IntRange(min=1), default=5, show_default=True,
+              help="The small deployment whose start and memory the full one's are set against.")
+@click.option("--deployment-minutes", type=click.FloatRange(min=0.1), default=1.0, show_default=True,
+              help="Counted minutes of each deployment's run.")
+@click.option("--deployment-warmup-minutes", type=click.FloatRange(min=0), default=1.0, show_default=True,
+              help="Each deployment's warm-up (a new JVM each).")
+@SEED
+def tables(n_tables: int, rate: float, minutes: float, warmup_minutes: float, trigger_seconds: float, exponent: float,
+           hot: int, target: float, cold_target: float | None, snapshot_rows: int, reference: bool,
+           reference_minutes: float | None, reference_warmup_minutes: float | None, reference_from: Path | None,
+           deployments: bool, touched: int, small: int, deployment_minutes: float, deployment_warmup_minutes: float,
+           seed: int) -> None:
+    """Many declared tables in one stream: per-table freshness against each table's target, the hot tables against
+    the shop, and what idle tables cost a batch, the start and the driver's memory."""
+    from pipelines.devtools.bench import tables as b
+
+    plan = b.Plan(n_tables, rate, minutes, warmup_minutes, trigger_seconds, exponent, min(hot, n_tables), target,
+                  cold_target, snapshot_rows, seed,
+                  reference_minutes=(reference_minutes or minutes) if reference else 0.0,
+                  reference_warmup_minutes=warmup_minutes if reference_warmup_minutes is None
+                  else reference_warmup_minutes,
+                  reference_from=reference_from if reference else None, deployments=deployments,
+                  touched=min(touched, n_tables), small=small, deployment_minutes=deployment_minutes,
+                  deployment_warmup_minutes=deployment_warmup_minutes)
+    click.echo(b.report(b.run(plan)))
+
+
 @bench.command()
 @click.option("--events", type=click.IntRange(min=1000), default=300_000, show_default=True,
               help="Backlog the lake is built from.")
@@ -158,14 +220,18 @@ def commits(rows: int, warm_up: int, commits: int, variants: tuple[str, ...]) ->
 @click.option("--events", type=click.IntRange(min=1000), default=1_000_000, show_default=True,
               help="Backlog size of the ingest benchmark.")
 @click.option("--minutes", type=click.FloatRange(min=0.25), default=5.0, show_default=True,
-              help="Length of the freshness run.")
+              help="Length of the freshness run and of the tables run.")
 @click.pass_context
 def run_all(ctx: click.Context, events: int, minutes: float) -> None:
-    """Every benchmark with its defaults, one after the other (about an hour on 2 cores)."""
+    """Every benchmark with its defaults, one after the other (about an hour and a half on 2 cores)."""
+    from pipelines.devtools.bench.common import bench_dir
+
     ctx.invoke(ingest, events=events, contenders=(), overrides=None, seed=7)
     ctx.invoke(scale, sizes=(), changes=10_000, seed=7)
     ctx.invoke(freshness, minutes=minutes, rate=FRESHNESS_RATE, trigger_seconds=settings.INGEST_TRIGGER_SECONDS,
                warmup_minutes=FRESHNESS_WARMUP_MINUTES, spark_on=(), seed=7)
+    # The shop's reference of `tables` is the freshness run just done: same rate, same session.
+    ctx.invoke(tables, minutes=minutes, reference_from=bench_dir() / "freshness.json")
     ctx.invoke(etl, events=300_000, seed=7)
     ctx.invoke(erasure, sizes=(), changes=20_000, customers=10, seed=7)
     ctx.invoke(reads, events=200_000, batches=40, seed=7)

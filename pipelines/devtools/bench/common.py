@@ -15,7 +15,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -106,15 +106,48 @@ def cluster_tasks(env: dict[str, str]) -> dict[str, Any]:
     return {**total.summary(), "tasks_per_executor": dict(total.succeeded)}
 
 
+def peak_memory(pid: int) -> dict[str, float] | None:
+    """Peak resident memory in MiB of a process and of the JVM among its descendants, from the kernel's
+    high-water marks (`VmHWM`, /proc/<pid>/status): the true peaks, which sampling could miss, read
+    while the processes still live. None where there is no /proc (not Linux).
+
+    An ingest is a Python process whose Spark driver is a `java` child: `jvm` is that driver's (with
+    local[2] its executors' tasks too), `python` the CLI's own, `tree` the sum of every process's.
+    """
+    proc = Path("/proc")
+    if not (proc / str(pid) / "status").exists():
+        return None
+    children: dict[int, list[int]] = {}
+    for stat in proc.glob("[0-9]*/stat"):
+        with suppress(OSError, ValueError, IndexError):
+            # The command name (field 2) may hold spaces: the parent pid is the second field after it.
+            children.setdefault(int(stat.read_text().rsplit(")", 1)[1].split()[1]), []).append(int(stat.parent.name))
+    tree, todo = [], [pid]
+    while todo:
+        tree.append(todo.pop())
+        todo += children.get(tree[-1], [])
+    peaks: dict[int, tuple[str, float]] = {}
+    for p in tree:
+        with suppress(OSError):
+            status = dict(line.split(":", 1) for line in (proc / str(p) / "status").read_text().splitlines()
+                          if ":" in line)
+            if "VmHWM" in status:  # an exited child not yet reaped (a zombie) has no memory left to count
+                peaks[p] = (status["Name"].strip(), int(status["VmHWM"].split()[0]) / 1024)
+    jvm = [mib for name, mib in peaks.values() if name == "java"]
+    return {"jvm": round(max(jvm, default=0.0), 1), "python": round(peaks.get(pid, ("", 0.0))[1], 1),
+            "tree": round(sum(mib for _, mib in peaks.values()), 1), "processes": len(peaks)}
+
+
 def say(message: str) -> None:
     """Progress, on stderr (stdout is for the results table)."""
     click.echo(f"[{time.strftime('%H:%M:%S')}] {message}", err=True)
 
 
 @contextmanager
-def broker(name: str, sinks: tuple[str, ...] = SINKS) -> Iterator[KafkaBroker]:
+def broker(name: str, sinks: tuple[str, ...] = SINKS, topics: Iterable[str] | None = None) -> Iterator[KafkaBroker]:
     """A fresh broker for one benchmark, data under the bench dir, stopped afterwards; with the
-    `sql` sink, a real source beside it. `sinks`: those the benchmark's own producing supports."""
+    `sql` sink, a real source beside it. `sinks`: those the benchmark's own producing supports;
+    `topics`: those it produces to, created with PARTITIONS partitions (default the shop's)."""
     if sink() not in sinks:
         raise click.ClickException(f"bench {name} produces its records itself: it runs with --sink "
                                    f"{' or '.join(sinks)} only, not {sink()}")
@@ -131,7 +164,7 @@ def broker(name: str, sinks: tuple[str, ...] = SINKS) -> Iterator[KafkaBroker]:
             real.up()  # Connect creates the topics, with PARTITIONS partitions
             _DATABASES[node.bootstrap] = real.postgres.dsn
         else:
-            ensure_topics(node.bootstrap, PARTITIONS)
+            ensure_topics(node.bootstrap, PARTITIONS, topics)
         yield node
     finally:
         if real is not None:

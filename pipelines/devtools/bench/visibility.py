@@ -1,6 +1,7 @@
 """When bronze shows a change: its timelines and the stream's checkpoint, read without a JVM.
 
-The freshness benchmark measures a running ingest from outside, so these readers add no JVM
+The freshness benchmarks (`bench freshness` on the shop, `bench tables` on any declared tables)
+measure a running ingest from outside, so these readers add no JVM
 beside the one they measure: timelines and commit metadata through hudi-rs, the change log
 through `read_table`, the stream's checkpoint as plain files.
 
@@ -10,7 +11,9 @@ through `read_table`, the stream's checkpoint as plain files.
   It is computed exactly after the run, not polled: every row of the change log
   `bronze/_changelog/<table>` is one change a batch applied, with its `_kafka_ts`; the
   change-log commit that wrote it names the batch (`_lakehouse.batch_id`), and so does the
-  main table's commit of the same batch. A delete of a key the main table no longer held
+  main table's commit of the same batch. With per-table cadence (pipelines.ingest.cadence) that is
+  the batch that committed the table's waiting changes, which may come a few batches after the
+  one that read them: the delay includes the wait. A delete of a key the main table no longer held
   changes only the change log: its commit counts. Records that changed nothing (replays of
   older events, changes superseded by a newer one of the same key in the same batch,
   tombstones, logical messages, malformed records) have no change-log row.
@@ -37,7 +40,7 @@ import click
 from hudi import HudiTableBuilder
 from kafka import KafkaConsumer, TopicPartition
 
-from pipelines.contract import TABLES, topic
+from pipelines.declaration import Declaration, declared
 from pipelines.ingest.state import BATCH_ID_META, POSITIONS_META
 from pipelines.settings import changelog_path, ingest_checkpoint_path, main_path
 from pipelines.table_stats import read_table
@@ -48,6 +51,13 @@ log = logging.getLogger(__name__)
 WRITER_TZ = "UTC"
 
 Offsets = dict[str, int]  # "topic/partition" -> next offset
+Topics = dict[str, str]  # the lake's name of a table -> its topic
+
+
+def topics_of(declaration: Declaration | None = None) -> Topics:
+    """Each declared table's topic (default: the declaration in force): what the probes watch."""
+    d = declaration or declared()
+    return {t: d.topic(t) for t in d.names}
 
 
 @dataclass(frozen=True)
@@ -138,21 +148,29 @@ def stream_done(root: str) -> tuple[int | None, Offsets]:
     if not batches:
         return None, {}
     last = max(batches)
-    position = json.loads((folder / "offsets" / str(last)).read_text().splitlines()[2])
+    try:
+        position = json.loads((folder / "offsets" / str(last)).read_text().splitlines()[2])
+    except FileNotFoundError:  # a starting query removes the checkpoint (pipelines.ingest.bronze): none yet
+        return None, {}
     return last, {f"{t}/{p}": o for t, parts in position.items() for p, o in parts.items()}
 
 
 class LagProbe:
-    """Consumer lag per table: what is on Kafka and not yet visible in bronze."""
+    """Consumer lag per table: what is on Kafka and not yet visible in bronze.
 
-    def __init__(self, bootstrap: str, root: str) -> None:
+    With per-table cadence (pipelines.ingest.cadence) a table's changes may wait in the stream
+    for a few batches after its checkpoint moved past them: the lag then counts them as held.
+    """
+
+    def __init__(self, bootstrap: str, root: str, topics: Topics | None = None) -> None:
         self.root = root
+        self.topics = topics or topics_of()
         self.consumer = KafkaConsumer(bootstrap_servers=bootstrap)
-        self.partitions = [TopicPartition(topic(t), p) for t in TABLES
-                           for p in sorted(self.consumer.partitions_for_topic(topic(t)) or ())]
-        if len({tp.topic for tp in self.partitions}) != len(TABLES):
+        self.partitions = [TopicPartition(name, p) for name in self.topics.values()
+                           for p in sorted(self.consumer.partitions_for_topic(name) or ())]
+        if len({tp.topic for tp in self.partitions}) != len(self.topics):
             raise click.ClickException(f"Kafka at {bootstrap} does not list the source topics' partitions")
-        self.mains = {t: CommitLog(main_path(t, root), "deltacommit") for t in TABLES}
+        self.mains = {t: CommitLog(main_path(t, root), "deltacommit") for t in self.topics}
 
     def kafka_end(self) -> Offsets:
         return {f"{tp.topic}/{tp.partition}": o for tp, o in self.consumer.end_offsets(self.partitions).items()}
@@ -163,14 +181,14 @@ class LagProbe:
         for t, commits in self.mains.items():
             for c in commits.refresh():
                 for tp, o in c.offsets.items():
-                    if tp.startswith(f"{topic(t)}/"):
+                    if tp.startswith(f"{self.topics[t]}/"):
                         held[tp] = max(held.get(tp, 0), o)
         return held
 
     def lag(self) -> dict[str, int]:
         end, held = self.kafka_end(), self.lake()
-        per_table = {t: sum(max(0, o - held.get(tp, 0)) for tp, o in end.items() if tp.startswith(f"{topic(t)}/"))
-                     for t in TABLES}
+        per_table = {t: sum(max(0, o - held.get(tp, 0)) for tp, o in end.items() if tp.startswith(f"{name}/"))
+                     for t, name in self.topics.items()}
         return {**per_table, "total": sum(per_table.values())}
 
     def close(self) -> None:
@@ -193,21 +211,22 @@ class Visibility:
         return self.visible_at - self.kafka_ts
 
 
-def visibility(root: str, start: Offsets, end: Offsets) -> list[Visibility]:
-    """Every change applied from the Kafka records in [start, end), with the completion that made it visible.
+def visibility(root: str, start: Offsets, end: Offsets, topics: Topics | None = None) -> list[Visibility]:
+    """Every change applied from the Kafka records in [start, end) of `topics`' tables (default: the declared
+    ones), with the completion that made it visible.
 
     Raises when a change has no commit of its batch, or when a completion precedes the
     change's own ingest time: either would mean the timeline was misread (for example its zone).
     """
     found = []
-    for t in TABLES:
+    for t, name in (topics or topics_of()).items():
         batch_of = {c.requested: c.batch_id for c in CommitLog(changelog_path(t, root), "commit").refresh()}
         visible = {**CommitLog(changelog_path(t, root), "commit").batch_completions(),
                    **CommitLog(main_path(t, root), "deltacommit").batch_completions()}
         rows = read_table(changelog_path(t, root), ["_hoodie_commit_time", "_kafka_partition", "_kafka_offset",
                                                     "_kafka_ts", "_ingested_at"]).to_pylist()
         for r in rows:
-            tp = f"{topic(t)}/{r['_kafka_partition']}"
+            tp = f"{name}/{r['_kafka_partition']}"
             if not start.get(tp, 0) <= r["_kafka_offset"] < end.get(tp, 0):
                 continue
             batch = batch_of.get(r["_hoodie_commit_time"])

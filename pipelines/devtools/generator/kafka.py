@@ -80,8 +80,9 @@ def produce(
     return total
 
 
-def ensure_topics(bootstrap: str, partitions: int = 3) -> None:
-    """Create the source topics if missing, so the keyed records spread over several partitions.
+def ensure_topics(bootstrap: str, partitions: int = 3, topics: Iterable[str] | None = None) -> None:
+    """Create the source topics if missing (`topics`, default the shop's), so the keyed records spread over
+    several partitions: a broker would create a topic it is first sent to with one partition.
 
     Existing topics are left as they are (whatever their partition count), which keeps this safe to
     call before every run.
@@ -96,7 +97,7 @@ def ensure_topics(bootstrap: str, partitions: int = 3) -> None:
         raise KafkaUnavailableError(f"cannot reach Kafka at {bootstrap}: {exc}") from exc
     try:
         existing = set(admin.list_topics())
-        for name in (topic(table) for table in TABLES):
+        for name in topics if topics is not None else map(topic, TABLES):
             if name in existing:
                 continue
             with contextlib.suppress(TopicAlreadyExistsError):  # another run created it meanwhile: fine
