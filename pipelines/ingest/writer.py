@@ -187,7 +187,10 @@ class BronzeBatchWriter:
         try:
             topics = {r["kafka_topic"] for r in envelopes.select("kafka_topic").distinct().collect()}
             present = {t: p for t, p in self.schema.parses().items() if declared().topic(t) in topics}
-            return materialized(classify(envelopes, present, self.placeholder))
+            # The tables' parts together have a partition per part and Kafka partition (a few thousand at
+            # 50 tables): every later job over the batch would run that many tasks. As many as the cores.
+            cores = self.spark.sparkContext.defaultParallelism
+            return materialized(classify(envelopes, present, self.placeholder).coalesce(cores))
         finally:
             release(envelopes)
 
