@@ -20,7 +20,7 @@ due tables start their commits oldest first, `parallel_tables` at a time, and on
 commits have run `budget_seconds`, only the tables that cannot wait (busy, or must) still start;
 the others stay waiting, the oldest first in the next batch. An overloaded stream so stays a
 stream: its busy tables as fresh as its cores allow, its quiet ones behind their targets by what
-the cores lack, and a heartbeat that names them (`behind`), rather than batches that grow without
+the cores lack, and a heartbeat that names them (`Heartbeat.behind`), rather than batches that grow without
 bound because every table is always due.
 
 A table with nothing waiting costs nothing: no commit, no read, no timeline walk.
@@ -164,12 +164,6 @@ class Cadence:
 
     def batch_done(self, seconds: float) -> None:
         self._durations.append(seconds)
-
-    def behind(self, now: float | None = None) -> dict[str, float]:
-        """Tables whose oldest waiting change is older than their target: per table, that age in seconds."""
-        now = time.time() if now is None else now
-        ages = {t: now - w.since for t, w in dict(self.waiting).items() if w.since is not None}
-        return {t: round(a, 1) for t, a in ages.items() if a > declared().table(t).freshness_seconds}
 
     def freshness(self, now: float | None = None) -> dict[str, dict[str, float | int | None]]:
         """Per declared table: its target, the age of its oldest waiting change (None: nothing waiting), and how
