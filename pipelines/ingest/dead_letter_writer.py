@@ -53,7 +53,7 @@ class DeadLetterWriter:
         return bool(self.held.pieces)
 
     def stage(self, parsed: dict[str, DataFrame], dead: int, batch_id: int, starts: dict[str, int],
-              ends: dict[str, int], position: dict[str, int], *, recovering: bool, meta: dict[str, str],
+              ends: dict[str, int], position: dict[str, int], *, meta: dict[str, str],
               report: BatchReport, erased: Erased | None) -> StorePart:
         """What the batch does with its `dead` letters (the surveys' count) and with those held back.
 
@@ -63,9 +63,8 @@ class DeadLetterWriter:
         """
         letters, exact = (self._letters(parsed, batch_id, starts) if dead and
                           not self.ledger.covered(dead_letter_path(self.root), ends) else (None, False))
-        hold = letters is not None and not recovering and self.held.keep(dead, report.records)
-        flush = (letters is not None and not hold) or (bool(self.held.pieces) and (
-            recovering or not self.held.keep(0, report.records)))
+        hold = letters is not None and self.held.keep(dead, report.records)
+        flush = (letters is not None and not hold) or (bool(self.held.pieces) and not self.held.keep(0, report.records))
         meta[DEAD_LETTERS_META] = json.dumps(
             self.ledger.through if letters is not None or self.held.pieces else position, sort_keys=True)
         part = StorePart()

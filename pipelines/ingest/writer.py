@@ -147,8 +147,8 @@ class BronzeBatchWriter:
             parsed = {t: survey.events for t, survey in surveys.items()}
             # The surveys counted the dead letters.
             dead = sum(s.kinds.get("dead", 0) for s in surveys.values())
-            store = self.dead_letters.stage(parsed, dead, batch_id, starts, ends, position,
-                                            recovering=False, meta=commit_meta, report=report, erased=erased)
+            store = self.dead_letters.stage(parsed, dead, batch_id, starts, ends, position, meta=commit_meta,
+                                            report=report, erased=erased)
             for table, survey in surveys.items():
                 topic = declared().topic(table)
                 mine = [g for g in groups if g["kafka_topic"] == topic]
