@@ -5,7 +5,7 @@ without a trace.
 
 from __future__ import annotations
 
-import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pyspark.sql import Column, DataFrame
@@ -15,6 +15,7 @@ from pyspark.sql import types as T
 from pipelines import contract
 from pipelines.declaration import declared
 from pipelines.ingest.connect_types import convert
+from pipelines.ingest.schema import Column as ShapeColumn
 from pipelines.ingest.schema import Shape
 from pipelines.settings import unavailable_placeholder
 
@@ -135,12 +136,12 @@ def classify(envelopes: DataFrame, tables: dict[str, TableParse], placeholder: s
     its topic (a record of another topic is a dead letter), or with `all_mine`, every record by the
     one table of `tables`.
 
-    Each table's records are classified by an expression of its own, over its topic's part of the
-    envelopes, and the parts are put together: one expression choosing among the tables (a CASE
-    per column with a branch per table) grew with the table count until Spark's generated code
-    was too large to compile, and a batch of 50 tables spent 35 to 60 s here (BENCHMARKS.md,
-    "Fifty tables"). Only the tables in `tables` are looked at, so the writer passes those whose
-    topics the batch has records of: an idle table costs nothing.
+    The tables' rules are data, not code: each record looks up its topic's `_rules` (`_table_rules`: the
+    table's key, its bigint columns, its shape, ...) in a literal map, and one expression reads them, so
+    the plan is the same size at 50 tables as at one. An expression or a filtered part per table was
+    analyzed again every batch: 5 s a batch at 50 tables on an idle machine, 60 s under the
+    stream's load (BENCHMARKS.md, "Fifty tables"). The writer passes the tables whose topics the batch
+    has records of.
 
     The image is kept as a map (`_image`); `image_columns` types it by the table's shape. Beside
     it, what the schema decision needs (pipelines.ingest.schema), empty for a record of a known
@@ -152,6 +153,17 @@ def classify(envelopes: DataFrame, tables: dict[str, TableParse], placeholder: s
     for records of an unknown shape (they may be held).
     """
     placeholder = placeholder or unavailable_placeholder()
+    kinds = sorted({(c.type, c.convert) for spec in tables.values() for c in _typed_extras(spec.shape)})
+    rules = {t: _table_rules(t, spec, kinds) for t, spec in tables.items()}
+    if all_mine:
+        (looked_up,) = rules.values()
+    elif rules:
+        looked_up = F.create_map(*[x for t, r in rules.items() for x in (F.lit(declared().topic(t)), r)])[
+            F.col("kafka_topic")]
+    else:
+        looked_up = F.lit(None).cast(_RULES)
+    records = envelopes.withColumn("_rules", looked_up)
+    r = F.col("_rules")
     e = F.col("_env")
     op = e["op"]
     # An incremental snapshot's reads (a table added while the stream runs: `lakehouse source sync`) carry no
@@ -160,7 +172,6 @@ def classify(envelopes: DataFrame, tables: dict[str, TableParse], placeholder: s
     incremental = F.element_at(F.from_json(e["source"]["sequence"], "array<string>"), -1).cast("long")
     lsn = F.coalesce(e["source"]["lsn"], F.when(e["source"]["snapshot"] == "incremental", incremental))
     image = F.when(op == "d", e["before"]).otherwise(e["after"])
-    decl = declared()
 
     def dead(reason: Column) -> Column:
         return F.struct(F.lit("dead").alias("kind"), reason.alias("reason"))
@@ -168,110 +179,97 @@ def classify(envelopes: DataFrame, tables: dict[str, TableParse], placeholder: s
     def ok(kind: str) -> Column:
         return F.struct(F.lit(kind).alias("kind"), F.lit(None).cast("string").alias("reason"))
 
-    no_image = F.concat(F.lit("op="), op, F.when(op == "d", F.lit(" without 'before'"))
-                        .otherwise(F.lit(" without 'after'")))
+    def envelope_of(then: str) -> Column:
+        return F.concat(F.lit("fields do not have the types of the "), r["table"], F.lit(f" envelope ({then}"))
 
-    def not_bigint(c: str) -> Column:
-        return image[c].isNotNull() & image[c].cast("bigint").isNull()
-
-    def classified(table: str) -> Column:
-        where = f"on topic {decl.topic(table)}"
-        t = decl.table(table)
-        numbers = sorted(c for c in t.columns if t.wire_type(c) == "bigint")
-        mistyped = functools.reduce(lambda a, b: a | b, [not_bigint(c) for c in numbers], F.lit(False))
-        key = "/".join(t.key)
-        no_key = F.concat(F.lit("op="), op, F.when(op == "d", F.lit(f" without before.{key}"))
-                          .otherwise(F.lit(f" without after.{key}")))
-        key_missing = functools.reduce(lambda a, b: a | b, [image[k].isNull() for k in t.key])
-        return (
-            F.when(F.col("value").isNull(), ok("tombstone"))
-            .when(F.encode(F.col("_text"), "UTF-8") != F.col("value"), dead(F.lit("value is not valid UTF-8 text")))
-            .when(F.col("_unparsed"), dead(
-                F.when(F.get_json_object("_text", "$").isNull(), F.lit("value is not valid JSON"))
-                .when(~F.ltrim(F.col("_text")).startswith("{"),
-                      F.lit("JSON value is not an object, so not a Debezium envelope"))
-                .otherwise(F.lit(f"fields do not have the types of the {table} envelope "
-                                 "(row images must be objects and source.lsn a JSON number)"))))
-            .when(op.isNull(), dead(F.lit("no 'op' field: not a Debezium envelope")))
-            .when(~op.isin(*contract.ROW_OPS, *contract.OTHER_OPS),
-                  dead(F.concat(F.lit("unknown op '"), op, F.lit("'"))))
-            .when(op == "m", ok("ignored"))
-            .when(lsn.isNull(), dead(F.concat(F.lit("op="), op, F.lit(" without source.lsn"))))
-            .when(e["source"]["table"].isNotNull() & (e["source"]["table"] != t.table),
-                  dead(F.concat(F.lit("event of table '"), e["source"]["table"], F.lit(f"' {where}"))))
-            .when(op == "t", ok("truncate"))
-            .when(image.isNull(), dead(no_image))
-            .when(key_missing, dead(no_key))
-            .when(mistyped, dead(F.lit(f"fields do not have the types of the {table} envelope "
-                                       f"({', '.join(numbers)} must be JSON integers)")))
-            .otherwise(ok("row"))
-        )
-
+    side = F.when(op == "d", F.lit(" without before.")).otherwise(F.lit(" without after."))
+    classified = (
+        F.when(r.isNull(), dead(F.concat(F.lit("topic '"), F.col("kafka_topic"), F.lit("' is no source table's"))))
+        .when(F.col("value").isNull(), ok("tombstone"))
+        .when(F.encode(F.col("_text"), "UTF-8") != F.col("value"), dead(F.lit("value is not valid UTF-8 text")))
+        .when(F.col("_unparsed"), dead(
+            F.when(F.get_json_object("_text", "$").isNull(), F.lit("value is not valid JSON"))
+            .when(~F.ltrim(F.col("_text")).startswith("{"),
+                  F.lit("JSON value is not an object, so not a Debezium envelope"))
+            .otherwise(envelope_of("row images must be objects and source.lsn a JSON number)"))))
+        .when(op.isNull(), dead(F.lit("no 'op' field: not a Debezium envelope")))
+        .when(~op.isin(*contract.ROW_OPS, *contract.OTHER_OPS), dead(F.concat(F.lit("unknown op '"), op, F.lit("'"))))
+        .when(op == "m", ok("ignored"))
+        .when(lsn.isNull(), dead(F.concat(F.lit("op="), op, F.lit(" without source.lsn"))))
+        .when(e["source"]["table"].isNotNull() & (e["source"]["table"] != r["source_table"]),
+              dead(F.concat(F.lit("event of table '"), e["source"]["table"], F.lit("' on topic "), r["topic"])))
+        .when(op == "t", ok("truncate"))
+        .when(image.isNull(), dead(F.concat(F.lit("op="), op, F.when(op == "d", F.lit(" without 'before'"))
+                                            .otherwise(F.lit(" without 'after'")))))
+        .when(F.exists(r["key"], lambda k: image[k].isNull()), dead(F.concat(F.lit("op="), op, side, r["key_text"])))
+        .when(F.exists(r["numbers"], lambda c: image[c].isNotNull() & image[c].cast("bigint").isNull()),
+              dead(F.concat(envelope_of(""), r["numbers_text"], F.lit(" must be JSON integers)"))))
+        .otherwise(ok("row"))
+    )
     is_row = F.col("_c.kind") == "row"
     upsert = is_row & (op != "d")
     connect_schema = F.col("_schema")  # its JSON text; null for a bare envelope
     decl_hash = F.xxhash64(connect_schema)
     empty = F.array().cast("array<string>")
+    # An image whose columns are the shape's, in its order (nearly every record), has nothing new and
+    # lacks nothing: one array comparison instead of two set differences per record.
+    as_shape = F.map_keys(image) == r["shape"]
 
-    def decl_new(spec: TableParse) -> Column:
-        unknown = connect_schema.isNotNull() & ~decl_hash.isin(*spec.known_declared) if spec.known_declared \
-            else connect_schema.isNotNull()
-        return F.when(is_row & unknown, F.lit(True))
+    def misfit(spark_type: str, conversion: str) -> Callable[[Column], Column]:
+        return lambda c: image[c].isNotNull() & convert(image[c], spark_type, conversion).isNull()
 
-    def as_shape(spec: TableParse) -> Column:
-        # An image whose columns are the shape's, in its order (nearly every record), has nothing new and
-        # lacks nothing: one array comparison instead of two set differences per record.
-        return F.map_keys(image) == literal_array(list(spec.shape.columns))
-
-    def new_keys(spec: TableParse) -> Column:
-        return F.when(is_row & ~as_shape(spec), F.array_except(
-            F.map_keys(image), literal_array(list(spec.shape.columns)))).otherwise(empty)
-
-    def missing(table: str, spec: TableParse) -> Column:
-        fixed = tuple(decl.table(table).columns)
-        if not fixed:
-            return empty
-        return F.when(upsert & connect_schema.isNull() & ~as_shape(spec), F.array_except(
-            literal_array(fixed), F.map_keys(image))).otherwise(empty)
-
-    def badcast(spec: TableParse) -> Column:
-        shape = spec.shape
-        typed = [c for c in shape.extras if shape.columns[c].type != "string"]
-        return F.when(is_row & connect_schema.isNull(), F.array_compact(F.array(*[
-            F.when(image[c].isNotNull() & convert(image[c], shape.columns[c].type, shape.columns[c].convert).isNull(),
-                   F.lit(c)) for c in typed
-        ]))).otherwise(empty) if typed else empty
-
+    bad = [F.filter(r[f"typed{i}"], misfit(*kind)) for i, kind in enumerate(kinds)]
     toast = F.when(upsert & F.col("_text").contains(placeholder),
                    F.map_keys(F.map_filter(image, lambda _, x: x == placeholder))).otherwise(empty)
+    df = records.withColumn("_c", classified).select(
+        "*",
+        F.when(is_row & connect_schema.isNotNull() & ~F.array_contains(r["known"], decl_hash),
+               F.lit(True)).alias("_decl_new"),
+        F.when(is_row & connect_schema.isNotNull(), decl_hash).alias("_decl_hash"),
+        F.when(is_row & ~as_shape, F.array_except(F.map_keys(image), r["shape"])).otherwise(empty).alias("_new_keys"),
+        F.when(upsert & connect_schema.isNull() & ~as_shape, F.array_except(r["declared"], F.map_keys(image)))
+        .otherwise(empty).alias("_missing"),
+        (F.when(is_row & connect_schema.isNull(), F.concat(*bad)).otherwise(empty) if bad else empty).alias("_badcast"),
+        toast.alias("_toast"))
+    odd = F.col("_decl_new").isNotNull() | (F.size("_new_keys") > 0) | (F.size("_missing") > 0) | \
+        (F.size("_badcast") > 0)
+    # The raw value is kept for dead letters (and records that may become one) only: the batch's
+    # parsed rows stay cached while every table is written, and a wrapped envelope's value is
+    # mostly its schema (kilobytes).
+    return df.select(
+        "kafka_topic", "kafka_partition", "kafka_offset", "kafka_timestamp", "key",
+        F.when((F.col("_c.kind") == "dead") | odd, F.col("value")).alias("value"),
+        F.col("_c.kind").alias("kind"), F.col("_c.reason").alias("reason"),
+        op.alias("_op"), lsn.alias("_lsn"), F.timestamp_millis(e["source"]["ts_ms"]).alias("_source_ts"),
+        e["source"]["txId"].alias("_tx_id"), image.alias("_image"),
+        "_decl_new", "_decl_hash", "_new_keys", "_missing", "_badcast", "_toast")
 
-    def part(records: DataFrame, c: Column, new: Column, keys: Column, lacking: Column, bad: Column) -> DataFrame:
-        df = records.withColumn("_c", c).select(
-            "*", new.alias("_decl_new"), F.when(is_row & connect_schema.isNotNull(), decl_hash).alias("_decl_hash"),
-            keys.alias("_new_keys"), lacking.alias("_missing"), bad.alias("_badcast"), toast.alias("_toast"))
-        odd = F.col("_decl_new").isNotNull() | (F.size("_new_keys") > 0) | (F.size("_missing") > 0) | \
-            (F.size("_badcast") > 0)
-        # The raw value is kept for dead letters (and records that may become one) only: the batch's
-        # parsed rows stay cached while every table is written, and a wrapped envelope's value is
-        # mostly its schema (kilobytes).
-        return df.select(
-            "kafka_topic", "kafka_partition", "kafka_offset", "kafka_timestamp", "key",
-            F.when((F.col("_c.kind") == "dead") | odd, F.col("value")).alias("value"),
-            F.col("_c.kind").alias("kind"), F.col("_c.reason").alias("reason"),
-            op.alias("_op"), lsn.alias("_lsn"), F.timestamp_millis(e["source"]["ts_ms"]).alias("_source_ts"),
-            e["source"]["txId"].alias("_tx_id"), image.alias("_image"),
-            "_decl_new", "_decl_hash", "_new_keys", "_missing", "_badcast", "_toast")
 
-    def of(table: str) -> DataFrame:
-        return envelopes if all_mine else envelopes.filter(F.col("kafka_topic") == decl.topic(table))
+# `_table_rules`' fields before the typed extras' (`typed0`, ...): the type of a lookup that finds no table.
+_RULES = ("struct<table:string,source_table:string,topic:string,key:array<string>,key_text:string,"
+          "numbers:array<string>,numbers_text:string,declared:array<string>,shape:array<string>,known:array<bigint>>")
 
-    parts = [part(of(table), classified(table), decl_new(spec), new_keys(spec), missing(table, spec), badcast(spec))
-             for table, spec in tables.items()]
-    if not all_mine:
-        not_mine = dead(F.concat(F.lit("topic '"), F.col("kafka_topic"), F.lit("' is no source table's")))
-        others = envelopes.filter(~F.col("kafka_topic").isin(*[decl.topic(t) for t in tables]))
-        parts.append(part(others, not_mine, F.lit(None).cast("boolean"), empty, empty, empty))
-    return functools.reduce(DataFrame.unionByName, parts)
+
+def _typed_extras(shape: Shape) -> list[ShapeColumn]:
+    """A shape's columns added since the declaration whose values are not text: a bare value of one must fit."""
+    return [shape.columns[c] for c in shape.extras if shape.columns[c].type != "string"]
+
+
+def _table_rules(table: str, spec: TableParse, kinds: list[tuple[str, str]]) -> Column:
+    """What classifying a record of `table` needs to know of it, as a literal struct (`classify`'s `_rules`)."""
+    decl = declared()
+    t = decl.table(table)
+    numbers = sorted(c for c in t.columns if t.wire_type(c) == "bigint")
+    typed = _typed_extras(spec.shape)
+    return F.struct(
+        F.lit(table).alias("table"), F.lit(t.table).alias("source_table"), F.lit(decl.topic(table)).alias("topic"),
+        literal_array(t.key).alias("key"), F.lit("/".join(t.key)).alias("key_text"),
+        literal_array(numbers).alias("numbers"), F.lit(", ".join(numbers)).alias("numbers_text"),
+        literal_array(tuple(t.columns)).alias("declared"), literal_array(list(spec.shape.columns)).alias("shape"),
+        (F.array(*[F.lit(h).cast("bigint") for h in spec.known_declared]) if spec.known_declared
+         else F.array().cast("array<bigint>")).alias("known"),
+        *[literal_array([c.name for c in typed if (c.type, c.convert) == kind]).alias(f"typed{i}")
+          for i, kind in enumerate(kinds)])
 
 
 def image_columns(shape: Shape) -> list[Column]:
