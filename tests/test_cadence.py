@@ -59,7 +59,7 @@ def test_a_quiet_table_waits_and_a_sigkill_loses_nothing_it_waited_with(spark, l
            "LAKEHOUSE_TABLES": tables,
            # No table is busy enough to commit for its count alone; heartbeats every second.
            "LAKEHOUSE_HUDI_OVERRIDES": with_overrides(tmp_path / "overrides.toml",
-                                                      "[stream.cadence]\neager_records = 1000000\n"
+                                                      "[stream.cadence]\nbusy_changes_per_second = 1000000\n"
                                                       "[stream.health]\nheartbeat_seconds = 1\n")}
     customers_before = positions_of(spark, main_path("customers", lake.root))
     log_path = tmp_path / "ingest.log"

@@ -8,7 +8,7 @@ from pipelines.ingest.schema import Shape
 from pipelines.ingest.stream import Heartbeat, Limits, judge
 from pipelines.ingest.survey import Survey
 
-LIMITS = CadenceLimits(eager_records=100, parallel_tables=4, budget_seconds=4, recent_batches=3)
+LIMITS = CadenceLimits(busy_changes_per_second=50, parallel_tables=4, budget_seconds=4, recent_batches=3)
 
 
 def _survey(table: str, changed: bool = False, **kinds: int) -> Survey:
@@ -28,10 +28,17 @@ def test_a_table_is_due_when_busy_when_its_target_is_near_or_when_it_must_not_wa
     # The oldest change entered Kafka at now - 1: due once its age and the next batch reach the target.
     assert cadence.due(now + target - 8.0 - 2) == [] and cadence.due(now + target - 8.0) == ["customers"]
     cadence.hold("orders", _survey("orders", row=150), batch, 150, now)
-    assert "orders" in cadence.due(now), "a busy table commits every batch"
+    assert "orders" in cadence.due(now), "a busy table commits every batch: 150 changes within a trigger's 2 s"
+    calm = Cadence(trigger_seconds=2, eager=False, limits=LIMITS)
+    calm.hold("orders", _survey("orders", row=150), batch, 150, now - 10)
+    assert calm.due(now) == [], "150 changes over 10 s is no busy table (a long batch does not make it one)"
+    calm.hold("orders", _survey("orders", row=400), batch, 400, now)
+    assert calm.due(now) == ["orders"], "550 over 10 s is"
+    assert cadence.due(now + target) == ["customers", "orders"], "due by their age, the oldest first"
+    cadence.hold("orders", _survey("orders", changed=True, row=1), batch, 1, now)
     assert cadence.due(now + target) == ["orders", "customers"], "the tables that cannot wait first"
-    assert cadence.urgent("orders") and not cadence.urgent("customers")
-    assert batch.holders == 2
+    assert cadence.urgent("orders", now) and not cadence.urgent("customers", now)
+    assert batch.holders == 5, "each hold keeps its batch"
     shaped = Cadence(trigger_seconds=2, eager=False, limits=LIMITS)
     shaped.hold("customers", _survey("customers", changed=True, row=1), batch, 1, now)
     assert shaped.due(now) == ["customers"], "a change of shape is applied at once"

@@ -6,8 +6,10 @@ would spend a batch's time on the commits of tables with a handful of changes. A
 are therefore held from batch to batch, in the batches' own parsed records (kept while any table
 still needs them), until they are *due*:
 
-- the table has `eager_records` changes waiting or more (a busy table: its commit's fixed cost is
-  small beside its rows' work, and waiting would only add delay), or
+- the table is busy: its waiting changes came at `busy_changes_per_second` or faster (its commit's
+  fixed cost is small beside its rows' work, and waiting would only add delay). A rate, not a
+  count: counted, every table of a stream whose batches grew long enough had that many waiting,
+  so every table was busy, and the batches grew longer still (BENCHMARKS.md, "Fifty tables"), or
 - waiting for the next batch could take its oldest waiting change past the table's target
   (`freshness_seconds` in the declaration): the next batch ends at the earliest a trigger
   interval plus a batch after this one, and a batch is taken to last as long as the longest of the
@@ -46,7 +48,7 @@ from pipelines.ingest.survey import Survey
 
 @dataclass(frozen=True)
 class CadenceLimits:
-    eager_records: int  # a table with this many changes waiting commits in the batch
+    busy_changes_per_second: float  # a table whose changes come this fast commits every batch
     parallel_tables: int  # tables committed side by side
     budget_seconds: float  # into a batch's commits, no quiet table's commit starts any more
     recent_batches: int  # the batches whose longest duration predicts the next one's
@@ -55,7 +57,7 @@ class CadenceLimits:
 def cadence_limits() -> CadenceLimits:
     """hudi_configs/stream.toml `[cadence]`, with the deployment's overrides."""
     values = hudi_configs.section("stream", "cadence")
-    return CadenceLimits(int(values["eager_records"]), int(values["parallel_tables"]),
+    return CadenceLimits(float(values["busy_changes_per_second"]), int(values["parallel_tables"]),
                          float(values["budget_seconds"]), int(values["recent_batches"]))
 
 
@@ -133,16 +135,21 @@ class Cadence:
         the oldest waiting first."""
         now = time.time() if now is None else now
         due = [t for t, w in self.waiting.items() if self._due(t, w, now)]
-        return sorted(due, key=lambda t: (not self.urgent(t), self.waiting[t].since or now))
+        return sorted(due, key=lambda t: (not self.urgent(t, now), self.waiting[t].since or now))
 
-    def urgent(self, table: str) -> bool:
+    def urgent(self, table: str, now: float | None = None) -> bool:
         """A table committed in the batch whatever the batch's time budget: eager mode, a change of shape or a
         truncate, or a busy table (as busy, it is the batch's main work)."""
         w = self.waiting[table]
-        return self.eager or w.must is not None or w.changes >= self.limits.eager_records
+        if self.eager or w.must is not None:
+            return True
+        now = time.time() if now is None else now
+        # Over at least a trigger interval: a handful of changes in the same second is no rate.
+        span = max(now - w.since if w.since is not None else 0.0, self.trigger_seconds, 1.0)
+        return w.changes >= self.limits.busy_changes_per_second * span
 
     def _due(self, table: str, w: Waiting, now: float) -> bool:
-        if self.urgent(table):
+        if self.urgent(table, now):
             return True
         if w.since is None:
             return w.changes > 0

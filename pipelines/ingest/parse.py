@@ -96,11 +96,7 @@ def parse_events(raw: DataFrame, table: str, shape: Shape | None = None, known_d
 
 
 def parse_topics(raw: DataFrame, tables: dict[str, TableParse], placeholder: str | None = None) -> DataFrame:
-    """Kafka records -> one row per record, classified as its topic's table says (`read_envelopes`, then `classify`).
-
-    The ingest materializes the envelopes between the two steps, so that the records are read and
-    their JSON parsed once (`BronzeBatchWriter`); this lazy form serves single tables and tests.
-    """
+    """Kafka records -> one row per record, classified as its topic's table says (`read_envelopes`, then `classify`)."""
     return classify(read_envelopes(raw), tables, placeholder, all_mine=len(tables) == 1)
 
 
@@ -138,10 +134,9 @@ def classify(envelopes: DataFrame, tables: dict[str, TableParse], placeholder: s
 
     The tables' rules are data, not code: each record looks up its topic's `_rules` (`_table_rules`: the
     table's key, its bigint columns, its shape, ...) in a literal map, and one expression reads them, so
-    the plan is the same size at 50 tables as at one. An expression or a filtered part per table was
-    analyzed again every batch: 5 s a batch at 50 tables on an idle machine, 60 s under the
-    stream's load (BENCHMARKS.md, "Fifty tables"). The writer passes the tables whose topics the batch
-    has records of.
+    the plan is the same size at 50 tables as at one, and the ingest passes every declared table. An
+    expression or a filtered part per table made a plan that Spark analyzed again every batch: 5 s
+    a batch at 50 tables (BENCHMARKS.md, "Fifty tables").
 
     The image is kept as a map (`_image`); `image_columns` types it by the table's shape. Beside
     it, what the schema decision needs (pipelines.ingest.schema), empty for a record of a known

@@ -27,7 +27,7 @@ from pipelines.ingest.cadence import BatchRecords, Cadence
 from pipelines.ingest.dead_letter_writer import DeadLetterWriter
 from pipelines.ingest.erasures import Erased, ErasureRegistry
 from pipelines.ingest.held_letters import EARLIEST
-from pipelines.ingest.parse import classify, read_envelopes
+from pipelines.ingest.parse import parse_topics
 from pipelines.ingest.positions import PositionLedger, end_offsets
 from pipelines.ingest.state import (
     BATCH_ID_META,
@@ -37,7 +37,6 @@ from pipelines.ingest.state import (
     discard_unborn,
     ingest_meta,
     materialized,
-    release,
 )
 from pipelines.ingest.survey import SchemaSurvey, tally
 from pipelines.ingest.tables import TableWriter
@@ -181,18 +180,12 @@ class BronzeBatchWriter:
         log.info(report.line())
 
     def _parse(self, batch: DataFrame) -> DataFrame:
-        """The batch's records classified (materialized): read and decoded once, then each table's records by
-        its own rules, for the tables the batch has records of only (`parse.classify`)."""
-        envelopes = materialized(read_envelopes(batch))
-        try:
-            topics = {r["kafka_topic"] for r in envelopes.select("kafka_topic").distinct().collect()}
-            present = {t: p for t, p in self.schema.parses().items() if declared().topic(t) in topics}
-            # The tables' parts together have a partition per part and Kafka partition (a few thousand at
-            # 50 tables): every later job over the batch would run that many tasks. As many as the cores.
-            cores = self.spark.sparkContext.defaultParallelism
-            return materialized(classify(envelopes, present, self.placeholder).coalesce(cores))
-        finally:
-            release(envelopes)
+        """The batch's records read, decoded and classified in one pass, by each topic's table (`parse.parse_topics`),
+        materialized. One expression serves every declared table: an idle one costs its entry in a lookup."""
+        # As many partitions as the cores: the batch has one per Kafka partition (150 at 50 tables of
+        # 3), and every later job over it would run that many tasks.
+        cores = self.spark.sparkContext.defaultParallelism
+        return materialized(parse_topics(batch, self.schema.parses(), self.placeholder).coalesce(cores))
 
     def _commit(self, tables: list[str], jobs: list[Callable[[], None]], meta: dict[str, str], report: BatchReport,
                 erased: Erased | None, *, budget: bool = True) -> None:
