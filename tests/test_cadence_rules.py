@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import time
+
 from pipelines.declaration import declared
-from pipelines.ingest.cadence import BatchRecords, Cadence, CadenceLimits
+from pipelines.ingest.cadence import BatchRecords, Cadence, CadenceLimits, QuietBudget
 from pipelines.ingest.schema import Shape
 from pipelines.ingest.stream import Heartbeat, Limits, judge
 from pipelines.ingest.survey import Survey
@@ -56,6 +58,20 @@ def test_a_table_is_due_when_busy_when_its_target_is_near_or_when_it_must_not_wa
     fresh = merged.freshness(now)
     assert fresh["customers"] == {"target": target, "waiting": 7, "age": 4.0, "committed_at": None}
     assert fresh["orders"]["age"] is None
+
+
+def test_busy_tables_do_not_spend_the_quiet_tables_budget() -> None:
+    cadence = Cadence(trigger_seconds=2, eager=False, limits=LIMITS)
+    now = time.time()  # busy or not is judged at the wall clock's now
+    batch = BatchRecords(None)  # type: ignore[arg-type]
+    cadence.hold("orders", _survey("orders", row=500), batch, 500, now)
+    cadence.hold("customers", _survey("customers", row=3), batch, 3, now - 60)
+    clock = iter([130.0, 133.9, 134.1]).__next__  # the quiet commits' starts only
+    budget = QuietBudget(cadence, 4, clock)
+    assert budget.allows("orders"), "a busy table is not counted"
+    assert budget.allows("customers"), "however long the busy commits ran, the first quiet one starts"
+    assert budget.allows("customers") and not budget.allows("customers"), "within 4 s of it, and not after"
+    assert budget.allows("orders"), "a busy table starts whatever the time"
 
 
 def test_the_heartbeat_names_the_tables_behind_their_target() -> None:

@@ -18,9 +18,10 @@ still needs them), until they are *due*:
   the commit), a truncate, the stream stopping, an `ingest --once` (eager mode).
 
 More tables can be due than a batch has the cores to commit without making the busy tables wait:
-due tables start their commits oldest first, `parallel_tables` at a time, and once the batch's
-commits have run `budget_seconds`, only the tables that cannot wait (busy, or must) still start;
-the others stay waiting, the oldest first in the next batch. An overloaded stream so stays a
+due tables start their commits, the busy ones first, then the oldest waiting, `parallel_tables` at
+a time, and once `budget_seconds` have passed since the batch's first quiet table started its
+commit, only the tables that cannot wait (busy, or must) still start; the others stay waiting, the
+oldest first in the next batch (`QuietBudget`). An overloaded stream so stays a
 stream: its busy tables as fresh as its cores allow, its quiet ones behind their targets by what
 the cores lack, and a heartbeat that names them (`Heartbeat.behind`), rather than batches that grow without
 bound because every table is always due.
@@ -34,8 +35,10 @@ commits record, and the stream always starts from the tables' positions
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pyspark.sql import DataFrame
@@ -104,6 +107,33 @@ class Waiting:
                       set().union(*(s.applied_declared for s in self.surveys)))
 
 
+class QuietBudget:
+    """`seconds` of a batch for the commits of its due tables that could wait, from the first one's start.
+
+    Counted from the first quiet commit, not from the batch's first commit: counted from there, busy
+    tables whose own commits took longer than the budget left no time to any other, and 46 of 50
+    tables waited from the first batch to the last (BENCHMARKS.md, "Fifty tables"). So each batch
+    commits some of its quiet tables, the oldest first.
+    """
+
+    def __init__(self, cadence: Cadence, seconds: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.cadence = cadence
+        self.seconds = seconds
+        self.clock = clock
+        self.started: float | None = None
+        self._lock = threading.Lock()  # the commits start from several threads (`run_together`)
+
+    def allows(self, table: str) -> bool:
+        """Whether `table`'s commit may start now: always for one that cannot wait (`Cadence.urgent`)."""
+        if self.cadence.urgent(table):
+            return True
+        with self._lock:
+            now = self.clock()
+            if self.started is None:
+                self.started = now
+            return now - self.started <= self.seconds
+
+
 class Cadence:
     """Which tables a batch commits, and what each table is waiting with."""
 
@@ -154,6 +184,10 @@ class Cadence:
         if w.since is None:
             return w.changes > 0
         return now - w.since + self.next_batch_seconds() >= declared().table(table).freshness_seconds
+
+    def quiet_budget(self, seconds: float) -> QuietBudget:
+        """One batch's budget for its quiet tables' commits."""
+        return QuietBudget(self, seconds)
 
     def next_batch_seconds(self) -> float:
         """How long after this batch the next one could end: a trigger interval, then a batch as long as the

@@ -191,11 +191,11 @@ class BronzeBatchWriter:
                 erased: Erased | None, *, budget: bool = True) -> None:
         """The waiting changes of `tables` into their change logs and main tables, beside `jobs`; each commit
         with `meta`, `cadence.limits.parallel_tables` tables at once, within the batch's time `budget`."""
-        deadline = time.monotonic() + (self.cadence.limits.budget_seconds if budget else float("inf"))
+        quiet = self.cadence.quiet_budget(self.cadence.limits.budget_seconds if budget else float("inf"))
         done: list[str] = []
 
         def commit(table: str) -> None:
-            if not self.cadence.urgent(table) and time.monotonic() > deadline:
+            if not quiet.allows(table):
                 return  # it waits for the next batch (the budget: `cadence`)
             survey = self.cadence.waiting[table].survey()
             self.tables.apply(table, survey.events, survey, meta, report, erased, parallel=self.parallel)
