@@ -15,7 +15,8 @@ MVN    := mvn -q -B -f jvm/pom.xml
 DEMO   := .demo
 
 .PHONY: help dev setup postgres browser prometheus demo test test-fast test-unit bench lint package airflow
-.PHONY: kafka-up kafka-down s3-up s3-down source-up source-down cluster-up cluster-down catalog-up catalog-down clean
+.PHONY: kafka-up kafka-down s3-up s3-down source-up source-down cluster-up cluster-down catalog-up catalog-down
+.PHONY: metrics-up metrics-down clean
 
 help:  ## List the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -201,6 +202,12 @@ catalog-up: setup  ## Start a Hive Metastore (thrift://127.0.0.1:9083; Derby and
 catalog-down:  ## Stop it (the catalog stays in .metastore/)
 	$(BIN)/lakehouse catalog down --home .metastore
 
+metrics-up: dev prometheus  ## Start Prometheus (http://127.0.0.1:19090, the alerts on /alerts) and its Pushgateway (:19091), data in .metrics/; scrapes the stream's exporter at 127.0.0.1:9464
+	$(BIN)/lakehouse metrics up --home .metrics
+
+metrics-down:  ## Stop them (the series and pushed metrics stay in .metrics/)
+	$(BIN)/lakehouse metrics down --home .metrics
+
 source-down:  ## Stop Connect and PostgreSQL (their data stays in .pg-source/; the broker too: make kafka-down)
 	$(BIN)/lakehouse source down
 
@@ -210,4 +217,5 @@ clean:  ## Remove the local lake, demo and broker data, the logs (not .venv or .
 	-$(BIN)/lakehouse s3 down --data-dir .s3
 	-$(BIN)/lakehouse cluster down --home .cluster
 	-$(BIN)/lakehouse catalog down --home .metastore
-	rm -rf lake .kafka .s3 .cluster .metastore .source .logs $(DEMO) spark-warehouse
+	-$(BIN)/lakehouse metrics down --home .metrics
+	rm -rf lake .kafka .s3 .cluster .metastore .metrics .source .logs $(DEMO) spark-warehouse
