@@ -155,11 +155,13 @@ test-fast: setup  ## Tests without the slow crash tests
 	$(AF_BIN)/pytest --confcutdir=tests/dags tests/dags -m "not slow"
 
 # The test files that start no JVM, Kafka broker or PostgreSQL and need no Airflow: each passes in
-# the environment of `make dev` alone, with no .jvm/ and JAVA_HOME pointing nowhere. A file that
+# the environment of `make dev` and Debian's Prometheus (`make prometheus`: the alert rules' promtool),
+# with no .jvm/ and JAVA_HOME pointing nowhere. A file that
 # mixes such tests with Spark ones stays out (test_bronze_state.py, test_lake_scan.py, ...).
 UNIT_TESTS := $(addprefix tests/test_,$(addsuffix .py,console declaration declared_fixtures erasure_key gdpr_inbox generator hudi_configs \
-                lake_relative object_store_cli package spark_conf sql_sink stream_health catalog_names cadence_rules bench_tables))
-test-unit: dev  ## The tests that need no JVM, Kafka, PostgreSQL or Airflow: seconds, after `make dev` alone
+                lake_relative object_store_cli package spark_conf sql_sink stream_health catalog_names cadence_rules bench_tables \
+                alert_rules))
+test-unit: dev prometheus  ## The tests that need no JVM, Kafka, PostgreSQL or Airflow: seconds, after `make dev` (and `make prometheus`)
 	$(BIN)/pytest -q $(UNIT_TESTS)
 
 bench: setup  ## Benchmarks (ingest vs plain Hudi and Parquet, freshness, many tables, etl, erasure, reads): tables on stdout, JSON and PNG in .bench/

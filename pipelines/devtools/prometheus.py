@@ -32,6 +32,7 @@ from pipelines.settings import PROJECT_ROOT
 
 DEFAULT_DIR = PROJECT_ROOT / ".metrics"
 CONFIG_DIR = PROJECT_ROOT / "docker" / "prometheus"
+TEMPLATE = CONFIG_DIR / "prometheus.yml"
 DEFAULT_PORT = 19090
 DEFAULT_PUSHGATEWAY_PORT = 19091
 # Where the stream's exporter listens by default (the OpenTelemetry Prometheus exporter's port).
@@ -133,9 +134,8 @@ class Prometheus(_Server):
     label = "Prometheus"
     binary = "prometheus"
 
-    pushgateway: str = f"{HOST}:{DEFAULT_PUSHGATEWAY_PORT}"
-    stream_target: str = DEFAULT_STREAM_TARGET
-    template: Path = CONFIG_DIR / "prometheus.yml"
+    pushgateway: str  # host:port of each target
+    stream_target: str
 
     @property
     def config_path(self) -> Path:
@@ -146,7 +146,7 @@ class Prometheus(_Server):
         return f"--config.file={self.config_path}"
 
     def prepare(self, log_start: int) -> None:
-        self.config_path.write_text(render_config(self.template, {PUSHGATEWAY_JOB: self.pushgateway,
+        self.config_path.write_text(render_config(TEMPLATE, {PUSHGATEWAY_JOB: self.pushgateway,
                                                                   STREAM_JOB: self.stream_target}))
 
     def command(self) -> list[str]:
