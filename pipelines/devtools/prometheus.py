@@ -27,7 +27,7 @@ from typing import Any, ClassVar, Self
 
 import click
 
-from pipelines.local_process import HOST, LocalProcess, free_port
+from pipelines.local_process import HOST, LocalProcess, free_port, port_open
 from pipelines.settings import PROJECT_ROOT
 
 DEFAULT_DIR = PROJECT_ROOT / ".metrics"
@@ -103,6 +103,11 @@ class _Server(LocalProcess):
                                "Debian's prometheus and prometheus-pushgateway")
         return found
 
+    def prepare(self, log_start: int) -> None:
+        # Taken, the port would fail our bind while the process that holds it answered the readiness probe.
+        if port_open(self.port):
+            raise MetricsError(f"cannot start {self.label}: {HOST}:{self.port} is taken by another process")
+
     def unready(self, pid: int, deadline: float) -> str | None:
         try:
             urllib.request.urlopen(f"{self.url}/-/ready", timeout=2).close()
@@ -146,8 +151,19 @@ class Prometheus(_Server):
         return f"--config.file={self.config_path}"
 
     def prepare(self, log_start: int) -> None:
+        super().prepare(log_start)
         self.config_path.write_text(render_config(TEMPLATE, {PUSHGATEWAY_JOB: self.pushgateway,
-                                                                  STREAM_JOB: self.stream_target}))
+                                                             STREAM_JOB: self.stream_target}))
+
+    def unready(self, pid: int, deadline: float) -> str | None:
+        """Ready once it serves and scrapes both targets: it applies its targets up to 5 s after it serves."""
+        if why := super().unready(pid, deadline):
+            return why
+        try:
+            active = {t["labels"]["job"] for t in self.api("/api/v1/targets", state="active")["activeTargets"]}
+        except MetricsError as error:
+            return str(error)
+        return None if {PUSHGATEWAY_JOB, STREAM_JOB} <= active else f"scrape targets not applied yet: {sorted(active)}"
 
     def command(self) -> list[str]:
         return [self.executable(), self.marker, f"--storage.tsdb.path={self.home / 'data'}",
