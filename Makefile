@@ -31,7 +31,7 @@ PG_BIN ?= /usr/lib/postgresql/15/bin
 SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 APT_INSTALL := $(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q
 
-dev: $(VENV)/.installed  ## The Python environment alone (.venv: the CLI, pytest, ruff): enough for `make lint` and `make test-unit`
+dev: $(VENV)/.installed  ## The Python environment alone (.venv: the CLI, pytest, ruff): enough for `make lint` and `make test-unit` (which installs Debian's Prometheus too)
 
 setup: $(VENV)/.installed .jvm/.resolved .jvm/spark.jsa $(AF_VENV)/.installed $(HOST_TOOLS)  ## Everything `make demo` and `make test` need: .venv, .venv-airflow, the jars, the driver JVM's class archive, PostgreSQL 15, Chromium, Prometheus
 
@@ -155,12 +155,12 @@ test-fast: setup  ## Tests without the slow crash tests
 	$(AF_BIN)/pytest --confcutdir=tests/dags tests/dags -m "not slow"
 
 # The test files that start no JVM, Kafka broker or PostgreSQL and need no Airflow: each passes in
-# the environment of `make dev` and Debian's Prometheus (`make prometheus`: the alert rules' promtool),
-# with no .jvm/ and JAVA_HOME pointing nowhere. A file that
+# the environment of `make dev` and Debian's Prometheus (`make prometheus`: the alert rules' promtool,
+# the servers of test_metrics_local.py), with no .jvm/ and JAVA_HOME pointing nowhere. A file that
 # mixes such tests with Spark ones stays out (test_bronze_state.py, test_lake_scan.py, ...).
 UNIT_TESTS := $(addprefix tests/test_,$(addsuffix .py,console declaration declared_fixtures erasure_key gdpr_inbox generator hudi_configs \
                 lake_relative object_store_cli package spark_conf sql_sink stream_health catalog_names cadence_rules bench_tables \
-                alert_rules))
+                alert_rules metrics_local))
 test-unit: dev prometheus  ## The tests that need no JVM, Kafka, PostgreSQL or Airflow: seconds, after `make dev` (and `make prometheus`)
 	$(BIN)/pytest -q $(UNIT_TESTS)
 
