@@ -53,7 +53,7 @@ from pipelines.ingest.survey import Survey
 class CadenceLimits:
     busy_changes_per_second: float  # a table whose changes come this fast commits every batch
     parallel_tables: int  # tables committed side by side
-    budget_seconds: float  # into a batch's commits, no quiet table's commit starts any more
+    budget_seconds: float  # after a batch's first quiet commit started, no other quiet one starts
     recent_batches: int  # the batches whose longest duration predicts the next one's
 
 
