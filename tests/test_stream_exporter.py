@@ -15,17 +15,24 @@ from pipelines.ingest.batch import BatchReport, TableRead
 from pipelines.ingest.exporter import TOTAL_PHASE, StreamExporter, kafka_lag
 from pipelines.local_process import HOST, free_port, port_open
 
-# The Kafka source's part of a StreamingQueryProgress as PySpark 3.5's `query.lastProgress` gives it: offsets
-# parsed from their JSON, the metrics as strings (over every partition of every topic at once).
+# The Kafka source's part of a StreamingQueryProgress as PySpark 3.5.7's `query.lastProgress` gave it after the
+# first batch of tests/test_stream_metrics.py (96 of 209 records read): offsets parsed from their JSON, Spark's
+# own lag figures as strings, over the 6 partitions of both topics at once (18.83 * 6 = 113 records).
 PROGRESS = {
-    "batchId": 3,
+    "batchId": 0,
+    "numInputRows": 96,
     "sources": [{
-        "description": "KafkaV2[Subscribe[shop.public.customers,shop.public.orders]]",
-        "startOffset": {"shop.public.orders": {"0": 10, "1": 12, "2": 8}, "shop.public.customers": {"0": 5, "1": 3}},
-        "endOffset": {"shop.public.orders": {"0": 40, "1": 30, "2": 8}, "shop.public.customers": {"0": 9, "1": 3}},
-        "latestOffset": {"shop.public.orders": {"0": 50, "1": 30, "2": 20}, "shop.public.customers": {"0": 9, "1": 4}},
-        "numInputRows": 56,
-        "metrics": {"avgOffsetsBehindLatest": "4.6", "maxOffsetsBehindLatest": "12", "minOffsetsBehindLatest": "0"},
+        "description": "KafkaV2[Subscribe[shop.public.customers, shop.public.orders]]",
+        "startOffset": None,
+        "endOffset": {"shop.public.orders": {"2": 15, "1": 23, "0": 26},
+                      "shop.public.customers": {"2": 5, "1": 14, "0": 13}},
+        "latestOffset": {"shop.public.orders": {"2": 33, "1": 49, "0": 56},
+                         "shop.public.customers": {"2": 12, "1": 31, "0": 28}},
+        "numInputRows": 96,
+        "inputRowsPerSecond": 0.0,
+        "processedRowsPerSecond": 7.132773608737648,
+        "metrics": {"avgOffsetsBehindLatest": "18.833333333333332", "maxOffsetsBehindLatest": "30",
+                    "minOffsetsBehindLatest": "7"},
     }],
 }
 
@@ -86,8 +93,8 @@ def test_a_heartbeat_sets_freshness_lag_and_its_time() -> None:
     assert value(exporter, m.KAFKA_LAG.name, topic="shop.public.orders") is None  # no progress yet
 
     exporter.beat(1_800_000_010.5, {"orders": tables["orders"]}, PROGRESS)
-    assert value(exporter, m.KAFKA_LAG.name, topic="shop.public.orders") == 22
-    assert value(exporter, m.KAFKA_LAG.name, topic="shop.public.customers") == 1
+    assert value(exporter, m.KAFKA_LAG.name, topic="shop.public.orders") == 74
+    assert value(exporter, m.KAFKA_LAG.name, topic="shop.public.customers") == 39
     # customers is no longer declared: its gauges go, rather than stay at their last value.
     assert value(exporter, m.TABLE_FRESHNESS.name, table="customers") is None
     assert value(exporter, m.TABLE_FRESHNESS_TARGET.name, table="customers") is None
@@ -100,10 +107,10 @@ def test_a_heartbeat_sets_freshness_lag_and_its_time() -> None:
 
 def test_kafka_lag_is_per_topic_what_sparks_own_figures_sum_to() -> None:
     lag = kafka_lag(PROGRESS)
-    assert lag == {"shop.public.orders": 22, "shop.public.customers": 1}
-    # Spark's own figures are over the 5 partitions together: their mean times their count is the same total.
+    assert lag == {"shop.public.orders": 18 + 26 + 30, "shop.public.customers": 7 + 17 + 15}
+    # Spark's own figures are over the 6 partitions together: their mean times their count is the same total.
     spark = PROGRESS["sources"][0]["metrics"]
-    assert sum(lag.values()) == round(float(spark["avgOffsetsBehindLatest"]) * 5)
+    assert sum(lag.values()) == round(float(spark["avgOffsetsBehindLatest"]) * 6)
     assert kafka_lag(None) is None and kafka_lag({"sources": []}) is None
     # Offsets as JSON text (how the progress' own `json()` spells them), and a source that planned nothing yet.
     text = {"sources": [{"endOffset": '{"t": {"0": 4}}', "latestOffset": '{"t": {"0": 9, "1": 2}}'}]}
