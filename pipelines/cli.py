@@ -74,10 +74,16 @@ if importlib.util.find_spec("pipelines.devtools") is not None:
 @click.option("--max-offsets-per-trigger", type=click.IntRange(min=1), default=None,
               help="Cap on Kafka records per micro-batch  [default: bronze.toml [kafka] maxOffsetsPerTrigger]")
 @click.option("--bootstrap", default=None, help="Kafka brokers  [default: $KAFKA_BOOTSTRAP_SERVERS]")
-def ingest(once: bool, trigger_seconds: float, max_offsets_per_trigger: int | None, bootstrap: str | None) -> None:
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
+              help="Port of the stream's Prometheus exporter on 127.0.0.1 (batches, commits, freshness, lag, dead "
+                   "letters, heartbeat; scraped by `lakehouse metrics up`), 0 for none  "
+                   "[default: stream.toml [metrics] port, 9464]")
+def ingest(once: bool, trigger_seconds: float, max_offsets_per_trigger: int | None, bootstrap: str | None,
+           metrics_port: int | None) -> None:
     """Stream the declared tables' topics (LAKEHOUSE_TABLES) into bronze (until stopped, or --once); a changed
     declaration is followed between batches."""
     from pipelines.ingest.bronze import run_ingest
+    from pipelines.ingest.exporter import configured_port
 
     brokers = bootstrap or settings.kafka_bootstrap()
     require_kafka(brokers, click.ClickException)
@@ -87,7 +93,8 @@ def ingest(once: bool, trigger_seconds: float, max_offsets_per_trigger: int | No
     started = time.monotonic()
     try:
         run_ingest(once=once, bootstrap=brokers, trigger_seconds=trigger_seconds,
-                   max_offsets_per_trigger=max_offsets_per_trigger)
+                   max_offsets_per_trigger=max_offsets_per_trigger,
+                   metrics_port=configured_port() if metrics_port is None else metrics_port)
     except KeyboardInterrupt:
         click.echo(f"ingest stopped after {time.monotonic() - started:.0f} s", err=True)
         return

@@ -42,7 +42,8 @@ STREAM_HEARTBEAT = Metric(
     "Unix time of the ingest stream's last heartbeat (pipelines/ingest/stream.py).")
 DEAD_LETTERS = Metric(
     "lakehouse_dead_letters_total", "counter", ("table",),
-    "Records ingest could not use, written to the dead-letter table.")
+    "Records ingest could not use, counted as a batch finds them (the dead-letter table gets them then or, "
+    "held back, within a minute).")
 QUARANTINED_ROWS = Metric(
     "lakehouse_quarantined_rows_total", "counter", ("table",),
     "Rows the silver rules rejected into the table's quarantine.")
@@ -60,13 +61,16 @@ BATCH_BYTES = Metric(
     "Bytes of Kafka record values the stream's micro-batches read for the table.")
 BATCH_DURATION = Metric(
     "lakehouse_batch_duration_seconds", "histogram", ("phase",),
-    "Seconds a micro-batch spent in each phase (read, plan, commit, ...).")
+    "Seconds a micro-batch spent in each phase of its line (read+parse, schema, tables, ...; a table's own, "
+    "such as plan or changelog, once per table; total: the whole batch).")
 COMMITS = Metric(
     "lakehouse_commits_total", "counter", ("table",),
-    "Hudi commits the stream completed on the table.")
+    "Commits the stream completed on the table: its change log and main table, committed side by side, "
+    "count one.")
 KAFKA_LAG = Metric(
     "lakehouse_kafka_lag_records", "gauge", ("topic",),
-    "Records on the topic's partitions after the stream's committed positions.")
+    "Records on the topic's partitions after where the stream's newest batch ended (Spark's progress); "
+    "what it read and lets wait shows in the tables' freshness.")
 
 ALL: tuple[Metric, ...] = (TABLE_FRESHNESS, TABLE_FRESHNESS_TARGET, STREAM_HEARTBEAT, DEAD_LETTERS, QUARANTINED_ROWS,
                            SILVER_CHECKED_ROWS, ERASURE_OLDEST_PENDING_AGE, BATCH_RECORDS, BATCH_BYTES, BATCH_DURATION,

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from pyspark import SparkContext
 from pyspark.sql import DataFrame
@@ -17,6 +18,19 @@ from pyspark.sql import DataFrame
 from pipelines import catalog_sync
 
 _BATCH_LINE = re.compile(r"batch (\d+): (\d+) records in ([\d.]+)s")
+
+
+class TableRead(NamedTuple):
+    """What a batch read of one table's topic: what the stream's exporter counts per table (the line has the total)."""
+
+    records: int  # Kafka records
+    bytes: int  # bytes of their values (a tombstone's none)
+    dead_letters: int  # those that became dead letters (the surveys' count: malformed, or of a shape not applied)
+
+
+# The outcomes of a table's counts that its commits wrote (`tables.TableWriter.apply`): a table with either
+# had its change log and main committed; `stale`, `waiting`, `dead`, ... alone mean no commit.
+COMMITTED_OUTCOMES = ("upsert", "delete")
 
 
 @dataclass
@@ -28,6 +42,12 @@ class BatchReport:
     records: int = 0
     counts: dict[str, dict[str, int]] = field(default_factory=dict)
     phases: dict[str, float] = field(default_factory=dict)
+    # Per table whose topic the batch read; empty for the commits made between batches (they read nothing).
+    read: dict[str, TableRead] = field(default_factory=dict)
+
+    def committed(self) -> list[str]:
+        """The tables whose change log and main this report's commits wrote (the line's upsert= and delete=)."""
+        return [t for t, c in self.counts.items() if any(c.get(k) for k in COMMITTED_OUTCOMES)]
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -43,12 +63,17 @@ class BatchReport:
 
     @classmethod
     def parse(cls, line: str) -> BatchReport | None:
-        """The batch id, records, seconds and phases of a logged `line()`; None for any other log line."""
+        """The batch id, records, seconds, counts and phases of a logged `line()`; None for any other log line."""
         found = _BATCH_LINE.search(line)
         if not found:
             return None
         timing = line.rsplit("| seconds: ", 1)[1].split() if "| seconds: " in line else []
-        return cls(int(found[1]), float(found[3]), int(found[2]),
+        counts = {}
+        for part in line[found.end():].rpartition("| seconds: ")[0].split(" | "):
+            name, said, items = part.strip(" |").partition(": ")
+            if said:
+                counts[name] = {k: int(v) for k, _, v in (item.partition("=") for item in items.split())}
+        return cls(int(found[1]), float(found[3]), int(found[2]), counts,
                    phases={k: float(v) for k, _, v in (item.partition("=") for item in timing)})
 
     def line(self) -> str:

@@ -80,6 +80,7 @@ import hudi_configs
 from pipelines import storage
 from pipelines.declaration import DeclarationError, current, declared, pinned
 from pipelines.ingest.compactor import Compactor, compactions_run_here
+from pipelines.ingest.exporter import StreamExporter
 from pipelines.ingest.held_letters import EARLIEST
 from pipelines.ingest.stream import STOP_REQUEST, StreamLease
 from pipelines.ingest.writer import BronzeBatchWriter
@@ -130,7 +131,7 @@ def topic_partitions(bootstrap: str) -> dict[str, list[int]]:
 
 def run_ingest(*, once: bool, root: str | None = None, bootstrap: str | None = None,
                trigger_seconds: float = INGEST_TRIGGER_SECONDS, max_offsets_per_trigger: int | None = None,
-               spark: SparkSession | None = None, stop_timeout: float = 300.0) -> None:
+               spark: SparkSession | None = None, stop_timeout: float = 300.0, metrics_port: int = 0) -> None:
     """Run the ingest stream: until caught up with what was on the topics at start (`once`), or forever.
 
     Each Hudi commit records the stream's position, and the stream starts from the tables'
@@ -139,10 +140,23 @@ def run_ingest(*, once: bool, root: str | None = None, bootstrap: str | None = N
     seconds, then stops the stream: a batch is committed whole, or abandoned and re-run whole
     on the next start; the tables' waiting changes are committed as the stream stops. A stop
     request (`lakehouse stream stop`, pipelines.ingest.stream) does the same and the run returns.
-    The stream's heartbeat beside its checkpoint keeps a second copy from starting.
+    The stream's heartbeat beside its checkpoint keeps a second copy from starting. `metrics_port`: where
+    its Prometheus exporter listens on 127.0.0.1 (`exporter`; 0, none: the CLI's default is stream.toml's).
     """
     root = root or lake_root()
     bootstrap = bootstrap or kafka_bootstrap()
+    # Before Spark and the lease: a port in use fails the start at once, and holds nothing.
+    exporter = StreamExporter.serve(metrics_port) if metrics_port else None
+    try:
+        _run_ingest(once, root, bootstrap, trigger_seconds, max_offsets_per_trigger, spark, stop_timeout, exporter)
+    finally:
+        if exporter is not None:
+            exporter.close()
+
+
+def _run_ingest(once: bool, root: str, bootstrap: str, trigger_seconds: float, max_offsets_per_trigger: int | None,
+                spark: SparkSession | None, stop_timeout: float, exporter: StreamExporter | None) -> None:
+    """`run_ingest`'s stream, its figures to `exporter` (None: none kept)."""
     spark = spark or get_spark("lakehouse-ingest")
     # One writer per checkpoint: wait for a previous stream's heartbeat to go stale, or fail.
     lease = StreamLease(root)
@@ -155,7 +169,7 @@ def run_ingest(*, once: bool, root: str | None = None, bootstrap: str | None = N
             with pinned(current()) as decl:
                 try:
                     follow = _run_query(spark, root, bootstrap, once, trigger_seconds, max_offsets_per_trigger,
-                                        lease, stop_timeout, sorted(decl.topics()))
+                                        lease, stop_timeout, sorted(decl.topics()), exporter)
                 except KeyboardInterrupt:
                     stopped = True
                     raise
@@ -182,9 +196,10 @@ def run_ingest(*, once: bool, root: str | None = None, bootstrap: str | None = N
 
 
 def _run_query(spark: SparkSession, root: str, bootstrap: str, once: bool, trigger_seconds: float,
-               max_offsets_per_trigger: int | None, lease: StreamLease, stop_timeout: float, topics: list[str]) -> bool:
+               max_offsets_per_trigger: int | None, lease: StreamLease, stop_timeout: float, topics: list[str],
+               exporter: StreamExporter | None = None) -> bool:
     """Run one ingest query until it ends, is asked to stop, or the declared tables change (then True)."""
-    query, batches = _start_query(spark, root, bootstrap, once, trigger_seconds, max_offsets_per_trigger)
+    query, batches = _start_query(spark, root, bootstrap, once, trigger_seconds, max_offsets_per_trigger, exporter)
     beat_at = 0.0
     try:
         # Every trigger interval, what came due between batches (no batch runs without new records);
@@ -195,7 +210,10 @@ def _run_query(spark: SparkSession, root: str, bootstrap: str, once: bool, trigg
             if time.monotonic() - beat_at < lease.lim.heartbeat_seconds:
                 continue
             beat_at = time.monotonic()
-            lease.beat(query.lastProgress, query.status["isTriggerActive"], batches.freshness())
+            progress, tables = query.lastProgress, batches.freshness()
+            lease.beat(progress, query.status["isTriggerActive"], tables)
+            if exporter is not None:
+                exporter.beat(lease.hb.written_at, tables, progress)
             if lease.stop_requested():
                 log.info("stop requested (%s): stopping after the batch in progress", STOP_REQUEST)
                 _let_batch_finish(query, stop_timeout)
@@ -215,7 +233,8 @@ def _run_query(spark: SparkSession, root: str, bootstrap: str, once: bool, trigg
 
 
 def _start_query(spark: SparkSession, root: str, bootstrap: str, once: bool, trigger_seconds: float,
-                 max_offsets_per_trigger: int | None) -> tuple[StreamingQuery, BronzeBatchWriter]:
+                 max_offsets_per_trigger: int | None,
+                 exporter: StreamExporter | None = None) -> tuple[StreamingQuery, BronzeBatchWriter]:
     """The ingest query over the declared tables' topics, from the positions in bronze's commits.
 
     Progress has one truth, the tables' own commits: Structured Streaming's checkpoint would resume
@@ -223,7 +242,7 @@ def _start_query(spark: SparkSession, root: str, bootstrap: str, once: bool, tri
     before its commit holds them nowhere else. So every query starts without a checkpoint, each
     topic partition from the position its table's commits record (`BronzeBatchWriter.start`).
     """
-    batches = BronzeBatchWriter(spark, root, trigger_seconds=trigger_seconds, eager=once)
+    batches = BronzeBatchWriter(spark, root, trigger_seconds=trigger_seconds, eager=once, exporter=exporter)
     reader = kafka_stream(spark, bootstrap)
     storage.remove_tree(ingest_checkpoint_path(root))
     if start := starting_offsets(batches.start(), topic_partitions(bootstrap)):

@@ -145,7 +145,7 @@ def classify(envelopes: DataFrame, tables: dict[str, TableParse], placeholder: s
     `_new_keys` (columns not in `shape`), `_missing` (declared columns absent from a bare
     `after`), `_badcast` (bare values that do not fit their column's type), `_toast` (columns
     carrying the unavailable-value `placeholder`). The raw value is kept for dead letters and
-    for records of an unknown shape (they may be held).
+    for records of an unknown shape (they may be held); `_bytes` is its length for every record.
     """
     placeholder = placeholder or unavailable_placeholder()
     kinds = sorted({(c.type, c.convert) for spec in tables.values() for c in _typed_extras(spec.shape)})
@@ -237,7 +237,9 @@ def classify(envelopes: DataFrame, tables: dict[str, TableParse], placeholder: s
         F.col("_c.kind").alias("kind"), F.col("_c.reason").alias("reason"),
         op.alias("_op"), lsn.alias("_lsn"), F.timestamp_millis(e["source"]["ts_ms"]).alias("_source_ts"),
         e["source"]["txId"].alias("_tx_id"), image.alias("_image"),
-        "_decl_new", "_decl_hash", "_new_keys", "_missing", "_badcast", "_toast")
+        "_decl_new", "_decl_hash", "_new_keys", "_missing", "_badcast", "_toast",
+        # What the record's value weighs, the raw one's (the stream exports bytes read per table).
+        F.coalesce(F.length(F.col("value")), F.lit(0)).alias("_bytes"))
 
 
 # `_table_rules`' fields before the typed extras' (`typed0`, ...): the type of a lookup that finds no table.

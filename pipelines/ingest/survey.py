@@ -39,14 +39,16 @@ class Survey:
 
 def tally(every: DataFrame) -> list[Row]:
     """One aggregation of the parsed batch: per Kafka partition, kind and Connect schema (a handful of
-    groups), the offsets, when the oldest record entered Kafka (what a table's changes have waited,
-    pipelines.ingest.cadence) and what the schema decision needs (`SchemaSurvey.survey`)."""
+    groups), the offsets, the records and their values' bytes, when the oldest record entered Kafka (what
+    a table's changes have waited, pipelines.ingest.cadence) and what the schema decision needs
+    (`SchemaSurvey.survey`)."""
     def distinct(column: str) -> Column:
         return F.collect_set(F.when(F.size(column) > 0, F.col(column)))
 
     # A record of each new Connect schema comes along, whose `after` fields the decision reads.
     return every.groupBy("kafka_topic", "kafka_partition", "kind", "_decl_hash").agg(
         F.min("kafka_offset").alias("first"), F.max("kafka_offset").alias("last"), F.count("*").alias("n"),
+        F.sum("_bytes").alias("bytes"),
         F.min("kafka_timestamp").alias("oldest"),
         F.first(F.when(F.col("_decl_new"), F.col("value")), ignorenulls=True).alias("sample"),
         distinct("_missing").alias("missing"), distinct("_badcast").alias("badcast"),

@@ -22,10 +22,11 @@ from pyspark.sql import functions as F
 
 from pipelines.declaration import declared
 from pipelines.hudi_timeline import repair_torn_timeline
-from pipelines.ingest.batch import BatchReport, run_together
+from pipelines.ingest.batch import BatchReport, TableRead, run_together
 from pipelines.ingest.cadence import BatchRecords, Cadence
 from pipelines.ingest.dead_letter_writer import DeadLetterWriter
 from pipelines.ingest.erasures import Erased, ErasureRegistry
+from pipelines.ingest.exporter import StreamExporter
 from pipelines.ingest.held_letters import EARLIEST
 from pipelines.ingest.parse import parse_topics
 from pipelines.ingest.positions import PositionLedger, end_offsets
@@ -53,9 +54,11 @@ class BronzeBatchWriter:
     """The `foreachBatch` function of the ingest stream."""
 
     def __init__(self, spark: SparkSession, root: str, *, trigger_seconds: float, eager: bool,
-                 parallel: bool = True) -> None:
+                 parallel: bool = True, exporter: StreamExporter | None = None) -> None:
         self.spark = spark
         self.root = root
+        # Each batch's report, and each commit's between batches, to Prometheus (None: the stream exports nothing).
+        self.exporter = exporter
         # The tables' commits side by side (`run_together`); False only for a benchmark's reference.
         self.parallel = parallel
         self.placeholder = unavailable_placeholder()
@@ -153,6 +156,8 @@ class BronzeBatchWriter:
                 mine = [g for g in groups if g["kafka_topic"] == topic]
                 if not mine:
                     continue
+                report.read[table] = TableRead(sum(g["n"] for g in mine), sum(g["bytes"] or 0 for g in mine),
+                                               survey.kinds.get("dead", 0))
                 spans = {tp: o for tp, o in ends.items() if tp.startswith(topic + "/")}
                 if all(self.positions.covered(where(table, self.root), spans) for where in (main_path, changelog_path)):
                     report.counts[table] = {"already_applied": sum(g["n"] for g in mine)}
@@ -178,6 +183,8 @@ class BronzeBatchWriter:
         self.cadence.batch_done(report.seconds)
         self._cut = None
         log.info(report.line())
+        if self.exporter is not None:
+            self.exporter.batch(report)
 
     def _parse(self, batch: DataFrame) -> DataFrame:
         """The batch's records read, decoded and classified in one pass, by each topic's table (`parse.parse_topics`),
@@ -249,6 +256,8 @@ class BronzeBatchWriter:
         self._cut = None
         report.seconds = time.monotonic() - started
         log.info("the waiting changes, %s: %s", why, report.line())
+        if self.exporter is not None:
+            self.exporter.batch(report, between=True)
 
     def freshness(self) -> dict[str, dict[str, float | int | None]]:
         """Per declared table, its target and what waits (the heartbeat's)."""
