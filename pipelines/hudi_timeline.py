@@ -235,6 +235,8 @@ def write_with_checkpoint(df: DataFrame, path: str, options: dict[str, str], mar
 
 
 _STATE_RANK = {"requested": 0, "inflight": 1, None: 2}  # None: completed (INSTANT_FILE's `state` is empty)
+# Table services whose requested file is their plan (an Avro container), never empty as Hudi writes it.
+_PLANNED_ACTIONS = ("compaction", "logcompaction", "clean", "rollback", "clustering", "restore", "indexing")
 
 
 def is_torn(data: bytes) -> bool:
@@ -262,23 +264,26 @@ def is_torn(data: bytes) -> bool:
 def _torn_files(timeline: Path) -> list[Path]:
     """The files of `timeline` that a crash cut short, each the newest state of its instant.
 
-    A completed instant's file always holds its metadata, so an empty one is torn too; a requested
-    or inflight one may be empty (Hudi writes them so for most writes), and is torn only when it
-    holds part of an Avro container (a plan, a workload profile).
+    A completed instant's file always holds its metadata, so an empty one is torn too, and so does a
+    table service's requested file, its plan: an empty `compaction.requested` that a SIGKILL left
+    failed every later read of the table ("Not an Avro data file", tests/test_crash_recovery.py,
+    2026-11-29). Any other requested or inflight file may be empty (Hudi writes them so for most
+    writes), and is torn only when it holds part of an Avro container (a workload profile).
     """
     newest: dict[str, tuple[int, Path]] = {}  # instant -> (its newest state's rank, that state's file)
     for file in timeline.iterdir():
         if m := INSTANT_FILE.match(file.name):
             rank = _STATE_RANK[m["state"]]
-            if rank > newest.get(m["requested"], (-1, file))[0]:
-                newest[m["requested"]] = (rank, file)
+            if rank > newest.get(m["requested"], (-1, file, False))[0]:
+                plan = m["state"] == "requested" and m["action"] in _PLANNED_ACTIONS
+                newest[m["requested"]] = (rank, file, plan)
     torn = []
-    for rank, file in newest.values():
+    for rank, file, plan in newest.values():
         try:
             data = file.read_bytes()
         except FileNotFoundError:  # archived, cleaned or rolled back meanwhile: not a crash's
             continue
-        if (data or rank == _STATE_RANK[None]) and is_torn(data):
+        if (data or plan or rank == _STATE_RANK[None]) and is_torn(data):
             torn.append(file)
     return torn
 

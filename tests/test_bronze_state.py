@@ -110,6 +110,7 @@ def test_repair_steps_back_each_instant_whose_newest_file_a_crash_cut(tmp_path, 
         "timeline/5.clean.requested": whole[:40],  # a cut plan, nothing started: planned again
         "timeline/6.compaction.requested": whole, "timeline/6.compaction.inflight": whole[:25],  # runs again
         "timeline/7.commit.requested": b"", "timeline/7.inflight": b"",  # empty pending files are Hudi's own
+        "timeline/10.compaction.requested": b"",  # but an empty plan is a cut one: planned again
         "metadata/.hoodie/timeline/8_9.deltacommit": b"",  # the metadata table's: an empty completed file
     }
     for name, data in files.items():
@@ -121,6 +122,7 @@ def test_repair_steps_back_each_instant_whose_newest_file_a_crash_cut(tmp_path, 
     hudi_timeline.repair_torn_timeline(str(table))
     left = {str(p.relative_to(table / ".hoodie")) for p in (table / ".hoodie").rglob("*") if p.is_file()}
     gone = {"timeline/3_4.deltacommit", "timeline/.3_4.deltacommit.crc", "timeline/5.clean.requested",
+            "timeline/10.compaction.requested",
             "timeline/6.compaction.inflight", "metadata/.hoodie/timeline/8_9.deltacommit"}
     assert left == set(files) - gone
     hudi_timeline.repair_torn_timeline(str(table))  # nothing more to do
