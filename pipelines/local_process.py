@@ -43,6 +43,14 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def saved_state(path: Path) -> dict[str, Any] | None:
+    """The JSON a service group wrote at its first start (its ports, ...); None before that, or if unreadable."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def port_open(port: int, host: str = HOST, timeout: float = 1.0) -> bool:
     """Whether something accepts TCP connections there (a listener, not yet a working service)."""
     try:

@@ -21,7 +21,7 @@ from typing import Any, Self
 
 import click
 
-from pipelines.local_process import HOST, LocalProcess, free_port, java_command, port_open
+from pipelines.local_process import HOST, LocalProcess, free_port, java_command, port_open, saved_state
 from pipelines.settings import PROJECT_ROOT, spark_home
 
 DEFAULT_DIR = PROJECT_ROOT / ".metastore"
@@ -78,10 +78,7 @@ class Metastore(LocalProcess):
         return f"databaseName={self.database}"
 
     def _saved(self) -> dict[str, Any] | None:
-        try:
-            return json.loads(self.state_path.read_text())
-        except (OSError, ValueError):
-            return None
+        return saved_state(self.state_path)
 
     def command(self) -> list[str]:
         conf = {"hive.async.log.enabled": "false",

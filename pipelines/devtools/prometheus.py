@@ -27,7 +27,7 @@ from typing import Any, ClassVar, Self
 
 import click
 
-from pipelines.local_process import HOST, LocalProcess, free_port, port_open
+from pipelines.local_process import HOST, LocalProcess, free_port, port_open, saved_state
 from pipelines.settings import PROJECT_ROOT
 
 DEFAULT_DIR = PROJECT_ROOT / ".metrics"
@@ -220,10 +220,7 @@ class LocalMetrics:
         return self.home / "metrics.json"
 
     def _saved(self) -> dict[str, Any] | None:
-        try:
-            return json.loads(self.state_path.read_text())
-        except (OSError, ValueError):
-            return None
+        return saved_state(self.state_path)
 
     def start(self, timeout: float = 60.0) -> Self:
         """Start whichever of the two does not run, the gateway first, and wait until both are ready."""

@@ -26,7 +26,7 @@ from typing import Any, Self
 
 import click
 
-from pipelines.local_process import HOST, LocalProcess, StartFailed, command_line, free_port, port_open
+from pipelines.local_process import HOST, LocalProcess, StartFailed, command_line, free_port, port_open, saved_state
 from pipelines.settings import PROJECT_ROOT, spark_home
 
 DEFAULT_DIR = PROJECT_ROOT / ".cluster"
@@ -205,10 +205,7 @@ class LocalCluster:
         return self.home / "cluster.json"
 
     def _saved(self) -> dict[str, Any] | None:
-        try:
-            return json.loads(self.state_path.read_text())
-        except (OSError, ValueError):
-            return None
+        return saved_state(self.state_path)
 
     def start(self, timeout: float = 90.0) -> Self:
         """Start whatever of the cluster is not running (all of it on a first start) and wait for it."""
