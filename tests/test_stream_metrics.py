@@ -19,7 +19,9 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from pipelines import metric_names
+from click.testing import CliRunner
+
+from pipelines import cli, dashboard, metric_names
 from pipelines.declaration import declared
 from pipelines.devtools.generator import ShopSource, WorkloadConfig, ensure_topics, produce
 from pipelines.devtools.kafka_local import KafkaBroker
@@ -169,6 +171,25 @@ def test_the_stream_exports_what_its_batch_lines_say(broker: KafkaBroker, tmp_pa
         heartbeat = metric_names.STREAM_HEARTBEAT.name
         (beat,) = prometheus.query(f"{heartbeat} - timestamp({heartbeat})")
         assert -5.0 <= float(beat["value"][1]) <= 0.5, beat
+
+        # The operator's view (`lakehouse metrics show`) reads the same series: every table, as caught up as they
+        # are, the worst lag scraped per topic, the stream up, and no alert but the dead letters' (the malformed
+        # records; it fires once a scrape saw the count grow, so it may not yet).
+        snap = dashboard.read(prometheus.url, "10m")
+        assert [r.table for r in snap.tables] == sorted(declared().names)
+        assert {r.table: (r.freshness_last, r.target) for r in snap.tables} == {
+            t: (0.0, float(declared().table(t).freshness_seconds)) for t in declared().names}
+        worst: dict[str, float] = {}
+        for series in samples:
+            worst[series["metric"]["topic"]] = max(float(v) for _, v in series["values"])
+        assert snap.lag == {topic: (0.0, worst[topic]) for topic in tables}
+        assert max(worst.values()) > 0, "the capped batches left lag for some scrape"
+        assert snap.stream_up == 1.0
+        assert {(a["alertname"], a["table"]) for a in snap.alerts} <= {
+            ("LakehouseDeadLettersGrowing", t) for t, n in malformed.items() if n}
+        shown = CliRunner().invoke(cli.main, ["metrics", "show", "--url", prometheus.url, "--window", "10m"])
+        assert shown.exit_code == 0, shown.output
+        assert "stream: up" in shown.output and all(t in shown.output for t in [*declared().names, *tables])
     finally:
         metrics.stop()
         if job.poll() is None:  # its JVM too: what it holds back is no concern of this test's

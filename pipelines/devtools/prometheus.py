@@ -27,6 +27,7 @@ from typing import Any, ClassVar, Self
 
 import click
 
+from pipelines.dashboard import PrometheusError, prometheus_api, read, render
 from pipelines.local_process import HOST, LocalProcess, free_port, port_open, saved_state
 from pipelines.settings import PROJECT_ROOT
 
@@ -171,17 +172,10 @@ class Prometheus(_Server):
 
     def api(self, path: str, **params: str) -> Any:
         """The `data` of a GET on the HTTP API (`/api/v1/...`); MetricsError with Prometheus' reason if it fails."""
-        url = f"{self.url}{path}" + (f"?{urllib.parse.urlencode(params)}" if params else "")
         try:
-            with urllib.request.urlopen(url, timeout=5) as response:
-                answer = json.load(response)
-        except urllib.error.HTTPError as error:  # a bad query: 400 with the reason in the body
-            answer = json.loads(error.read() or b"{}")
-        except (urllib.error.URLError, OSError) as error:
-            raise MetricsError(f"no answer from Prometheus at {url}: {error}") from error
-        if answer.get("status") != "success":
-            raise MetricsError(f"{url}: {answer.get('errorType')}: {answer.get('error')}")
-        return answer["data"]
+            return prometheus_api(self.url, path, **params)
+        except PrometheusError as error:
+            raise MetricsError(str(error)) from error
 
     def query(self, expr: str) -> list[dict[str, Any]]:
         """An instant query's series, each `{"metric": {labels}, "value": [time, "value"]}`."""
@@ -308,3 +302,33 @@ def _print_status(found: LocalMetrics) -> None:
     for target in found.prometheus.api("/api/v1/targets", state="active")["activeTargets"]:
         error = f": {target['lastError']}" if target.get("lastError") else ""
         click.echo(f"target {target['labels']['job']} {target['scrapeUrl']} {target['health']}{error}")
+
+
+@metrics.command()
+@click.option("--window", default="15m", show_default=True,
+              help="How far back each figure looks (a PromQL duration: 90s, 15m, 2h): the last value recorded in it, "
+                   "the worst, and the records, commits and dead letters counted in it (Prometheus' increase(), "
+                   "extrapolated to the window's edges).")
+@click.option("--watch", type=click.FloatRange(min=1), default=None, metavar="SECONDS",
+              help="Draw it again every SECONDS until Ctrl-C.")
+@click.option("--url", default=None, help="Prometheus to ask (e.g. http://prometheus:9090)  [default: the one `up` "
+                                          "started from --home]")
+@_HOME
+def show(window: str, watch: float | None, url: str | None, home: Path) -> None:
+    """Each table's freshness, the stream's Kafka lag, its batches and the alerts firing, as Prometheus recorded them.
+
+    The operator's dashboard (pipelines/dashboard.py says why a terminal one): the series the alert
+    rules read, so what it shows and what fires agree. Exit 1 if Prometheus does not answer.
+    """
+    url = url or LocalMetrics(home).prometheus.url
+    while True:
+        try:
+            text = render(read(url, window))
+        except PrometheusError as error:
+            raise click.ClickException(str(error)) from error
+        if watch is None:
+            click.echo(text)
+            return
+        click.clear()
+        click.echo(text + f"\n(every {watch:g} s; Ctrl-C ends)")
+        time.sleep(watch)
