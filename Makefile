@@ -89,18 +89,26 @@ prometheus:  ## Install Debian's prometheus and prometheus-pushgateway if missin
 # Hudi and library logs go to $(DEMO)/logs/. The workload comes in two rounds, each ingested and
 # transformed: a new database (snapshot and changes), an erasure of customer 7, then changes on it, an
 # incremental cycle. Every writer registers its tables in a Hive Metastore beside (LAKEHOUSE_METASTORE_URI);
-# the demo ends reading gold by name, now and as of the end of the first round (time travel).
+# the demo ends reading gold by name, now and as of the end of the first round (time travel). Prometheus
+# runs beside it: the first round is ingested by `ingest --once`, the second by the supervised stream
+# while the changes come (its exporter scraped; `stream wait` returns once bronze holds them all), which
+# runs on to the end; the demo ends on each table's freshness and the stream's lag as Prometheus
+# recorded them (`lakehouse metrics show`).
 DEMO_PORT ?= 19092
 DEMO_PG_PORT ?= 15433
 DEMO_CONNECT_PORT ?= 18083
 DEMO_METASTORE_PORT ?= 19083
+DEMO_PROMETHEUS_PORT ?= 19190
+DEMO_PUSHGATEWAY_PORT ?= 19191
+# The stream's exporter: hudi_configs/stream.toml's [metrics] port.
+DEMO_EXPORTER ?= 127.0.0.1:9464
 DEMO_ROUNDS := "--seed 42 --customers 2000 --orders 6000 --changes 20000" "--changes 5000"
 DEMO_SHOWN  := gold/customer_ltv gold/daily_revenue
 DEMO_ENV := LAKEHOUSE_ROOT=$(CURDIR)/$(DEMO)/lake LAKEHOUSE_SOURCE_STATE=$(CURDIR)/$(DEMO)/shop_state.json \
             LAKEHOUSE_ERASURE_KEY_FILE=$(CURDIR)/$(DEMO)/erasure.key LAKEHOUSE_LOG_DIR=$(CURDIR)/$(DEMO)/logs \
             KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:$(DEMO_PORT) LAKEHOUSE_METASTORE_URI=thrift://127.0.0.1:$(DEMO_METASTORE_PORT) \
             LAKEHOUSE_SOURCE_DSN=postgresql://postgres@127.0.0.1:$(DEMO_PG_PORT)/shop
-demo: setup  ## End to end on the embedded local default: Kafka, the real source (PostgreSQL + Debezium) or the generator, a Hive Metastore, ingest, etl (silver, gold), stats, gold samples, quality, an erasure, SQL by name and time travel
+demo: setup  ## End to end on the embedded local default: Kafka, the real source (PostgreSQL + Debezium) or the generator, a Hive Metastore, ingest, etl (silver, gold), stats, gold samples, quality, an erasure, SQL by name and time travel, Prometheus' record of freshness and lag
 	@rm -rf $(DEMO) && mkdir -p $(DEMO)
 	@src=$(or $(DEMO_SOURCE),$$([ -x $(PG_BIN)/initdb ] && echo postgres || echo generator)); \
 	case $$src in postgres) pg=1;; generator) pg=;; \
@@ -110,16 +118,26 @@ demo: setup  ## End to end on the embedded local default: Kafka, the real source
 	step() { printf '\n$$ lakehouse %s\n' "$$*"; $(BIN)/lakehouse "$$@"; }; \
 	step kafka up --port $(DEMO_PORT) --data-dir $(DEMO)/kafka || exit 1; \
 	( set -e; \
-	  trap '[ -z "$$pg" ] || $(BIN)/lakehouse source down --home $(DEMO)/source; \
+	  trap '$(BIN)/lakehouse stream stop --run-dir $(DEMO)/run >/dev/null; \
+	        [ -z "$$pg" ] || $(BIN)/lakehouse source down --home $(DEMO)/source; \
+	        $(BIN)/lakehouse metrics down --home $(DEMO)/metrics; \
 	        $(BIN)/lakehouse catalog down --home $(DEMO)/metastore; \
 	        $(BIN)/lakehouse kafka down --data-dir $(DEMO)/kafka' EXIT; \
 	  step catalog up --home $(DEMO)/metastore --port $(DEMO_METASTORE_PORT); \
+	  step metrics up --home $(DEMO)/metrics --port $(DEMO_PROMETHEUS_PORT) \
+	    --pushgateway-port $(DEMO_PUSHGATEWAY_PORT) --stream-target $(DEMO_EXPORTER); \
 	  if [ -n "$$pg" ]; then \
 	    step source up --home $(DEMO)/source --pg-port $(DEMO_PG_PORT) --rest-port $(DEMO_CONNECT_PORT); \
 	    step source status --home $(DEMO)/source; \
 	  fi; \
 	  for round in $(DEMO_ROUNDS); do \
-	    step generate $${pg:+--sink sql} $$round; step ingest --once; step etl; \
+	    if [ -z "$$first" ]; then \
+	      step generate $${pg:+--sink sql} $$round; step ingest --once; \
+	    else \
+	      step stream start --run-dir $(DEMO)/run; step generate $${pg:+--sink sql} $$round; \
+	      step stream wait --run-dir $(DEMO)/run; \
+	    fi; \
+	    step etl; \
 	    if [ -z "$$first" ]; then \
 	      step gdpr erase --customer-id 7 --reference DEMO-ERASURE-1 --requested-by demo; \
 	      first=$$(date '+%Y-%m-%d %H:%M:%S'); sleep 1; \
@@ -132,7 +150,8 @@ demo: setup  ## End to end on the embedded local default: Kafka, the real source
 	  step catalog status; \
 	  step sql "SELECT country, count(*) AS customers, sum(orders_count) AS orders FROM gold.customer_ltv GROUP BY country ORDER BY orders DESC LIMIT 5"; \
 	  step sql --as-of "$$first" "SELECT count(*) AS customers, sum(orders_count) AS orders, count_if(customer_id = 7) AS erased_7 FROM gold.customer_ltv"; \
-	  step sql "SELECT count(*) AS customers, sum(orders_count) AS orders, count_if(customer_id = 7) AS erased_7 FROM gold.customer_ltv" )
+	  step sql "SELECT count(*) AS customers, sum(orders_count) AS orders, count_if(customer_id = 7) AS erased_7 FROM gold.customer_ltv"; \
+	  step metrics show --home $(DEMO)/metrics --window 15m )
 
 # Hudi's commit path is one driver thread: one test process kept the two cores 52 to 70% busy.
 # So the Spark suite runs in two processes (pytest-xdist, each with its own Spark session), and

@@ -65,7 +65,8 @@ QUERIES: dict[str, str] = {
     "batch_p95": f"histogram_quantile(0.95, sum by (le) (increase({_BATCHES})))",
     "batches": f'sum(increase({m.BATCH_DURATION.name}_count{{{{phase="total"}}}}[{{w}}]))',
     "stream_up": 'max(last_over_time(up{{job="lakehouse_stream"}}[{w}]))',
-    "heartbeat_age": f"time() - max(last_over_time({m.STREAM_HEARTBEAT.name}[{{w}}]))",
+    # 0 is the gauge before the stream's first heartbeat: no heartbeat.
+    "heartbeat_age": f"time() - (max(last_over_time({m.STREAM_HEARTBEAT.name}[{{w}}])) > 0)",
     "alerts": 'ALERTS{{alertstate="firing"}}',
 }
 

@@ -21,7 +21,7 @@ from pipelines.contract import TABLES
 from pipelines.devtools.generator import Message, ShopSource, WorkloadConfig, ensure_topics, produce
 from pipelines.ingest.bronze import run_ingest
 from pipelines.settings import changelog_path, dead_letter_path, main_path
-from tests.kill import pending_instants, wait_caught_up
+from tests.kill import bronze_as_model, pending_instants, wait_caught_up
 from tests.lake import LakeCopy, assert_bronze_equals_model, dead_letters
 from tests.model import fold_with_lsn, is_malformed
 
@@ -238,7 +238,9 @@ def test_supervised_stream_restarts_upgrades_and_stops_exactly_once(spark, broke
         second = subprocess.run([*lakehouse, "ingest", "--once"], env=env, capture_output=True, text=True,
                                 timeout=300)
         assert second.returncode == 1 and "another ingest stream" in second.stderr, second.stderr[-2000:]
-        caught_up(sent)
+        # `stream wait` returns once bronze holds every record sent: no polling after it.
+        stream("wait", "caught up")
+        assert bronze_as_model(str(root)) == fold_with_lsn(sent)[0], "`stream wait` returned before bronze held it"
 
         # A SIGKILLed stream restarted by `ensure`: the DAG's test (tests/dags/test_stream_dag.py),
         # and tests/test_cluster.py under a bronze commit, on a cluster.

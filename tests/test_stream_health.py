@@ -13,7 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.ingest.stream import AnotherStreamRunning, Heartbeat, Limits, StreamLease, judge
+from pipelines.ingest.stream import (
+    AnotherStreamRunning,
+    Heartbeat,
+    Limits,
+    StreamLease,
+    judge,
+    kafka_offsets,
+    not_caught_up,
+)
 from pipelines.local_process import process_started
 
 LIM = Limits(heartbeat_seconds=1, dead_after_seconds=60, stalled_after_seconds=300, start_timeout_seconds=10,
@@ -59,3 +67,30 @@ def test_an_exited_process_not_yet_reaped_counts_as_gone() -> None:
         time.sleep(0.01)
     assert process_started(child.pid) is None
     child.wait()
+
+
+ENDS = {"shop.public.orders": {"0": 10, "1": 5}}
+
+
+@pytest.mark.parametrize(("hb", "why"), [
+    (None, "no stream is running"),
+    (beat(state="stopped", read_to=ENDS), "no stream is running (it stopped)"),
+    (beat(trigger_since=NOW - 3, read_to=ENDS), "batch 7 is running"),
+    (beat(read_to=None), "15 records on Kafka not read yet"),
+    (beat(read_to={"shop.public.orders": {"0": 10, "1": 3}}), "2 records on Kafka not read yet"),
+    (beat(read_to=ENDS, tables={"orders": {"waiting": 4, "age": 3.0, "target": 15}}),
+     "changes waiting for their table's commit: orders 4"),
+    (beat(read_to=ENDS, tables={"orders": {"waiting": 0, "age": None, "target": 15}}), None),
+    (beat(read_to={"shop.public.orders": {"0": 12, "1": 5}}), None),  # read past the ends taken at the call
+])
+def test_caught_up_means_read_to_the_ends_and_nothing_waiting(hb, why) -> None:
+    got = not_caught_up(hb, ENDS)
+    assert got == why if why is None else got.startswith(why), got
+
+
+def test_the_heartbeat_keeps_where_the_newest_batch_ended() -> None:
+    progress = {"batchId": 3, "sources": [{"endOffset": '{"shop.public.orders": {"0": 10, "1": 5}}',
+                                           "latestOffset": {"shop.public.orders": {"0": 12, "1": 5}}}]}
+    assert kafka_offsets(progress, "endOffset") == ENDS
+    assert kafka_offsets(progress, "latestOffset") == {"shop.public.orders": {"0": 12, "1": 5}}
+    assert kafka_offsets({"sources": []}, "endOffset") is None and kafka_offsets(None, "endOffset") is None

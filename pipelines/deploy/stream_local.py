@@ -23,11 +23,12 @@ from typing import Any
 
 import click
 
+from pipelines.declaration import declared
 from pipelines.deploy.jobs import JOB_ENV
 from pipelines.deploy.stream_target import ACTIONS, StreamError, StreamTarget
-from pipelines.ingest.stream import ControlFiles, Health, Limits, judge, limits
+from pipelines.ingest.stream import ControlFiles, Health, Limits, judge, kafka_ends, limits, not_caught_up
 from pipelines.local_process import LocalProcess
-from pipelines.settings import INGEST_TRIGGER_SECONDS, PROJECT_ROOT, lake_root
+from pipelines.settings import INGEST_TRIGGER_SECONDS, PROJECT_ROOT, kafka_bootstrap, lake_root
 
 
 def default_run_dir() -> Path:
@@ -129,6 +130,17 @@ class LocalStream(StreamTarget):
         self.process.wait_ready(pid, time.monotonic() + self.lim.start_timeout_seconds, log_start)
         return f"stream started, pid {pid}"
 
+    def wait(self, timeout: float) -> str:
+        """Wait until the stream has committed everything on its topics at the call (`not_caught_up`)."""
+        started, topics = time.monotonic(), list(declared().topics())
+        ends = kafka_ends(kafka_bootstrap(), topics)
+        while why := not_caught_up(self.files.heartbeat(), ends):
+            if time.monotonic() - started > timeout:
+                raise StreamError(f"not caught up after {timeout:g} s: {why}")
+            time.sleep(1.0)
+        return (f"caught up in {time.monotonic() - started:.1f} s: every record on the {len(topics)} topics "
+                "when asked is in bronze or a dead letter")
+
     def stop(self) -> str:
         """Stop request, then SIGTERM, then SIGKILL, each after its timeout; the batch in progress commits whole."""
         pid = self.pid()
@@ -147,13 +159,15 @@ class LocalStream(StreamTarget):
 
 
 @click.command("stream")
-@click.argument("action", type=click.Choice(ACTIONS), default="status")
+@click.argument("action", type=click.Choice([*ACTIONS, "wait"]), default="status")
 @click.option("--run-dir", type=click.Path(path_type=Path), default=None,
               help="Pid file, log and lock of the supervised stream  [default: $LAKEHOUSE_RUN_DIR/bronze-stream, "
                    ".run/bronze-stream]")
 @click.option("--trigger-seconds", type=click.FloatRange(min=0), default=INGEST_TRIGGER_SECONDS, show_default=True,
               help="Micro-batch interval of a stream this starts.")
-def stream(action: str, run_dir: Path | None, trigger_seconds: float) -> None:
+@click.option("--timeout", type=click.FloatRange(min=0), default=600.0, show_default=True,
+              help="`wait`: seconds to wait before giving up (exit 1, saying what is left).")
+def stream(action: str, run_dir: Path | None, trigger_seconds: float, timeout: float) -> None:
     """Supervise the bronze ingest stream on this machine (what the bronze_ingest_stream DAG runs).
 
     \b
@@ -164,10 +178,13 @@ def stream(action: str, run_dir: Path | None, trigger_seconds: float) -> None:
              the stream stays stopped (`ensure` leaves it) until start, restart or upgrade
     restart  stop, then start from the same checkpoint
     upgrade  the same, so that the code installed now runs (after `git pull` or a new wheel)
+    wait     until the running stream has committed every record on its topics now (before a planned
+             stop, or a job that must see them in bronze); exit 1 after --timeout, saying what is left
 
     Health limits and timeouts: hudi_configs/stream.toml.
     """
     try:
-        click.echo(LocalStream(run_dir, trigger_seconds=trigger_seconds).run(action))
+        target = LocalStream(run_dir, trigger_seconds=trigger_seconds)
+        click.echo(target.wait(timeout) if action == "wait" else target.run(action))
     except StreamError as exc:
         raise click.ClickException(str(exc)) from exc

@@ -23,7 +23,6 @@ Port: hudi_configs/stream.toml `[metrics] port` (`lakehouse ingest --metrics-por
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import prometheus_client
@@ -32,6 +31,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 import hudi_configs
 from pipelines import metric_names
 from pipelines.ingest.batch import BatchReport
+from pipelines.ingest.stream import kafka_offsets
 from pipelines.local_process import HOST
 
 # Seconds of a phase, from a registry lookup to a catch-up batch (about 45 s on 2 cores, BENCHMARKS.md)
@@ -159,23 +159,8 @@ def kafka_lag(progress: dict[str, Any] | None) -> dict[str, int] | None:
     it is taken from the offsets those come from. Records read and waiting in a table's cadence are not
     lag: the table's freshness shows them.
     """
-    sources = (progress or {}).get("sources") or []
-    if not sources:
-        return None
-    latest, end = (_offsets(sources[0].get(k)) for k in ("latestOffset", "endOffset"))
+    latest, end = (kafka_offsets(progress, k) for k in ("latestOffset", "endOffset"))
     if not latest or end is None:
         return None
     return {topic: sum(max(0, o - end.get(topic, {}).get(p, o)) for p, o in partitions.items())
             for topic, partitions in latest.items()}
-
-
-def _offsets(value: Any) -> dict[str, dict[str, int]] | None:
-    """A Kafka source's offsets in a progress, {"topic": {"partition": offset}} (JSON text, or parsed)."""
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except ValueError:
-            return None
-    if not isinstance(value, dict):
-        return None
-    return {t: {str(p): int(o) for p, o in parts.items()} for t, parts in value.items() if isinstance(parts, dict)}

@@ -30,6 +30,7 @@ import socket
 import time
 import uuid
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import hudi_configs
 from pipelines import storage
@@ -106,6 +107,9 @@ class Heartbeat:
     # Per declared table: its freshness target, how many changes wait for its commit and the age of the
     # oldest of them at `written_at` (pipelines.ingest.cadence.Cadence.freshness).
     tables: dict[str, dict] | None = None
+    # Where the newest batch ended on Kafka, {topic: {partition: next offset}} (Spark's progress): with the
+    # tables' waiting changes, what `caught_up` compares with the topics' ends.
+    read_to: dict[str, dict[str, int]] | None = None
 
     def behind(self) -> dict[str, tuple[float, float]]:
         """Tables whose oldest waiting change is older than their target: (age, target) in seconds."""
@@ -193,6 +197,7 @@ class StreamLease:
         if tables is not None:
             self.hb.tables = tables
         if progress:
+            self.hb.read_to = kafka_offsets(progress, "endOffset") or self.hb.read_to
             self.hb.batch = progress.get("batchId")
             self.hb.last_progress_at = _epoch(progress.get("timestamp")) or self.hb.last_progress_at
         if not trigger_active:
@@ -216,6 +221,55 @@ class StreamLease:
     def _write(self, now: float | None = None) -> None:
         self.hb.written_at = time.time() if now is None else now
         self.files.write(HEARTBEAT, json.dumps(asdict(self.hb)).encode())
+
+
+def kafka_offsets(progress: dict[str, Any] | None, which: str) -> dict[str, dict[str, int]] | None:
+    """The Kafka source's `which` offsets (latestOffset, endOffset) in a Spark progress, {topic: {partition:
+    offset}}; None before the first batch is planned. Spark gives them as JSON text or parsed."""
+    sources = (progress or {}).get("sources") or []
+    value = sources[0].get(which) if sources else None
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return None
+    if not isinstance(value, dict):
+        return None
+    return {t: {str(p): int(o) for p, o in parts.items()} for t, parts in value.items() if isinstance(parts, dict)}
+
+
+def kafka_ends(bootstrap: str, topics: list[str]) -> dict[str, dict[str, int]]:
+    """Where each partition of `topics` ends on Kafka now, {topic: {partition: next offset}}."""
+    from kafka import KafkaConsumer, TopicPartition  # here: Airflow's environment imports this module
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap)
+    try:
+        parts = [TopicPartition(t, p) for t in topics for p in sorted(consumer.partitions_for_topic(t) or ())]
+        ends: dict[str, dict[str, int]] = {t: {} for t in topics}
+        for tp, offset in consumer.end_offsets(parts).items():
+            ends[tp.topic][str(tp.partition)] = offset
+        return ends
+    finally:
+        consumer.close()
+
+
+def not_caught_up(hb: Heartbeat | None, ends: dict[str, dict[str, int]]) -> str | None:
+    """Why the stream has not yet committed everything up to `ends` (`kafka_ends`), None once it has.
+
+    Read up to the ends, no batch running, and no change left waiting for its table's commit (the
+    cadence's): then every record before the ends is in bronze or a dead letter.
+    """
+    if hb is None or hb.state != "running":
+        return "no stream is running" + (f" (it {hb.state})" if hb else "")
+    if hb.trigger_since is not None:
+        return f"batch {hb.batch} is running"
+    unread = sum(max(0, end - (hb.read_to or {}).get(t, {}).get(p, 0))
+                 for t, parts in ends.items() for p, end in parts.items())
+    if unread:
+        return f"{unread} records on Kafka not read yet (as of its heartbeat {time.time() - hb.written_at:.0f} s ago)"
+    if waiting := {t: f["waiting"] for t, f in (hb.tables or {}).items() if f.get("waiting")}:
+        return "changes waiting for their table's commit: " + ", ".join(f"{t} {n}" for t, n in sorted(waiting.items()))
+    return None
 
 
 def _epoch(timestamp: str | None) -> float | None:
