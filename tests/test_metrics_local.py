@@ -41,7 +41,7 @@ def test_a_pushed_metric_is_scraped_and_queried_and_the_alerts_are_loaded(tmp_pa
         assert f"target {STREAM_JOB} http://{stream_target}/metrics" in up.stdout
 
         registry = CollectorRegistry()
-        pending = metric_names.ERASURE_OLDEST_PENDING_AGE
+        pending = metric_names.ERASURE_PENDING
         Gauge(pending.name, pending.help, registry=registry).set(42.5)
         push_to_gateway(f"{HOST}:{running.pushgateway_port}", job="lakehouse_gdpr", registry=registry)
 

@@ -42,9 +42,6 @@ DONE_WITHIN = 150.0
 SCRAPED_WITHIN = 30.0
 # The batch lines' seconds have one decimal.
 ROUNDING = 0.05
-# What other jobs export (silver's quarantine and checks, the erasure inbox): pushed by the batch jobs.
-NOT_THE_STREAMS = {metric_names.QUARANTINED_ROWS, metric_names.SILVER_CHECKED_ROWS,
-                   metric_names.ERASURE_OLDEST_PENDING_AGE}
 
 
 def _by_label(prometheus: Prometheus, expr: str, label: str) -> dict[str, float]:
@@ -104,7 +101,7 @@ def test_the_stream_exports_what_its_batch_lines_say(broker: KafkaBroker, tmp_pa
         # The stream serves exactly the stream's metrics (no `_created` series), and its scrape is up.
         job_filter = f'{{job="{STREAM_JOB}"}}'
         served = set(_by_label(prometheus, f"count by (__name__) ({job_filter})", "__name__"))
-        expected = {m.name + s for m in metric_names.ALL if m not in NOT_THE_STREAMS
+        expected = {m.name + s for m in metric_names.ALL if m.job == STREAM_JOB
                     for s in (metric_names.HISTOGRAM_SERIES if m.kind == "histogram" else ("",))}
         assert {n for n in served if n.startswith("lakehouse_")} == expected  # besides up, scrape_*, ALERTS
         assert _by_label(prometheus, f"up{job_filter}", "job") == {STREAM_JOB: 1.0}
