@@ -23,13 +23,13 @@ from pipelines import metric_names
 from pipelines.declaration import declared
 from pipelines.devtools.generator import ShopSource, WorkloadConfig, ensure_topics, produce
 from pipelines.devtools.kafka_local import KafkaBroker
-from pipelines.devtools.prometheus import STREAM_JOB, LocalMetrics, Prometheus
+from pipelines.devtools.prometheus import SPARK_JOBS, STREAM_JOB, LocalMetrics, Prometheus
 from pipelines.ingest.batch import BatchReport
 from pipelines.ingest.exporter import TOTAL_PHASE
 from pipelines.ingest.stream import ControlFiles
 from pipelines.local_process import HOST, free_port
 from pipelines.settings import changelog_path, main_path
-from pipelines.timeline_files import timeline
+from pipelines.timeline_files import instant_metadata, timeline
 from tests.kill import beside_job
 from tests.lake import with_overrides
 from tests.model import is_malformed
@@ -40,6 +40,8 @@ PER_BATCH = 100
 # The stream's start (a JVM), its batches, and a scrape after them (every 5 s), on a busy machine.
 DONE_WITHIN = 150.0
 SCRAPED_WITHIN = 30.0
+# Hudi's reporter pushes every 15 s (hudi_configs/metrics.toml), Prometheus scrapes every 5.
+HUDI_PUSHED_WITHIN = 30.0
 # The batch lines' seconds have one decimal.
 ROUNDING = 0.05
 
@@ -54,6 +56,13 @@ def _reports(log: Path) -> list[tuple[BatchReport, bool]]:
             if (report := BatchReport.parse(line)) is not None]
 
 
+def _newest_delta_commit_writes(path: str) -> float:
+    """Records the table's newest delta commit wrote: the sum of its write stats' numWrites (its metadata file)."""
+    newest = [i for i in beside_job(lambda: timeline(path)) if i.completed_as == "deltacommit"][-1]
+    return float(sum(s.get("numWrites") or 0
+                     for stats in instant_metadata(path, newest)["partitionToWriteStats"].values() for s in stats))
+
+
 def test_the_stream_exports_what_its_batch_lines_say(broker: KafkaBroker, tmp_path: Path) -> None:
     root = str(tmp_path / "lake")
     source = ShopSource(WORKLOAD.seed)
@@ -62,8 +71,10 @@ def test_the_stream_exports_what_its_batch_lines_say(broker: KafkaBroker, tmp_pa
     produce(sent, broker.bootstrap)
     tables = {declared().topic(t): t for t in declared().names}
 
-    port = free_port()
+    port, ui_port, gateway_port = free_port(), free_port(), free_port()
     env = {**os.environ, "LAKEHOUSE_ROOT": root, "KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap,
+           # Hudi's reporter in the stream's writers pushes there (hudi_configs/metrics.toml).
+           "LAKEHOUSE_PUSHGATEWAY": f"{HOST}:{gateway_port}",
            # A heartbeat (and so the gauges) every second; every table with changes commits in its batch.
            "LAKEHOUSE_HUDI_OVERRIDES": with_overrides(tmp_path / "overrides.toml",
                                                       "[stream.health]\nheartbeat_seconds = 1\n"
@@ -71,9 +82,11 @@ def test_the_stream_exports_what_its_batch_lines_say(broker: KafkaBroker, tmp_pa
     log = tmp_path / "ingest.log"
     with log.open("w") as out:
         job = subprocess.Popen([sys.executable, "-m", "pipelines.cli", "ingest", "--trigger-seconds", "1",
-                                "--max-offsets-per-trigger", str(PER_BATCH), "--metrics-port", str(port)],
+                                "--max-offsets-per-trigger", str(PER_BATCH), "--metrics-port", str(port),
+                                "--spark-ui-port", str(ui_port)],
                                env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    metrics = LocalMetrics(tmp_path / "metrics", port=0, pushgateway_port=0, stream_target=f"{HOST}:{port}")
+    metrics = LocalMetrics(tmp_path / "metrics", port=0, pushgateway_port=gateway_port, stream_target=f"{HOST}:{port}",
+                           spark_target=f"{HOST}:{ui_port}")
     try:
         metrics.start()  # while the stream's JVM starts
         prometheus = metrics.prometheus
@@ -166,6 +179,32 @@ def test_the_stream_exports_what_its_batch_lines_say(broker: KafkaBroker, tmp_pa
         heartbeat = metric_names.STREAM_HEARTBEAT.name
         (beat,) = prometheus.query(f"{heartbeat} - timestamp({heartbeat})")
         assert -5.0 <= float(beat["value"][1]) <= 0.5, beat
+
+        # Spark's own, from the driver's UI (spark.toml [driver_metrics]): the streaming query's source and the
+        # executors' figures, both scraped.
+        assert _by_label(prometheus, 'up{job=~"lakehouse_spark.*"}', "job") == dict.fromkeys(SPARK_JOBS, 1.0)
+        query = "metrics_lakehouse_ingest_driver_spark_streaming_bronze_ingest"
+        for figure in ("inputRate_total_Value", "processingRate_total_Value", "latency_Value"):
+            assert prometheus.query(f'{query}_{figure}{{job="lakehouse_spark"}}'), figure
+        tasks = _by_label(prometheus, 'metrics_executor_completedTasks_total{job="lakehouse_spark_executors"}',
+                          "executor_id")
+        assert tasks.keys() == {"driver"} and tasks["driver"] > 0, tasks
+
+        # Hudi's own, pushed by its reporter in the stream's writers (every 15 s): per bronze table, the records
+        # its newest delta commit wrote, as that commit's metadata says.
+        def hudi_says() -> dict[str, float]:
+            return {t: float(v) for t in declared().names
+                    for v in _by_label(prometheus, f'{{__name__="bronze_{t}_deltacommit_totalRecordsWritten", '
+                                                   f'job="hudi"}}', "job").values()}
+
+        def commit_says() -> dict[str, float]:
+            return {t: _newest_delta_commit_writes(main_path(t, root)) for t in declared().names}
+
+        deadline = time.monotonic() + HUDI_PUSHED_WITHIN
+        while (hudi := hudi_says()) != (wrote := commit_says()):
+            assert time.monotonic() < deadline, f"Hudi's reporter (scraped, the commits): {hudi}, {wrote}"
+            time.sleep(1)
+        assert sum(hudi.values()) > 0
     finally:
         metrics.stop()
         if job.poll() is None:  # its JVM too: what it holds back is no concern of this test's
