@@ -200,7 +200,8 @@ def test_quality_and_an_erasure_push_what_they_did(pushing: LakeCopy, metrics: L
     assert len(passed) == int(summary.group(2)) and sum(passed.values()) == int(summary.group(1))
 
     # A request filed: the inbox's group says one waits, filed when its file says.
-    customer = min(r["customer_id"] for r in read_table(silver_path("customers", root), ["customer_id"]).to_pylist())
+    (key,) = declared().table("customers").key
+    customer = min(read_table(silver_path("customers", root), [key]).column(key).to_pylist())
     started = time.time()
     done = run_cli("gdpr", "request", "--customer-id", str(customer), "--reference", "REQ-52")
     assert done.exit_code == 0, done.output
