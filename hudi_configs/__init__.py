@@ -75,10 +75,27 @@ def service_mode() -> str:
 
 def writer(name: str, part: str) -> dict[str, str]:
     """Options of a writer of the tables of `[part]` in `<name>.toml`, with the table-services mode's own."""
-    options = section(name, part) | _storage()
+    options = section(name, part) | _storage() | metrics()
     if service_mode() == "external":
         options |= section("table_services", "external") | _lock()
     return options
+
+
+PUSHGATEWAY_VARIABLE = "LAKEHOUSE_PUSHGATEWAY"
+
+
+def pushgateway() -> str | None:
+    """`LAKEHOUSE_PUSHGATEWAY`: where the jobs push their metrics (`host:port`), None (unset): nowhere."""
+    return os.environ.get(PUSHGATEWAY_VARIABLE) or None
+
+
+def metrics() -> dict[str, str]:
+    """Hudi's metrics reporter (metrics.toml [pushgateway]) pointed at LAKEHOUSE_PUSHGATEWAY; none when unset."""
+    if (where := pushgateway()) is None:
+        return {}
+    host, _, port = where.removeprefix("http://").rstrip("/").rpartition(":")
+    return section("metrics", "pushgateway") | {"hoodie.metrics.pushgateway.host": host,
+                                                "hoodie.metrics.pushgateway.port": port}
 
 
 def services(options: dict[str, str]) -> dict[str, str]:

@@ -78,12 +78,15 @@ if importlib.util.find_spec("pipelines.devtools") is not None:
               help="Port of the stream's Prometheus exporter on 127.0.0.1 (batches, commits, freshness, lag, dead "
                    "letters, heartbeat; scraped by `lakehouse metrics up`), 0 for none  "
                    "[default: stream.toml [metrics] port, 9464]")
+@click.option("--spark-ui-port", type=click.IntRange(0, 65535), default=None,
+              help="Port of the driver's Spark UI, which serves Spark's own metrics for Prometheus "
+                   "(/metrics/prometheus), 0 for none  [default: stream.toml [metrics] spark_ui_port, 4040]")
 def ingest(once: bool, trigger_seconds: float, max_offsets_per_trigger: int | None, bootstrap: str | None,
-           metrics_port: int | None) -> None:
+           metrics_port: int | None, spark_ui_port: int | None) -> None:
     """Stream the declared tables' topics (LAKEHOUSE_TABLES) into bronze (until stopped, or --once); a changed
     declaration is followed between batches."""
     from pipelines.ingest.bronze import run_ingest
-    from pipelines.ingest.exporter import configured_port
+    from pipelines.ingest.exporter import configured_port, configured_spark_ui_port
 
     brokers = bootstrap or settings.kafka_bootstrap()
     require_kafka(brokers, click.ClickException)
@@ -94,7 +97,8 @@ def ingest(once: bool, trigger_seconds: float, max_offsets_per_trigger: int | No
     try:
         run_ingest(once=once, bootstrap=brokers, trigger_seconds=trigger_seconds,
                    max_offsets_per_trigger=max_offsets_per_trigger,
-                   metrics_port=configured_port() if metrics_port is None else metrics_port)
+                   metrics_port=configured_port() if metrics_port is None else metrics_port,
+                   spark_ui_port=configured_spark_ui_port() if spark_ui_port is None else spark_ui_port)
     except KeyboardInterrupt:
         click.echo(f"ingest stopped after {time.monotonic() - started:.0f} s", err=True)
         return
@@ -107,13 +111,22 @@ def ingest(once: bool, trigger_seconds: float, max_offsets_per_trigger: int | No
 @main.command()
 def etl() -> None:
     """One incremental cycle: bronze changes -> silver (+ quarantine) -> gold, each since its checkpoint."""
-    from pipelines.transform.etl import run_etl
+    from pipelines import job_metrics, metric_names
+    from pipelines.pushgateway import JobMetrics
+    from pipelines.transform.etl import output_paths, run_etl
 
+    root = settings.lake_root()
+    run = JobMetrics(metric_names.ETL, root)
     started = time.monotonic()
+    outputs = output_paths(root)
+    before = {name: job_metrics.commits(path) for name, path in outputs.items()}
     try:
-        report = run_etl()
+        report = run_etl(root=root)
     except Exception as exc:  # Spark/Hudi failures: name them and exit 1
+        run.push(succeeded=False)
         raise click.ClickException(f"etl failed: {console.first_line(exc)}{console.see_log()}") from exc
+    job_metrics.etl(run, report, outputs, before)
+    run.push()
     changed = [table for table, counts in report.items() if counts]
     click.echo(f"etl: {len(changed)} of {len(report)} tables changed in {time.monotonic() - started:.1f} s"
                + (f" ({', '.join(changed)})" if changed else ""))
@@ -154,18 +167,26 @@ def services(tables: tuple[str, ...], only: tuple[str, ...]) -> None:
     """
     import json
 
+    from pipelines import job_metrics, metric_names
+    from pipelines.pushgateway import JobMetrics
     from pipelines.services.due import SERVICES
     from pipelines.services.table_services import run_services
     from pipelines.spark import get_spark
 
     names, own = _table_services(tables)
+    run = JobMetrics(metric_names.SERVICES, settings.lake_root())
+    timings: dict[str, dict[str, float]] = {}
     try:
         report = run_services(get_spark("lakehouse-services"), settings.lake_root(), names or None,
-                              tuple(s for s in SERVICES if s in only) if only else SERVICES, own, keep_going=True)
+                              tuple(s for s in SERVICES if s in only) if only else SERVICES, own, keep_going=True,
+                              timings=timings)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from exc
     except Exception as exc:  # Spark/Hudi failures: name them and exit 1
+        run.push(succeeded=False)
         raise click.ClickException(f"services failed: {console.first_line(exc)}{console.see_log()}") from exc
+    job_metrics.services(run, report, timings)
+    run.push(succeeded=not any("failed" in done for done in report.values()))
     for table, done in report.items():
         click.echo(json.dumps({"table": table, **done}, default=str))
     if failed := [table for table, done in report.items() if "failed" in done]:
@@ -198,10 +219,21 @@ def quality(layers: tuple[str, ...], suites: tuple[str, ...], max_age_hours: flo
     if unknown := [s for s in suites if s not in known]:
         raise click.BadParameter(f"{', '.join(map(repr, unknown))}: the suites are {', '.join(known)}",
                                  param_hint="--suite")
+    from pipelines import job_metrics, metric_names
+    from pipelines.pushgateway import JobMetrics
+
     root = settings.lake_root()
+    run = JobMetrics(metric_names.QUALITY, root)
     started = time.monotonic()
-    outcomes = run_quality(get_spark("lakehouse-quality"), root, layers or LAYERS, timedelta(hours=max_age_hours),
-                           suites)
+    try:
+        outcomes = run_quality(get_spark("lakehouse-quality"), root, layers or LAYERS,
+                               timedelta(hours=max_age_hours), suites)
+    except Exception:
+        run.push(succeeded=False)
+        raise
+    # A suite that fails is the job's finding, not its failure: the run succeeded.
+    job_metrics.quality(run, outcomes)
+    run.push()
     passed = sum(o.success for o in outcomes)
     click.echo(f"quality: {passed} of {len(outcomes)} suites passed in {time.monotonic() - started:.1f} s; "
                f"data docs: {data_docs_index(root)}")

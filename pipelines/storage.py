@@ -55,6 +55,13 @@ def exists(uri: str) -> bool:
     return fs.get_file_info(path).type != pafs.FileType.NotFound
 
 
+def modified(uri: str) -> float | None:
+    """When the file was last written (epoch seconds), None when the store does not say."""
+    fs, path = filesystem(uri)
+    mtime = fs.get_file_info(path).mtime
+    return mtime.timestamp() if mtime is not None else None
+
+
 def read_bytes(uri: str) -> bytes:
     fs, path = filesystem(uri)
     with fs.open_input_stream(path) as stream:

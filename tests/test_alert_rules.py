@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from pipelines import metric_names
-from pipelines.devtools.prometheus import CONFIG_DIR, PUSHGATEWAY_JOB, STREAM_JOB, TEMPLATE
+from pipelines.devtools.prometheus import CONFIG_DIR, PUSHGATEWAY_JOB, SPARK_JOBS, STREAM_JOB, TEMPLATE
 
 RULES = CONFIG_DIR / "alerts.yml"
 RULE_TESTS = CONFIG_DIR / "alerts_test.yml"
@@ -60,7 +60,7 @@ def test_the_rules_name_only_defined_metrics_and_jobs() -> None:
     assert not undefined, f"not in pipelines/metric_names.py: {sorted(undefined)}"
     jobs = {job for rule in alerting_rules() for job in re.findall(r'job="([^"]+)"', rule["expr"])}
     scraped = {job["job_name"] for job in yaml.safe_load(TEMPLATE.read_text())["scrape_configs"]}
-    assert scraped == {STREAM_JOB, PUSHGATEWAY_JOB}
+    assert scraped == {STREAM_JOB, PUSHGATEWAY_JOB, *SPARK_JOBS}
     assert jobs <= scraped, f"rules on jobs nothing scrapes: {sorted(jobs - scraped)}"
 
 

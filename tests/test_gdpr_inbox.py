@@ -33,11 +33,15 @@ def _round_trip(where: str) -> None:
     first = parse_request([7, 8], "REQ-2026/1", "dpo@shop.example")
     second = parse_request([9], "REQ-2026-2", "dpo")
     inbox.file_request(first, where)
+    filed_first = {f.request.reference: f.filed_at for f in inbox.pending(where)}["REQ-2026/1"]
     inbox.file_request(second, where)
     inbox.file_request(parse_request([7, 8, 10], "REQ-2026/1", "dpo@shop.example"), where)  # replaces it
     waiting = inbox.pending(where)
     assert [(f.request.reference, f.request.customer_ids) for f in waiting] == [
         ("REQ-2026-2", (9,)), ("REQ-2026/1", (7, 8, 10))]
+    # Filed again, a request keeps its first filing time: the erasure-overdue alert counts from it.
+    assert waiting[1].filed_at == filed_first <= waiting[0].filed_at
+    assert inbox.oldest(where) == (2, filed_first)
     inbox.remove(waiting[:1])
     assert [f.request.reference for f in inbox.pending(where)] == ["REQ-2026/1"]
 

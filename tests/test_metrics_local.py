@@ -10,7 +10,7 @@ import time
 from prometheus_client import CollectorRegistry, Gauge, push_to_gateway
 
 from pipelines import metric_names
-from pipelines.devtools.prometheus import PUSHGATEWAY_JOB, STREAM_JOB, LocalMetrics, Prometheus
+from pipelines.devtools.prometheus import PUSHGATEWAY_JOB, SPARK_JOBS, STREAM_JOB, LocalMetrics, Prometheus
 from pipelines.local_process import HOST, free_port, port_open
 from tests.lake import run_cli
 
@@ -29,8 +29,9 @@ def scraped(prometheus: Prometheus, expr: str, series: int) -> list[dict]:
 def test_a_pushed_metric_is_scraped_and_queried_and_the_alerts_are_loaded(tmp_path) -> None:
     home = str(tmp_path / "metrics")
     stream_target = f"{HOST}:{free_port()}"  # nothing serves there: the stream job's target is down
+    spark_target = f"{HOST}:{free_port()}"  # nor there: the stream driver's Spark UI
     up = run_cli("metrics", "up", "--port", "0", "--pushgateway-port", "0", "--stream-target", stream_target,
-                 "--home", home)
+                 "--spark-target", spark_target, "--home", home)
     running = LocalMetrics(home)
     try:
         assert up.exit_code == 0, up.output
@@ -41,7 +42,7 @@ def test_a_pushed_metric_is_scraped_and_queried_and_the_alerts_are_loaded(tmp_pa
         assert f"target {STREAM_JOB} http://{stream_target}/metrics" in up.stdout
 
         registry = CollectorRegistry()
-        pending = metric_names.ERASURE_OLDEST_PENDING_AGE
+        pending = metric_names.ERASURE_PENDING
         Gauge(pending.name, pending.help, registry=registry).set(42.5)
         push_to_gateway(f"{HOST}:{running.pushgateway_port}", job="lakehouse_gdpr", registry=registry)
 
@@ -52,9 +53,10 @@ def test_a_pushed_metric_is_scraped_and_queried_and_the_alerts_are_loaded(tmp_pa
         assert float(found[0]["value"][1]) == 42.5
 
         health = {s["metric"]["job"]: (s["metric"]["instance"], s["value"][1])
-                  for s in scraped(running.prometheus, "up", 2)}
+                  for s in scraped(running.prometheus, "up", 2 + len(SPARK_JOBS))}
         assert health[PUSHGATEWAY_JOB] == (f"{HOST}:{running.pushgateway_port}", "1")
         assert health[STREAM_JOB] == (stream_target, "0")
+        assert {job: health[job] for job in SPARK_JOBS} == dict.fromkeys(SPARK_JOBS, (spark_target, "0"))
 
         # The rules of docker/prometheus/alerts.yml, read from the repository by the copied config.
         groups = running.prometheus.api("/api/v1/rules")["groups"]

@@ -24,9 +24,10 @@ from pipelines.spark_conf import spark_conf
 # (pipelines/deploy/package.py).
 # LAKEHOUSE_SPARK_MASTER is a standalone master of the local target: on EMR, YARN is the master.
 # LAKEHOUSE_METASTORE_URI is the local target's Hive Metastore: on EMR, the writers sync to Glue.
+# LAKEHOUSE_PUSHGATEWAY: where the jobs (and Hudi's reporter in their writers) push their metrics.
 JOB_ENV = ("LAKEHOUSE_ROOT", "KAFKA_BOOTSTRAP_SERVERS", "LAKEHOUSE_TABLE_SERVICES", "LAKEHOUSE_HUDI_OVERRIDES",
            "LAKEHOUSE_ERASURE_KEY_FILE", "LAKEHOUSE_ERASURE_KEY_SECRET", "LAKEHOUSE_GDPR_INBOX", "LAKEHOUSE_LOG_DIR",
-           "LAKEHOUSE_TABLES", "LAKEHOUSE_SPARK_MASTER", "LAKEHOUSE_METASTORE_URI")
+           "LAKEHOUSE_TABLES", "LAKEHOUSE_SPARK_MASTER", "LAKEHOUSE_METASTORE_URI", "LAKEHOUSE_PUSHGATEWAY")
 LOCAL_ONLY_ENV = ("LAKEHOUSE_TABLES", "LAKEHOUSE_SPARK_MASTER", "LAKEHOUSE_METASTORE_URI")
 
 

@@ -5,9 +5,10 @@ each a `LocalProcess` started here, not by the packages' services: those listen 
 every interface on a systemd host, so `make metrics-up` takes 19090 and 19091 on 127.0.0.1, and keeps
 its configuration, time series and pushed metrics in a folder of its own (`.metrics/`).
 
-The configuration is docker/prometheus/prometheus.yml, copied into the folder with its two targets
-set: the Pushgateway (the batch jobs push there at the end of a run) and the ingest stream's exporter
-(scraped as the job `lakehouse_stream`, wherever the stream serves it). The alerting rules,
+The configuration is docker/prometheus/prometheus.yml, copied into the folder with its targets
+set: the Pushgateway (the batch jobs push there at the end of a run), the ingest stream's exporter
+(scraped as the job `lakehouse_stream`, wherever the stream serves it) and its driver's Spark UI
+(Spark's own metrics, the jobs `lakehouse_spark` and `lakehouse_spark_executors`). The alerting rules,
 docker/prometheus/alerts.yml, are read from the repository where they are. Nothing sends the alerts
 on (no Alertmanager): Prometheus shows them on /alerts.
 """
@@ -40,6 +41,9 @@ DEFAULT_PUSHGATEWAY_PORT = 19091
 DEFAULT_STREAM_TARGET = f"{HOST}:9464"
 STREAM_JOB = "lakehouse_stream"
 PUSHGATEWAY_JOB = "pushgateway"
+# Where the stream's driver serves its Spark UI by default (stream.toml [metrics] spark_ui_port).
+DEFAULT_SPARK_TARGET = f"{HOST}:4040"
+SPARK_JOBS = ("lakehouse_spark", "lakehouse_spark_executors")
 # A machine's demo or test run lasts minutes: a day of series is plenty, and bounds the folder.
 RETENTION = "1d"
 
@@ -142,6 +146,7 @@ class Prometheus(_Server):
 
     pushgateway: str  # host:port of each target
     stream_target: str
+    spark_target: str = DEFAULT_SPARK_TARGET
 
     @property
     def config_path(self) -> Path:
@@ -154,17 +159,19 @@ class Prometheus(_Server):
     def prepare(self, log_start: int) -> None:
         super().prepare(log_start)
         self.config_path.write_text(render_config(TEMPLATE, {PUSHGATEWAY_JOB: self.pushgateway,
-                                                             STREAM_JOB: self.stream_target}))
+                                                             STREAM_JOB: self.stream_target,
+                                                             **dict.fromkeys(SPARK_JOBS, self.spark_target)}))
 
     def unready(self, pid: int, deadline: float) -> str | None:
-        """Ready once it serves and scrapes both targets: it applies its targets up to 5 s after it serves."""
+        """Ready once it serves and scrapes its targets: it applies its targets up to 5 s after it serves."""
         if why := super().unready(pid, deadline):
             return why
         try:
             active = {t["labels"]["job"] for t in self.api("/api/v1/targets", state="active")["activeTargets"]}
         except MetricsError as error:
             return str(error)
-        return None if {PUSHGATEWAY_JOB, STREAM_JOB} <= active else f"scrape targets not applied yet: {sorted(active)}"
+        wanted = {PUSHGATEWAY_JOB, STREAM_JOB, *SPARK_JOBS}
+        return None if wanted <= active else f"scrape targets not applied yet: {sorted(active)}"
 
     def command(self) -> list[str]:
         return [self.executable(), self.marker, f"--storage.tsdb.path={self.home / 'data'}",
@@ -194,6 +201,7 @@ class LocalMetrics:
     port: int = DEFAULT_PORT
     pushgateway_port: int = DEFAULT_PUSHGATEWAY_PORT
     stream_target: str = DEFAULT_STREAM_TARGET
+    spark_target: str = DEFAULT_SPARK_TARGET
     prometheus: Prometheus = field(init=False)
     pushgateway: Pushgateway = field(init=False)
 
@@ -202,12 +210,13 @@ class LocalMetrics:
         if saved := self._saved():
             self.port, self.pushgateway_port = saved["port"], saved["pushgateway_port"]
             self.stream_target = saved["stream_target"]
+            self.spark_target = saved.get("spark_target", DEFAULT_SPARK_TARGET)
         self._build()
 
     def _build(self) -> None:
         self.pushgateway = Pushgateway(self.home, self.pushgateway_port)
         self.prometheus = Prometheus(self.home, self.port, pushgateway=f"{HOST}:{self.pushgateway_port}",
-                                     stream_target=self.stream_target)
+                                     stream_target=self.stream_target, spark_target=self.spark_target)
 
     @property
     def state_path(self) -> Path:
@@ -223,7 +232,8 @@ class LocalMetrics:
             self.port, self.pushgateway_port = self.port or free_port(), self.pushgateway_port or free_port()
             self._build()
             self.state_path.write_text(json.dumps({"port": self.port, "pushgateway_port": self.pushgateway_port,
-                                                   "stream_target": self.stream_target}))
+                                                   "stream_target": self.stream_target,
+                                                   "spark_target": self.spark_target}))
         deadline = time.monotonic() + timeout
         try:
             self.pushgateway.start(timeout)
@@ -263,12 +273,15 @@ def metrics() -> None:
               show_default=True, help="The Pushgateway's port, where the batch jobs push (0: any free one).")
 @click.option("--stream-target", default=DEFAULT_STREAM_TARGET, show_default=True,
               help="host:port of the ingest stream's exporter, scraped as the job lakehouse_stream.")
+@click.option("--spark-target", default=DEFAULT_SPARK_TARGET, show_default=True,
+              help="host:port of the stream driver's Spark UI (stream.toml [metrics] spark_ui_port), scraped as "
+                   "the jobs lakehouse_spark and lakehouse_spark_executors.")
 @click.option("--timeout", default=60.0, show_default=True, help="Seconds to wait until both are ready.")
 @_HOME
-def up(port: int, pushgateway_port: int, stream_target: str, timeout: float, home: Path) -> None:
+def up(port: int, pushgateway_port: int, stream_target: str, spark_target: str, timeout: float, home: Path) -> None:
     """Start the Pushgateway and Prometheus (what runs is kept, with its settings) and wait until both are ready."""
     try:
-        _print_status(LocalMetrics(home, port, pushgateway_port, stream_target).start(timeout))
+        _print_status(LocalMetrics(home, port, pushgateway_port, stream_target, spark_target).start(timeout))
     except RuntimeError as error:
         raise click.ClickException(str(error)) from error
 

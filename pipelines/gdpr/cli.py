@@ -68,6 +68,7 @@ def erase(customer_id: tuple[str, ...], customer_ids: str | None, customer_ids_f
                     filed.append(waiting)
                 if not filed:
                     click.echo(json.dumps({"status": "no pending request", "inbox": inbox.inbox()}))
+                    _push_inbox()
                     return
                 requests = [f.request for f in filed]
             else:
@@ -82,14 +83,21 @@ def erase(customer_id: tuple[str, ...], customer_ids: str | None, customer_ids_f
     except InvalidRequest as exc:
         click.echo(f"Error: {exc}", err=True)
         sys.exit(2)
+    from pipelines import job_metrics, metric_names
     from pipelines.gdpr.erase import erase_all
+    from pipelines.pushgateway import JobMetrics
 
     references = ", ".join(r.reference for r in requests)
+    run = JobMetrics(metric_names.ERASE, settings.lake_root())
     try:
         certificates = erase_all(requests, bootstrap=settings.kafka_bootstrap(),
                                  progress=lambda line: click.echo(line, err=True))
     except Exception as exc:  # Spark/Hudi failures: name them and exit 1
+        run.push(succeeded=False)
+        _push_inbox()
         raise click.ClickException(f"erasure {references} failed: {console.first_line(exc)}") from exc
+    job_metrics.erasure(run, certificates)
+    run.push(succeeded=all(c["verified"] for c in certificates))
     summaries = []
     for certificate in certificates:
         summary = {k: certificate[k] for k in ("reference", "status", "verified", "certificate")}
@@ -98,9 +106,11 @@ def erase(customer_id: tuple[str, ...], customer_ids: str | None, customer_ids_f
     click.echo(json.dumps(summaries[0] if len(summaries) == 1 else summaries))
     if not certificates[0]["verified"]:
         failures = certificates[0]["verification"]["failures"]
+        _push_inbox()
         raise click.ClickException(f"erasure {references} NOT verified: {len(failures)} finding(s), e.g. "
                                    + "; ".join(failures[:5]))
     inbox.remove(filed)
+    _push_inbox()
 
 
 @gdpr.command()
@@ -124,6 +134,21 @@ def request(customer_id: tuple[str, ...], customer_ids: str | None, reference: s
         click.echo(f"Error: {exc}", err=True)
         sys.exit(2)
     click.echo(f"filed {reference}: {filed}")
+    _push_inbox()
+
+
+def _push_inbox() -> None:
+    """Push what waits in the erasure inbox (after a request is filed, and after each erasure run): the
+    erasure-overdue alert watches the oldest request's filing time, so it needs no further push to fire."""
+    from pipelines import job_metrics, metric_names, pushgateway
+    from pipelines.gdpr import inbox
+    from pipelines.pushgateway import JobMetrics
+
+    if pushgateway.gateway() is None:
+        return
+    run = JobMetrics(metric_names.INBOX, settings.lake_root())
+    job_metrics.inbox(run, *inbox.oldest())
+    run.push(succeeded=None)
 
 
 def _ids_in(stream: TextIO) -> list[str]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -33,6 +34,8 @@ class Filed:
 
     request: ErasureRequest
     location: str
+    # When it was filed (epoch seconds): how long it has waited is what the erasure-overdue alert watches.
+    filed_at: float
 
 
 def inbox() -> str:
@@ -46,9 +49,17 @@ def _name(reference: str) -> str:
     return reference.replace("/", "_") + SUFFIX
 
 
-def _document(request: ErasureRequest) -> str:
+def _document(request: ErasureRequest, filed_at: float) -> str:
     return json.dumps({"customer_ids": list(request.customer_ids), "reference": request.reference,
-                       "requested_by": request.requested_by})
+                       "requested_by": request.requested_by, "filed_at": filed_at})
+
+
+def _filed_at(location: str) -> float:
+    """A request filed again keeps its first filing time: the person has waited since then."""
+    try:
+        return float(json.loads(storage.read_text(location))["filed_at"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return time.time()
 
 
 def file_request(request: ErasureRequest, where: str | None = None) -> str:
@@ -57,7 +68,7 @@ def file_request(request: ErasureRequest, where: str | None = None) -> str:
     if not storage.is_remote(where):  # ids: a local inbox is for its owner's eyes only
         os.makedirs(where, mode=0o700, exist_ok=True)
     location = f"{where}/{_name(request.reference)}"
-    storage.write_text(location, _document(request))  # whole or not at all (pipelines.storage)
+    storage.write_text(location, _document(request, _filed_at(location)))  # whole or not at all (pipelines.storage)
     return location
 
 
@@ -73,12 +84,20 @@ def pending(where: str | None = None) -> list[Filed]:
     for location, text in _documents(where or inbox()):
         try:
             doc = json.loads(text)
-            found.append(Filed(parse_request(doc.get("customer_ids"), doc.get("reference"), doc.get("requested_by")),
-                               location))
+            request = parse_request(doc.get("customer_ids"), doc.get("reference"), doc.get("requested_by"))
+            # A request filed before the inbox kept the time: its file's time.
+            filed_at = float(doc.get("filed_at") or storage.modified(location) or time.time())
+            found.append(Filed(request, location, filed_at))
         except (ValueError, AttributeError) as exc:
             detail = str(exc) if isinstance(exc, InvalidRequest) else f"not a request document ({exc})"
             raise InvalidRequest(f"erasure inbox {location}: {detail}") from exc
     return found
+
+
+def oldest(where: str | None = None) -> tuple[int, float | None]:
+    """How many requests wait, and when the oldest of them was filed (None: none waits)."""
+    waiting = pending(where)
+    return len(waiting), min((f.filed_at for f in waiting), default=None)
 
 
 def remove(filed: list[Filed]) -> None:

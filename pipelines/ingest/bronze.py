@@ -77,13 +77,14 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 import hudi_configs
-from pipelines import storage
+from pipelines import metric_names, pushgateway, storage
 from pipelines.declaration import DeclarationError, current, declared, pinned
 from pipelines.ingest.compactor import Compactor, compactions_run_here
-from pipelines.ingest.exporter import StreamExporter
+from pipelines.ingest.exporter import StreamExporter, spark_metrics_conf
 from pipelines.ingest.held_letters import EARLIEST
 from pipelines.ingest.stream import STOP_REQUEST, StreamLease
 from pipelines.ingest.writer import BronzeBatchWriter
+from pipelines.pushgateway import JobMetrics
 from pipelines.settings import (
     INGEST_TRIGGER_SECONDS,
     ingest_checkpoint_path,
@@ -131,7 +132,8 @@ def topic_partitions(bootstrap: str) -> dict[str, list[int]]:
 
 def run_ingest(*, once: bool, root: str | None = None, bootstrap: str | None = None,
                trigger_seconds: float = INGEST_TRIGGER_SECONDS, max_offsets_per_trigger: int | None = None,
-               spark: SparkSession | None = None, stop_timeout: float = 300.0, metrics_port: int = 0) -> None:
+               spark: SparkSession | None = None, stop_timeout: float = 300.0, metrics_port: int = 0,
+               spark_ui_port: int = 0) -> None:
     """Run the ingest stream: until caught up with what was on the topics at start (`once`), or forever.
 
     Each Hudi commit records the stream's position, and the stream starts from the tables'
@@ -142,16 +144,34 @@ def run_ingest(*, once: bool, root: str | None = None, bootstrap: str | None = N
     request (`lakehouse stream stop`, pipelines.ingest.stream) does the same and the run returns.
     The stream's heartbeat beside its checkpoint keeps a second copy from starting. `metrics_port`: where
     its Prometheus exporter listens on 127.0.0.1 (`exporter`; 0, none: the CLI's default is stream.toml's).
+    A run `once` is a batch job: with a Pushgateway (LAKEHOUSE_PUSHGATEWAY) it pushes the exporter's
+    per-table figures at its end (pipelines/pushgateway.py), as the job `lakehouse_ingest`. `spark_ui_port`:
+    where the driver it starts serves Spark's own metrics (spark.toml [driver_metrics]; 0, none).
     """
     root = root or lake_root()
     bootstrap = bootstrap or kafka_bootstrap()
     # Before Spark and the lease: a port in use fails the start at once, and holds nothing.
     exporter = StreamExporter.serve(metrics_port) if metrics_port else None
+    run = JobMetrics(metric_names.INGEST_ONCE, root, metric_names.INGEST_ONCE_METRICS) \
+        if once and pushgateway.gateway() else None
+    if run is not None and exporter is None:
+        exporter = StreamExporter(run.registry)  # not served: its figures are pushed
+    if spark is None and spark_ui_port:
+        spark = get_spark("lakehouse-ingest", spark_metrics_conf(spark_ui_port))
+        log.info("Spark's metrics: %s/metrics/prometheus and %s/metrics/executors/prometheus",
+                 spark.sparkContext.uiWebUrl, spark.sparkContext.uiWebUrl)
     try:
         _run_ingest(once, root, bootstrap, trigger_seconds, max_offsets_per_trigger, spark, stop_timeout, exporter)
+    except BaseException:
+        if run is not None:
+            run.push(succeeded=False)
+        raise
     finally:
         if exporter is not None:
             exporter.close()
+    if run is not None:
+        assert exporter is not None
+        run.push(*([exporter.registry] if exporter.registry is not run.registry else []))
 
 
 def _run_ingest(once: bool, root: str, bootstrap: str, trigger_seconds: float, max_offsets_per_trigger: int | None,
@@ -230,6 +250,8 @@ def _run_query(spark: SparkSession, root: str, bootstrap: str, once: bool, trigg
             query.stop()
         # No batch runs any more: the tables' waiting changes and the dead letters held back are written.
         batches.flush()
+        if exporter is not None:  # the figures as the query ends: what `ingest --once` pushes
+            exporter.beat(time.time(), batches.freshness(), query.lastProgress)
 
 
 def _start_query(spark: SparkSession, root: str, bootstrap: str, once: bool, trigger_seconds: float,

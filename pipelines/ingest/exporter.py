@@ -46,6 +46,18 @@ def configured_port() -> int:
     return int(hudi_configs.section("stream", "metrics")["port"])
 
 
+def configured_spark_ui_port() -> int:
+    """hudi_configs/stream.toml `[metrics] spark_ui_port`: where the driver serves Spark's own metrics (0: nowhere)."""
+    return int(hudi_configs.section("stream", "metrics").get("spark_ui_port", 0))
+
+
+def spark_metrics_conf(ui_port: int) -> dict[str, str]:
+    """The stream driver's Spark options for Spark's PrometheusServlet on its UI at `ui_port` (0: none)."""
+    if not ui_port:
+        return {}
+    return hudi_configs.section("spark", "driver_metrics") | {"spark.ui.port": str(ui_port)}
+
+
 class StreamExporter:
     """The stream's metrics, in a registry of their own; `serve` puts them on HTTP for Prometheus."""
 

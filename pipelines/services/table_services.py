@@ -141,7 +141,8 @@ class ServicesClient(WriteClient):
 
 def run_services(spark: SparkSession, root: str, tables: Sequence[str] | None = None,
                  services: tuple[str, ...] = SERVICES, per_table: Mapping[str, tuple[str, ...]] | None = None,
-                 keep_going: bool = False) -> dict[str, dict[str, object]]:
+                 keep_going: bool = False,
+                 timings: dict[str, dict[str, float]] | None = None) -> dict[str, dict[str, object]]:
     """Run `services` (a table in `per_table`: its own there) on the named tables (all by default); returns what
     each did, per table.
 
@@ -149,7 +150,7 @@ def run_services(spark: SparkSession, root: str, tables: Sequence[str] | None = 
     clustering and expiry to append-only ones (the change logs). With `keep_going`, a table whose
     services fail is logged and reported (`failed`), and the next tables' services run anyway: a job
     of the DAG takes several tables, and one table's failure must not put off the others' work by an
-    hour.
+    hour. `timings` gets the seconds each service took, per table (the services job pushes them).
     """
     known = {t.name: t for t in lake_tables(root)}
     names = list(tables) if tables else list(known)
@@ -159,7 +160,8 @@ def run_services(spark: SparkSession, root: str, tables: Sequence[str] | None = 
     for name in names:
         done: dict[str, object] = {}
         try:
-            report[name] = _run_table(spark, known[name], (per_table or {}).get(name, services), done)
+            report[name] = _run_table(spark, known[name], (per_table or {}).get(name, services), done,
+                                      timings.setdefault(name, {}) if timings is not None else {})
         except Exception as exc:
             if not keep_going:
                 raise
@@ -169,7 +171,7 @@ def run_services(spark: SparkSession, root: str, tables: Sequence[str] | None = 
 
 
 def _run_table(spark: SparkSession, table: LakeTable, services: tuple[str, ...],
-               done: dict[str, object]) -> dict[str, object]:
+               done: dict[str, object], seconds: dict[str, float]) -> dict[str, object]:
     """Run `services` on `table`, recording into `done` what each did as it goes (a failure's report keeps it)."""
     repair_torn_timeline(table.path)  # a crashed writer's cut timeline file fails every reader of it
     if not has_completed_commit(table.path):
@@ -181,7 +183,8 @@ def _run_table(spark: SparkSession, table: LakeTable, services: tuple[str, ...],
                 continue
             started = time.monotonic()
             done[service] = getattr(client, service)()
-            log.info("%s %s: %s (%.1fs)", table.name, service, done[service], time.monotonic() - started)
+            seconds[service] = time.monotonic() - started
+            log.info("%s %s: %s (%.1fs)", table.name, service, done[service], seconds[service])
     # A compaction or a clustering is a commit of the timeline, an expiry drops partitions.
     catalog_sync.committed(spark, table.path, table.options)
     return done

@@ -129,6 +129,16 @@ def silver_cycle(spark: SparkSession, table: str, root: str) -> dict[str, int]:
     return write_silver(spark, plan_silver(spark, table, root), root)
 
 
+def output_paths(root: str) -> dict[str, str]:
+    """Every table an etl cycle writes, by `layer/name` (silver, silver_quarantine, gold): the cycle's own list."""
+    decl = declared()
+    outputs = {f"{layer}/{t}": where(t, root) for t in decl.tables
+               for layer, where in (("silver", silver_path), ("silver_quarantine", quarantine_path))}
+    if not gold_missing(decl):
+        outputs |= {f"gold/{name}": gold_path(name, root) for name in (LTV, DAILY, STATE)}
+    return outputs
+
+
 def run_etl(spark: SparkSession | None = None, root: str | None = None) -> dict[str, dict[str, int]]:
     """One cycle: every declared table's silver from bronze, then gold from silver when the declaration has gold's
     inputs; returns counts per output table."""
@@ -137,8 +147,7 @@ def run_etl(spark: SparkSession | None = None, root: str | None = None) -> dict[
     decl = declared()
     missing = gold_missing(decl)
     # A SIGKILL while Hudi wrote a timeline file leaves it cut short on a local disk, and the table unreadable.
-    for path in [*(where(t, root) for t in decl.tables for where in (silver_path, quarantine_path)),
-                 *(gold_path(name, root) for name in (LTV, DAILY, STATE) if not missing)]:
+    for path in output_paths(root).values():
         repair_torn_timeline(path)
     # Every table planned first: a declaration that does not fit bronze stops the cycle before it writes anything.
     steps = {table: plan_silver(spark, table, root) for table in decl.tables}
