@@ -12,6 +12,14 @@ it) and real Hudi tables:
 Each ends with bronze equal to the independent model of the source (no row lost, duplicated or
 resurrected), every malformed record a dead letter exactly once, and no commit left in flight; while
 Kafka is away, `lakehouse stream status` must name it ("waiting for Kafka at host:port since ...").
+
+The two take the two ways a stream gets through such an outage. With Spark's Kafka clients at their
+timeouts (the broker test), an outage shorter than them is ridden through inside the query: the
+batch waits and goes on. A longer one fails the query (a task's fetch gives up after
+`kafkaConsumer.pollTimeoutMs`, 120 s by default; the driver's offset requests after three tries of
+`kafka.default.api.timeout.ms`): the blackout test shortens those timeouts to 5 s, so that its outage
+fails the query, and the stream must wait for Kafka and start the query again itself, from the
+positions in bronze's commits.
 How long the stream took to catch up once Kafka was back is printed (`-s`), not asserted: it depends
 on the machine's load. The pauses are shorter than the issue's (30 s, 60 s) to keep the suite's
 budget; LAKEHOUSE_FAULT_PAUSE and LAKEHOUSE_FAULT_BLACKOUT set them.
@@ -45,7 +53,7 @@ from tests.model import fold_with_lsn, is_malformed
 pytestmark = pytest.mark.slow
 
 PAUSE = float(os.environ.get("LAKEHOUSE_FAULT_PAUSE", "15"))
-BLACKOUT = float(os.environ.get("LAKEHOUSE_FAULT_BLACKOUT", "30"))
+BLACKOUT = float(os.environ.get("LAKEHOUSE_FAULT_BLACKOUT", "20"))
 
 # A test-sized stream: heartbeats (and Kafka probes) every second, probes that wait a second.
 STREAM_LIMITS = """
@@ -61,17 +69,27 @@ probe_seconds = 1
 """
 
 
+# Spark's Kafka clients giving up after 5 s instead of 60 (requests) and 120 (a task's fetch).
+SHORT_KAFKA_TIMEOUTS = """
+[bronze.kafka]
+"kafka.request.timeout.ms" = 5000
+"kafka.default.api.timeout.ms" = 5000
+"kafkaConsumer.pollTimeoutMs" = 5000
+"""
+
+
 @dataclass
 class Supervised:
     """The stream as `lakehouse stream ACTION` runs it, on a lake in `home`, reading Kafka at `bootstrap`."""
 
     home: Path
     bootstrap: str
+    more_overrides: str = ""
     env: dict[str, str] = field(init=False)
 
     def __post_init__(self) -> None:
         overrides = self.home / "stream.toml"
-        overrides.write_text(STREAM_LIMITS)
+        overrides.write_text(STREAM_LIMITS + self.more_overrides)
         self.env = {**os.environ, "LAKEHOUSE_ROOT": str(self.root), "KAFKA_BOOTSTRAP_SERVERS": self.bootstrap,
                     "LAKEHOUSE_RUN_DIR": str(self.home / "run"),
                     "LAKEHOUSE_HUDI_OVERRIDES": os.pathsep.join([os.environ["LAKEHOUSE_HUDI_OVERRIDES"],
@@ -141,9 +159,13 @@ def _assert_exact(spark, stream: Supervised, sent: list[Message]) -> None:
     assert not pending_instants(stream.root), "a commit was left in flight"
 
 
+def _restarts(stream: Supervised) -> int:
+    """Queries the stream started again itself after Kafka failed one."""
+    return len(re.findall(r"answers again after", stream.log_path.read_text(errors="replace")))
+
+
 def _report(fault: str, stream: Supervised, waited: list[str], recovered: float) -> None:
-    log = stream.log_path.read_text(errors="replace")
-    restarted = len(re.findall(r"answers again after", log))
+    restarted = _restarts(stream)
     print(f"\n{fault}: caught up {recovered:.1f} s after Kafka was back; query restarted in-process "
           f"{restarted} time(s); status while away: {waited[len(waited) // 2] if waited else '-'}")
 
@@ -196,7 +218,7 @@ def proxied(tmp_path: Path) -> Iterator[tuple[KafkaBroker, Proxy]]:
 
 def test_network_blackout_to_kafka(spark, tmp_path, proxied) -> None:
     broker, proxy = proxied
-    stream = Supervised(tmp_path, broker.proxied_bootstrap)
+    stream = Supervised(tmp_path, broker.proxied_bootstrap, SHORT_KAFKA_TIMEOUTS)
     source = ShopSource(29)
     sent = source.snapshot(WorkloadConfig(seed=29, customers=40, orders=100)) + \
         source.changes(WorkloadConfig(seed=29, changes=300, malformed_fraction=0.02))
@@ -219,5 +241,7 @@ def test_network_blackout_to_kafka(spark, tmp_path, proxied) -> None:
         wait_caught_up(str(stream.root), fold_with_lsn(sent)[0], stream.log_path)
         recovered = time.monotonic() - back
         assert "waiting for" not in stream.run("status", "healthy")
+        assert _restarts(stream), "the outage did not fail the query: " + stream.log_path.read_text()[-3000:]
+        assert "query failed while Kafka" in stream.log_path.read_text()
     _report(f"{BLACKOUT:.0f} s network blackout", stream, waiting, recovered)
     _assert_exact(spark, stream, sent)
