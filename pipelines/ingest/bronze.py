@@ -196,7 +196,7 @@ def _run_ingest(once: bool, root: str, bootstrap: str, trigger_seconds: float, m
                         raise
                     log.warning("the query failed while Kafka at %s %s: %s", bootstrap,
                                 "did not answer" if why else "was failing its clients", str(exc).splitlines()[0])
-                    if not _wait_for_kafka(lease, bootstrap, kafka, why):
+                    if not _wait_for_kafka(lease, bootstrap, kafka, why, exporter):
                         stopped = True
                         break
                     continue
@@ -223,17 +223,21 @@ def _run_ingest(once: bool, root: str, bootstrap: str, trigger_seconds: float, m
             lease.release()
 
 
-def _wait_for_kafka(lease: StreamLease, bootstrap: str, kafka: KafkaWait, why: str | None) -> bool:
+def _wait_for_kafka(lease: StreamLease, bootstrap: str, kafka: KafkaWait, why: str | None,
+                    exporter: StreamExporter | None = None) -> bool:
     """Wait until Kafka at `bootstrap` answers, beating meanwhile; False if a stop request came first.
 
-    The heartbeat says what the stream waits for (`lakehouse stream status`). Past `kafka.wait_seconds`
-    the stream gives up with `KafkaLost`, and exits naming Kafka.
+    The heartbeat says what the stream waits for (`lakehouse stream status`); the exporter's heartbeat
+    time follows it (the stream is alive: LakehouseStreamHeartbeatStale must not fire for a wait). Past
+    `kafka.wait_seconds` the stream gives up with `KafkaLost`, and exits naming Kafka.
     """
     what = f"Kafka at {bootstrap}"
     started = time.monotonic()
     while why is not None:
         lease.waiting(what, why)
         lease.beat(None, False)
+        if exporter is not None:
+            exporter.heartbeat.set(lease.hb.written_at)
         log.warning("waiting for %s for %.0f s: %s", what, time.monotonic() - started, why)
         if lease.stop_requested():
             log.info("stop requested (%s) while waiting for %s", STOP_REQUEST, what)
