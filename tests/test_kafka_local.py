@@ -160,3 +160,36 @@ def test_cli_up_status_down(tmp_path: Path) -> None:
 
     assert runner.invoke(kafka, ["status", "--data-dir", str(data_dir)]).exit_code == 1
     assert broker_processes(data_dir / "server.properties") == ""
+
+
+def test_a_client_bootstrapped_through_the_proxy_stays_on_it(tmp_path: Path) -> None:
+    """The PROXIED listener advertises the proxy's address: metadata through the proxy names the proxy,
+    so that every connection of such a client goes through it, and a blackout of the proxy cuts that
+    client and no other (the direct listener still serves); the ports survive a restart."""
+    from pipelines.devtools.toxiproxy import Toxiproxy
+
+    toxiproxy = Toxiproxy(tmp_path / "toxiproxy").start()
+    broker = KafkaBroker(tmp_path / "kafka", proxy_port=free_port())
+    try:
+        broker.start()
+        proxy = toxiproxy.client.create("kafka", broker.proxied_bootstrap, broker.proxied_upstream)
+        admin = KafkaAdminClient(bootstrap_servers=broker.proxied_bootstrap)
+        try:
+            assert [(b["host"], b["port"]) for b in admin.describe_cluster()["brokers"]] == \
+                [("127.0.0.1", broker.proxy_port)]
+        finally:
+            admin.close()
+        produce(broker.bootstrap, "proxied", b"k", b"through")
+        assert consume_until(broker.proxied_bootstrap, "proxied", b"through") == [b"through"]
+        with proxy.blackout():
+            assert kafka_local.port_open(broker.port) and not kafka_local.port_open(broker.proxy_port)
+            produce(broker.bootstrap, "proxied", b"k", b"during")
+        assert consume_until(broker.proxied_bootstrap, "proxied", b"during") == [b"through", b"during"]
+        ports = (broker.port, broker.proxy_port, broker.proxied_port)
+        broker.kill()
+        broker.start()
+        assert (broker.port, broker.proxy_port, broker.proxied_port) == ports
+        assert KafkaBroker(tmp_path / "kafka").start().proxied_upstream == broker.proxied_upstream  # adopted
+    finally:
+        broker.stop()
+        toxiproxy.stop()

@@ -46,9 +46,45 @@ def beat(**kw) -> Heartbeat:
     (beat(last_progress_at=NOW - 301), "stalled"),
     (beat(host=socket.gethostname(), pid=os.getpid(), pid_started=process_started(os.getpid())), "healthy"),
     (beat(host=socket.gethostname(), pid=os.getpid(), pid_started=-1.0), "dead"),  # pid reused
+    # Waiting for Kafka: live and left running, however long the batch it holds up has run; dead still wins.
+    (beat(waiting_for="Kafka at 127.0.0.1:9092", waiting_since=NOW - 40, waiting_why="refused"), "waiting"),
+    (beat(waiting_for="Kafka at 127.0.0.1:9092", trigger_since=NOW - 900, waiting_why="refused"), "waiting"),
+    (beat(waiting_for="Kafka at 127.0.0.1:9092", written_at=NOW - 61, waiting_why="refused"), "dead"),
 ])
 def test_judge(hb, state) -> None:
     assert judge(hb, LIM, now=NOW).state == state
+
+
+def test_waiting_names_what_since_when_and_why(tmp_path) -> None:
+    lease = StreamLease(str(tmp_path), LIM)
+    lease.claim()
+    lease.waiting("Kafka at 127.0.0.1:9092", "127.0.0.1:9092: [Errno 111] Connection refused")
+    since = lease.hb.waiting_since
+    lease.waiting("Kafka at 127.0.0.1:9092", "127.0.0.1:9092: timed out")  # the same wait goes on
+    lease.beat(None, True)
+    health = judge(lease.files.heartbeat(), LIM)
+    assert health.state == "waiting" and health.live and health.running
+    assert "waiting for Kafka at 127.0.0.1:9092 since " in health.why and "timed out" in health.why
+    assert lease.hb.waiting_since == since
+    lease.waiting("Kafka at 127.0.0.1:9092", None)
+    lease.beat(None, False)
+    assert judge(lease.files.heartbeat(), LIM).state == "healthy"
+    lease.release()
+
+
+def test_the_kafka_probe_needs_an_answer_not_a_listener() -> None:
+    """A port that refuses, and one that accepts and says nothing (a proxy in a blackout, a silent
+    network), are both no Kafka; the reason names the server."""
+    from pipelines.local_process import free_port, kafka_unanswered
+
+    refused = f"127.0.0.1:{free_port()}"
+    assert "refused" in kafka_unanswered(refused, 1.0)
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        address = f"127.0.0.1:{silent.getsockname()[1]}"
+        assert kafka_unanswered(address, 0.5) == f"{address}: timed out"
+        assert kafka_unanswered(f"{refused},{address}", 0.5).count("127.0.0.1:") == 2
 
 
 def test_a_second_writer_on_this_host_is_refused_at_once(tmp_path) -> None:

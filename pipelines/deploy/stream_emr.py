@@ -67,7 +67,7 @@ class EmrStream(StreamTarget):
         if not steps:
             return f"started: {self.start()}"
         health = judge(self.files.heartbeat(), self.lim)
-        if health.state == "healthy":
+        if health.running:  # healthy, or waiting for Kafka: a restart would wait too
             return f"running: step {steps[0]['Id']}, {health.why}"
         if self.files.stop_request():
             return f"stopping: step {steps[0]['Id']} was asked to stop"

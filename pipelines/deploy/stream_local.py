@@ -112,7 +112,7 @@ class LocalStream(StreamTarget):
 
     def ensure(self) -> str:
         health = self.health()
-        if health.state == "healthy":
+        if health.running:  # healthy, or waiting for Kafka: a restart would wait too
             return f"running: {health.why}"
         if (held := self.files.stop_request()) and not health.live and not self.pid():
             return (f"held: stopped by {held['by']} at {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(held['at']))}"

@@ -70,6 +70,12 @@ def java_options() -> list[str]:
     return os.environ.get(JAVA_OPTS_VARIABLE, "").split()
 
 
+def _listeners(value: str) -> dict[str, int]:
+    """{"PLAINTEXT": 9092, ...} of a `listeners` or `advertised.listeners` value (NAME://host:port,...)."""
+    return {name: int(address.rsplit(":", 1)[1])
+            for name, _, address in (item.strip().partition("://") for item in value.split(",") if item.strip())}
+
+
 def _read_properties(path: Path) -> dict[str, str]:
     pairs = (line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
     return {key.strip(): value.strip() for key, value in pairs if not key.lstrip().startswith("#")}
@@ -81,6 +87,16 @@ class KafkaBroker(LocalProcess):
 
     The process is detached (own session), so a broker started by `kafka up` outlives the CLI and is
     found again through broker.pid by `kafka down` or a later `start()`.
+
+    With `proxy_port` set, the broker also serves a second listener, PROXIED, for clients that reach it
+    through a TCP proxy listening on `proxy_port` (Toxiproxy in the fault tests: pipelines/devtools/
+    toxiproxy.py). A Kafka client bootstraps from any address, then connects to the address the broker
+    *advertises* for the listener its request came in on; a proxy in front of the PLAINTEXT listener
+    alone would see the bootstrap only, and every later connection would go around it to the port
+    PLAINTEXT advertises. PROXIED listens on its own port (`proxied_port`, what the proxy forwards to:
+    `proxied_upstream`) and advertises the proxy's address instead, so that every connection of a client
+    bootstrapped at `proxied_bootstrap` goes through the proxy, reconnects included. PLAINTEXT stays as it
+    was (the broker's own inter-broker listener, and the tests' producers, which the fault must not cut).
     """
 
     label = "Kafka broker"
@@ -93,6 +109,10 @@ class KafkaBroker(LocalProcess):
     # config names (KRaft's log remembers its voters), else a free one, as 0 does.
     port: int = 0
     controller_port: int | None = None
+    # The proxy's address (127.0.0.1:proxy_port) is advertised on the PROXIED listener, which listens on
+    # `proxied_port` (0: a free port, chosen by `start`). None: no PROXIED listener.
+    proxy_port: int | None = None
+    proxied_port: int = 0
 
     def __post_init__(self) -> None:
         # Absolute, because the paths are written into configs and matched against the java command line.
@@ -101,6 +121,20 @@ class KafkaBroker(LocalProcess):
     @property
     def bootstrap(self) -> str:
         return f"{HOST}:{self.port}"
+
+    @property
+    def proxied_bootstrap(self) -> str:
+        """Where clients bootstrap to go through the proxy (the proxy's listen address)."""
+        if self.proxy_port is None:
+            raise RuntimeError("this broker has no PROXIED listener (proxy_port unset)")
+        return f"{HOST}:{self.proxy_port}"
+
+    @property
+    def proxied_upstream(self) -> str:
+        """What the proxy forwards to: the PROXIED listener itself."""
+        if self.proxy_port is None or not self.proxied_port:
+            raise RuntimeError("this broker has no PROXIED listener yet (proxy_port unset, or not started)")
+        return f"{HOST}:{self.proxied_port}"
 
     @property
     def config_path(self) -> Path:
@@ -137,18 +171,21 @@ class KafkaBroker(LocalProcess):
         if self.controller_port is None:
             self.controller_port = self._stored_controller_port() or 0
         choose_controller = self.controller_port == 0
+        choose_proxied = self.proxy_port is not None and self.proxied_port == 0
         for attempt in range(1, PORT_ATTEMPTS + 1):
             if choose_port:
                 self.port = free_port()
             if choose_controller:
                 self.controller_port = free_port()
+            if choose_proxied:
+                self.proxied_port = free_port()
             log_start = self.log_size()
             try:
                 self.launch(deadline)
                 return self
             except RuntimeError:
-                chosen = {port for port, mine in ((self.port, choose_port), (self.controller_port, choose_controller))
-                          if mine}
+                chosen = {port for port, mine in ((self.port, choose_port), (self.controller_port, choose_controller),
+                                                  (self.proxied_port, choose_proxied)) if mine}
                 if attempt == PORT_ATTEMPTS or self._taken_port(log_start) not in chosen:
                     raise
         raise AssertionError("unreachable")
@@ -160,6 +197,13 @@ class KafkaBroker(LocalProcess):
                 f"a broker from {self.data_dir} already runs on port {running_port} (pid {pid}); stop it first"
             )
         self.port = running_port
+        advertised = _listeners(_read_properties(self.config_path)["advertised.listeners"])
+        if self.proxy_port is not None and advertised.get("PROXIED") != self.proxy_port:
+            raise RuntimeError(f"the broker from {self.data_dir} (pid {pid}) does not advertise the proxy port "
+                               f"{self.proxy_port}; stop it first")
+        if "PROXIED" in advertised:
+            self.proxy_port = advertised["PROXIED"]
+            self.proxied_port = _listeners(_read_properties(self.config_path)["listeners"])["PROXIED"]
 
     def prepare(self, log_start: int) -> None:
         self._write_configs()
@@ -176,8 +220,7 @@ class KafkaBroker(LocalProcess):
 
     def configured_port(self) -> int:
         """Client port from server.properties: that of the running broker, whatever `self.port` says."""
-        advertised = _read_properties(self.config_path)["advertised.listeners"]
-        return int(advertised.rsplit(":", 1)[1])
+        return _listeners(_read_properties(self.config_path)["advertised.listeners"])["PLAINTEXT"]
 
     def _stored_controller_port(self) -> int | None:
         """The quorum address of an earlier run: KRaft metadata in the log dirs remembers its voters."""
@@ -187,15 +230,22 @@ class KafkaBroker(LocalProcess):
         return int(voters.rsplit(":", 1)[1])
 
     def _write_configs(self) -> None:
+        listeners = f"PLAINTEXT://{HOST}:{self.port},CONTROLLER://{HOST}:{self.controller_port}"
+        advertised = f"PLAINTEXT://{HOST}:{self.port}"
+        protocols = "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT"
+        if self.proxy_port is not None:
+            listeners += f",PROXIED://{HOST}:{self.proxied_port}"
+            advertised += f",PROXIED://{HOST}:{self.proxy_port}"
+            protocols += ",PROXIED:PLAINTEXT"
         settings = {
             "process.roles": "broker,controller",
             "node.id": "1",
             "controller.quorum.voters": f"1@{HOST}:{self.controller_port}",
-            "listeners": f"PLAINTEXT://{HOST}:{self.port},CONTROLLER://{HOST}:{self.controller_port}",
-            "advertised.listeners": f"PLAINTEXT://{HOST}:{self.port}",
+            "listeners": listeners,
+            "advertised.listeners": advertised,
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "PLAINTEXT",
-            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "listener.security.protocol.map": protocols,
             "log.dirs": str(self.data_dir / "kraft-logs"),
             "num.partitions": "3",
             "offsets.topic.replication.factor": "1",

@@ -71,8 +71,10 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 
+from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
@@ -82,8 +84,9 @@ from pipelines.declaration import DeclarationError, current, declared, pinned
 from pipelines.ingest.compactor import Compactor, compactions_run_here
 from pipelines.ingest.exporter import StreamExporter, spark_metrics_conf
 from pipelines.ingest.held_letters import EARLIEST
-from pipelines.ingest.stream import STOP_REQUEST, StreamLease
+from pipelines.ingest.stream import STOP_REQUEST, KafkaWait, StreamLease, kafka_wait
 from pipelines.ingest.writer import BronzeBatchWriter
+from pipelines.local_process import kafka_unanswered
 from pipelines.pushgateway import JobMetrics
 from pipelines.settings import (
     INGEST_TRIGGER_SECONDS,
@@ -94,6 +97,15 @@ from pipelines.settings import (
 from pipelines.spark import get_spark
 
 log = logging.getLogger(__name__)
+
+# A query's failure that Kafka caused: its clients' timeouts and lost connections, Spark's Kafka source's
+# records it could not fetch in time.
+KAFKA_FAILURE = re.compile(r"org\.apache\.kafka\.common\.errors\.(TimeoutException|DisconnectException|"
+                           r"NetworkException)|Cannot fetch record|Failed to get records|KafkaDataConsumer")
+
+
+class KafkaLost(RuntimeError):
+    """Kafka did not answer for longer than the stream waits for it (stream.toml [kafka] wait_seconds)."""
 
 
 # --------------------------------------------------------------------------- the stream
@@ -184,15 +196,31 @@ def _run_ingest(once: bool, root: str, bootstrap: str, trigger_seconds: float, m
     # Inline mode: main's compactions run beside the batches (a plan left by a killed process first).
     compactor = Compactor(spark, root, every=trigger_seconds).start() if compactions_run_here() else None
     stopped = False  # a run to its end, a stop request or an interrupt: not a failure
+    kafka, kafka_failures = kafka_wait(), 0
     try:
         while True:
             with pinned(current()) as decl:
                 try:
                     follow = _run_query(spark, root, bootstrap, once, trigger_seconds, max_offsets_per_trigger,
-                                        lease, stop_timeout, sorted(decl.topics()), exporter)
+                                        lease, stop_timeout, sorted(decl.topics()), exporter, kafka)
                 except KeyboardInterrupt:
                     stopped = True
                     raise
+                except StreamingQueryException as exc:
+                    # Kafka gone (the broker down, the network to it cut): wait for it, then start the
+                    # query again from the positions in bronze's commits; the batch it cut short is re-run
+                    # whole. Any other failure is the stream's own.
+                    why = kafka_unanswered(bootstrap, kafka.probe_seconds)
+                    kafka_failures += 1
+                    if why is None and (not KAFKA_FAILURE.search(str(exc)) or kafka_failures > kafka.restarts):
+                        raise
+                    log.warning("the query failed while Kafka at %s %s: %s", bootstrap,
+                                "did not answer" if why else "was failing its clients", str(exc).splitlines()[0])
+                    if not _wait_for_kafka(lease, bootstrap, kafka, why, exporter):
+                        stopped = True
+                        break
+                    continue
+            kafka_failures = 0
             stopped = True
             if not follow:
                 break
@@ -215,10 +243,47 @@ def _run_ingest(once: bool, root: str, bootstrap: str, trigger_seconds: float, m
             lease.release()
 
 
+def _wait_for_kafka(lease: StreamLease, bootstrap: str, kafka: KafkaWait, why: str | None,
+                    exporter: StreamExporter | None = None) -> bool:
+    """Wait until Kafka at `bootstrap` answers, beating meanwhile; False if a stop request came first.
+
+    The heartbeat says what the stream waits for (`lakehouse stream status`); the exporter's heartbeat
+    time follows it (the stream is alive: LakehouseStreamHeartbeatStale must not fire for a wait). Past
+    `kafka.wait_seconds` the stream gives up with `KafkaLost`, and exits naming Kafka.
+    """
+    what = f"Kafka at {bootstrap}"
+    started = time.monotonic()
+    while why is not None:
+        lease.waiting(what, why)
+        lease.beat(None, False)
+        if exporter is not None:
+            exporter.heartbeat.set(lease.hb.written_at)
+        log.warning("waiting for %s for %.0f s: %s", what, time.monotonic() - started, why)
+        if lease.stop_requested():
+            log.info("stop requested (%s) while waiting for %s", STOP_REQUEST, what)
+            return False
+        if time.monotonic() - started > kafka.wait_seconds:
+            raise KafkaLost(f"{what} did not answer for {time.monotonic() - started:.0f} s "
+                            f"(stream.toml [kafka] wait_seconds {kafka.wait_seconds:.0f}): {why}")
+        time.sleep(lease.lim.heartbeat_seconds)
+        why = kafka_unanswered(bootstrap, kafka.probe_seconds)
+    lease.waiting(what, None)
+    log.warning("%s answers again after %.0f s: the query starts again from the positions in bronze's commits",
+                what, time.monotonic() - started)
+    return True
+
+
 def _run_query(spark: SparkSession, root: str, bootstrap: str, once: bool, trigger_seconds: float,
                max_offsets_per_trigger: int | None, lease: StreamLease, stop_timeout: float, topics: list[str],
-               exporter: StreamExporter | None = None) -> bool:
-    """Run one ingest query until it ends, is asked to stop, or the declared tables change (then True)."""
+               exporter: StreamExporter | None = None, kafka: KafkaWait | None = None) -> bool:
+    """Run one ingest query until it ends, is asked to stop, or the declared tables change (then True).
+
+    At every heartbeat Kafka is probed (`kafka`: how long a probe waits): while it does not answer, the
+    heartbeat says that the stream waits for it, though Spark's Kafka clients are still retrying inside
+    the query and the query has not failed (it may never: a broker back within their timeouts resumes it).
+    """
+    kafka = kafka or kafka_wait()
+    what = f"Kafka at {bootstrap}"
     query, batches = _start_query(spark, root, bootstrap, once, trigger_seconds, max_offsets_per_trigger, exporter)
     beat_at = 0.0
     try:
@@ -231,6 +296,13 @@ def _run_query(spark: SparkSession, root: str, bootstrap: str, once: bool, trigg
                 continue
             beat_at = time.monotonic()
             progress, tables = query.lastProgress, batches.freshness()
+            why = kafka_unanswered(bootstrap, kafka.probe_seconds)
+            if why is None and lease.hb.waiting_for is not None:
+                log.warning("%s answers again (the stream waited %.0f s)", what,
+                            time.time() - (lease.hb.waiting_since or time.time()))
+            elif why is not None:
+                log.warning("%s does not answer (%s): Spark's Kafka clients retry", what, why)
+            lease.waiting(what, why)
             lease.beat(progress, query.status["isTriggerActive"], tables)
             if exporter is not None:
                 exporter.beat(lease.hb.written_at, tables, progress)

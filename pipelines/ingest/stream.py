@@ -17,6 +17,11 @@ live heartbeat of another owner waits for it to go stale (dead_after_seconds) an
 if it does not. A heartbeat of a process on this host that is gone (pid and its start time
 no longer match) is stale at once, so a restart after a crash does not wait.
 
+A stream whose Kafka does not answer (the broker down, the network to it cut) waits for it, up to
+stream.toml's `[kafka] wait_seconds`, and says so in its heartbeat: `waiting for Kafka at host:port
+since T` and why (what its probe, `local_process.kafka_unanswered`, met). Such a stream is "waiting",
+not stalled: it is alive and a restart would only wait again, so supervisors leave it running.
+
 Pure Python (no Spark): Airflow's environment imports it. Files are local paths or S3
 objects, through pipelines.storage like every other file beside the tables.
 """
@@ -50,6 +55,20 @@ class Limits:
     start_timeout_seconds: float
     stop_timeout_seconds: float
     kill_timeout_seconds: float
+
+
+@dataclass(frozen=True)
+class KafkaWait:
+    """stream.toml's [kafka]: how the stream probes its Kafka, and how long it waits for one that does not answer."""
+
+    probe_seconds: float
+    wait_seconds: float
+    restarts: int
+
+
+def kafka_wait() -> KafkaWait:
+    values = hudi_configs.section("stream", "kafka")
+    return KafkaWait(float(values["probe_seconds"]), float(values["wait_seconds"]), int(values["restarts"]))
 
 
 def limits() -> Limits:
@@ -110,6 +129,11 @@ class Heartbeat:
     # Where the newest batch ended on Kafka, {topic: {partition: next offset}} (Spark's progress): with the
     # tables' waiting changes, what `caught_up` compares with the topics' ends.
     read_to: dict[str, dict[str, int]] | None = None
+    # What the stream waits for ("Kafka at 127.0.0.1:9092"), since when (epoch seconds) and why; None while
+    # nothing outside holds it up.
+    waiting_for: str | None = None
+    waiting_since: float | None = None
+    waiting_why: str | None = None
 
     def behind(self) -> dict[str, tuple[float, float]]:
         """Tables whose oldest waiting change is older than their target: (age, target) in seconds."""
@@ -119,13 +143,18 @@ class Heartbeat:
 
 @dataclass(frozen=True)
 class Health:
-    state: str  # absent | stopped | healthy | stalled | dead
+    state: str  # absent | stopped | healthy | waiting | stalled | dead
     why: str
 
     @property
     def live(self) -> bool:
         """A process that may still write: another copy must not start beside it."""
-        return self.state in ("healthy", "stalled")
+        return self.state in ("healthy", "waiting", "stalled")
+
+    @property
+    def running(self) -> bool:
+        """Nothing a supervisor can mend: healthy, or waiting for what a restart would wait for too."""
+        return self.state in ("healthy", "waiting")
 
 
 def judge(hb: Heartbeat | None, lim: Limits, now: float | None = None) -> Health:
@@ -141,6 +170,12 @@ def judge(hb: Heartbeat | None, lim: Limits, now: float | None = None) -> Health
     if now - hb.written_at > lim.dead_after_seconds:
         return Health("dead", f"{who}: no heartbeat for {now - hb.written_at:.0f} s "
                               f"(limit {lim.dead_after_seconds:.0f} s)")
+    if hb.waiting_for is not None:
+        since = hb.waiting_since or hb.written_at
+        at = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(since))
+        batch = "no batch yet" if hb.batch is None else f"last batch {hb.batch}"
+        return Health("waiting", f"{who}: waiting for {hb.waiting_for} since {at} UTC ({now - since:.0f} s): "
+                                 f"{hb.waiting_why}; {batch}")
     if hb.trigger_since is not None and now - hb.trigger_since > lim.stalled_after_seconds:
         return Health("stalled", f"{who}: batch {hb.batch} running for {now - hb.trigger_since:.0f} s "
                                  f"(limit {lim.stalled_after_seconds:.0f} s)")
@@ -206,6 +241,18 @@ class StreamLease:
             self.hb.trigger_since = now
         self._write(now)
 
+    def waiting(self, what: str, why: str | None) -> None:
+        """Record (with the next beat) that the stream waits for `what` because of `why`; `why` None: it does not.
+
+        The wait's start stays that of its first report, so the heartbeat says for how long.
+        """
+        if why is None:
+            self.hb.waiting_for = self.hb.waiting_since = self.hb.waiting_why = None
+            return
+        if self.hb.waiting_for != what:
+            self.hb.waiting_for, self.hb.waiting_since = what, time.time()
+        self.hb.waiting_why = why
+
     def stop_requested(self) -> bool:
         """A stop request made since this stream started (an older one was for a stream before it)."""
         request = self.files.stop_request()
@@ -216,6 +263,7 @@ class StreamLease:
         if current is None or current.owner == self.hb.owner:
             # A stopped stream has committed what its tables let wait (or left it to the next stream to read).
             self.hb.state, self.hb.trigger_since, self.hb.tables = "stopped", None, None
+            self.waiting("", None)
             self._write()
 
     def _write(self, now: float | None = None) -> None:
@@ -261,6 +309,8 @@ def not_caught_up(hb: Heartbeat | None, ends: dict[str, dict[str, int]]) -> str 
     """
     if hb is None or hb.state != "running":
         return "no stream is running" + (f" (it {hb.state})" if hb else "")
+    if hb.waiting_for:
+        return f"it waits for {hb.waiting_for}: {hb.waiting_why}"
     if hb.trigger_since is not None:
         return f"batch {hb.batch} is running"
     unread = sum(max(0, end - (hb.read_to or {}).get(t, {}).get(p, 0))

@@ -1,0 +1,247 @@
+"""The world around the stream fails (issue 53): Kafka goes away under the supervised stream, and comes back.
+
+Two faults, each on a real broker, a real supervised stream (`lakehouse stream start`, as the DAG runs
+it) and real Hudi tables:
+
+- the broker SIGKILLed while a batch runs, and started again (same ports, same data) after a pause;
+- a network blackout between the stream and Kafka: the stream reaches the broker through Toxiproxy
+  (the broker advertises the proxy's address on a listener of its own: `KafkaBroker(proxy_port=...)`),
+  and the proxy is disabled, every connection through it cut and refused, while the source goes on
+  writing to the broker.
+
+Each ends with bronze equal to the independent model of the source (no row lost, duplicated or
+resurrected), every malformed record a dead letter exactly once, and no commit left in flight; while
+Kafka is away, `lakehouse stream status` must name it ("waiting for Kafka at host:port since ...").
+
+The two take the two ways a stream gets through such an outage. With Spark's Kafka clients at their
+timeouts (the broker test), an outage shorter than them is ridden through inside the query: the
+batch waits and goes on. A longer one fails the query (a task's fetch gives up after
+`kafkaConsumer.pollTimeoutMs`, 120 s by default; the driver's offset requests after three tries of
+`kafka.default.api.timeout.ms`): the blackout test shortens those timeouts to 5 s, so that its outage
+fails the query, and the stream must wait for Kafka and start the query again itself, from the
+positions in bronze's commits.
+How long the stream took to catch up once Kafka was back is printed (`-s`), not asserted: it depends
+on the machine's load. The pauses are shorter than the issue's (30 s, 60 s) to keep the suite's
+budget; LAKEHOUSE_FAULT_PAUSE and LAKEHOUSE_FAULT_BLACKOUT set them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from pipelines.devtools.generator import Message, ShopSource, WorkloadConfig, ensure_topics, produce
+from pipelines.devtools.kafka_local import KafkaBroker
+from pipelines.devtools.toxiproxy import Proxy, Toxiproxy
+from pipelines.local_process import free_port
+from tests.kill import pending_instants, wait_caught_up
+from tests.lake import assert_bronze_equals_model, dead_letters
+from tests.model import fold_with_lsn, is_malformed
+
+pytestmark = pytest.mark.slow
+
+PAUSE = float(os.environ.get("LAKEHOUSE_FAULT_PAUSE", "15"))
+BLACKOUT = float(os.environ.get("LAKEHOUSE_FAULT_BLACKOUT", "20"))
+
+# A test-sized stream: heartbeats (and Kafka probes) every second, probes that wait a second.
+STREAM_LIMITS = """
+[stream.health]
+heartbeat_seconds = 1
+dead_after_seconds = 30
+[stream.supervisor]
+start_timeout_seconds = 180
+stop_timeout_seconds = 120
+kill_timeout_seconds = 30
+[stream.kafka]
+probe_seconds = 1
+"""
+
+
+# Spark's Kafka clients giving up after 5 s instead of 60 (requests) and 120 (a task's fetch).
+SHORT_KAFKA_TIMEOUTS = """
+[bronze.kafka]
+"kafka.request.timeout.ms" = 5000
+"kafka.default.api.timeout.ms" = 5000
+"kafkaConsumer.pollTimeoutMs" = 5000
+"""
+
+
+@dataclass
+class Supervised:
+    """The stream as `lakehouse stream ACTION` runs it, on a lake in `home`, reading Kafka at `bootstrap`."""
+
+    home: Path
+    bootstrap: str
+    more_overrides: str = ""
+    env: dict[str, str] = field(init=False)
+
+    def __post_init__(self) -> None:
+        overrides = self.home / "stream.toml"
+        overrides.write_text(STREAM_LIMITS + self.more_overrides)
+        self.env = {**os.environ, "LAKEHOUSE_ROOT": str(self.root), "KAFKA_BOOTSTRAP_SERVERS": self.bootstrap,
+                    "LAKEHOUSE_RUN_DIR": str(self.home / "run"),
+                    "LAKEHOUSE_HUDI_OVERRIDES": os.pathsep.join([os.environ["LAKEHOUSE_HUDI_OVERRIDES"],
+                                                                 str(overrides)])}
+
+    @property
+    def root(self) -> Path:
+        return self.home / "lake"
+
+    @property
+    def log_path(self) -> Path:
+        return self.home / "run" / "bronze-stream" / "stream.log"
+
+    def run(self, action: str, expect: str = "") -> str:
+        done = subprocess.run([sys.executable, "-m", "pipelines.cli", "stream", action, "--trigger-seconds", "2"],
+                              env=self.env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0 and expect in done.stdout, f"stream {action}: {done.stdout}{done.stderr}"
+        return done.stdout.strip()
+
+    def pid(self) -> int | None:
+        with contextlib.suppress(FileNotFoundError):
+            return json.loads((self.home / "run" / "bronze-stream" / "stream.pid").read_text())["pid"]
+        return None
+
+    def batches_started(self) -> int:
+        return self.log_path.read_text(errors="replace").count(": started")
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[Supervised]:
+        """Started, and at the end stopped (its batch commits); killed if the test failed before."""
+        self.run("start", "stream started")
+        try:
+            yield self
+            self.run("stop", "stopped")
+        finally:
+            with contextlib.suppress(TypeError, ProcessLookupError):
+                os.killpg(self.pid(), signal.SIGKILL)  # type: ignore[arg-type]
+
+
+def _mid_batch(stream: Supervised, more: list[Message], bootstrap: str, sent: list[Message]) -> None:
+    """Produce `more` (at the broker's own listener) and return once the stream has started a batch after it."""
+    started = stream.batches_started()
+    produce(more, bootstrap)
+    sent.extend(more)
+    deadline = time.monotonic() + 120
+    while stream.batches_started() == started:
+        assert time.monotonic() < deadline, "no batch started: " + stream.log_path.read_text()[-2000:]
+        time.sleep(0.05)
+
+
+def _watch_status(stream: Supervised, seconds: float) -> list[str]:
+    """`lakehouse stream status` every second or so for `seconds`: what an operator saw meanwhile."""
+    seen, deadline = [], time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        seen.append(stream.run("status"))
+        time.sleep(max(0.0, min(1.0, deadline - time.monotonic())))
+    return seen
+
+
+def _assert_exact(spark, stream: Supervised, sent: list[Message]) -> None:
+    """Bronze equals the model, every malformed record is one dead letter, nothing is left in flight."""
+    expected, lsns = fold_with_lsn(sent)
+    assert_bronze_equals_model(spark, str(stream.root), expected, lsns)
+    letters = dead_letters(str(stream.root))
+    assert Counter(d["value"] for d in letters) == Counter(m.value for m in sent if is_malformed(m)), \
+        "every malformed record is a dead letter, exactly once"
+    assert not pending_instants(stream.root), "a commit was left in flight"
+
+
+def _restarts(stream: Supervised) -> int:
+    """Queries the stream started again itself after Kafka failed one."""
+    return len(re.findall(r"answers again after", stream.log_path.read_text(errors="replace")))
+
+
+def _report(fault: str, stream: Supervised, waited: list[str], recovered: float) -> None:
+    restarted = _restarts(stream)
+    print(f"\n{fault}: caught up {recovered:.1f} s after Kafka was back; query restarted in-process "
+          f"{restarted} time(s); status while away: {waited[len(waited) // 2] if waited else '-'}")
+
+
+def test_broker_killed_mid_batch_then_back_after_a_pause(spark, tmp_path) -> None:
+    broker = KafkaBroker(tmp_path / "kafka").start()
+    stream = Supervised(tmp_path, broker.bootstrap)
+    source = ShopSource(23)
+    sent = source.snapshot(WorkloadConfig(seed=23, customers=40, orders=100)) + \
+        source.changes(WorkloadConfig(seed=23, changes=300, malformed_fraction=0.02))
+    try:
+        ensure_topics(broker.bootstrap)
+        produce(sent, broker.bootstrap)
+        with stream.running():
+            wait_caught_up(str(stream.root), fold_with_lsn(sent)[0], stream.log_path)
+            _mid_batch(stream, source.changes(WorkloadConfig(seed=24, changes=600, replay_runs=1,
+                                                             malformed_fraction=0.02)), broker.bootstrap, sent)
+            broker.kill()
+            statuses = _watch_status(stream, PAUSE)
+            broker.start()
+            back = time.monotonic()
+            waiting = [s for s in statuses if f"waiting for Kafka at {broker.bootstrap} since" in s]
+            assert waiting, "stream status never said it waited for Kafka:\n" + "\n".join(statuses)
+            wait_caught_up(str(stream.root), fold_with_lsn(sent)[0], stream.log_path)
+            recovered = time.monotonic() - back
+            # The stream goes on after the fault: new changes arrive in bronze, status is plain healthy.
+            more = source.changes(WorkloadConfig(seed=25, changes=200, malformed_fraction=0.02))
+            produce(more, broker.bootstrap)
+            sent += more
+            wait_caught_up(str(stream.root), fold_with_lsn(sent)[0], stream.log_path)
+            assert "waiting for" not in stream.run("status", "healthy")
+        _report(f"broker SIGKILLed, back after {PAUSE:.0f} s", stream, waiting, recovered)
+    finally:
+        broker.stop()
+    _assert_exact(spark, stream, sent)
+
+
+@pytest.fixture
+def proxied(tmp_path: Path) -> Iterator[tuple[KafkaBroker, Proxy]]:
+    """A broker reached through Toxiproxy: clients bootstrapped at `broker.proxied_bootstrap` stay on the proxy."""
+    toxiproxy = Toxiproxy(tmp_path / "toxiproxy").start()
+    broker = KafkaBroker(tmp_path / "kafka", proxy_port=free_port())
+    try:
+        broker.start()
+        yield broker, toxiproxy.client.create("kafka", broker.proxied_bootstrap, broker.proxied_upstream)
+    finally:
+        broker.stop()
+        toxiproxy.stop()
+
+
+def test_network_blackout_to_kafka(spark, tmp_path, proxied) -> None:
+    broker, proxy = proxied
+    stream = Supervised(tmp_path, broker.proxied_bootstrap, SHORT_KAFKA_TIMEOUTS)
+    source = ShopSource(29)
+    sent = source.snapshot(WorkloadConfig(seed=29, customers=40, orders=100)) + \
+        source.changes(WorkloadConfig(seed=29, changes=300, malformed_fraction=0.02))
+    ensure_topics(broker.bootstrap)
+    produce(sent, broker.bootstrap)
+    with stream.running():
+        wait_caught_up(str(stream.root), fold_with_lsn(sent)[0], stream.log_path)
+        _mid_batch(stream, source.changes(WorkloadConfig(seed=30, changes=600, replay_runs=1,
+                                                         malformed_fraction=0.02)), broker.bootstrap, sent)
+        with proxy.blackout():
+            statuses = _watch_status(stream, BLACKOUT / 2)
+            # The source goes on writing to the broker, which only the stream cannot reach.
+            more = source.changes(WorkloadConfig(seed=31, changes=300, malformed_fraction=0.02))
+            produce(more, broker.bootstrap)
+            sent += more
+            statuses += _watch_status(stream, BLACKOUT / 2)
+        back = time.monotonic()
+        waiting = [s for s in statuses if f"waiting for Kafka at {broker.proxied_bootstrap} since" in s]
+        assert waiting, "stream status never said it waited for Kafka:\n" + "\n".join(statuses)
+        wait_caught_up(str(stream.root), fold_with_lsn(sent)[0], stream.log_path)
+        recovered = time.monotonic() - back
+        assert "waiting for" not in stream.run("status", "healthy")
+        assert _restarts(stream), "the outage did not fail the query: " + stream.log_path.read_text()[-3000:]
+        assert "query failed while Kafka" in stream.log_path.read_text()
+    _report(f"{BLACKOUT:.0f} s network blackout", stream, waiting, recovered)
+    _assert_exact(spark, stream, sent)
