@@ -122,7 +122,8 @@ DEMO_SHOWN  := gold/customer_ltv gold/daily_revenue
 DEMO_ENV := LAKEHOUSE_ROOT=$(CURDIR)/$(DEMO)/lake LAKEHOUSE_SOURCE_STATE=$(CURDIR)/$(DEMO)/shop_state.json \
             LAKEHOUSE_ERASURE_KEY_FILE=$(CURDIR)/$(DEMO)/erasure.key LAKEHOUSE_LOG_DIR=$(CURDIR)/$(DEMO)/logs \
             KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:$(DEMO_PORT) LAKEHOUSE_METASTORE_URI=thrift://127.0.0.1:$(DEMO_METASTORE_PORT) \
-            LAKEHOUSE_SOURCE_DSN=postgresql://postgres@127.0.0.1:$(DEMO_PG_PORT)/shop
+            LAKEHOUSE_SOURCE_DSN=postgresql://postgres@127.0.0.1:$(DEMO_PG_PORT)/shop \
+            LAKEHOUSE_PUSHGATEWAY=127.0.0.1:$(DEMO_PUSHGATEWAY_PORT)
 demo: setup  ## End to end on the embedded local default: Kafka, the real source (PostgreSQL + Debezium) or the generator, a Hive Metastore, ingest, etl (silver, gold), stats, gold samples, quality, an erasure, SQL by name and time travel, Prometheus' record of freshness and lag
 	@rm -rf $(DEMO) && mkdir -p $(DEMO)
 	@src=$(or $(DEMO_SOURCE),$$([ -x $(PG_BIN)/initdb ] && echo postgres || echo generator)); \

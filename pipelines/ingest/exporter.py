@@ -72,6 +72,9 @@ class StreamExporter:
         self.commits = self._counter(m.COMMITS)
         self.phases = Histogram(m.BATCH_DURATION.name, m.BATCH_DURATION.help, m.BATCH_DURATION.labels,
                                 registry=self.registry, buckets=PHASE_BUCKETS)
+        # The whole batch's series from the start, at 0: the first batch counts as an increase (Prometheus'
+        # increase() ignores whatever a series' first sample already holds).
+        self.phases.labels(TOTAL_PHASE)
         self.freshness = self._gauge(m.TABLE_FRESHNESS)
         self.target = self._gauge(m.TABLE_FRESHNESS_TARGET)
         self.lag = self._gauge(m.KAFKA_LAG)
