@@ -99,7 +99,7 @@ def ingest(once: bool, trigger_seconds: float, max_offsets_per_trigger: int | No
         click.echo(f"ingest stopped after {time.monotonic() - started:.0f} s", err=True)
         return
     except Exception as exc:  # the stream's failure, already logged by Spark: name it and exit 1
-        raise click.ClickException(f"ingest failed: {console.first_line(exc)}{console.see_log()}") from exc
+        raise click.ClickException(console.failure("ingest", exc)) from exc
     if once:
         click.echo(f"ingest: caught up with {brokers} in {time.monotonic() - started:.1f} s")
 
@@ -113,7 +113,7 @@ def etl() -> None:
     try:
         report = run_etl()
     except Exception as exc:  # Spark/Hudi failures: name them and exit 1
-        raise click.ClickException(f"etl failed: {console.first_line(exc)}{console.see_log()}") from exc
+        raise click.ClickException(console.failure("etl", exc)) from exc
     changed = [table for table, counts in report.items() if counts]
     click.echo(f"etl: {len(changed)} of {len(report)} tables changed in {time.monotonic() - started:.1f} s"
                + (f" ({', '.join(changed)})" if changed else ""))
@@ -165,7 +165,7 @@ def services(tables: tuple[str, ...], only: tuple[str, ...]) -> None:
     except ValueError as exc:
         raise click.ClickException(str(exc)) from exc
     except Exception as exc:  # Spark/Hudi failures: name them and exit 1
-        raise click.ClickException(f"services failed: {console.first_line(exc)}{console.see_log()}") from exc
+        raise click.ClickException(console.failure("services", exc)) from exc
     for table, done in report.items():
         click.echo(json.dumps({"table": table, **done}, default=str))
     if failed := [table for table, done in report.items() if "failed" in done]:

@@ -18,7 +18,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
@@ -176,3 +178,102 @@ def first_line(exc: BaseException) -> str:
     the rest (a JVM's stack) going to the log file."""
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+# What the JVM (java.io.IOException, wrapped by Hadoop's FSError and by py4j) and Python (OSError) say
+# when a write finds its file system full.
+NO_SPACE = ("No space left on device", "ENOSPC")
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """`exc` and every exception behind it: Python's causes and contexts (an error raised while the first
+    was handled, such as a heartbeat that could not be written as the stream stopped), and PySpark's `cause`."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        current = todo.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        yield current
+        more = getattr(current, "cause", None)
+        todo += [current.__cause__, current.__context__, more if isinstance(more, BaseException) else None]
+
+
+def _texts(exc: BaseException) -> Iterator[str]:
+    """What an exception says, the JVM's stack traces included: a Hudi write's ENOSPC is a `Caused by:` line
+    deep in them (HoodieUpsertException <- FSError <- IOException), never the first line."""
+    for e in _chain(exc):
+        yield from (a for a in e.args if isinstance(a, str))
+        for attribute in ("desc", "stackTrace"):  # PySpark's CapturedException (StreamingQueryException, ...)
+            if isinstance(text := getattr(e, attribute, None), str):
+                yield text
+        if type(e).__name__ == "Py4JJavaError":  # its text is the Java stack trace, fetched from the JVM
+            with contextlib.suppress(Exception):
+                yield str(e)
+
+
+def out_of_space(exc: BaseException) -> bool:
+    """True when `exc`, or an error behind it, is a write that found its file system full (ENOSPC)."""
+    import errno
+
+    return any(isinstance(e, OSError) and e.errno == errno.ENOSPC for e in _chain(exc)) or \
+        any(marker in text for text in _texts(exc) for marker in NO_SPACE)
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    raise AssertionError("unreachable")
+
+
+def _mount_point(path: Path) -> Path:
+    while not os.path.ismount(path) and path != path.parent:
+        path = path.parent
+    return path
+
+
+def disks(root: str) -> list[str]:
+    """The local file systems a job writes to, each named with its free space: the lake's (unless it is on an
+    object store), then Spark's scratch space (shuffle and cache spills) when that is another file system."""
+    from pipelines import storage
+
+    places = [] if storage.is_remote(root) else [("the lake", root.removeprefix("file://").removeprefix("file:"))]
+    scratch = (os.environ.get("SPARK_LOCAL_DIRS") or "").split(",")[0] or tempfile.gettempdir()
+    places.append(("Spark's scratch space", scratch))
+    found, devices = [], set()
+    for what, where in places:
+        path = Path(where).absolute()
+        while not path.exists() and path != path.parent:  # a lake not created yet: the folder it would be in
+            path = path.parent
+        if (device := path.stat().st_dev) in devices:
+            continue
+        devices.add(device)
+        usage = shutil.disk_usage(path)
+        found.append(f"{what} {where} is on {_mount_point(path)}, {_size(usage.free)} free of {_size(usage.total)}")
+    return found
+
+
+def failure(command: str, exc: BaseException) -> str:
+    """The one line a command that failed prints (`<command> failed: ...`); the whole exception goes to the log file.
+
+    A full disk gets its own line: the JVM's ENOSPC reaches the console as a Spark or Hudi error
+    whose first line says nothing of space ("Error upserting bucketType UPDATE", a streaming query
+    "terminated with exception"), or as the last of several errors, so the operator would dig
+    through the log to learn that a disk is full and which one. The line names the lake's path, the
+    file system it is on and its free space, and what to do.
+    """
+    logging.getLogger("lakehouse.failure").error("%s failed", command, exc_info=exc)  # the log file only
+    if not out_of_space(exc):
+        return f"{command} failed: {first_line(exc)}{see_log()}"
+    from pipelines.settings import lake_root
+
+    try:
+        where = "; ".join(disks(lake_root()))
+    except OSError as err:  # the folders gone meanwhile: still say what happened
+        where = f"(free space unknown: {err})"
+    return (f"{command} failed: no space left on device (ENOSPC), a disk is full: {where}. Free space there (or "
+            f"point LAKEHOUSE_ROOT at a larger disk) and run `lakehouse {command}` again: the commit the full disk "
+            f"cut short is rolled back and made again, nothing is lost or applied twice{see_log()}")
