@@ -235,14 +235,20 @@ def _mount_point(path: Path) -> Path:
     return path
 
 
-def disks(root: str) -> list[str]:
-    """The local file systems a job writes to, each named with its free space: the lake's (unless it is on an
-    object store), then Spark's scratch space (shuffle and cache spills) when that is another file system."""
+# A file system with less free than this share of its size counts as the full one (a failed write may
+# have freed the few blocks it had taken by the time the message is made).
+FULL_SHARE = 0.05
+
+
+def disks(root: str) -> list[tuple[str, str, Path, int, int]]:
+    """The local file systems a job writes to, as (what, path, mount point, free bytes, size): the lake's
+    (unless it is on an object store), then Spark's scratch space (shuffle and cache spills) when that is
+    another file system."""
     from pipelines import storage
 
     places = [] if storage.is_remote(root) else [("the lake", root.removeprefix("file://").removeprefix("file:"))]
-    scratch = (os.environ.get("SPARK_LOCAL_DIRS") or "").split(",")[0] or tempfile.gettempdir()
-    places.append(("Spark's scratch space", scratch))
+    places.append(("Spark's scratch space",
+                   (os.environ.get("SPARK_LOCAL_DIRS") or "").split(",")[0] or tempfile.gettempdir()))
     found, devices = [], set()
     for what, where in places:
         path = Path(where).absolute()
@@ -252,8 +258,25 @@ def disks(root: str) -> list[str]:
             continue
         devices.add(device)
         usage = shutil.disk_usage(path)
-        found.append(f"{what} {where} is on {_mount_point(path)}, {_size(usage.free)} free of {_size(usage.total)}")
+        found.append((what, where, _mount_point(path), usage.free, usage.total))
     return found
+
+
+def _no_space(command: str, root: str) -> str:
+    """`failure`'s line for a full disk: which one (the lake's, Spark's scratch space), its free space, what to do."""
+    try:
+        found = disks(root)
+    except OSError as err:  # the folders gone meanwhile: still say what happened
+        return f"{command} failed: no space left on device (ENOSPC) under the lake {root} (free space unknown: {err})"
+    full = [d for d in found if d[3] < FULL_SHARE * d[4]] or found  # none full any more: name them all
+    named = "; ".join(f"{what} {where} is on {mount}, {_size(free)} free of {_size(total)}"
+                      for what, where, mount, free, total in full)
+    move = " or ".join(f"point {variable} at a larger disk" for what, variable in
+                       (("the lake", "LAKEHOUSE_ROOT"), ("Spark's scratch space", "SPARK_LOCAL_DIRS"))
+                       if any(d[0] == what for d in full))
+    return (f"{command} failed: no space left on device (ENOSPC): {named}. Free space there (or {move}) and run "
+            f"`lakehouse {command}` again: the commit the full disk cut short is rolled back and made again, "
+            f"nothing is lost or applied twice")
 
 
 def failure(command: str, exc: BaseException) -> str:
@@ -261,19 +284,13 @@ def failure(command: str, exc: BaseException) -> str:
 
     A full disk gets its own line: the JVM's ENOSPC reaches the console as a Spark or Hudi error
     whose first line says nothing of space ("Error upserting bucketType UPDATE", a streaming query
-    "terminated with exception"), or as the last of several errors, so the operator would dig
-    through the log to learn that a disk is full and which one. The line names the lake's path, the
-    file system it is on and its free space, and what to do.
+    "terminated with exception"), so the operator would dig through the log to learn that a disk
+    is full and which one. The line names the full file system (the lake's path, or Spark's
+    scratch space), its free space, and what to do.
     """
     logging.getLogger("lakehouse.failure").error("%s failed", command, exc_info=exc)  # the log file only
     if not out_of_space(exc):
         return f"{command} failed: {first_line(exc)}{see_log()}"
     from pipelines.settings import lake_root
 
-    try:
-        where = "; ".join(disks(lake_root()))
-    except OSError as err:  # the folders gone meanwhile: still say what happened
-        where = f"(free space unknown: {err})"
-    return (f"{command} failed: no space left on device (ENOSPC), a disk is full: {where}. Free space there (or "
-            f"point LAKEHOUSE_ROOT at a larger disk) and run `lakehouse {command}` again: the commit the full disk "
-            f"cut short is rolled back and made again, nothing is lost or applied twice{see_log()}")
+    return _no_space(command, lake_root()) + see_log()

@@ -71,13 +71,14 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import time
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 import hudi_configs
-from pipelines import storage
+from pipelines import console, storage
 from pipelines.declaration import DeclarationError, current, declared, pinned
 from pipelines.ingest.compactor import Compactor, compactions_run_here
 from pipelines.ingest.exporter import StreamExporter
@@ -192,7 +193,25 @@ def _run_ingest(once: bool, root: str, bootstrap: str, trigger_seconds: float, m
                 # one that failed only waits for the compaction in progress.
                 compactor.close(drain=stopped)
         finally:
-            lease.release()
+            _release(lease)
+
+
+def _release(lease: StreamLease) -> None:
+    """`lease.release()`, which must not hide the stream's own failure behind its own.
+
+    On a full disk (ENOSPC) the stream fails, and then its heartbeat cannot be rewritten as
+    stopped either: raised from the `finally` that releases, that second error replaced the first
+    (the operator read of a heartbeat file, not of the commit the disk cut short). While an error
+    propagates, a failed release is logged instead; the heartbeat left saying `running` names a
+    process that is gone, which the next stream judges dead and takes over (`stream.judge`).
+    """
+    failing = sys.exc_info()[1]  # called from a `finally`: the error propagating through it, if any
+    try:
+        lease.release()
+    except Exception as exc:
+        if failing is None:
+            raise
+        log.warning("the stream's heartbeat could not be marked stopped: %s", console.first_line(exc))
 
 
 def _run_query(spark: SparkSession, root: str, bootstrap: str, once: bool, trigger_seconds: float,
