@@ -50,7 +50,7 @@ def small_disk(where: Path) -> Iterator[Path]:
         pytest.skip("no `mount` command: the lake's small disk cannot be made")
     if done.returncode != 0:
         pytest.skip(f"mounting a tmpfs for the lake's disk was refused (needs root or CAP_SYS_ADMIN): "
-                    f"{done.stderr.strip() or f'exit {done.returncode}'}")
+                    f"{(done.stderr.strip() or f'exit {done.returncode}').splitlines()[0]}")
     try:
         yield where
     finally:
@@ -115,7 +115,7 @@ def test_a_full_disk_inside_a_commit_is_named_and_the_next_run_is_exact(spark, l
     with small_disk(tmp_path / "disk") as disk:
         root = disk / "lake"
         shutil.copytree(lake.root, root)
-        lake.produce(lake.source.changes(WorkloadConfig(seed=53, changes=300, malformed_fraction=0.02,
+        lake.produce(lake.source.changes(WorkloadConfig(seed=53, changes=150, malformed_fraction=0.02,
                                                         replay_runs=1)))
         log_file = tmp_path / "ingest.log"
         env = {**os.environ, "LAKEHOUSE_ROOT": str(root), "KAFKA_BOOTSTRAP_SERVERS": lake.bootstrap,
