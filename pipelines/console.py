@@ -16,6 +16,7 @@ stderr is a terminal: in a pipe, a file or a task log they are noise.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import shutil
@@ -215,18 +216,20 @@ def _texts(exc: BaseException) -> Iterator[str]:
 
 def out_of_space(exc: BaseException) -> bool:
     """True when `exc`, or an error behind it, is a write that found its file system full (ENOSPC)."""
-    import errno
-
     return any(isinstance(e, OSError) and e.errno == errno.ENOSPC for e in _chain(exc)) or \
         any(marker in text for text in _texts(exc) for marker in NO_SPACE)
 
 
 def _size(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
-    raise AssertionError("unreachable")
+    """`n` bytes as people read it: `0 B`, `96.0 MiB`, `42.0 GiB`."""
+    if n < 1024:
+        return f"{n} B"
+    size, unit = n / 1024, "KiB"
+    for bigger in ("MiB", "GiB", "TiB"):
+        if size < 1024:
+            break
+        size, unit = size / 1024, bigger
+    return f"{size:.1f} {unit}"
 
 
 def _mount_point(path: Path) -> Path:
