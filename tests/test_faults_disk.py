@@ -35,7 +35,7 @@ from tests.model import fold_with_lsn, is_malformed
 
 pytestmark = pytest.mark.slow
 
-# The shared lake is a few MB; the disk leaves room for the new changes' commits, which the ballast then takes.
+# The shared lake is about 25 MB; the disk leaves room for the new changes' commits, which the ballast then takes.
 DISK_MB = 96
 
 
