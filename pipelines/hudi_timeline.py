@@ -341,7 +341,7 @@ def repair_torn_timeline(path: str) -> None:
     fails. Filled while a bronze batch completed its commits, a tmpfs under the lake was left with
     an empty completed delta commit of a main table, a cut completed commit of a change log and a
     cut metadata-table delta commit (2026-11-29, issue 53); this repair stepped all three back and
-    the next run was whole.
+    the next run applied the batch again (an experiment, not a test: where the disk fills is a race).
     """
     if storage.is_remote(path):
         return
