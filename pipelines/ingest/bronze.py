@@ -71,7 +71,6 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 import time
 
 from pyspark.sql import DataFrame, SparkSession
@@ -186,6 +185,11 @@ def _run_ingest(once: bool, root: str, bootstrap: str, trigger_seconds: float, m
                         ", ".join(sorted(current().topics())))
             storage.remove_tree(ingest_checkpoint_path(root))
             stopped = False
+    except BaseException as exc:
+        failed: BaseException | None = exc
+        raise
+    else:
+        failed = None
     finally:
         try:
             if compactor is not None:
@@ -193,23 +197,22 @@ def _run_ingest(once: bool, root: str, bootstrap: str, trigger_seconds: float, m
                 # one that failed only waits for the compaction in progress.
                 compactor.close(drain=stopped)
         finally:
-            _release(lease)
+            _release(lease, failed)
 
 
-def _release(lease: StreamLease) -> None:
+def _release(lease: StreamLease, failed: BaseException | None) -> None:
     """`lease.release()`, which must not hide the stream's own failure behind its own.
 
     On a full disk (ENOSPC) the stream fails, and then its heartbeat cannot be rewritten as
     stopped either: raised from the `finally` that releases, that second error replaced the first
     (the operator read of a heartbeat file, not of the commit the disk cut short). While an error
-    propagates, a failed release is logged instead; the heartbeat left saying `running` names a
-    process that is gone, which the next stream judges dead and takes over (`stream.judge`).
+    propagates (`failed`), a failed release is logged instead; the heartbeat left saying `running`
+    names a process that is gone, which the next stream judges dead and takes over (`stream.judge`).
     """
-    failing = sys.exc_info()[1]  # called from a `finally`: the error propagating through it, if any
     try:
         lease.release()
     except Exception as exc:
-        if failing is None:
+        if failed is None:
             raise
         log.warning("the stream's heartbeat could not be marked stopped: %s", console.first_line(exc))
 
