@@ -103,7 +103,7 @@ def ingest(once: bool, trigger_seconds: float, max_offsets_per_trigger: int | No
         click.echo(f"ingest stopped after {time.monotonic() - started:.0f} s", err=True)
         return
     except Exception as exc:  # the stream's failure, already logged by Spark: name it and exit 1
-        raise click.ClickException(f"ingest failed: {console.first_line(exc)}{console.see_log()}") from exc
+        raise click.ClickException(console.failure("ingest", exc)) from exc
     if once:
         click.echo(f"ingest: caught up with {brokers} in {time.monotonic() - started:.1f} s")
 
@@ -124,7 +124,7 @@ def etl() -> None:
         report = run_etl(root=root)
     except Exception as exc:  # Spark/Hudi failures: name them and exit 1
         run.push(succeeded=False)
-        raise click.ClickException(f"etl failed: {console.first_line(exc)}{console.see_log()}") from exc
+        raise click.ClickException(console.failure("etl", exc)) from exc
     job_metrics.etl(run, report, outputs, before)
     run.push()
     changed = [table for table, counts in report.items() if counts]
@@ -184,7 +184,7 @@ def services(tables: tuple[str, ...], only: tuple[str, ...]) -> None:
         raise click.ClickException(str(exc)) from exc
     except Exception as exc:  # Spark/Hudi failures: name them and exit 1
         run.push(succeeded=False)
-        raise click.ClickException(f"services failed: {console.first_line(exc)}{console.see_log()}") from exc
+        raise click.ClickException(console.failure("services", exc)) from exc
     job_metrics.services(run, report, timings)
     run.push(succeeded=not any("failed" in done for done in report.values()))
     for table, done in report.items():

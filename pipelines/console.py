@@ -16,9 +16,12 @@ stderr is a terminal: in a pipe, a file or a task log they are noise.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
+import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
@@ -176,3 +179,121 @@ def first_line(exc: BaseException) -> str:
     the rest (a JVM's stack) going to the log file."""
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+# What the JVM (java.io.IOException, wrapped by Hadoop's FSError and by py4j) and Python (OSError) say
+# when a write finds its file system full.
+NO_SPACE = ("No space left on device", "ENOSPC")
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """`exc` and every exception behind it: Python's causes and contexts (an error raised while the first
+    was handled, such as a heartbeat that could not be written as the stream stopped), and PySpark's `cause`."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        current = todo.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        yield current
+        more = getattr(current, "cause", None)
+        todo += [current.__cause__, current.__context__, more if isinstance(more, BaseException) else None]
+
+
+def _texts(exc: BaseException) -> Iterator[str]:
+    """What an exception says, the JVM's stack traces included: a Hudi write's ENOSPC is a `Caused by:` line
+    deep in them (HoodieUpsertException <- FSError <- IOException), never the first line."""
+    for e in _chain(exc):
+        yield from (a for a in e.args if isinstance(a, str))
+        for attribute in ("desc", "stackTrace"):  # PySpark's CapturedException (StreamingQueryException, ...)
+            if isinstance(text := getattr(e, attribute, None), str):
+                yield text
+        if type(e).__name__ == "Py4JJavaError":  # its text is the Java stack trace, fetched from the JVM
+            with contextlib.suppress(Exception):
+                yield str(e)
+
+
+def out_of_space(exc: BaseException) -> bool:
+    """True when `exc`, or an error behind it, is a write that found its file system full (ENOSPC)."""
+    return any(isinstance(e, OSError) and e.errno == errno.ENOSPC for e in _chain(exc)) or \
+        any(marker in text for text in _texts(exc) for marker in NO_SPACE)
+
+
+def _size(n: int) -> str:
+    """`n` bytes as people read it: `0 B`, `96.0 MiB`, `42.0 GiB`."""
+    if n < 1024:
+        return f"{n} B"
+    size, unit = n / 1024, "KiB"
+    for bigger in ("MiB", "GiB", "TiB"):
+        if size < 1024:
+            break
+        size, unit = size / 1024, bigger
+    return f"{size:.1f} {unit}"
+
+
+def _mount_point(path: Path) -> Path:
+    while not os.path.ismount(path) and path != path.parent:
+        path = path.parent
+    return path
+
+
+# A file system with less free than this share of its size counts as the full one (a failed write may
+# have freed the few blocks it had taken by the time the message is made).
+FULL_SHARE = 0.05
+
+
+def disks(root: str) -> list[tuple[str, str, Path, int, int]]:
+    """The local file systems a job writes to, as (what, path, mount point, free bytes, size): the lake's
+    (unless it is on an object store), then Spark's scratch space (shuffle and cache spills) when that is
+    another file system."""
+    from pipelines import storage
+
+    places = [] if storage.is_remote(root) else [("the lake", root.removeprefix("file://").removeprefix("file:"))]
+    places.append(("Spark's scratch space",
+                   (os.environ.get("SPARK_LOCAL_DIRS") or "").split(",")[0] or tempfile.gettempdir()))
+    found, devices = [], set()
+    for what, where in places:
+        path = Path(where).absolute()
+        while not path.exists() and path != path.parent:  # a lake not created yet: the folder it would be in
+            path = path.parent
+        if (device := path.stat().st_dev) in devices:
+            continue
+        devices.add(device)
+        usage = shutil.disk_usage(path)
+        found.append((what, where, _mount_point(path), usage.free, usage.total))
+    return found
+
+
+def _no_space(command: str, root: str) -> str:
+    """`failure`'s line for a full disk: which one (the lake's, Spark's scratch space), its free space, what to do."""
+    try:
+        found = disks(root)
+    except OSError as err:  # the folders gone meanwhile: still say what happened
+        return f"{command} failed: no space left on device (ENOSPC) under the lake {root} (free space unknown: {err})"
+    full = [d for d in found if d[3] < FULL_SHARE * d[4]] or found  # none full any more: name them all
+    named = "; ".join(f"{what} {where} is on {mount}, {_size(free)} free of {_size(total)}"
+                      for what, where, mount, free, total in full)
+    move = " or ".join(f"point {variable} at a larger disk" for what, variable in
+                       (("the lake", "LAKEHOUSE_ROOT"), ("Spark's scratch space", "SPARK_LOCAL_DIRS"))
+                       if any(d[0] == what for d in full))
+    return (f"{command} failed: no space left on device (ENOSPC): {named}. Free space there (or {move}) and run "
+            f"`lakehouse {command}` again: the commit the full disk cut short is rolled back and made again, "
+            f"nothing is lost or applied twice")
+
+
+def failure(command: str, exc: BaseException) -> str:
+    """The one line a command that failed prints (`<command> failed: ...`); the whole exception goes to the log file.
+
+    A full disk gets its own line: the JVM's ENOSPC reaches the console as a Spark or Hudi error
+    whose first line says nothing of space ("Error upserting bucketType UPDATE", a streaming query
+    "terminated with exception"), so the operator would dig through the log to learn that a disk
+    is full and which one. The line names the full file system (the lake's path, or Spark's
+    scratch space), its free space, and what to do.
+    """
+    logging.getLogger("lakehouse.failure").error("%s failed", command, exc_info=exc)  # the log file only
+    if not out_of_space(exc):
+        return f"{command} failed: {first_line(exc)}{see_log()}"
+    from pipelines.settings import lake_root
+
+    return _no_space(command, lake_root()) + see_log()

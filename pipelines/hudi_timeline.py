@@ -336,6 +336,12 @@ def repair_torn_timeline(path: str) -> None:
     and the next write rolls it back (its data files and its metadata-table commit), and the
     batch it held, which no commit covers any more, is applied again; an inflight service or
     rollback is requested and runs again from its plan; a cut plan is gone and is planned again.
+
+    A full disk (ENOSPC) cuts these files the same way: Hudi creates the file, then its write
+    fails. Filled while a bronze batch completed its commits, a tmpfs under the lake was left with
+    an empty completed delta commit of a main table, a cut completed commit of a change log and a
+    cut metadata-table delta commit (2026-11-29, issue 53); this repair stepped all three back and
+    the next run applied the batch again (an experiment, not a test: where the disk fills is a race).
     """
     if storage.is_remote(path):
         return
@@ -350,6 +356,6 @@ def repair_torn_timeline(path: str) -> None:
             continue
         time.sleep(2)  # a live writer (table services, another job) finishes such a file within milliseconds
         for file in _torn_files(timeline):
-            log.warning("%s: cut short by a crash; removed, its instant steps back a state", file)
+            log.warning("%s: cut short (a crash, or a full disk); removed, its instant steps back a state", file)
             file.unlink(missing_ok=True)
             file.with_name(f".{file.name}.crc").unlink(missing_ok=True)

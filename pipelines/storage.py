@@ -75,15 +75,24 @@ def read_text(uri: str) -> str:
 def write_bytes(uri: str, data: bytes) -> None:
     """Write a whole file: readers see the old one or this one, never a part.
 
-    A new object on a store is that already; a local file is written aside, then renamed.
+    A new object on a store is that already; a local file is written aside, then renamed (and the part
+    written aside removed when the write fails: a full disk leaves the old file, whole, and nothing else).
     """
     fs, path = filesystem(uri)
     fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
     target = path
     if isinstance(fs, pafs.LocalFileSystem):
         path = f"{target}.{os.getpid()}.tmp"
-    with fs.open_output_stream(path) as stream:
-        stream.write(data)
+    try:
+        with fs.open_output_stream(path) as stream:
+            stream.write(data)
+    except OSError:
+        # A full disk (ENOSPC) cuts the write: the part written aside goes, or every failed heartbeat of
+        # a stream on a full disk would leave a file nothing removes, holding the space back.
+        if path != target:
+            with contextlib.suppress(OSError):
+                fs.delete_file(path)
+        raise
     if path != target:
         fs.move(path, target)
 

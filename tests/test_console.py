@@ -67,3 +67,22 @@ def test_verbose_puts_everything_on_the_console(log_dir: Path, capfd: pytest.Cap
         assert line in err, (line, err)
     assert list(log_dir.iterdir()) == []
 
+
+
+def test_a_full_disk_is_named_wherever_the_error_chain_holds_it(tmp_path: Path, monkeypatch) -> None:
+    """py4j's ENOSPC is a `Caused by:` line deep in a Java stack trace, and the error a command ends with may be
+    a later one (a heartbeat that could not be written either): the line names the disk all the same."""
+    monkeypatch.setenv("LAKEHOUSE_ROOT", str(tmp_path / "lake"))
+    java = ("An error occurred while calling o77.save.\n: org.apache.hudi.exception.HoodieUpsertException: Error "
+            "upserting bucketType UPDATE for partition :0\n\tat ...\nCaused by: org.apache.hadoop.fs.FSError: "
+            "java.io.IOException: No space left on device")
+    try:
+        try:
+            raise RuntimeError(java)
+        except RuntimeError:
+            raise OSError("the heartbeat could not be written")  # noqa: B904 (the context is the point)
+    except OSError as exc:
+        line = console.failure("ingest", exc)
+    assert line.startswith("ingest failed: no space left on device (ENOSPC): the lake "), line
+    assert f"{tmp_path / 'lake'} is on " in line and " free of " in line and "`lakehouse ingest` again" in line
+    assert console.failure("etl", ValueError("bad input\nthe rest")) == "etl failed: bad input"

@@ -79,7 +79,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 import hudi_configs
-from pipelines import metric_names, pushgateway, storage
+from pipelines import console, metric_names, pushgateway, storage
 from pipelines.declaration import DeclarationError, current, declared, pinned
 from pipelines.ingest.compactor import Compactor, compactions_run_here
 from pipelines.ingest.exporter import StreamExporter, spark_metrics_conf
@@ -233,6 +233,11 @@ def _run_ingest(once: bool, root: str, bootstrap: str, trigger_seconds: float, m
                         ", ".join(sorted(current().topics())))
             storage.remove_tree(ingest_checkpoint_path(root))
             stopped = False
+    except BaseException as exc:
+        failed: BaseException | None = exc
+        raise
+    else:
+        failed = None
     finally:
         try:
             if compactor is not None:
@@ -240,7 +245,24 @@ def _run_ingest(once: bool, root: str, bootstrap: str, trigger_seconds: float, m
                 # one that failed only waits for the compaction in progress.
                 compactor.close(drain=stopped)
         finally:
-            lease.release()
+            _release(lease, failed)
+
+
+def _release(lease: StreamLease, failed: BaseException | None) -> None:
+    """`lease.release()`, which must not hide the stream's own failure behind its own.
+
+    On a full disk (ENOSPC) the stream fails, and then its heartbeat cannot be rewritten as
+    stopped either: raised from the `finally` that releases, that second error replaced the first
+    (the operator read of a heartbeat file, not of the commit the disk cut short). While an error
+    propagates (`failed`), a failed release is logged instead; the heartbeat left saying `running`
+    names a process that is gone, which the next stream judges dead and takes over (`stream.judge`).
+    """
+    try:
+        lease.release()
+    except Exception as exc:
+        if failed is None:
+            raise
+        log.warning("the stream's heartbeat could not be marked stopped: %s", console.first_line(exc))
 
 
 def _wait_for_kafka(lease: StreamLease, bootstrap: str, kafka: KafkaWait, why: str | None,
