@@ -2,52 +2,25 @@
 
 The webhook is an HTTP server of the test's own on 127.0.0.1, reached through the Airflow connection
 `lakehouse_alerts`, as a chat's or pager's would be. The late notice needs the scheduler and the triggerer
-(Deadline Alerts): tests/dags/test_ui_browser.py sees it on the standalone Airflow it starts.
+(Deadline Alerts): tests/dags/test_ui_browser.py sees it on the standalone Airflow it starts, and the
+dag-processor's failure callback there too.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from conftest import DAGS
-
-
-class Webhook:
-    """What a webhook received: one JSON body per POST."""
-
-    def __init__(self) -> None:
-        self.received: list[dict] = []
-        self.arrived = threading.Event()
+from conftest import DAGS, Webhook, webhook_server
 
 
 @pytest.fixture
-def webhook() -> Iterator[tuple[Webhook, str]]:
-    hook = Webhook()
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            hook.received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-            self.send_response(200)
-            self.end_headers()
-            hook.arrived.set()
-
-        def log_message(self, *args) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield hook, f"http://127.0.0.1:{server.server_port}/hooks/lakehouse"
-    finally:
-        server.shutdown()
-        thread.join(10)
+def webhook() -> Iterator[Webhook]:
+    with webhook_server() as hook:
+        yield hook
 
 
 def _dag(dag_id: str):
@@ -69,13 +42,11 @@ def _failed_erasure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     return run
 
 
-def test_a_failed_run_notifies_the_webhook(webhook: tuple[Webhook, str], tmp_path: Path,
-                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    hook, url = webhook
-    monkeypatch.setenv("AIRFLOW_CONN_LAKEHOUSE_ALERTS", json.dumps({"conn_type": "http", "host": url}))
+def test_a_failed_run_notifies_the_webhook(webhook: Webhook, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIRFLOW_CONN_LAKEHOUSE_ALERTS", webhook.connection())
     run = _failed_erasure(tmp_path, monkeypatch)
-    assert hook.arrived.wait(30), "no notice reached the webhook"
-    (notice,) = hook.received
+    assert webhook.wait_for(lambda _: True, 30), "no notice reached the webhook"
+    (notice,) = webhook.received
     assert notice["event"] == "failed" and notice["state"] == "failed", notice
     assert (notice["dag_id"], notice["run_id"], notice["task_id"]) == ("gdpr_erasure", run.run_id,
                                                                        "validate_request"), notice
