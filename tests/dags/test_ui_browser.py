@@ -5,9 +5,10 @@ api-server, scheduler, dag-processor, triggerer) serves every flow of this modul
 minutes), on a copy of a bronze lake the real pipeline built (conftest's `built_lake`: Kafka, ingest, Hudi),
 with its own Kafka broker, so that the DAGs' tasks run the real CLI (spark-submit, Hudi) as in production.
 The browser does what an operator does: logs in, finds the DAGs, triggers the ETL from its page and waits
-in the UI for the run's success, opens the task's log and finds the job's summary line; fills the erasure
-form with a malformed reference and reads the refusal, then a request the DAG's own check refuses (the run
-fails, naming why), then a valid one, and reads its verified status from the erasure task's log.
+in the UI for the run's success, opens the task's log and finds the job's summary line; meanwhile (the refusals
+need no Spark) fills the erasure form with a malformed reference and reads the refusal, then a request the
+DAG's own check refuses (the run fails, naming why); after the ETL a valid request, and reads its verified
+status from the erasure task's log.
 
 The notices are seen arriving at a webhook of the test's (an HTTP server on 127.0.0.1, the connection
 `lakehouse_alerts`): the failed erasure run's, sent by the dag-processor's failure callback, and the ETL run's
@@ -199,13 +200,13 @@ def _wait_for_run(browser, url: str, dag_id: str, run_id: str, timeout: float) -
     deadline, state = time.monotonic() + timeout, None
     while time.monotonic() < deadline:
         browser.get(_run_page(url, dag_id, run_id))
-        time.sleep(3)
+        time.sleep(2)
         badges = browser.find_elements(
             By.XPATH, f"//h2[contains(normalize-space(.), '{run_id}')]/..//span[contains(@class, 'chakra-badge')]")
         state = badges[0].text.strip().lower() if badges else None
         if state in ("success", "failed"):
             return state
-        time.sleep(7)
+        time.sleep(3)
     raise AssertionError(f"{dag_id} run {run_id} still {state} after {timeout} s (screenshot "
                          f"{_shot(browser, 'run-' + dag_id)})")
 
@@ -262,11 +263,51 @@ def test_browser_logs_in_and_finds_the_dags(airflow_ui, browser) -> None:
                 raise AssertionError(f"DAGs not listed in the UI (screenshot {_shot(browser, 'dags')})") from None
 
 
-@pytest.mark.slow
-def test_etl_triggered_in_the_ui_runs_on_the_lake_and_logs_its_summary(airflow_ui, browser, webhook) -> None:
-    url, lake = airflow_ui.url, Path(airflow_ui.env["LAKEHOUSE_ROOT"])
-    run_id = _submit(browser, _open_trigger_form(browser, url, "lakehouse_incremental_etl"))
+@pytest.fixture(scope="module")
+def etl_run(airflow_ui, browser) -> str:
+    """The ETL triggered from its page (its Trigger button, the dialog's Trigger): the run's id, from the page the
+    UI opens. A fixture, so that the erasure form's refusals run while Spark works (they need no lake slot)."""
+    run_id = _submit(browser, _open_trigger_form(browser, airflow_ui.url, "lakehouse_incremental_etl"))
     assert run_id and run_id.startswith("manual__"), browser.current_url
+    return run_id
+
+
+def _customer(env: dict[str, str]) -> int:
+    """A customer of the source (the generator's state), in bronze since the lake was built."""
+    return json.loads(Path(env["LAKEHOUSE_SOURCE_STATE"]).read_text())["state"]["customers"][0]["id"]
+
+
+@pytest.mark.slow
+def test_erasure_form_refuses_bad_requests_with_the_reason(airflow_ui, browser, webhook, etl_run: str) -> None:
+    url, customer = airflow_ui.url, _customer(airflow_ui.env)
+
+    # The form's schema (the DAG's Params): a malformed reference is refused, with the reason, and no run starts.
+    dialog = _open_trigger_form(browser, url, "gdpr_erasure")
+    _fill_erasure_form(browser, dialog, customer, "REQ 7; rm -rf", "dpo@shop.example")
+    assert _submit(browser, dialog) is None, "a malformed reference started a run"
+    refusal = dialog.text
+    assert "Invalid input for param reference" in refusal and "does not match" in refusal, refusal
+
+    # Valid to the schema (any text names the requester), refused by the DAG's own check: the run fails at its
+    # first task, whose log names the reason, and the failure notice names the DAG, the run and the task.
+    dialog = _open_trigger_form(browser, url, "gdpr_erasure")
+    _fill_erasure_form(browser, dialog, customer, "REQ-UI-0", "O'Brien")
+    refused = _submit(browser, dialog)
+    assert refused, "the trigger was refused by the form"
+    assert _wait_for_run(browser, url, "gdpr_erasure", refused, timeout=300) == "failed"
+    reason = _task_log(browser, url, "gdpr_erasure", refused, "validate_request",
+                       lambda line: "invalid erasure request" in line)
+    assert "requested_by" in reason and "no quotes" in reason, reason
+    notice = webhook.wait_for(lambda n: n["event"] == "failed" and n["run_id"] == refused, 120)
+    assert notice, f"no failure notice of {refused}: {webhook.received}"
+    assert (notice["dag_id"], notice["task_id"]) == ("gdpr_erasure", "validate_request"), notice
+    assert "O'Brien" not in json.dumps(notice), "the notice repeats the run's conf"
+
+
+@pytest.mark.slow
+def test_etl_triggered_in_the_ui_runs_on_the_lake_and_logs_its_summary(airflow_ui, browser, webhook,
+                                                                        etl_run: str) -> None:
+    url, lake, run_id = airflow_ui.url, Path(airflow_ui.env["LAKEHOUSE_ROOT"]), etl_run
     assert _wait_for_run(browser, url, "lakehouse_incremental_etl", run_id, timeout=600) == "success"
 
     line = _task_log(browser, url, "lakehouse_incremental_etl", run_id, "etl", SUMMARY.search)
@@ -283,35 +324,13 @@ def test_etl_triggered_in_the_ui_runs_on_the_lake_and_logs_its_summary(airflow_u
 
 
 @pytest.mark.slow
-def test_erasure_form_refuses_bad_requests_and_erases_a_valid_one(airflow_ui, browser, webhook) -> None:
-    url, env = airflow_ui.url, airflow_ui.env
-    source = json.loads(Path(env["LAKEHOUSE_SOURCE_STATE"]).read_text())["state"]
-    customer = source["customers"][0]["id"]
-
-    # The form's schema (the DAG's Params): a malformed reference is refused, with the reason, and no run starts.
+def test_erasure_from_the_form_is_verified_in_the_task_log(airflow_ui, browser) -> None:
+    """After the ETL (the customer is in silver and gold too): a valid request, erased, and the erasure task's
+    log says it is verified (the job's summary, one JSON line; the DAG's XComs are deleted after it)."""
+    url = airflow_ui.url
     dialog = _open_trigger_form(browser, url, "gdpr_erasure")
-    _fill_erasure_form(browser, dialog, customer, "REQ 7; rm -rf", "dpo@shop.example")
-    assert _submit(browser, dialog) is None, "a malformed reference started a run"
-    refusal = dialog.text
-    assert "Invalid input for param reference" in refusal and "does not match" in refusal, refusal
-
-    # Valid to the schema (any text names the requester), refused by the DAG's own check: the run fails at its
-    # first task, whose log names the reason, and the failure notice names the DAG, the run and the task.
-    refused = _submit(browser, _fill(_open_trigger_form(browser, url, "gdpr_erasure"), browser, customer,
-                                     "REQ-UI-0", "O'Brien"))
-    assert refused, "the trigger was refused by the form"
-    assert _wait_for_run(browser, url, "gdpr_erasure", refused, timeout=300) == "failed"
-    reason = _task_log(browser, url, "gdpr_erasure", refused, "validate_request",
-                       lambda line: "invalid erasure request" in line)
-    assert "requested_by" in reason and "no quotes" in reason, reason
-    notice = webhook.wait_for(lambda n: n["event"] == "failed" and n["run_id"] == refused, 120)
-    assert notice, f"no failure notice of {refused}: {webhook.received}"
-    assert (notice["dag_id"], notice["task_id"]) == ("gdpr_erasure", "validate_request"), notice
-    assert "O'Brien" not in json.dumps(notice), "the notice repeats the run's conf"
-
-    # A valid request: erased, and the erasure task's log says it is verified (its summary, one JSON line).
-    run_id = _submit(browser, _fill(_open_trigger_form(browser, url, "gdpr_erasure"), browser, customer,
-                                    "REQ-UI-1", "dpo@shop.example"))
+    _fill_erasure_form(browser, dialog, _customer(airflow_ui.env), "REQ-UI-1", "dpo@shop.example")
+    run_id = _submit(browser, dialog)
     assert run_id, "a valid request was refused"
     assert _wait_for_run(browser, url, "gdpr_erasure", run_id, timeout=900) == "success"
     line = _task_log(browser, url, "gdpr_erasure", run_id, "gdpr_erase", lambda line: '"REQ-UI-1"' in line)
@@ -320,8 +339,3 @@ def test_erasure_form_refuses_bad_requests_and_erases_a_valid_one(airflow_ui, br
     assert summary["verified"] is True and summary["rows_removed"] > 0, summary
     certificate = json.loads(Path(summary["certificate"]).read_text())
     assert certificate["verified"] is True and certificate["reference"] == "REQ-UI-1"
-
-
-def _fill(dialog, browser, customer_id: int, reference: str, requested_by: str):
-    _fill_erasure_form(browser, dialog, customer_id, reference, requested_by)
-    return dialog
