@@ -11,11 +11,11 @@ Airflow's own mechanisms deliver them; this module only says what the notice hol
   run, then awaited).
 
 Both are `LakehouseNotifier`, the http provider's `HttpNotifier` (a `BaseNotifier` of `airflow.sdk`) with the
-payload built here: the provider already does the HTTP part (connection lookup, TLS, proxies, timeouts,
-retries of its hook, sync for the callback and async for the triggerer), and it is in the Airflow
-environment already (the amazon provider requires it). The Slack and PagerDuty providers' notifiers each
-speak to one service only and would be two more dependencies for what a JSON POST does; apprise would be
-one more library for the same POST.
+payload built here: the provider already does the HTTP part (connection lookup, TLS, proxies, timeouts and
+headers from the connection's extras, a sync hook for the callback and an async one for the triggerer), and
+it is in the Airflow environment already (the amazon provider requires it). The Slack and PagerDuty
+providers' notifiers each speak to one service only and would be two more dependencies for what a JSON POST
+does; apprise would be one more library for the same POST.
 
 Where it goes is configuration: the Airflow connection `lakehouse_alerts` (type http; the whole webhook URL
 as its host). The payload follows the URL: Slack incoming webhooks (`hooks.slack.com`) get `{"text": ...}`;
