@@ -39,7 +39,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from airflow.sdk import DAG, Param
-from lakehouse_common import DEFAULT_ARGS, START, stream_task
+from lakehouse_common import DEFAULT_ARGS, START, alerting, stream_task
 
 with DAG(
     dag_id="bronze_ingest_stream",
@@ -49,6 +49,7 @@ with DAG(
     max_active_runs=1,
     default_args=DEFAULT_ARGS,
     dagrun_timeout=timedelta(minutes=40),
+    **alerting(late_after=timedelta(minutes=20)),  # a stop waiting for its batch takes minutes
     doc_md=__doc__,
     tags=["lakehouse", "bronze", "stream"],
     params={

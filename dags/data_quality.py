@@ -39,7 +39,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from airflow.sdk import DAG, task
-from lakehouse_common import DEFAULT_ARGS, START, mapped_spark_tasks
+from lakehouse_common import DEFAULT_ARGS, START, alerting, mapped_spark_tasks
 
 
 @task(execution_timeout=timedelta(minutes=15))
@@ -60,6 +60,7 @@ with DAG(
     # One retry: for a lost executor, say; a failed expectation fails the same way twice.
     default_args={**DEFAULT_ARGS, "retries": 1},
     dagrun_timeout=timedelta(hours=1),
+    **alerting(late_after=timedelta(minutes=45)),
     doc_md=__doc__,
     tags=["lakehouse", "quality"],
 ):

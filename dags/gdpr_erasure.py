@@ -46,7 +46,7 @@ from datetime import timedelta
 
 from airflow.exceptions import AirflowFailException
 from airflow.sdk import DAG, Param, task
-from lakehouse_common import DEFAULT_ARGS, START, etl_outputs, job, spark_task
+from lakehouse_common import DEFAULT_ARGS, START, alerting, etl_outputs, job, spark_task
 
 from pipelines.gdpr.inbox import file_request
 from pipelines.gdpr.request import MAX_ID, MAX_IDS, REFERENCE_PATTERN, InvalidRequest, parse_request
@@ -65,6 +65,7 @@ with DAG(
     max_active_runs=MAX_ACTIVE_RUNS,
     default_args=DEFAULT_ARGS,
     dagrun_timeout=timedelta(hours=4),
+    **alerting(late_after=timedelta(hours=2)),  # erasures queue behind each other in the lake pool
     doc_md=__doc__,
     tags=["lakehouse", "gdpr"],
     params={

@@ -39,7 +39,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from airflow.sdk import DAG, task
-from lakehouse_common import DEFAULT_ARGS, START, mapped_spark_tasks
+from lakehouse_common import DEFAULT_ARGS, START, alerting, mapped_spark_tasks
 
 
 @task(execution_timeout=timedelta(minutes=15))
@@ -59,6 +59,7 @@ with DAG(
     max_active_runs=1,
     default_args=DEFAULT_ARGS,
     dagrun_timeout=timedelta(hours=3),
+    **alerting(late_after=timedelta(hours=1)),  # the next hour's run is due
     doc_md=__doc__,
     tags=["lakehouse", "hudi", "maintenance"],
 ):

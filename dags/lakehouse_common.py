@@ -20,8 +20,10 @@ from typing import TYPE_CHECKING
 
 from airflow.providers.standard.operators.bash import BashOperator
 from airflow.sdk import Asset, TaskGroup
+from airflow.sdk.definitions.deadline import AsyncCallback, DeadlineAlert, DeadlineReference
 
 from pipelines.catalog import change_feed_tables, lake_table
+from pipelines.deploy.alerts import LakehouseNotifier
 from pipelines.deploy.jobs import JOB_ENV, SparkJob
 from pipelines.settings import PROJECT_ROOT, lake_root
 
@@ -36,6 +38,32 @@ DEFAULT_ARGS = {
     "retry_delay": timedelta(minutes=1),
     "execution_timeout": timedelta(hours=1),
 }
+
+# Seconds: when set, every DAG's run is late after this long instead of its own `late_after` (read at parse
+# time, as the deadline is part of the DAG; the tests' short runs, or a deployment wanting earlier notices).
+# `off`: no deadline, for `dag.test()` / `airflow dags test`, which create their run running, never queued:
+# Airflow 3.1.8 then cannot compute a queued-at deadline and refuses to create the run.
+LATE_AFTER_VARIABLE = "LAKEHOUSE_LATE_AFTER"
+
+
+def alerting(late_after: timedelta) -> dict:
+    """The DAG arguments that make a failed or late run of it send a notice (`pipelines.deploy.alerts`), which
+    every DAG of the project passes (`DAG(..., **alerting(...))`; tests/dags/test_dag_imports.py checks).
+
+    Failed: the DAG's `on_failure_callback`, once per failed run, naming the task whose failure ended it (a
+    task-level callback would page once per failed task, mapped ones included, for one broken run). Late: a
+    Deadline Alert (Airflow 3.1's replacement of SLAs), `late_after` after the run was queued; the
+    scheduler hands it to the triggerer only if the run has not succeeded by then. Queued, not the logical
+    date: a manual run (the erasure's) has no logical date.
+    """
+    failed = {"on_failure_callback": LakehouseNotifier(event="failed")}
+    setting = os.environ.get(LATE_AFTER_VARIABLE, "").strip()
+    if setting == "off":
+        return failed
+    if setting:
+        late_after = timedelta(seconds=float(setting))
+    return {**failed, "deadline": DeadlineAlert(reference=DeadlineReference.DAGRUN_QUEUED_AT, interval=late_after,
+                                                callback=AsyncCallback(LakehouseNotifier, kwargs={"event": "late"}))}
 
 
 # The jobs that write the lake beside the stream (etl, table services, quality's Data Docs,

@@ -16,7 +16,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from airflow.sdk import DAG
-from lakehouse_common import DEFAULT_ARGS, START, etl_outputs, job, spark_task
+from lakehouse_common import DEFAULT_ARGS, START, alerting, etl_outputs, job, spark_task
 
 with DAG(
     dag_id="lakehouse_incremental_etl",
@@ -26,6 +26,8 @@ with DAG(
     max_active_runs=1,
     default_args=DEFAULT_ARGS,
     dagrun_timeout=timedelta(hours=1),
+    # Late after three cycles' time: the next two cycles are waiting for this one.
+    **alerting(late_after=timedelta(minutes=30)),
     doc_md=__doc__,
     tags=["lakehouse", "etl"],
 ):

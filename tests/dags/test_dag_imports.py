@@ -61,3 +61,16 @@ def test_lake_writing_tasks_share_the_one_slot_pool() -> None:
             # None touches the lake: a request's checks and records, the decisions from the tables' files.
             if task.task_id not in ("validate_request", "forget_request", "due_tables", "changed_suites"):
                 assert task.pool == LAKE_POOL, f"{dag_id}.{task.task_id}: pool {task.pool}"
+
+
+def test_every_dag_notifies_failed_and_late_runs(monkeypatch) -> None:
+    """Every DAG, a new one too, sends a notice of a failed run and of a late one (lakehouse_common.alerting)."""
+    from pipelines.deploy.alerts import LakehouseNotifier
+
+    monkeypatch.delenv("LAKEHOUSE_LATE_AFTER")  # as deployed (the suite's dag.test() runs go without deadlines)
+    for dag_id, dag in _dagbag().dags.items():
+        callbacks = dag.on_failure_callback if isinstance(dag.on_failure_callback, list) else [dag.on_failure_callback]
+        assert any(isinstance(c, LakehouseNotifier) for c in callbacks), f"{dag_id}: no failure notice"
+        (deadline,) = dag.deadline if isinstance(dag.deadline, list) else [dag.deadline]
+        assert deadline.callback.path == "pipelines.deploy.alerts.LakehouseNotifier", dag_id
+        assert deadline.callback.kwargs == {"event": "late"} and deadline.interval <= dag.dagrun_timeout, dag_id

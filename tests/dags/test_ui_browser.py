@@ -1,31 +1,76 @@
 """The Airflow UI, started by the project (`dags/airflow_local.sh`, what `make airflow` runs), in headless Chromium.
 
-Chromium and ChromeDriver are Debian's packages (`make setup` installs them); the browser logs
-in with the login the script prints and finds the project's DAGs in the UI.
+Chromium and ChromeDriver are Debian's packages (`make setup` installs them). One Airflow (standalone:
+api-server, scheduler, dag-processor, triggerer) serves every flow of this module, started once (it takes
+minutes), on a copy of a bronze lake the real pipeline built (conftest's `built_lake`: Kafka, ingest, Hudi),
+with its own Kafka broker, so that the DAGs' tasks run the real CLI (spark-submit, Hudi) as in production.
+The browser does what an operator does: logs in, finds the DAGs, triggers the ETL from its page and waits
+in the UI for the run's success, opens the task's log and finds the job's summary line; meanwhile (the refusals
+need no Spark) fills the erasure form with a malformed reference and reads the refusal, then a request the
+DAG's own check refuses (the run fails, naming why); after the ETL a valid request, and reads its verified
+status from the erasure task's log.
+
+The notices are seen arriving at a webhook of the test's (an HTTP server on 127.0.0.1, the connection
+`lakehouse_alerts`): the failed erasure run's, sent by the dag-processor's failure callback, and the ETL run's
+late notice, sent by the triggerer when the run's Deadline Alert (a short `LAKEHOUSE_LATE_AFTER`) passed
+while Spark was still working.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
+from urllib.parse import quote, unquote
 
 import pytest
-from conftest import DAGS
+from conftest import DAGS, _lake_env, kafka_up, lakehouse, webhook_server
 
 from pipelines.devtools.kafka_local import free_port
 
 DAG_IDS = ("lakehouse_incremental_etl", "hudi_table_services", "data_quality")
+# A run is late this long after it was queued (every DAG's deadline, lakehouse_common.alerting): well under
+# what an etl cycle's spark-submit takes here, so the ETL run is still running when its deadline passes.
+LATE_AFTER_SECONDS = 15
+SUMMARY = re.compile(r"etl: (\d+) of (\d+) tables changed in [\d.]+ s")
 
 
-@pytest.fixture
-def airflow_ui(tmp_path: Path):
-    env = {**os.environ, "AIRFLOW_HOME": str(tmp_path / "airflow"), "AIRFLOW_PORT": str(free_port()),
-           "LAKEHOUSE_ROOT": str(tmp_path / "lake")}
+@pytest.fixture(scope="module")
+def webhook():
+    with webhook_server() as hook:
+        yield hook
+
+
+@pytest.fixture(scope="module")
+def ui_lake(built_lake: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """A private copy of the built bronze lake with its broker up: the environment of the jobs the UI starts."""
+    where = tmp_path_factory.mktemp("ui-lake")
+    shutil.copytree(built_lake, where, dirs_exist_ok=True)
+    env = {**_lake_env(where, kafka_up(where / "kafka")), "LAKEHOUSE_GDPR_INBOX": str(where / "inbox"),
+           "LAKEHOUSE_ERASURE_KEY_FILE": str(where / "erasure.key")}
+    try:
+        yield env
+    finally:
+        lakehouse("kafka", "down", "--data-dir", str(where / "kafka"))
+
+
+@pytest.fixture(scope="module")
+def airflow_ui(ui_lake: dict[str, str], webhook, tmp_path_factory: pytest.TempPathFactory):
+    """`dags/airflow_local.sh` on a free port, once for the module: (url, user, password, the lake's env)."""
+    home = tmp_path_factory.mktemp("airflow-ui")
+    env = {**os.environ, **ui_lake, "AIRFLOW_HOME": str(home / "airflow"), "AIRFLOW_PORT": str(free_port()),
+           # Only the runs the browser triggers: no scheduled run of the ETL queues beside them once unpaused.
+           "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "False",
+           "LAKEHOUSE_LATE_AFTER": str(LATE_AFTER_SECONDS),
+           "AIRFLOW_CONN_LAKEHOUSE_ALERTS": webhook.connection()}
     proc = subprocess.Popen([str(DAGS / "airflow_local.sh")], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
@@ -34,7 +79,9 @@ def airflow_ui(tmp_path: Path):
         for line in proc.stdout:
             seen.append(line)
             if match := re.match(r"Airflow UI: (\S+)\s+login: (\S+) / (\S+)", line):
-                yield match.groups()
+                url, user, password = match.groups()
+                yield SimpleNamespace(url=url, user=user, password=password, env=ui_lake,
+                                      log=home / "airflow" / "standalone.log")
                 break
             assert time.monotonic() < deadline, "".join(seen)
         else:
@@ -66,33 +113,229 @@ def _browser():
     return webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
 
 
-@pytest.mark.slow
-def test_browser_logs_in_and_finds_the_dags(airflow_ui, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def browser(airflow_ui, tmp_path_factory: pytest.TempPathFactory):
+    """Chromium logged in to the UI (the login form, the password airflow_local.sh printed)."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as ec
     from selenium.webdriver.support.ui import WebDriverWait
 
-    url, user, password = airflow_ui
+    shots = tmp_path_factory.mktemp("screenshots")
     browser = _browser()
     try:
         wait = WebDriverWait(browser, 60)
-        browser.get(url)
+        browser.get(airflow_ui.url)
         wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, "input[type=password]")))
-        browser.find_element(By.CSS_SELECTOR, "input[name=username]").send_keys(user)
-        browser.find_element(By.CSS_SELECTOR, "input[type=password]").send_keys(password)
+        browser.find_element(By.CSS_SELECTOR, "input[name=username]").send_keys(airflow_ui.user)
+        browser.find_element(By.CSS_SELECTOR, "input[type=password]").send_keys(airflow_ui.password)
         browser.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
         wait.until(lambda b: "login" not in b.current_url)
-        # The dag-processor parses the folder in the background: reload the list until all are there.
-        deadline = time.monotonic() + 180
-        while True:
-            browser.get(f"{url}/dags")
-            try:
-                WebDriverWait(browser, 20).until(lambda b: all(d in b.page_source for d in DAG_IDS))
-                browser.save_screenshot(str(tmp_path / "dags.png"))  # kept for a look: pytest's tmp_path
-                break
-            except Exception:
-                if time.monotonic() > deadline:
-                    browser.save_screenshot(str(tmp_path / "dags.png"))
-                    raise AssertionError(f"DAGs not listed in the UI (screenshot {tmp_path / 'dags.png'})") from None
+        browser.shots = shots  # kept for a look when a flow fails (pytest's temporary directory)
+        yield browser
     finally:
         browser.quit()
+
+
+def _shot(browser, name: str) -> Path:
+    path = browser.shots / f"{name}.png"
+    browser.save_screenshot(str(path))
+    return path
+
+
+def _text(browser) -> str:
+    from selenium.webdriver.common.by import By
+
+    return browser.find_element(By.TAG_NAME, "body").text
+
+
+def _open_trigger_form(browser, url: str, dag_id: str):
+    """The DAG's page, its Trigger button clicked: the trigger dialog."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser.get(f"{url}/dags/{dag_id}")
+    wait = WebDriverWait(browser, 60)
+    wait.until(ec.element_to_be_clickable((By.CSS_SELECTOR, "button[aria-label='Trigger Dag']"))).click()
+    return wait.until(ec.visibility_of_element_located((By.CSS_SELECTOR, ".chakra-dialog__content")))
+
+
+def _submit(browser, dialog) -> str | None:
+    """Click the dialog's Trigger: the new run's id (the UI opens its page), or None when the trigger was refused."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    (button,) = [b for b in dialog.find_elements(By.CSS_SELECTOR, "button") if b.text == "Trigger"]
+    button.click()
+    WebDriverWait(browser, 60).until(lambda b: "/runs/" in b.current_url or "Bad Request" in dialog.text)
+    if "/runs/" in browser.current_url:
+        return unquote(browser.current_url.split("/runs/", 1)[1].split("/")[0])
+    return None
+
+
+def _fill_erasure_form(browser, dialog, customer_id: int, reference: str, requested_by: str) -> None:
+    """Type the request into the form: the ids' JSON editor (typed so that it is valid JSON only once
+    complete: the editor reformats valid JSON at each keystroke), the reference and the requester."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    dialog.find_element(By.CSS_SELECTOR, ".cm-content").click()
+    (ActionChains(browser).key_down(Keys.CONTROL).send_keys("a").key_up(Keys.CONTROL).send_keys(Keys.BACKSPACE)
+     .send_keys(str(customer_id)).send_keys(Keys.HOME).send_keys("[").send_keys(Keys.END).send_keys("]").perform())
+    dialog.find_element(By.ID, "element_reference").send_keys(reference)
+    dialog.find_element(By.ID, "element_requested_by").send_keys(requested_by)
+    lines = [line.text.strip() for line in dialog.find_elements(By.CSS_SELECTOR, ".cm-line") if line.text.strip()]
+    assert lines == ["[", str(customer_id), "]"], lines
+
+
+def _run_page(url: str, dag_id: str, run_id: str) -> str:
+    return f"{url}/dags/{dag_id}/runs/{quote(run_id, safe='')}"
+
+
+def _wait_for_run(browser, url: str, dag_id: str, run_id: str, timeout: float) -> str:
+    """Reload the run's page until its state badge says it ended: that state (success, failed)."""
+    from selenium.webdriver.common.by import By
+
+    deadline, state = time.monotonic() + timeout, None
+    while time.monotonic() < deadline:
+        browser.get(_run_page(url, dag_id, run_id))
+        time.sleep(2)
+        badges = browser.find_elements(
+            By.XPATH, f"//h2[contains(normalize-space(.), '{run_id}')]/..//span[contains(@class, 'chakra-badge')]")
+        state = badges[0].text.strip().lower() if badges else None
+        if state in ("success", "failed"):
+            return state
+        time.sleep(3)
+    raise AssertionError(f"{dag_id} run {run_id} still {state} after {timeout} s (screenshot "
+                         f"{_shot(browser, 'run-' + dag_id)})")
+
+
+# What a user's scrolling to the end of the log does: every scrolled pane of the page, and the page, down.
+_SCROLL_DOWN = """
+for (const e of document.querySelectorAll('*')) {
+  const style = getComputedStyle(e);
+  if (e.scrollHeight > e.clientHeight && ['auto', 'scroll'].includes(style.overflowY)) e.scrollTop = e.scrollHeight;
+}
+window.scrollTo(0, document.body.scrollHeight);
+"""
+
+
+def _task_log(browser, url: str, dag_id: str, run_id: str, task_id: str, wanted: Callable[[str], bool]) -> str:
+    """From the run's page, open the task's page (its log) by its link, as a user does; the first log line
+    `wanted` accepts (the log is scrolled down while it loads: the lines looked for are near its end)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser.get(_run_page(url, dag_id, run_id))
+    link = WebDriverWait(browser, 60).until(lambda b: next(
+        (a for a in b.find_elements(By.CSS_SELECTOR, f"a[href*='/runs/'][href$='/tasks/{task_id}']")
+         if a.is_displayed()), None))
+    link.click()
+    found: list[str] = []
+
+    def loaded(b) -> bool:
+        # The log is a virtualized list in a pane of its own: lines are drawn as it scrolls to them.
+        b.execute_script(_SCROLL_DOWN)
+        found[:] = [line for line in _text(b).splitlines() if wanted(line)]
+        return bool(found)
+
+    try:
+        WebDriverWait(browser, 90, poll_frequency=2).until(loaded)
+    except Exception:
+        raise AssertionError(f"{task_id}'s log shows no such line (screenshot {_shot(browser, task_id)})") from None
+    return found[0]
+
+
+@pytest.mark.slow
+def test_browser_logs_in_and_finds_the_dags(airflow_ui, browser) -> None:
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    # The dag-processor parses the folder in the background: reload the list until all are there.
+    deadline = time.monotonic() + 180
+    while True:
+        browser.get(f"{airflow_ui.url}/dags")
+        try:
+            WebDriverWait(browser, 20).until(lambda b: all(d in b.page_source for d in DAG_IDS))
+            break
+        except Exception:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"DAGs not listed in the UI (screenshot {_shot(browser, 'dags')})") from None
+
+
+@pytest.fixture(scope="module")
+def etl_run(airflow_ui, browser) -> str:
+    """The ETL triggered from its page (its Trigger button, the dialog's Trigger): the run's id, from the page the
+    UI opens. A fixture, so that the erasure form's refusals run while Spark works (they need no lake slot)."""
+    run_id = _submit(browser, _open_trigger_form(browser, airflow_ui.url, "lakehouse_incremental_etl"))
+    assert run_id and run_id.startswith("manual__"), browser.current_url
+    return run_id
+
+
+def _customer(env: dict[str, str]) -> int:
+    """A customer of the source (the generator's state), in bronze since the lake was built."""
+    return json.loads(Path(env["LAKEHOUSE_SOURCE_STATE"]).read_text())["state"]["customers"][0]["id"]
+
+
+@pytest.mark.slow
+def test_erasure_form_refuses_bad_requests_with_the_reason(airflow_ui, browser, webhook, etl_run: str) -> None:
+    url, customer = airflow_ui.url, _customer(airflow_ui.env)
+
+    # The form's schema (the DAG's Params): a malformed reference is refused, with the reason, and no run starts.
+    dialog = _open_trigger_form(browser, url, "gdpr_erasure")
+    _fill_erasure_form(browser, dialog, customer, "REQ 7; rm -rf", "dpo@shop.example")
+    assert _submit(browser, dialog) is None, "a malformed reference started a run"
+    refusal = dialog.text
+    assert "Invalid input for param reference" in refusal and "does not match" in refusal, refusal
+
+    # Valid to the schema (any text names the requester), refused by the DAG's own check: the run fails at its
+    # first task, whose log names the reason, and the failure notice names the DAG, the run and the task.
+    dialog = _open_trigger_form(browser, url, "gdpr_erasure")
+    _fill_erasure_form(browser, dialog, customer, "REQ-UI-0", "O'Brien")
+    refused = _submit(browser, dialog)
+    assert refused, "the trigger was refused by the form"
+    assert _wait_for_run(browser, url, "gdpr_erasure", refused, timeout=300) == "failed"
+    reason = _task_log(browser, url, "gdpr_erasure", refused, "validate_request",
+                       lambda line: "invalid erasure request" in line)
+    assert "requested_by" in reason and "no quotes" in reason, reason
+    notice = webhook.wait_for(lambda n: n["event"] == "failed" and n["run_id"] == refused, 120)
+    assert notice, f"no failure notice of {refused}: {webhook.received}"
+    assert (notice["dag_id"], notice["task_id"]) == ("gdpr_erasure", "validate_request"), notice
+    assert "O'Brien" not in json.dumps(notice), "the notice repeats the run's conf"
+
+
+@pytest.mark.slow
+def test_etl_triggered_in_the_ui_runs_on_the_lake_and_logs_its_summary(airflow_ui, browser, webhook,
+                                                                        etl_run: str) -> None:
+    url, lake, run_id = airflow_ui.url, Path(airflow_ui.env["LAKEHOUSE_ROOT"]), etl_run
+    assert _wait_for_run(browser, url, "lakehouse_incremental_etl", run_id, timeout=600) == "success"
+
+    line = _task_log(browser, url, "lakehouse_incremental_etl", run_id, "etl", SUMMARY.search)
+    changed, tables = map(int, SUMMARY.search(line).groups())
+    assert changed >= 4 and changed <= tables, line  # silver and gold built from bronze: real work
+    for table in ("silver/customers", "silver/orders", "gold/customer_ltv", "gold/daily_revenue"):
+        assert list((lake / table / ".hoodie" / "timeline").glob("*.commit")), f"{table}: no commit"
+
+    # The run outlived its deadline (LATE_AFTER_SECONDS after it was queued): the triggerer sent the notice.
+    notice = webhook.wait_for(lambda n: n["event"] == "late" and n["run_id"] == run_id, 120)
+    assert notice, f"no late notice of {run_id}: {webhook.received}"
+    assert notice["dag_id"] == "lakehouse_incremental_etl" and notice["state"] in ("queued", "running"), notice
+    assert run_id in unquote(notice["url"]) and url in notice["url"], notice
+
+
+@pytest.mark.slow
+def test_erasure_from_the_form_is_verified_in_the_task_log(airflow_ui, browser) -> None:
+    """After the ETL (the customer is in silver and gold too): a valid request, erased, and the erasure task's
+    log says it is verified (the job's summary, one JSON line; the DAG's XComs are deleted after it)."""
+    url = airflow_ui.url
+    dialog = _open_trigger_form(browser, url, "gdpr_erasure")
+    _fill_erasure_form(browser, dialog, _customer(airflow_ui.env), "REQ-UI-1", "dpo@shop.example")
+    run_id = _submit(browser, dialog)
+    assert run_id, "a valid request was refused"
+    assert _wait_for_run(browser, url, "gdpr_erasure", run_id, timeout=900) == "success"
+    line = _task_log(browser, url, "gdpr_erasure", run_id, "gdpr_erase", lambda line: '"REQ-UI-1"' in line)
+    summary = json.loads(line[line.index("{"):line.rindex("}") + 1])
+    assert summary["reference"] == "REQ-UI-1" and summary["status"] == "erased", summary
+    assert summary["verified"] is True and summary["rows_removed"] > 0, summary
+    certificate = json.loads(Path(summary["certificate"]).read_text())
+    assert certificate["verified"] is True and certificate["reference"] == "REQ-UI-1"
