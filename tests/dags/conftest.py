@@ -6,6 +6,7 @@ The lake tables they work on are built by the real pipeline, through the project
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -26,6 +27,7 @@ LAKEHOUSE = PROJECT / ".venv" / "bin" / "lakehouse"
 
 # Before anything imports airflow: its settings are read at import.
 _home = Path(tempfile.mkdtemp(prefix="airflow-home-"))
+LINEAGE = _home / "lineage"
 os.environ.update({
     "AIRFLOW_HOME": str(_home),
     "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS),
@@ -36,7 +38,14 @@ os.environ.update({
     "LAKEHOUSE_HUDI_OVERRIDES": str(test_profile()),
     # The suite's short-lived Kafka brokers: start on less CPU (pipelines/devtools/kafka_local.py).
     JAVA_OPTS_VARIABLE: QUICK_START,
+    # OpenLineage on, as `make airflow` runs it (dags/airflow_local.sh): the provider's events of every task,
+    # and those of the Spark jobs the tasks start (hudi_configs/spark.toml [lineage]), in one folder.
+    "AIRFLOW__OPENLINEAGE__NAMESPACE": "lakehouse",
+    "AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps({"type": "file", "log_file_path": str(LINEAGE / "airflow.jsonl"),
+                                                   "append": True}),
+    "LAKEHOUSE_LINEAGE_DIR": str(LINEAGE),
 })
+LINEAGE.mkdir()
 sys.path[:0] = [str(DAGS), str(PROJECT)]  # the DAGs' helper module; tests.hudi_files
 
 
