@@ -84,7 +84,7 @@ def _macro(name: str) -> str:
     """A template calling the OpenLineage provider's macro `name` on the task instance, or empty where the
     provider is not installed or not configured (it registers its macros only when it has a transport)."""
     plugin = "macros.OpenLineageProviderPlugin"
-    return f"{{{{ {plugin}.{name}(task_instance) if {plugin} is defined else '' }}}}"
+    return f"{{{{ {plugin}.{name}(task_instance) if macros is defined and {plugin} is defined else '' }}}}"
 
 
 # What a task tells its Spark job of itself (pipelines/spark_conf.py turns them into the listener's

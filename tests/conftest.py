@@ -12,12 +12,10 @@ into each process's share, so that no long test starts last (see pytest_collecti
 
 from __future__ import annotations
 
-import atexit
 import copy
 import json
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import Iterator
 from importlib.util import find_spec
@@ -42,11 +40,6 @@ time.tzset()
 os.environ["LAKEHOUSE_HUDI_OVERRIDES"] = str(test_profile())
 # The suite's many short-lived Kafka brokers: start on less CPU (pipelines/devtools/kafka_local.py).
 os.environ[JAVA_OPTS_VARIABLE] = QUICK_START
-# OpenLineage's listener runs in every session and job, as in production (hudi_configs/spark.toml [lineage]);
-# its events go to a folder of this process's own, removed when it ends, not into the checkout's .logs/.
-LINEAGE_DIR = tempfile.mkdtemp(prefix="lakehouse-lineage-")
-atexit.register(shutil.rmtree, LINEAGE_DIR, ignore_errors=True)
-os.environ["LAKEHOUSE_LINEAGE_DIR"] = LINEAGE_DIR
 
 # The session JVM's C2 thresholds, ten times the JDK's (5,000 calls, 40,000 loop iterations): at the
 # JDK's, its C2 compiler used 73 CPU-seconds in tests/test_gdpr.py, a third of the session's, and 36

@@ -6,6 +6,7 @@ spark-submit the project's CLI in .venv, as the scheduler would.
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -61,7 +62,7 @@ def _etl_lineage() -> None:
 
 
 @pytest.mark.slow
-def test_etl_then_table_services_on_real_tables(lake: Path) -> None:
+def test_etl_then_table_services_on_real_tables(lake: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each DAG once, every task a real spark-submit of the CLI.
 
     What the jobs themselves must achieve over several runs is the Spark suite's to show
@@ -71,7 +72,12 @@ def test_etl_then_table_services_on_real_tables(lake: Path) -> None:
     shop's few tables, one group: `tables_per_job` is 10), and a failing check fails its group's task
     while the job's other suites pass, so that the next run checks it alone.
     """
+    # The etl job with OpenLineage's listener on (the suite's profile turns it off: hudi_configs/test_profile.toml).
+    profile = os.environ["LAKEHOUSE_HUDI_OVERRIDES"]
+    (lake.parent / "lineage-on.toml").write_text("[spark.lineage]\nenabled = true\n")
+    monkeypatch.setenv("LAKEHOUSE_HUDI_OVERRIDES", os.pathsep.join([profile, str(lake.parent / "lineage-on.toml")]))
     _succeeds("lakehouse_incremental_etl")
+    monkeypatch.setenv("LAKEHOUSE_HUDI_OVERRIDES", profile)
     for table in ("silver/customers", "silver/orders", "gold/customer_ltv", "gold/daily_revenue"):
         assert list((lake / table / ".hoodie").glob("timeline/*.commit")), f"{table}: no commit after the etl run"
     _etl_lineage()
