@@ -39,8 +39,8 @@ Dataset = tuple[str, str]  # (namespace, name) as the events carry them
 
 @dataclass
 class Run:
-    """One OpenLineage run, its events folded: what it read and wrote over all of them (the listener
-    reports a write's output on its COMPLETE event, not on START)."""
+    """One OpenLineage run, its events folded: what it read and wrote over all of them (a write's START
+    names no output when its table does not exist yet, the listener finding the output by reading it)."""
 
     run_id: str
     namespace: str
