@@ -15,6 +15,17 @@ export AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS="${AIRFLOW_USER:-admin}:admin"
 # What the DAGs' Spark tasks receive (see dags/lakehouse_common.py).
 export LAKEHOUSE_ROOT="${LAKEHOUSE_ROOT:-$project/lake}"
 export LAKEHOUSE_TARGET="${LAKEHOUSE_TARGET:-local}"
+# OpenLineage (README.md, "Lineage"): the provider's events of every task, and those of the Spark jobs the tasks
+# start (hudi_configs/spark.toml [lineage]), appended to one folder that `lakehouse lineage` reads. A real
+# backend instead (Marquez): set AIRFLOW__OPENLINEAGE__TRANSPORT yourself, e.g. '{"type": "http", "url": "..."}'.
+export LAKEHOUSE_LINEAGE_DIR="${LAKEHOUSE_LINEAGE_DIR:-${LAKEHOUSE_LOG_DIR:-$project/.logs}/lineage}"
+export AIRFLOW__OPENLINEAGE__NAMESPACE="${AIRFLOW__OPENLINEAGE__NAMESPACE:-lakehouse}"
+if [ -z "${AIRFLOW__OPENLINEAGE__TRANSPORT:-}" ]; then
+  AIRFLOW__OPENLINEAGE__TRANSPORT="$(printf '{"type": "file", "log_file_path": "%s/airflow.jsonl", "append": true}' \
+    "$LAKEHOUSE_LINEAGE_DIR")"
+  export AIRFLOW__OPENLINEAGE__TRANSPORT
+fi
+mkdir -p "$LAKEHOUSE_LINEAGE_DIR"
 # standalone starts its components as `airflow ...` from PATH.
 export PATH="$project/.venv-airflow/bin:$PATH"
 mkdir -p "$AIRFLOW_HOME"

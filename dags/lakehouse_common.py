@@ -22,10 +22,11 @@ from airflow.providers.standard.operators.bash import BashOperator
 from airflow.sdk import Asset, TaskGroup
 from airflow.sdk.definitions.deadline import AsyncCallback, DeadlineAlert, DeadlineReference
 
-from pipelines.catalog import change_feed_tables, lake_table
+from pipelines.catalog import change_feed_tables, lake_table, names
 from pipelines.deploy.alerts import LakehouseNotifier
 from pipelines.deploy.jobs import JOB_ENV, SparkJob
 from pipelines.settings import PROJECT_ROOT, lake_root
+from pipelines.spark_conf import PARENT_VARIABLE, ROOT_PARENT_VARIABLE
 
 if TYPE_CHECKING:
     from airflow.sdk.definitions.mappedoperator import MappedOperator
@@ -101,15 +102,40 @@ def etl_outputs() -> list[Asset]:
     return [table_asset(name) for name in change_feed_tables() if not name.startswith("bronze/")]
 
 
+def etl_inputs() -> list[Asset]:
+    """What every etl cycle reads: bronze's change logs (a first or a rebuilding cycle reads bronze's main
+    tables and delete ledgers too; README.md, "Lineage"). The task's OpenLineage inputs."""
+    return [table_asset(name) for name in names(writer="changelog")]
+
+
+def _macro(name: str) -> str:
+    """A template calling the OpenLineage provider's macro `name` on the task instance, or empty where the
+    provider is not installed or not configured (it registers its macros only when it has a transport)."""
+    plugin = "macros.OpenLineageProviderPlugin"
+    return f"{{{{ {plugin}.{name}(task_instance) if macros is defined and {plugin} is defined else '' }}}}"
+
+
+# What a task tells its Spark job of itself (pipelines/spark_conf.py turns them into the listener's
+# spark.openlineage.parent*/rootParent* options): the job's events then name the task's run as their parent
+# and the DAG run as their root, the ids the provider gives the task's own events.
+LINEAGE_ENV = {PARENT_VARIABLE: _macro("lineage_parent_id"), ROOT_PARENT_VARIABLE: _macro("lineage_root_parent_id")}
+
+
 def _uri(path: str) -> str:
     return path if "://" in path else f"file://{path}"
 
 
-def spark_task(spark_job: SparkJob, outlets: list[Asset] | None = None, doc_md: str | None = None):
-    """The task (local) or task group (emr: add the step, wait for it) that runs `spark_job`."""
+def spark_task(spark_job: SparkJob, outlets: list[Asset] | None = None, doc_md: str | None = None,
+               inlets: list[Asset] | None = None):
+    """The task (local) or task group (emr: add the step, wait for it) that runs `spark_job`.
+
+    `inlets` and `outlets` are what the OpenLineage provider reports as the task's inputs and outputs (a
+    BashOperator has no extractor of its own); outlets are also the Assets the run marks as updated.
+    """
     if _target() == "local":
-        return BashOperator(task_id=spark_job.name, bash_command=spark_job.local_bash(), env=spark_job.local_env(),
-                            append_env=True, outlets=outlets or [], doc_md=doc_md, pool=LAKE_POOL)
+        return BashOperator(task_id=spark_job.name, bash_command=spark_job.local_bash(),
+                            env={**spark_job.local_env(), **LINEAGE_ENV}, append_env=True, inlets=inlets or [],
+                            outlets=outlets or [], doc_md=doc_md, pool=LAKE_POOL)
     from airflow.providers.amazon.aws.operators.emr import EmrAddStepsOperator
     from airflow.providers.amazon.aws.sensors.emr import EmrStepSensor
 
@@ -118,9 +144,11 @@ def spark_task(spark_job: SparkJob, outlets: list[Asset] | None = None, doc_md: 
     # (apache/airflow#28704); the sensor retries. The sensor pokes (it holds the pool's slot
     # until the step ends; rescheduling would free it for another job's step meanwhile).
     with TaskGroup(spark_job.name, tooltip=doc_md) as group:
+        # The step's environment names the add_step task's run as the job's parent (rendered with the steps).
+        with_parent = SparkJob(spark_job.name, spark_job.args, {**spark_job.env, **LINEAGE_ENV})
         EmrAddStepsOperator(task_id="add_step", job_flow_id=cluster, aws_conn_id="aws_default",
-                            steps=[spark_job.emr_step("{{ var.value.lakehouse_code_uri }}")], doc_md=doc_md,
-                            retries=0, pool=LAKE_POOL) >> \
+                            steps=[with_parent.emr_step("{{ var.value.lakehouse_code_uri }}")], doc_md=doc_md,
+                            retries=0, pool=LAKE_POOL, inlets=inlets or []) >> \
             EmrStepSensor(task_id="wait_for_step", job_flow_id=cluster, aws_conn_id="aws_default",
                           step_id=f"{{{{ ti.xcom_pull(task_ids='{spark_job.name}.add_step')[0] }}}}",
                           poke_interval=60, mode="poke", pool=LAKE_POOL, outlets=outlets or [])
@@ -142,7 +170,8 @@ def mapped_spark_tasks(name: str, work: PlainXComArg, doc_md: str) -> MappedOper
     LAKE_POOL."""
     label = _label(work.operator.task_id)
     if _target() == "local":
-        return BashOperator.partial(task_id=name, env=job(name).local_env(), append_env=True, doc_md=doc_md,
+        return BashOperator.partial(task_id=name, env={**job(name).local_env(), **LINEAGE_ENV}, append_env=True,
+                                    doc_md=doc_md,
                                     pool=LAKE_POOL, map_index_template=label
                                     ).expand(bash_command=work.map(local_command))
     from airflow.providers.amazon.aws.operators.emr import EmrAddStepsOperator

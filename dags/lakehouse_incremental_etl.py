@@ -9,6 +9,10 @@ simply run again. One run at a time: a cycle is the only writer of silver and go
 
 On success the silver and gold tables are marked as updated Assets: DAGs scheduled on
 them (your own incremental ETL) run next. Target (local / EMR): `LAKEHOUSE_TARGET`.
+
+Lineage (with the OpenLineage provider configured): the task reports bronze's change logs as
+its inputs and the silver and gold tables as its outputs, and its Spark job's events name the
+task's run as their parent (`lakehouse lineage` shows both).
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from airflow.sdk import DAG
-from lakehouse_common import DEFAULT_ARGS, START, alerting, etl_outputs, job, spark_task
+from lakehouse_common import DEFAULT_ARGS, START, alerting, etl_inputs, etl_outputs, job, spark_task
 
 with DAG(
     dag_id="lakehouse_incremental_etl",
@@ -32,5 +36,6 @@ with DAG(
     tags=["lakehouse", "etl"],
 ):
     spark_task(job("etl", "etl"),
+               inlets=etl_inputs(),
                outlets=etl_outputs(),
                doc_md="One incremental cycle bronze -> silver -> gold (`lakehouse etl`).")

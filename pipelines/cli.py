@@ -132,6 +132,31 @@ def etl() -> None:
                + (f" ({', '.join(changed)})" if changed else ""))
 
 
+@main.command()
+@click.option("--file", "files", multiple=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="A file of OpenLineage events, JSON lines (repeatable)  "
+                   "[default: every *.jsonl of $LAKEHOUSE_LINEAGE_DIR, else lineage/ in $LAKEHOUSE_LOG_DIR]")
+@click.option("--job", default="lakehouse_etl", show_default=True,
+              help="The Spark application's job name (`lakehouse_<command>`)")
+@click.option("--run", "run_id", default=None, help="The application's run id  [default: its newest run]")
+def lineage(files: tuple[Path, ...], job: str, run_id: str | None) -> None:
+    """The lineage of one Spark run, from the local OpenLineage events: its Airflow task, then each write as
+    `inputs -> job -> outputs` (lake tables by their catalog names; README.md, "Lineage")."""
+    from pipelines import lineage as ol
+
+    paths = list(files) or ol.default_files()
+    if not paths:
+        raise click.ClickException(f"no OpenLineage events in {settings.lineage_dir()} (is [lineage] of "
+                                   "hudi_configs/spark.toml enabled, with the file transport?)")
+    runs = ol.fold(ol.read_events(paths))
+    apps = [r for r in ol.applications(runs, job) if run_id in (None, r.run_id)]
+    if not apps:
+        known = sorted({r.job for r in ol.applications(runs)})
+        raise click.ClickException(f"no run of {job}" + (f" with id {run_id}" if run_id else "")
+                                   + f" in {', '.join(map(str, paths))}; applications there: {', '.join(known)}")
+    click.echo("\n".join(ol.describe(runs, apps[-1])))
+
+
 def _table_services(tables: tuple[str, ...]) -> tuple[list[str], dict[str, tuple[str, ...]]]:
     """`--table` values: the tables' names, and the services of those given with their own (`NAME:SERVICE,...`)."""
     from pipelines.services.due import SERVICES

@@ -12,6 +12,7 @@ from pathlib import Path
 from pyspark.sql import DataFrame, SparkSession
 
 from pipelines import catalog_sync, storage
+from pipelines.lineage import named_for_lineage
 from pipelines.settings import lake_relative
 from pipelines.timeline_files import HEARTBEAT_EXPIRY_MS, INSTANT_FILE, avro_long
 
@@ -229,8 +230,8 @@ def write_with_checkpoint(df: DataFrame, path: str, options: dict[str, str], mar
     relative to the lake root, so the lake can move (a local lake copied to an object store).
     """
     keyed = {lake_relative(source): mark for source, mark in marks.items()}
-    df.write.format("hudi").options(**options).option(CHECKPOINT_META, json.dumps(keyed, sort_keys=True)) \
-        .mode("append").save(path)
+    df.write.format("hudi").options(**named_for_lineage(path, options)) \
+        .option(CHECKPOINT_META, json.dumps(keyed, sort_keys=True)).mode("append").save(path)
     catalog_sync.committed(df.sparkSession, path, options)
 
 

@@ -42,6 +42,12 @@ def log_dir() -> Path:
     return Path(os.environ.get("LAKEHOUSE_LOG_DIR") or PROJECT_ROOT / ".logs")
 
 
+def lineage_dir() -> Path:
+    """`LAKEHOUSE_LINEAGE_DIR`: where the local OpenLineage transports append their events (`spark.jsonl`,
+    `airflow.jsonl`; README.md, "Lineage"); default `lineage/` in the log folder."""
+    return Path(os.environ.get("LAKEHOUSE_LINEAGE_DIR") or log_dir() / "lineage")
+
+
 def jvm_dir() -> Path:
     """Folder that `make setup` resolves jvm/pom.xml into (`spark/` and `kafka/` below it)."""
     return Path(os.environ.get("LAKEHOUSE_JVM_DIR") or PROJECT_ROOT / ".jvm")

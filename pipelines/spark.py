@@ -33,6 +33,9 @@ def get_spark(app_name: str = "lakehouse", conf: dict[str, str] | None = None) -
         event_log_dir().mkdir(parents=True, exist_ok=True)  # Spark refuses to start without it
     builder = SparkSession.builder.appName(app_name)
     options = {**spark_conf(), **(conf or {})}
+    if lineage_file := options.get("spark.openlineage.transport.location"):
+        # OpenLineage's file transport appends to the file but does not make its folder.
+        Path(lineage_file).parent.mkdir(parents=True, exist_ok=True)
     for key, value in options.items():
         builder = builder.config(key, value)
     if on_cluster:

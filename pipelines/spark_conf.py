@@ -13,7 +13,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import hudi_configs
-from pipelines.settings import jvm_dir, log_dir
+from pipelines.settings import jvm_dir, lineage_dir, log_dir
 
 MASTER_VARIABLE = "LAKEHOUSE_SPARK_MASTER"
 # What executors must see of the driver's environment: S3A resolves the store's endpoint, region
@@ -61,6 +61,7 @@ def spark_conf(for_target: str | None = None) -> dict[str, str]:
     master = cluster_master() if name == "local" else None
     if master is not None:
         conf |= hudi_configs.section("spark", "cluster")
+    conf = _with_lineage(conf, name)
     if name == "local":
         jars = sorted((jvm_dir() / "spark").glob("*.jar"))
         if not jars:
@@ -103,3 +104,52 @@ def cluster_conf(master: str, jars: list[Path]) -> dict[str, str]:
         if key in os.environ:
             conf[f"spark.executorEnv.{key}"] = os.environ[key]
     return conf
+
+
+# What an Airflow task tells the job it starts (dags/lakehouse_common.py renders them from the OpenLineage
+# provider's macros): the task's run as the parent of the Spark application's run, and the DAG run's as
+# its root, each `namespace/job name/run id`.
+PARENT_VARIABLE = "LAKEHOUSE_LINEAGE_PARENT"
+ROOT_PARENT_VARIABLE = "LAKEHOUSE_LINEAGE_ROOT_PARENT"
+
+
+def lineage_enabled() -> bool:
+    """spark.toml [lineage] `enabled`, after the overrides files."""
+    return hudi_configs.section("spark", "lineage").get("enabled", "true") == "true"
+
+
+def _with_lineage(conf: dict[str, str], target: str) -> dict[str, str]:
+    """`conf` with the OpenLineage listener and its options (spark.toml [lineage], [lineage_emr]) when enabled.
+
+    Added here and not in [common] because three things depend on where the job runs: the jars to
+    fetch on EMR (appended to the target's own `spark.jars.packages`), the file the local transport
+    appends to (under the log folder, unless the options name one), and the parent run an Airflow
+    task hands its job through the environment.
+    """
+    options = hudi_configs.section("spark", "lineage")
+    if options.pop("enabled", "true") != "true":
+        return conf
+    if target == "emr":
+        emr = hudi_configs.section("spark", "lineage_emr")
+        packages = [p for p in (conf.get("spark.jars.packages"), emr.pop("spark.jars.packages", None)) if p]
+        options |= emr | {"spark.jars.packages": ",".join(packages)}
+    if options.get("spark.openlineage.transport.type") == "file":
+        options.setdefault("spark.openlineage.transport.location", str(lineage_dir() / "spark.jsonl"))
+    for variable, prefix in ((PARENT_VARIABLE, "parent"), (ROOT_PARENT_VARIABLE, "rootParent")):
+        if parent := os.environ.get(variable):
+            options |= _parent_options(variable, parent, prefix)
+    return conf | options
+
+
+def _parent_options(variable: str, value: str, prefix: str) -> dict[str, str]:
+    """`namespace/job/run id` (the provider's `lineage_parent_id` macro) as the listener's parent options.
+
+    The job name may hold slashes of its own (`dag.task` does not, a namespace may not): split at the
+    first and the last.
+    """
+    namespace, _, rest = value.partition("/")
+    job, _, run_id = rest.rpartition("/")
+    if not (namespace and job and run_id):
+        raise ValueError(f"{variable}={value!r}: expected namespace/job name/run id")
+    return {f"spark.openlineage.{prefix}JobNamespace": namespace, f"spark.openlineage.{prefix}JobName": job,
+            f"spark.openlineage.{prefix}RunId": run_id}

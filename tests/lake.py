@@ -71,6 +71,14 @@ def build_base_lake(spark: SparkSession, where: Path) -> None:
         broker.stop()
 
 
+# OpenLineage's listener on (hudi_configs/spark.toml [lineage]), which the suite's profile turns off for its cost
+# (hudi_configs/test_profile.toml): for the tests of lineage itself, added after the profile (`with_overrides`).
+LINEAGE_ON = """
+[spark.lineage]
+enabled = true
+"""
+
+
 def with_overrides(path: Path, text: str) -> str:
     """Write a test's own Hudi overrides to `path`; returns LAKEHOUSE_HUDI_OVERRIDES with them after the profile."""
     path.write_text(text)

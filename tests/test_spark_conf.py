@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from hudi_configs import test_profile
 from pipelines.deploy.jobs import SparkJob
 from pipelines.settings import PROJECT_ROOT
-from pipelines.spark_conf import spark_conf
+from pipelines.spark_conf import PARENT_VARIABLE, ROOT_PARENT_VARIABLE, spark_conf
+from tests.lake import LINEAGE_ON, with_overrides
 
 MASTER = "spark://127.0.0.1:7077"
 
@@ -71,3 +73,47 @@ def test_emr_steps_ignore_the_local_master(jars, monkeypatch: pytest.MonkeyPatch
     assert "spark.pyspark.python=/usr/bin/python3.11" in args and "s3://code/x/lakehouse.zip" in args
     # Kept frames survive a lost executor there as on the local cluster: reliable checkpoints on HDFS.
     assert "spark.checkpoint.dir=hdfs:///tmp/lakehouse-spark-checkpoints" in args
+
+
+def test_lineage_options_follow_the_target_the_airflow_task_and_the_overrides(jars, tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """hudi_configs/spark.toml [lineage] as each job gets it: the listener everywhere, the file transport locally
+    (in LAKEHOUSE_LINEAGE_DIR), the console and the jar by package on EMR, an Airflow task's run as the parent;
+    on in the project's options, off in the suite's profile unless a test turns it on (tests/lake.py)."""
+    monkeypatch.delenv("LAKEHOUSE_SPARK_MASTER", raising=False)
+    monkeypatch.setenv("LAKEHOUSE_LINEAGE_DIR", str(tmp_path / "lineage"))
+    monkeypatch.setenv(PARENT_VARIABLE, "lakehouse/lakehouse_incremental_etl.etl/01a2255d-f733-7897-8355-06829862620f")
+    monkeypatch.setenv(ROOT_PARENT_VARIABLE, "lakehouse/lakehouse_incremental_etl/01a2255d-f733-7077-86e7-672a6ae97af9")
+    monkeypatch.delenv("LAKEHOUSE_HUDI_OVERRIDES")
+    local, emr = spark_conf(), spark_conf("emr")
+    for conf in (local, emr):
+        assert conf["spark.extraListeners"] == "io.openlineage.spark.agent.OpenLineageSparkListener"
+        assert conf["spark.openlineage.parentJobNamespace"] == conf["spark.openlineage.rootParentJobNamespace"] \
+            == "lakehouse"
+        assert conf["spark.openlineage.parentJobName"] == "lakehouse_incremental_etl.etl"
+        assert conf["spark.openlineage.parentRunId"] == "01a2255d-f733-7897-8355-06829862620f"
+        assert conf["spark.openlineage.rootParentJobName"] == "lakehouse_incremental_etl"
+        assert conf["spark.openlineage.rootParentRunId"] == "01a2255d-f733-7077-86e7-672a6ae97af9"
+    assert local["spark.openlineage.transport.type"] == "file"
+    assert local["spark.openlineage.transport.location"] == str(tmp_path / "lineage" / "spark.jsonl")
+    assert emr["spark.openlineage.transport.type"] == "console" and "spark.openlineage.transport.location" not in emr
+    assert emr["spark.jars.packages"].split(",") == ["org.apache.spark:spark-sql-kafka-0-10_2.12:3.5.6",
+                                                     "io.openlineage:openlineage-spark_2.12:1.53.0"]
+
+    # An Airflow without the provider configured renders the variables empty: no parent, the listener still on.
+    monkeypatch.setenv(PARENT_VARIABLE, "")
+    monkeypatch.setenv(ROOT_PARENT_VARIABLE, "")
+    conf = spark_conf()
+    assert "spark.extraListeners" in conf
+    assert not any(k.startswith(("spark.openlineage.parent", "spark.openlineage.rootParent")) for k in conf)
+    monkeypatch.setenv(PARENT_VARIABLE, "lakehouse/no-run-id")
+    with pytest.raises(ValueError, match="expected namespace/job name/run id"):
+        spark_conf()
+    monkeypatch.delenv(PARENT_VARIABLE)
+
+    # The suite's profile turns it off (its cost), entirely; a test's overrides after it turn it on again.
+    monkeypatch.setenv("LAKEHOUSE_HUDI_OVERRIDES", str(test_profile()))
+    assert not [k for k in spark_conf() if "openlineage" in k or k == "spark.extraListeners"]
+    assert spark_conf("emr")["spark.jars.packages"] == "org.apache.spark:spark-sql-kafka-0-10_2.12:3.5.6"
+    monkeypatch.setenv("LAKEHOUSE_HUDI_OVERRIDES", with_overrides(tmp_path / "on.toml", LINEAGE_ON))
+    assert spark_conf()["spark.extraListeners"] == "io.openlineage.spark.agent.OpenLineageSparkListener"

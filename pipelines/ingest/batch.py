@@ -16,6 +16,7 @@ from pyspark import SparkContext
 from pyspark.sql import DataFrame
 
 from pipelines import catalog_sync
+from pipelines.lineage import named_for_lineage
 
 _BATCH_LINE = re.compile(r"batch (\d+): (\d+) records in ([\d.]+)s")
 
@@ -126,5 +127,5 @@ def append(rows: DataFrame, path: str, options: dict[str, str], n: int | None = 
     """One Hudi commit of `rows` at `path`; a bulk insert of `n` rows in as few files as `in_files` says."""
     if n is not None:
         rows = in_files(rows, n, options)
-    rows.write.format("hudi").options(**options).mode("append").save(path)
+    rows.write.format("hudi").options(**named_for_lineage(path, options)).mode("append").save(path)
     catalog_sync.committed(rows.sparkSession, path, options)

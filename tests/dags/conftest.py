@@ -30,6 +30,7 @@ LAKEHOUSE = PROJECT / ".venv" / "bin" / "lakehouse"
 
 # Before anything imports airflow: its settings are read at import.
 _home = Path(tempfile.mkdtemp(prefix="airflow-home-"))
+LINEAGE = _home / "lineage"
 os.environ.update({
     "AIRFLOW_HOME": str(_home),
     "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS),
@@ -43,7 +44,14 @@ os.environ.update({
     # The DAGs without their late-run deadline: dag.test() creates runs that were never queued, from which
     # Airflow 3.1.8 cannot compute one (dags/lakehouse_common.py, alerting). The UI test's Airflow has them.
     "LAKEHOUSE_LATE_AFTER": "off",
+    # OpenLineage on, as `make airflow` runs it (dags/airflow_local.sh): the provider's events of every task,
+    # and those of the Spark jobs the tasks start (hudi_configs/spark.toml [lineage]), in one folder.
+    "AIRFLOW__OPENLINEAGE__NAMESPACE": "lakehouse",
+    "AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps({"type": "file", "log_file_path": str(LINEAGE / "airflow.jsonl"),
+                                                   "append": True}),
+    "LAKEHOUSE_LINEAGE_DIR": str(LINEAGE),
 })
+LINEAGE.mkdir()
 sys.path[:0] = [str(DAGS), str(PROJECT)]  # the DAGs' helper module; tests.hudi_files
 
 

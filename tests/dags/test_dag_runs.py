@@ -6,12 +6,14 @@ spark-submit the project's CLI in .venv, as the scheduler would.
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import DAGS, PROJECT
+from conftest import DAGS, LINEAGE, PROJECT, lakehouse
 
+from pipelines import lineage
 from pipelines.services.due import services_due
 from tests.hudi_files import log_files, pending_compactions
 from tests.plant import BAD_STATUS
@@ -36,8 +38,31 @@ def _succeeds(dag_id: str) -> None:
     assert state == "success" and not failed, f"{dag_id}: run {state}, tasks not successful: {failed}"
 
 
+def _etl_lineage() -> None:
+    """The OpenLineage events of the etl task just run, as the provider and its Spark job wrote them to the file
+    transports of tests/dags/conftest.py: the task's START and COMPLETE with the datasets the task declares, and
+    its Spark application with the task's run as parent and the DAG's run as root, having read every declared
+    inlet and written every declared outlet (`lakehouse lineage` prints them so)."""
+    from lakehouse_common import etl_inputs, etl_outputs
+
+    runs = lineage.fold(lineage.read_events(sorted(LINEAGE.glob("*.jsonl"))))
+    task = max((r for r in runs.values() if r.job == "lakehouse_incremental_etl.etl"), key=lambda r: r.started or "")
+    assert task.events == ["START", "COMPLETE"], task.events
+    declared_in, declared_out = {a.name for a in etl_inputs()}, {a.name for a in etl_outputs()}
+    assert {lineage.dataset_name(d) for d in task.inputs} == declared_in, task.inputs
+    assert {lineage.dataset_name(d) for d in task.outputs} == declared_out, task.outputs
+    (app,) = [r for r in lineage.applications(runs, "lakehouse_etl") if r.parent and r.parent[2] == task.run_id]
+    assert app.parent == (task.namespace, task.job, task.run_id) and app.root == task.parent, (app, task)
+    assert app.state == "COMPLETE", app.events
+    found = lineage.edges(runs, app)
+    assert declared_in <= {i for e in found for i in e.inputs}, found
+    assert declared_out <= {o for e in found for o in e.outputs}, found
+    printed = lakehouse("lineage", "--run", app.run_id)
+    assert f"parent: {task.namespace}/{task.job} run {task.run_id} (COMPLETE)" in printed, printed
+
+
 @pytest.mark.slow
-def test_etl_then_table_services_on_real_tables(lake: Path) -> None:
+def test_etl_then_table_services_on_real_tables(lake: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each DAG once, every task a real spark-submit of the CLI.
 
     What the jobs themselves must achieve over several runs is the Spark suite's to show
@@ -47,9 +72,15 @@ def test_etl_then_table_services_on_real_tables(lake: Path) -> None:
     shop's few tables, one group: `tables_per_job` is 10), and a failing check fails its group's task
     while the job's other suites pass, so that the next run checks it alone.
     """
+    # The etl job with OpenLineage's listener on (the suite's profile turns it off: hudi_configs/test_profile.toml).
+    profile = os.environ["LAKEHOUSE_HUDI_OVERRIDES"]
+    (lake.parent / "lineage-on.toml").write_text("[spark.lineage]\nenabled = true\n")
+    monkeypatch.setenv("LAKEHOUSE_HUDI_OVERRIDES", os.pathsep.join([profile, str(lake.parent / "lineage-on.toml")]))
     _succeeds("lakehouse_incremental_etl")
+    monkeypatch.setenv("LAKEHOUSE_HUDI_OVERRIDES", profile)
     for table in ("silver/customers", "silver/orders", "gold/customer_ltv", "gold/daily_revenue"):
         assert list((lake / table / ".hoodie").glob("timeline/*.commit")), f"{table}: no commit after the etl run"
+    _etl_lineage()
 
     bronze = {t: str(lake / "bronze" / t) for t in ("customers", "orders")}
     before = {t: log_files(p) for t, p in bronze.items()}

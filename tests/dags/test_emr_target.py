@@ -91,6 +91,8 @@ def test_etl_step_carries_spark_submit_arguments_and_configs(emr_env) -> None:
         assert confs[f"{where}.LAKEHOUSE_TARGET"] == "emr"
         assert confs[f"{where}.LAKEHOUSE_TABLE_SERVICES"] == "external"
         assert confs[f"{where}.KAFKA_BOOTSTRAP_SERVERS"] == "b-1.msk.internal:9092"
+        # The add_step task's OpenLineage run as the job's parent: empty here, without the provider's macros.
+        assert confs[f"{where}.LAKEHOUSE_LINEAGE_PARENT"] == confs[f"{where}.LAKEHOUSE_LINEAGE_ROOT_PARENT"] == ""
 
 
 def test_table_services_map_a_step_per_group_of_due_tables(emr_env) -> None:
