@@ -12,6 +12,8 @@ export AIRFLOW__API__HOST="${AIRFLOW_HOST:-127.0.0.1}"  # 0.0.0.0 in docker/comp
 export AIRFLOW__API__PORT="$port"
 export AIRFLOW__API__BASE_URL="http://127.0.0.1:$port"
 export AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS="${AIRFLOW_USER:-admin}:admin"
+# The users' passwords: a file of your own (JSON, user to password), or the one standalone generates.
+passwords="${AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE:-$AIRFLOW_HOME/simple_auth_manager_passwords.json.generated}"
 # What the DAGs' Spark tasks receive (see dags/lakehouse_common.py).
 export LAKEHOUSE_ROOT="${LAKEHOUSE_ROOT:-$project/lake}"
 export LAKEHOUSE_TARGET="${LAKEHOUSE_TARGET:-local}"
@@ -43,9 +45,9 @@ for _ in $(seq 1 180); do
     echo "airflow standalone exited; its log:" >&2; tail -50 "$AIRFLOW_HOME/standalone.log" >&2; exit 1
   fi
   if curl -fsS "http://127.0.0.1:$port/api/v2/monitor/health" >/dev/null 2>&1 \
-     && [ -s "$AIRFLOW_HOME/simple_auth_manager_passwords.json.generated" ]; then
+     && [ -s "$passwords" ]; then
     password="$("$project/.venv-airflow/bin/python" -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' \
-      "$AIRFLOW_HOME/simple_auth_manager_passwords.json.generated" "${AIRFLOW_USER:-admin}")"
+      "$passwords" "${AIRFLOW_USER:-admin}")"
     echo "Airflow UI: http://127.0.0.1:$port  login: ${AIRFLOW_USER:-admin} / $password"
     echo "(log: $AIRFLOW_HOME/standalone.log; Ctrl-C stops it)"
     wait $airflow_pid

@@ -1,30 +1,22 @@
 """The `gdpr_erasure` DAG: its trigger form's schema, the command it renders, and runs with `dag.test()`.
 
-An invalid request stops in `validate_request`, once, before anything runs or is filed; a
-valid one is filed in the erasure inbox, and the run erases it together with every request
-waiting there, on a lake built by the real pipeline (Kafka, ingest, etl), through the
-project's CLI in .venv, as the scheduler would. No XCom of the run holds an id, and after the
-verified erasure the run's XComs and the earlier runs (their conf holds ids) are deleted, the
-latter through Airflow's own REST API server (in the test's process, on the test's database).
+An invalid request stops in `validate_request`, once, before anything runs or is filed. A valid
+request's whole run on a real lake (filed, erased together with a request waiting in the inbox,
+verified, the earlier runs deleted through the REST API) is tests/dags/test_ui_browser.py's last
+flow, triggered from the UI's form as a user does, on a real scheduler.
 """
 
 from __future__ import annotations
 
 import copy
-import json
 import os
-import re
-import socket
 import subprocess
 import sys
-import threading
-import time
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import DAGS, lakehouse
+from conftest import DAGS
 
 from pipelines.gdpr.request import MAX_IDS
 
@@ -216,116 +208,3 @@ def test_an_invalid_request_fails_in_validate_request_and_runs_nothing(tmp_path:
     assert sorted(p.relative_to(root).as_posix() for p in root.rglob("*")) == ["silver", "silver/customers",
                                                                              "silver/customers/kept"]
     assert not list(Path(os.environ["LAKEHOUSE_GDPR_INBOX"]).glob("*")), "an invalid request was filed"
-
-
-# (d) ------------------------------------------------------------------------------------------
-
-
-def _table(name: str) -> dict[int, dict[str, str]]:
-    """`lakehouse show <name>`, every row, by id (cells are right-aligned under their column names)."""
-    lines = lakehouse("show", name, "--limit", "1000000").splitlines()
-    columns = [(m.group(), m.end()) for m in re.finditer(r"\S+", lines[1])]
-    key = "customer_id" if name.startswith("gold/") else "id"
-    rows = {}
-    for line in lines[2:]:
-        starts = [0] + [end + 2 for _, end in columns[:-1]]
-        cells = {n: line[start:end].strip() for (n, end), start in zip(columns, starts, strict=True)}
-        rows[int(cells[key])] = cells
-    return rows
-
-
-@pytest.fixture
-def api_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """Airflow's REST API (its FastAPI app under uvicorn, simple auth manager) on the test's database,
-    and the connection `airflow_api` the DAG's last task reaches it through."""
-    import uvicorn
-    from airflow.api_fastapi.app import create_app
-
-    # The socket bound here, before uvicorn runs on it: no other process can take the port between.
-    sock = socket.create_server(("127.0.0.1", 0))
-    port, password = sock.getsockname()[1], "not-a-secret"
-    passwords = tmp_path / "passwords.json"
-    passwords.write_text(json.dumps({"dpo": password}))
-    monkeypatch.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS", "dpo:admin")
-    monkeypatch.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE", str(passwords))
-    monkeypatch.setenv("AIRFLOW__API_AUTH__JWT_SECRET", "test-secret-of-this-run-only")
-    monkeypatch.setenv("AIRFLOW_CONN_AIRFLOW_API", f"http://dpo:{password}@127.0.0.1:{port}")
-    server = uvicorn.Server(uvicorn.Config(create_app(apps="core"), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 120
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the API server did not start"
-        time.sleep(0.2)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(30)
-
-
-def _run_records(run_id: str) -> tuple[int, int]:
-    """(the run's rows in dag_run, its XComs) in Airflow's database."""
-    from airflow.models.dagrun import DagRun
-    from airflow.models.xcom import XComModel
-    from airflow.utils.session import create_session
-
-    with create_session() as session:
-        return (session.query(DagRun).filter_by(dag_id=DAG_ID, run_id=run_id).count(),
-                session.query(XComModel).filter_by(dag_id=DAG_ID, run_id=run_id).count())
-
-
-def _tree(root: Path) -> dict[str, tuple[int, int]]:
-    return {p.relative_to(root).as_posix(): (p.stat().st_size, p.stat().st_mtime_ns)
-            for p in root.rglob("*") if p.is_file()}
-
-
-@pytest.mark.slow
-def test_erasure_of_a_real_customer(lake: Path, tmp_path: Path, api_server: str) -> None:
-    lakehouse("etl")
-    customers = _table("silver/customers")
-    source = json.loads((tmp_path / "source.json").read_text())["state"]
-    orders = [o["customer_id"] for o in source["orders"]]
-    # A silver customer with the most orders: erasure must take those too.
-    subject = max((c for c in source["customers"] if c["id"] in customers), key=lambda c: orders.count(c["id"]))
-    cid, email, name = subject["id"], subject["email"].strip().lower(), subject["full_name"]
-    # Another request, waiting in the inbox since before this run (filed by a run triggered earlier).
-    waiting = next(c["id"] for c in source["customers"] if c["id"] in customers and c["id"] != cid)
-    lakehouse("gdpr", "request", "--customer-id", str(waiting), "--reference", "REQ-TEST-0a",
-              "--requested-by", "dpo@shop.example")
-    assert customers[cid]["email"] == email
-    ltv = _table("gold/customer_ltv")
-    assert cid in ltv
-
-    # An invalid request against the real lake: it fails before anything is touched.
-    before = _tree(lake)
-    run = _dag().test(run_conf={"customer_ids": [cid], "reference": "REQ-TEST-0",
-                                "requested_by": INJECTION.format(canary=tmp_path / "canary")})
-    assert run.state == "failed" and _states(run)["gdpr_erase"][0] == "upstream_failed", _states(run)
-    assert _tree(lake) == before, "an invalid request changed the lake"
-    refused = run.run_id
-    assert _run_records(refused)[0] == 1  # its conf holds the id until a verified erasure's clean-up
-
-    run = _dag().test(run_conf={"customer_ids": [cid], "reference": "REQ-TEST-1",
-                                "requested_by": "dpo@shop.example"})
-    states = _states(run)
-    assert run.state == "success" and all(s == "success" for s, _ in states.values()), states
-    # Both requests in one run, a certificate each; the inbox is empty once they are verified.
-    certificates = [json.loads(p.read_text()) for p in sorted((lake / "_gdpr" / "certificates").glob("*.json"))]
-    assert sorted(c["reference"] for c in certificates) == ["REQ-TEST-0a", "REQ-TEST-1"]
-    assert all(c["status"] == "erased" and c["verified"] is True for c in certificates)
-    for certificate in certificates:
-        text = json.dumps(certificate).lower()
-        assert email not in text and name.lower() not in text, "the certificate repeats personal data"
-    assert not list(Path(os.environ["LAKEHOUSE_GDPR_INBOX"]).glob("*"))
-    # What Airflow keeps: after the verified erasure, none of the run's XComs (the task's own return
-    # value is written after it ran: a count, no id), and not the earlier run whose conf named the customer.
-    assert _run_records(run.run_id) == (1, 1)
-    forgot = run.get_task_instance("forget_request").xcom_pull(task_ids="forget_request")
-    assert forgot["runs_deleted"] >= 1, forgot  # earlier tests' runs of this DAG too
-    assert _run_records(refused) == (0, 0)
-
-    after = _table("silver/customers")
-    assert cid not in after and waiting not in after
-    assert after == {k: v for k, v in customers.items() if k not in (cid, waiting)}, "another customer changed"
-    assert cid not in _table("gold/customer_ltv") and waiting not in _table("gold/customer_ltv")

@@ -7,8 +7,10 @@ with its own Kafka broker, so that the DAGs' tasks run the real CLI (spark-submi
 The browser does what an operator does: logs in, finds the DAGs, triggers the ETL from its page and waits
 in the UI for the run's success, opens the task's log and finds the job's summary line; meanwhile (the refusals
 need no Spark) fills the erasure form with a malformed reference and reads the refusal, then a request the
-DAG's own check refuses (the run fails, naming why); after the ETL a valid request, and reads its verified
-status from the erasure task's log.
+DAG's own check refuses (the run fails, naming why); after the ETL a valid request, erased in one run with a
+request waiting in the inbox, and reads their verified status from the erasure task's log. The lake is read back
+(hudi-rs: nobody else's rows changed), and Airflow is asked through its REST API which runs it keeps: the refused
+run, whose conf named the customer, was deleted by the DAG's last task.
 
 The notices are seen arriving at a webhook of the test's (an HTTP server on 127.0.0.1, the connection
 `lakehouse_alerts`): the failed erasure run's, sent by the dag-processor's failure callback, and the ETL run's
@@ -27,14 +29,16 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
 from urllib.parse import quote, unquote
 
 import pytest
-from conftest import DAGS, _lake_env, kafka_up, lakehouse, webhook_server
+from conftest import DAGS, PROJECT, _lake_env, kafka_up, lakehouse, webhook_server
 
 from pipelines.devtools.kafka_local import free_port
+from pipelines.gdpr.airflow_records import AirflowApi
 
 DAG_IDS = ("lakehouse_incremental_etl", "hudi_table_services", "data_quality")
 # A run is late this long after it was queued (every DAG's deadline, lakehouse_common.alerting): well under
@@ -65,8 +69,13 @@ def ui_lake(built_lake: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
 @pytest.fixture(scope="module")
 def airflow_ui(ui_lake: dict[str, str], webhook, tmp_path_factory: pytest.TempPathFactory):
     """`dags/airflow_local.sh` on a free port, once for the module: (url, user, password, the lake's env)."""
-    home = tmp_path_factory.mktemp("airflow-ui")
-    env = {**os.environ, **ui_lake, "AIRFLOW_HOME": str(home / "airflow"), "AIRFLOW_PORT": str(free_port()),
+    home, port, password = tmp_path_factory.mktemp("airflow-ui"), free_port(), "not-a-secret"
+    # The admin's password known before the start: the erasure DAG's last task deletes the request's earlier runs
+    # through the REST API as this user (its connection `airflow_api`), as an operator configures it.
+    (home / "passwords.json").write_text(json.dumps({"admin": password}))
+    env = {**os.environ, **ui_lake, "AIRFLOW_HOME": str(home / "airflow"), "AIRFLOW_PORT": str(port),
+           "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / "passwords.json"),
+           "AIRFLOW_CONN_AIRFLOW_API": f"http://admin:{password}@127.0.0.1:{port}",
            # Only the runs the browser triggers: no scheduled run of the ETL queues beside them once unpaused.
            "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "False",
            "LAKEHOUSE_LATE_AFTER": str(LATE_AFTER_SECONDS),
@@ -81,7 +90,7 @@ def airflow_ui(ui_lake: dict[str, str], webhook, tmp_path_factory: pytest.TempPa
             if match := re.match(r"Airflow UI: (\S+)\s+login: (\S+) / (\S+)", line):
                 url, user, password = match.groups()
                 yield SimpleNamespace(url=url, user=user, password=password, env=ui_lake,
-                                      log=home / "airflow" / "standalone.log")
+                                      log=home / "airflow" / "standalone.log", refused=[])
                 break
             assert time.monotonic() < deadline, "".join(seen)
         else:
@@ -294,6 +303,7 @@ def test_erasure_form_refuses_bad_requests_with_the_reason(airflow_ui, browser, 
     _fill_erasure_form(browser, dialog, customer, "REQ-UI-0", "O'Brien")
     refused = _submit(browser, dialog)
     assert refused, "the trigger was refused by the form"
+    airflow_ui.refused.append(refused)  # its conf names the customer: a verified erasure deletes it (below)
     assert _wait_for_run(browser, url, "gdpr_erasure", refused, timeout=300) == "failed"
     reason = _task_log(browser, url, "gdpr_erasure", refused, "validate_request",
                        lambda line: "invalid erasure request" in line)
@@ -323,19 +333,50 @@ def test_etl_triggered_in_the_ui_runs_on_the_lake_and_logs_its_summary(airflow_u
     assert run_id in unquote(notice["url"]) and url in notice["url"], notice
 
 
+def _hudi_rows(lake: Path, table: str, key: str) -> dict:
+    """A table's rows by key, read with hudi-rs in .venv (no JVM; Airflow's environment has no Hudi reader)."""
+    code = ("import json, sys; from pipelines.table_stats import read_table; "
+            "print(json.dumps(read_table(sys.argv[1]).to_pylist(), default=str))")
+    done = subprocess.run([str(PROJECT / ".venv" / "bin" / "python"), "-c", code, str(lake / table)], cwd=PROJECT,
+                          capture_output=True, text=True, timeout=300, check=True)
+    return {r[key]: {c: v for c, v in r.items() if not c.startswith("_hoodie")} for r in json.loads(done.stdout)}
+
+
 @pytest.mark.slow
 def test_erasure_from_the_form_is_verified_in_the_task_log(airflow_ui, browser) -> None:
-    """After the ETL (the customer is in silver and gold too): a valid request, erased, and the erasure task's
-    log says it is verified (the job's summary, one JSON line; the DAG's XComs are deleted after it)."""
-    url = airflow_ui.url
+    """After the ETL (the customer is in silver and gold too): a valid request, erased in one run with a request
+    waiting in the inbox, and the erasure task's log says both are verified (the job's summary, one JSON line).
+    Nobody else's rows changed, the certificates name nobody, and Airflow keeps no run whose conf named a customer:
+    the DAG's last task deleted the refused run through the REST API."""
+    url, env = airflow_ui.url, airflow_ui.env
+    lake, state = Path(env["LAKEHOUSE_ROOT"]), json.loads(Path(env["LAKEHOUSE_SOURCE_STATE"]).read_text())["state"]
+    customers = _hudi_rows(lake, "silver/customers", "id")
+    subject = _customer(env)
+    waiting = next(c["id"] for c in state["customers"] if c["id"] in customers and c["id"] != subject)
+    lakehouse("gdpr", "request", "--customer-id", str(waiting), "--reference", "REQ-UI-0a", env=env)
     dialog = _open_trigger_form(browser, url, "gdpr_erasure")
-    _fill_erasure_form(browser, dialog, _customer(airflow_ui.env), "REQ-UI-1", "dpo@shop.example")
+    _fill_erasure_form(browser, dialog, subject, "REQ-UI-1", "dpo@shop.example")
     run_id = _submit(browser, dialog)
     assert run_id, "a valid request was refused"
     assert _wait_for_run(browser, url, "gdpr_erasure", run_id, timeout=900) == "success"
     line = _task_log(browser, url, "gdpr_erasure", run_id, "gdpr_erase", lambda line: '"REQ-UI-1"' in line)
-    summary = json.loads(line[line.index("{"):line.rindex("}") + 1])
-    assert summary["reference"] == "REQ-UI-1" and summary["status"] == "erased", summary
-    assert summary["verified"] is True and summary["rows_removed"] > 0, summary
-    certificate = json.loads(Path(summary["certificate"]).read_text())
-    assert certificate["verified"] is True and certificate["reference"] == "REQ-UI-1"
+    summaries = {s["reference"]: s for s in json.loads(line[line.index("[{"):line.rindex("}]") + 2])}
+    assert summaries.keys() == {"REQ-UI-0a", "REQ-UI-1"}, summaries
+    assert all(s["status"] == "erased" and s["verified"] is True for s in summaries.values()), summaries
+    assert summaries["REQ-UI-1"]["rows_removed"] > 0, summaries
+    people = [c for c in state["customers"] if c["id"] in (subject, waiting)]
+    for summary in summaries.values():
+        certificate = json.loads(Path(summary["certificate"]).read_text())
+        assert certificate["verified"] is True and certificate["reference"] == summary["reference"]
+        text = json.dumps(certificate).lower()
+        assert not [p for p in people if p["email"].strip().lower() in text or p["full_name"].lower() in text], \
+            "a certificate repeats personal data"
+    assert not list(Path(env["LAKEHOUSE_GDPR_INBOX"]).glob("*")), "the inbox keeps an erased request"
+
+    gone = {subject, waiting}
+    assert _hudi_rows(lake, "silver/customers", "id") == {k: v for k, v in customers.items() if k not in gone}, \
+        "another customer changed"
+    assert not gone & _hudi_rows(lake, "gold/customer_ltv", "customer_id").keys()
+    # The refused run's conf named the subject: deleted, with every other run that ended before this one.
+    api = AirflowApi(url, airflow_ui.user, airflow_ui.password)
+    assert airflow_ui.refused and api.finished_runs("gdpr_erasure", datetime.now(UTC)) == [run_id]
