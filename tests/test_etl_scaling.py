@@ -1,6 +1,6 @@
 """An etl cycle's work grows with the change, not with the table: rows and files read, small vs 10x table.
 
-Two lakes are built from generated databases of 100 and 1,000 customers (3 orders each), then
+Two lakes are built from generated databases of 50 and 500 customers (3 orders each), then
 both receive the same change: the same kinds of change on the same keys. What each step of
 the cycle reads is taken from Spark's own metrics (pipelines.metrics). Files are capped at
 16 KiB so that the small tables span many more files than the change touches: in production
@@ -104,8 +104,8 @@ KEYS_PER_DAY = (len(COUNTRIES) + 2) * len(CURRENCIES)
 def test_cycle_reads_grow_with_the_change_not_the_table(spark, tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("LAKEHOUSE_HUDI_OVERRIDES",
                        with_overrides(tmp_path / "file-cap.toml", f"[silver.table]{CAP}[gold.common]{CAP}"))
-    small_full, small, _ = _cycle_reads(spark, tmp_path, 100)
-    large_full, large, days = _cycle_reads(spark, tmp_path, 1000)
+    small_full, small, _ = _cycle_reads(spark, tmp_path, 50)
+    large_full, large, days = _cycle_reads(spark, tmp_path, 500)
     print(f"\nfull cycle: small {small_full.as_dict()}\n            10x   {large_full.as_dict()}")
     for step in small:
         print(f"{step:<22} small {small[step].as_dict()}\n{'':<22} 10x   {large[step].as_dict()}")
