@@ -36,10 +36,11 @@ from pipelines.devtools import sql_sink
 from pipelines.devtools.generator import ShopSource, WorkloadConfig
 from pipelines.devtools.kafka_local import KafkaBroker, free_port
 from pipelines.devtools.pg_source import RealSource, slot_status
+from pipelines.devtools.source_state import database_state
 from pipelines.ingest.bronze import run_ingest
 from tests.lake import assert_bronze_equals_model, dead_letters
 from tests.model import fold_with_lsn, unwrap
-from tests.test_real_source import database_state, play, topic_records
+from tests.test_real_source import play, topic_records
 
 pytestmark = pytest.mark.slow
 
