@@ -174,6 +174,22 @@ def play(messages: Iterable[Message], dsn: str, bootstrap: str) -> SqlRun:
     return run
 
 
+def mark(dsn: str, bootstrap: str, table: str = "customers") -> None:
+    """Touch one row of `table` (its `updated_at` set to itself) and wait until Debezium delivered that change:
+    it delivers in commit order, so then every change committed before the call is on Kafka too. Touches no
+    row the generator's simulation would know changed (values stay), unlike playing more of its changes."""
+    import psycopg
+
+    since = end_offsets(bootstrap, [topic(table)])
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        lsn = _wal_insert_lsn(conn)
+        done = conn.execute(f"UPDATE {table} SET updated_at = updated_at WHERE {PRIMARY_KEY} = "
+                            f"(SELECT min({PRIMARY_KEY}) FROM {table})")
+        if done.rowcount != 1:
+            raise RuntimeError(f"no row in {table} to mark the end of the changes with")
+    wait_published(bootstrap, table, lsn, since)
+
+
 def _wal_insert_lsn(conn: Any) -> int:
     row = conn.execute("SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint").fetchone()
     return int(row[0])

@@ -18,6 +18,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipelines.local_process import process_started
+
 OVERRIDES_VARIABLE = "LAKEHOUSE_HUDI_OVERRIDES"
 
 
@@ -30,13 +32,15 @@ class Supervised:
     """The stream as `lakehouse stream ACTION` runs it, on a lake in `home`, reading Kafka at `bootstrap`.
 
     `overrides`: TOML appended to LAKEHOUSE_HUDI_OVERRIDES for the stream (stream limits, Kafka
-    timeouts), in `home/stream.toml`; empty, the project's own settings.
+    timeouts), in `home/stream.toml`; empty, the project's own settings. `extra_env`: more of the
+    commands' environment (the stream inherits it).
     """
 
     home: Path
     bootstrap: str
     overrides: str = ""
     trigger_seconds: float = 2.0
+    extra_env: dict[str, str] = field(default_factory=dict)
     env: dict[str, str] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -48,7 +52,7 @@ class Supervised:
             mine.write_text(self.overrides)
             files.append(str(mine))
         self.env = {**os.environ, "LAKEHOUSE_ROOT": str(self.root), "KAFKA_BOOTSTRAP_SERVERS": self.bootstrap,
-                    "LAKEHOUSE_RUN_DIR": str(self.home / "run")}
+                    "LAKEHOUSE_RUN_DIR": str(self.home / "run"), **self.extra_env}
         if files:
             self.env[OVERRIDES_VARIABLE] = os.pathsep.join(files)
 
@@ -70,9 +74,13 @@ class Supervised:
         return done.stdout.strip()
 
     def pid(self) -> int | None:
-        """The supervised process's pid, from its pid file (None before the first start)."""
-        with contextlib.suppress(FileNotFoundError, ValueError, KeyError):
-            return int(json.loads((self.home / "run" / "bronze-stream" / "stream.pid").read_text())["pid"])
+        """The supervised process's pid while it runs (pid and start time as its pid file says), else None."""
+        with contextlib.suppress(FileNotFoundError, ValueError, KeyError, TypeError):
+            recorded = json.loads((self.home / "run" / "bronze-stream" / "stream.pid").read_text())
+            pid, started = int(recorded["pid"]), recorded.get("started")
+            running = process_started(pid)
+            if running is not None and (started is None or running == started):
+                return pid
         return None
 
     def batches_started(self) -> int:

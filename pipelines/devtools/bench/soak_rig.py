@@ -1,0 +1,170 @@
+"""What the soak runs on and breaks: the real source, Kafka behind Toxiproxy, the supervised stream.
+
+Every piece is the project's own dev tool, started as the fault tests start them (tests/test_faults_kafka.py,
+tests/test_faults_source.py): PostgreSQL and Debezium in Kafka Connect (`RealSource`) publish to the
+broker's own listener; the stream reads Kafka through Toxiproxy (`KafkaBroker(proxy_port=...)`: every
+connection of the stream goes through the proxy, Connect's and the probes' do not), and runs as
+`lakehouse stream start` runs it, under `lakehouse stream ensure` every few minutes as the
+`bronze_ingest_stream` DAG runs it. Everything lives in one folder; `Rig.clean` stops what a run
+that was interrupted left running there (by its pid files, never by name).
+
+`inject` runs one fault to its end: the broker SIGKILLed and started again (same ports, same data),
+a blackout of the stream's proxy, PostgreSQL stopped (fast shutdown) and started again, or a toxic
+(latency, bandwidth, connection resets) on the stream's proxy for a while.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipelines.devtools.bench.memory import jvm_memory
+from pipelines.devtools.bench.soak_plan import Fault
+from pipelines.devtools.bench.visibility import WRITER_TZ, LagProbe
+from pipelines.devtools.kafka_local import KafkaBroker
+from pipelines.devtools.pg_source import RealSource, slot_status
+from pipelines.devtools.supervised import Supervised
+from pipelines.devtools.toxiproxy import Proxy, Toxiproxy
+from pipelines.local_process import free_port
+
+# The toxics' strength: a slow link, a thin one, and one that resets every connection as data flows.
+LATENCY_MS, JITTER_MS = 1000, 250
+BANDWIDTH_KB_S = 256
+
+
+@dataclass
+class Rig:
+    """The running pieces of one soak, under `home`."""
+
+    home: Path
+    toxiproxy: Toxiproxy
+    broker: KafkaBroker
+    proxy: Proxy
+    source: RealSource
+    stream: Supervised
+
+    @staticmethod
+    def clean(home: Path) -> None:
+        """Stop whatever an earlier run left running under `home` (its pid files), then remove its files."""
+        if home.exists():
+            Supervised(home, "").kill()
+            with suppress(Exception):
+                RealSource(home / "source").down()
+            KafkaBroker(home / "kafka").stop()
+            Toxiproxy(home / "toxiproxy").stop()
+            shutil.rmtree(home)
+        home.mkdir(parents=True)
+
+
+@contextmanager
+def rig(home: Path, env: dict[str, str], trigger_seconds: float,
+        load_snapshot: Callable[[str], None]) -> Iterator[Rig]:
+    """Toxiproxy, the broker, the source (`load_snapshot(dsn)` fills the database before Debezium's first
+    snapshot), the supervised stream's settings; everything stopped at the end. The stream is not started."""
+    Rig.clean(home)
+    with ExitStack() as stack:
+        toxiproxy = Toxiproxy(home / "toxiproxy").start()
+        stack.callback(toxiproxy.stop)
+        broker = KafkaBroker(home / "kafka", proxy_port=free_port()).start()
+        stack.callback(broker.stop)
+        proxy = toxiproxy.client.create("kafka", broker.proxied_bootstrap, broker.proxied_upstream)
+        source = RealSource(home / "source", free_port(), free_port(), broker.bootstrap)
+        stack.callback(source.down)
+        load_snapshot(source.postgres.start().dsn)
+        source.up()
+        # The exporter on a port of its own: another stream on this machine may hold the default.
+        stream = Supervised(home, broker.proxied_bootstrap, f"[stream.metrics]\nport = {free_port()}\n",
+                            trigger_seconds, {**env, "TZ": WRITER_TZ})
+        stack.callback(stream.kill)
+        yield Rig(home, toxiproxy, broker, proxy, source, stream)
+
+
+def inject(r: Rig, fault: Fault) -> tuple[float, float]:
+    """Run `fault` to its end; (start, end) epoch seconds, the end when the broken piece serves again."""
+    start = time.time()
+    if fault.kind == "broker_kill":
+        r.broker.kill()
+        time.sleep(fault.seconds)
+        r.broker.start()
+    elif fault.kind == "kafka_blackout":
+        with r.proxy.blackout():
+            time.sleep(fault.seconds)
+    elif fault.kind == "postgres_restart":
+        r.source.postgres.stop()
+        time.sleep(fault.seconds)
+        r.source.postgres.start()
+    else:
+        toxic = {"kafka_latency": lambda: r.proxy.latency(LATENCY_MS, JITTER_MS),
+                 "kafka_bandwidth": lambda: r.proxy.bandwidth(BANDWIDTH_KB_S),
+                 "kafka_reset_peer": lambda: r.proxy.reset_peer()}[fault.kind]()
+        try:
+            time.sleep(fault.seconds)
+        finally:
+            toxic.remove()
+    return start, time.time()
+
+
+@dataclass
+class Sampler:
+    """Readings every `seconds` on threads of their own until `stop`: the stream driver JVM's memory and the
+    slot's lag (never blocks long), and the consumer lag (blocks while the broker is down, so apart)."""
+
+    r: Rig
+    seconds: float = 5.0
+    memory: list[dict[str, Any]] = field(default_factory=list)
+    lag: list[dict[str, Any]] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def start(self, probe: LagProbe) -> None:
+        for target in (self._memory, lambda: self._lag(probe)):
+            threading.Thread(target=target, daemon=True).start()
+
+    def _memory(self) -> None:
+        while not self.stop.wait(self.seconds):
+            pid = self.r.stream.pid()
+            read = jvm_memory(pid) if pid else None
+            slot = None
+            with suppress(Exception):
+                slot = (slot_status(self.r.source.pg_port) or {}).get("lag_bytes")
+            self.memory.append({"t": time.time(), "pid": read.pid if read else None,
+                                "rss_mib": read.rss_mib if read else None,
+                                "heap_used_mib": read.heap_used_mib if read else None,
+                                "old_used_mib": read.old_used_mib if read else None, "slot_lag_bytes": slot})
+
+    def _lag(self, probe: LagProbe) -> None:
+        while not self.stop.wait(self.seconds):
+            with suppress(Exception):
+                self.lag.append({"t": time.time(), **probe.lag()})
+
+    def latest(self) -> dict[str, Any]:
+        """The newest of each reading, for a progress line."""
+        return {**(self.lag[-1] if self.lag else {}), **(self.memory[-1] if self.memory else {})}
+
+
+@dataclass
+class Ensure:
+    """`lakehouse stream ensure` every `seconds` on a thread, as the bronze_ingest_stream DAG runs it; what it did
+    when it did more than find the stream running."""
+
+    stream: Supervised
+    seconds: float
+    acted: list[dict[str, Any]] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def start(self) -> None:
+        threading.Thread(target=self._loop, daemon=True).start()
+
+    def _loop(self) -> None:
+        while not self.stop.wait(self.seconds):
+            try:
+                said = self.stream.run("ensure")
+            except Exception as exc:  # a failed ensure is a figure of the run, not its end
+                said = f"failed: {exc}"
+            if not said.startswith("running"):
+                self.acted.append({"t": time.time(), "said": said[:500]})
