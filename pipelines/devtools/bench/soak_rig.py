@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipelines.declaration import Declaration
 from pipelines.devtools.bench.memory import jvm_memory
 from pipelines.devtools.bench.soak_plan import Fault
 from pipelines.devtools.bench.visibility import WRITER_TZ, LagProbe
@@ -63,10 +64,11 @@ class Rig:
 
 
 @contextmanager
-def rig(home: Path, env: dict[str, str], trigger_seconds: float,
-        load_snapshot: Callable[[str], None]) -> Iterator[Rig]:
-    """Toxiproxy, the broker, the source (`load_snapshot(dsn)` fills the database before Debezium's first
-    snapshot), the supervised stream's settings; everything stopped at the end. The stream is not started."""
+def rig(home: Path, env: dict[str, str], trigger_seconds: float, load_snapshot: Callable[[str], None],
+        declaration: Declaration) -> Iterator[Rig]:
+    """Toxiproxy, the broker, the source capturing `declaration`'s tables (`load_snapshot(dsn)` fills the database
+    before Debezium's first snapshot), the supervised stream's settings; everything stopped at the end. The stream
+    is not started."""
     Rig.clean(home)
     with ExitStack() as stack:
         toxiproxy = Toxiproxy(home / "toxiproxy").start()
@@ -77,7 +79,7 @@ def rig(home: Path, env: dict[str, str], trigger_seconds: float,
         source = RealSource(home / "source", free_port(), free_port(), broker.bootstrap)
         stack.callback(source.down)
         load_snapshot(source.postgres.start().dsn)
-        source.up()
+        source.up(declaration)
         # The exporter on a port of its own: another stream on this machine may hold the default.
         stream = Supervised(home, broker.proxied_bootstrap, f"[stream.metrics]\nport = {free_port()}\n",
                             trigger_seconds, {**env, "TZ": WRITER_TZ})
@@ -85,29 +87,40 @@ def rig(home: Path, env: dict[str, str], trigger_seconds: float,
         yield Rig(home, toxiproxy, broker, proxy, source, stream)
 
 
-def inject(r: Rig, fault: Fault) -> tuple[float, float]:
-    """Run `fault` to its end; (start, end) epoch seconds, the end when the broken piece serves again."""
+def inject(r: Rig, fault: Fault) -> dict[str, Any]:
+    """Run `fault` to its end: its start and end (epoch seconds; the end when the broken piece serves again), and
+    what `lakehouse stream status` said half-way through (an operator's view of it)."""
+    said: list[str] = []
+
+    def meanwhile() -> None:
+        time.sleep(fault.seconds / 2)
+        try:
+            said.append(r.stream.run("status"))
+        except Exception as exc:  # what status could not say is part of the record
+            said.append(f"status failed: {exc}")
+        time.sleep(max(0.0, start + fault.seconds - time.time()))
+
     start = time.time()
     if fault.kind == "broker_kill":
         r.broker.kill()
-        time.sleep(fault.seconds)
+        meanwhile()
         r.broker.start()
     elif fault.kind == "kafka_blackout":
         with r.proxy.blackout():
-            time.sleep(fault.seconds)
+            meanwhile()
     elif fault.kind == "postgres_restart":
         r.source.postgres.stop()
-        time.sleep(fault.seconds)
+        meanwhile()
         r.source.postgres.start()
     else:
         toxic = {"kafka_latency": lambda: r.proxy.latency(LATENCY_MS, JITTER_MS),
                  "kafka_bandwidth": lambda: r.proxy.bandwidth(BANDWIDTH_KB_S),
                  "kafka_reset_peer": lambda: r.proxy.reset_peer()}[fault.kind]()
         try:
-            time.sleep(fault.seconds)
+            meanwhile()
         finally:
             toxic.remove()
-    return start, time.time()
+    return {"kind": fault.kind, "planned_at": fault.at, "start": start, "end": time.time(), "status": said[0]}
 
 
 @dataclass
