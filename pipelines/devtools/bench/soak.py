@@ -156,10 +156,11 @@ def _soak(r: Rig, plan: SoakPlan, sim: ShopSource, topics: dict[str, str]) -> di
         except SupervisorError as exc:  # checked all the same: what it lacks is counted as lost
             say(f"the stream did not catch up: {exc}")
         caught_up = time.time()
+        sampler.close()
         end_offsets = probe.kafka_end()
         r.stream.run("stop", "stopped")
     finally:
-        sampler.stop.set()
+        sampler.close()
         ensure.stop.set()
         probe.close()
     return {"plan": {k: v for k, v in plan.__dict__.items() if k != "faults"},

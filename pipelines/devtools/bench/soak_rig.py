@@ -134,9 +134,19 @@ class Sampler:
     lag: list[dict[str, Any]] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
 
+    threads: list[threading.Thread] = field(default_factory=list)
+
     def start(self, probe: LagProbe) -> None:
-        for target in (self._memory, lambda: self._lag(probe)):
-            threading.Thread(target=target, daemon=True).start()
+        self.threads = [threading.Thread(target=target, daemon=True) for target in (self._memory,
+                                                                                    lambda: self._lag(probe))]
+        for thread in self.threads:
+            thread.start()
+
+    def close(self, timeout: float = 60.0) -> None:
+        """Stop sampling and wait for the threads (the probe's Kafka consumer is not to be shared between threads)."""
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(timeout)
 
     def _memory(self) -> None:
         while not self.stop.wait(self.seconds):
