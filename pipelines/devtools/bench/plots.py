@@ -132,9 +132,11 @@ def soak_chart(figures: dict[str, Any], path: Path) -> Path:
         start, end = (f["start"] - t0) / 60, (f["end"] - t0) / 60
         recovered = end + (f["recovery_seconds"] or 0.0) / 60
         for ax in (fresh_ax, mem_ax):
-            ax.axvspan(start, end, color=color, alpha=0.3, label=None if f["kind"] in seen else f["kind"])
+            ax.axvspan(start, end, color=color, alpha=0.3,
+                       label=None if f["kind"] in seen or ax is mem_ax else f["kind"])
             ax.axvspan(end, recovered, color=color, alpha=0.1)
         seen.add(f["kind"])
+    fresh_ax.axvspan(0, figures["plan"]["warmup_minutes"], color="0.9", label="warm-up (no fault)")
     fresh_ax.legend(loc="upper right", fontsize=8)
     mem_ax.legend(loc="lower right", fontsize=8)
     return _save(fig, path, dpi=110)
