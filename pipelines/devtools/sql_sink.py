@@ -48,6 +48,11 @@ class Statement:
     # insert becomes an upsert of the same image; an update or delete already is (whole row image).
     again: str = ""
 
+    @property
+    def records(self) -> int:
+        """The Kafka records Debezium makes of it: a delete's event and its tombstone (tombstones.on.delete)."""
+        return 2 if self.op == "d" else 1
+
 
 @dataclass
 class SqlRun:
@@ -252,11 +257,13 @@ class PlayAtRate:
 
     What an application in front of the source does during `lakehouse bench soak`: it writes on
     while Kafka or the stream fail, and when PostgreSQL itself restarts it reconnects and goes on.
-    Changes are committed a few at a time (those due by the rate, at most `per_transaction`), each
-    statement checked as `apply` checks it. A transaction whose commit was cut by the database going
-    away may or may not have committed: it is run again in its idempotent form (`Statement.again`,
-    no row counts checked), so the database ends as the generator's state either way. After an
-    outage the rate starts afresh: writes that could not be made are not made up for in a burst.
+    The rate is of Debezium's records (`Statement.records`: a delete makes two), as `bench freshness`
+    counts Kafka records. Changes are committed a few at a time (those due by the rate, at most
+    `per_transaction`), each statement checked as `apply` checks it. A transaction whose commit was
+    cut by the database going away may or may not have committed: it is run again in its idempotent
+    form (`Statement.again`, no row counts checked), so the database ends as the generator's state
+    either way. After an outage the rate starts afresh: writes that could not be made are not made
+    up for in a burst.
 
     `changes()` gives the next chunk of the generator's records (called when the last is used up);
     `run` plays until `stop` is set (on a thread of its own).
@@ -267,7 +274,8 @@ class PlayAtRate:
         self.dsn, self.rate, self.changes = dsn, rate, changes
         self.per_transaction, self.retry_seconds = per_transaction, retry_seconds
         self.stop = threading.Event()
-        self.played = 0
+        self.played = 0  # changes
+        self.records = 0  # Debezium's records of them
         self.transactions = 0
         self.outages: list[tuple[float, float]] = []  # (from, to) epoch seconds without the database
         self.last: tuple[str, int] | None = None  # (table, WAL position before it) of the last transaction
@@ -283,19 +291,23 @@ class PlayAtRate:
                 if not pending:
                     pending.extend(statements(self.changes()))
                     continue
-                due = min(int((time.monotonic() - started) * self.rate) - (self.played - base),
-                          self.per_transaction, len(pending))
+                due = int((time.monotonic() - started) * self.rate) - (self.records - base)
                 if due <= 0:
                     time.sleep(0.01)
                     continue
-                batch = [pending.popleft() for _ in range(due)]
+                batch: list[Statement] = []
+                while pending and due > 0 and len(batch) < self.per_transaction:
+                    batch.append(pending.popleft())
+                    due -= batch[-1].records
+                records = sum(s.records for s in batch)
                 try:
                     conn = conn or self._connect()
                     self._commit(conn, batch, again=False)
                 except (OperationalError, InterfaceError):
                     conn = self._reconnect_and_commit(conn, batch)
-                    started, base = time.monotonic(), self.played + len(batch)
+                    started, base = time.monotonic(), self.records + records
                 self.played += len(batch)
+                self.records += records
                 self.transactions += 1
         finally:
             if conn is not None:

@@ -223,7 +223,8 @@ def commits(rows: int, warm_up: int, commits: int, variants: tuple[str, ...]) ->
 @click.option("--minutes", type=click.FloatRange(min=1), default=30.0, show_default=True,
               help="How long the steady load runs, warm-up and tail included.")
 @click.option("--rate", type=click.FloatRange(min=1), default=FRESHNESS_RATE, show_default=True,
-              help="Changes per second committed in PostgreSQL (Debezium adds a tombstone per delete).")
+              help="Debezium's records per second (a delete is two: its event and a tombstone), committed in "
+                   "PostgreSQL a few changes per transaction.")
 @click.option("--every", "every_minutes", type=click.FloatRange(min=0.5), default=4.0, show_default=True,
               help="Minutes between faults: one fault at a random time in each slot of this length.")
 @click.option("--fault", "kinds", multiple=True, type=click.Choice(_SOAK_KINDS),

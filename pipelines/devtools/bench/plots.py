@@ -119,7 +119,7 @@ def soak_chart(figures: dict[str, Any], path: Path) -> Path:
     fresh_ax.plot(minutes, [s["p50"] for s in series], lw=1, label="p50")
     fresh_ax.plot(minutes, [s["p95"] for s in series], lw=1.5, label="p95")
     fresh_ax.set(ylabel="seconds, commit in PostgreSQL to visible in bronze",
-                 title=f"Soak: {figures['plan']['rate']:g} changes/s, {len(figures['fault_runs'])} faults")
+                 title=f"Soak: {figures['plan']['rate']:g} records/s, {len(figures['fault_runs'])} faults")
     memory = [m for m in figures.get("memory", []) if m["rss_mib"] is not None]
     at = [(m["t"] - t0) / 60 for m in memory]
     mem_ax.plot(at, [m["rss_mib"] for m in memory], lw=1.5, label="driver JVM resident (RSS)")

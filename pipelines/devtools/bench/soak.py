@@ -105,7 +105,7 @@ def run(plan: SoakPlan) -> dict[str, Any]:
         sql_sink.apply(sim.snapshot(_workload(plan.seed, customers=customers,
                                               orders=plan.snapshot_rows - customers, changes=0)), dsn)
 
-    say(f"soak: {plan.minutes:g} min at {plan.rate:g} changes/s, faults "
+    say(f"soak: {plan.minutes:g} min at {plan.rate:g} records/s, faults "
         + ", ".join(f"{f.kind}@{f.at / 60:.1f}m/{f.seconds:g}s" for f in plan.faults))
     with rig(home, env, plan.trigger_seconds, snapshot, shop.declaration) as r:
         figures = _soak(r, plan, sim, topics)
@@ -166,8 +166,9 @@ def _soak(r: Rig, plan: SoakPlan, sim: ShopSource, topics: dict[str, str]) -> di
     return {"plan": {k: v for k, v in plan.__dict__.items() if k != "faults"},
             "planned_faults": [f.__dict__ for f in plan.faults], "faults": done_faults,
             "t0": t0, "load_stopped": stopped, "caught_up_after_load_seconds": round(caught_up - stopped, 1),
-            "changes_played": player.played, "transactions": player.transactions,
+            "changes_played": player.played, "records_played": player.records, "transactions": player.transactions,
             "changes_per_s": round(player.played / (stopped - t0), 1),
+            "records_per_s": round(player.records / (stopped - t0), 1),
             "kafka_records_per_s": round(sum(end_offsets[tp] - start_offsets.get(tp, 0) for tp in end_offsets)
                                          / (stopped - t0), 1),
             "source_outages": [[round(a - t0, 1), round(b - t0, 1)] for a, b in player.outages],
@@ -289,8 +290,8 @@ def report(figures: dict[str, Any]) -> str:
         kinds[f["kind"]] = kinds.get(f["kind"], 0) + 1
     b = figures["bronze"]
     d, m = figures["delay_seconds"], figures["memory_summary"]
-    summary = {"minutes": f"{figures['plan']['minutes']:g}", "changes/s": figures["changes_per_s"],
-               "Kafka records/s": figures["kafka_records_per_s"],
+    summary = {"minutes": f"{figures['plan']['minutes']:g}", "records/s": figures["kafka_records_per_s"],
+               "changes/s": figures["changes_per_s"],
                "faults": " ".join(f"{k}×{n}" for k, n in kinds.items()) or "-",
                "lost/dup/resurrected/stale": "/".join(str(sum(v[k] for v in b.values()))
                                                       for k in ("lost", "duplicated", "resurrected", "stale")),
