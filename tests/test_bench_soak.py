@@ -123,3 +123,35 @@ def test_an_insert_played_again_is_an_upsert_of_the_same_image() -> None:
     first = inserts[0]
     assert first.again.startswith(first.sql + " ON CONFLICT (id) DO UPDATE SET ")
     assert "id = EXCLUDED.id" not in first.again and "email = EXCLUDED.email" in inserts[0].again
+
+
+def test_the_report_and_the_chart_come_from_the_figures(tmp_path) -> None:
+    from pipelines.devtools.bench import soak
+    from pipelines.devtools.bench.plots import soak_chart
+
+    plan = soak.SoakPlan(minutes=4, rate=300, every_minutes=0.75, warmup_minutes=0.5, tail_minutes=0.5,
+                         fault_seconds=15)
+    t0 = 1000.0
+    committed = t0 + np.linspace(0, 240, 2000)
+    visible = committed + 5 + (np.arange(2000) % 7)
+    catch = CatchUp(committed, visible)
+    runs = [{"kind": f.kind, "start": t0 + f.at, "end": t0 + f.end, "at_min": round(f.at / 60, 2), "seconds": f.seconds,
+             "recovery_seconds": catch.seconds_after(t0 + f.end), "delay_seconds": percentiles(visible - committed)}
+            for f in plan.faults]
+    memory = [{"t": t0 + 5 * i, "pid": 42, "rss_mib": 900.0 + i, "heap_used_mib": 300.0, "old_used_mib": 200.0}
+              for i in range(48)]
+    exact = {"source_rows": 10, "lake_rows": 10, "lost": 0, "duplicated": 0, "resurrected": 0, "stale": 0}
+    figures = {"plan": {"minutes": 4, "rate": 300, "warmup_minutes": 0.5}, "t0": t0, "fault_runs": runs,
+               "kafka_records_per_s": 299.0, "changes_per_s": 270.0, "caught_up_after_load_seconds": 9.0,
+               "ensure_acted": [], "memory": memory, "bronze": {"customers": exact, "orders": {**exact, "lost": 2}},
+               "silver": {"orders": exact}, "gold": {"customer_ltv": exact},
+               "delay_seconds": {"during_faults": percentiles(np.array([9.0])),
+                                 "outside_faults": percentiles(np.array([6.0]))},
+               "quiet_catch_up_seconds": percentiles(np.array([5.0])),
+               "delay_series": soak._series(committed - t0, visible - committed),
+               "memory_summary": soak._memory(memory, t0 + 30)}
+    text = soak.report(figures)
+    assert "| 2/0/0/0 " in text, "lost rows summed over the tables"
+    assert "906.0→947.0" in text, "RSS at the end of the warm-up and at the end"
+    assert text.count("broker_kill") + text.count("kafka_blackout") + text.count("postgres_restart") >= len(runs)
+    assert soak_chart(figures, tmp_path / "soak.png").stat().st_size > 10_000
