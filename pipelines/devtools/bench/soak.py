@@ -119,7 +119,7 @@ def run(plan: SoakPlan) -> dict[str, Any]:
 def _soak(r: Rig, plan: SoakPlan, sim: ShopSource, topics: dict[str, str]) -> dict[str, Any]:
     """The load, the faults and the samplers; then the source drained into bronze and the stream stopped."""
     dsn = r.source.postgres.dsn
-    r.stream.run("start", "stream started")
+    say(f"lakehouse stream start: {r.stream.run('start', 'stream started')}; waiting for the snapshot in bronze")
     probe = LagProbe(r.broker.bootstrap, str(r.stream.root), topics)
     sampler, ensure = Sampler(r), Ensure(r.stream, plan.ensure_seconds)
     try:
@@ -206,6 +206,7 @@ def _rows(path: str, columns: list[str]) -> list[dict[str, Any]]:
 
 def _check(r: Rig, plan: SoakPlan) -> dict[str, Any]:
     """Bronze against PostgreSQL's rows (the oracle); after one etl, silver and quarantine against its keys."""
+    say("checking bronze against PostgreSQL's rows")
     postgres = r.source.postgres.start()  # started again only if a fault left it down
     state = database_state(postgres)
     root = str(r.stream.root)
@@ -215,6 +216,7 @@ def _check(r: Rig, plan: SoakPlan) -> dict[str, Any]:
                                f"resurrected {v['resurrected']}, stale {v['stale']}" for t, v in bronze.items()))
     out: dict[str, Any] = {"bronze": bronze}
     if plan.etl:
+        say("lakehouse etl, then silver, its quarantine and gold/customer_ltv checked")
         seconds = lakehouse("etl", env=r.stream.env, log=r.home / "etl.log")
         keys = PRIMARY_KEY
         out["silver"] = {t: {**tally({k: {} for k in state[t]},
@@ -233,6 +235,7 @@ def _check(r: Rig, plan: SoakPlan) -> dict[str, Any]:
 def _freshness(r: Rig, plan: SoakPlan, figures: dict[str, Any], topics: dict[str, str]) -> dict[str, Any]:
     """Per change, commit in PostgreSQL to visible in bronze; per fault, its recovery and freshness."""
     t0 = figures["t0"]
+    say("freshness: every change bronze applied, from its change log")
     seen = [v for v in visibility(str(r.stream.root), figures["offsets"]["start"], figures["offsets"]["end"], topics)
             if v.source_ts is not None]
     committed = np.array([v.source_ts for v in seen])

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.declaration import Declaration
+from pipelines.devtools.bench.common import say
 from pipelines.devtools.bench.memory import jvm_memory
 from pipelines.devtools.bench.soak_plan import Fault
 from pipelines.devtools.bench.visibility import WRITER_TZ, LagProbe
@@ -76,10 +77,12 @@ def rig(home: Path, env: dict[str, str], trigger_seconds: float, load_snapshot: 
         broker = KafkaBroker(home / "kafka", proxy_port=free_port()).start()
         stack.callback(broker.stop)
         proxy = toxiproxy.client.create("kafka", broker.proxied_bootstrap, broker.proxied_upstream)
+        say(f"Kafka at {broker.bootstrap}, the stream's way to it through Toxiproxy at {broker.proxied_bootstrap}")
         source = RealSource(home / "source", free_port(), free_port(), broker.bootstrap)
         stack.callback(source.down)
         load_snapshot(source.postgres.start().dsn)
         source.up(declaration)
+        say(f"source: PostgreSQL at {source.postgres.dsn}, Debezium streaming (Kafka Connect at {source.connect.url})")
         # The exporter on a port of its own: another stream on this machine may hold the default.
         stream = Supervised(home, broker.proxied_bootstrap, f"[stream.metrics]\nport = {free_port()}\n",
                             trigger_seconds, {**env, "TZ": WRITER_TZ})
