@@ -152,6 +152,6 @@ def test_the_report_and_the_chart_come_from_the_figures(tmp_path) -> None:
                "memory_summary": soak._memory(memory, t0 + 30)}
     text = soak.report(figures)
     assert "| 2/0/0/0 " in text, "lost rows summed over the tables"
-    assert "906.0→947.0" in text, "RSS at the end of the warm-up and at the end"
+    assert "911.5→941.5" in text, "RSS: medians of the first minute after the warm-up and of the last"
     assert text.count("broker_kill") + text.count("kafka_blackout") + text.count("postgres_restart") >= len(runs)
     assert soak_chart(figures, tmp_path / "soak.png").stat().st_size > 10_000

@@ -174,7 +174,8 @@ def _soak(r: Rig, plan: SoakPlan, sim: ShopSource, topics: dict[str, str]) -> di
             "source_outages": [[round(a - t0, 1), round(b - t0, 1)] for a, b in player.outages],
             "kafka_records": sum(end_offsets[tp] - start_offsets.get(tp, 0) for tp in end_offsets),
             "offsets": {"start": start_offsets, "end": end_offsets},
-            "ensure_acted": ensure.acted, "memory": sampler.memory, "lag": sampler.lag}
+            "ensure_acted": ensure.acted, "connector_restarts": sampler.connector_restarts,
+            "memory": sampler.memory, "lag": sampler.lag}
 
 
 def _pace(t0: float, until: float, load: threading.Thread, player: sql_sink.PlayAtRate, sampler: Sampler) -> None:
@@ -273,17 +274,25 @@ def _series(at: np.ndarray, delay: np.ndarray, step: float = 10.0) -> list[dict[
              "p95": round(float(np.percentile(delay[bins == b], 95)), 2)} for b in np.unique(bins)]
 
 
-def _memory(samples: list[dict[str, Any]], counted_from: float) -> dict[str, Any]:
-    """The driver JVM's memory at the start of the counted run and at its end, its peak, and its restarts."""
+def _memory(samples: list[dict[str, Any]], counted_from: float, window: float = 60.0) -> dict[str, Any]:
+    """The driver JVM's memory at the start of the counted run and at its end (medians of the first and the last
+    `window` seconds of samples: a single reading of the heap catches any point of the collector's saw-tooth),
+    its peak, and the JVMs seen (more than one: the stream was started again)."""
     read = [s for s in samples if s["rss_mib"] is not None]
     if not read:
         return {}
-    start = next((s for s in read if s["t"] >= counted_from), read[0])
-    end = read[-1]
-    return {"rss_start_mib": start["rss_mib"], "rss_end_mib": end["rss_mib"],
-            "rss_max_mib": max(s["rss_mib"] for s in read), "heap_start_mib": start["heap_used_mib"],
-            "heap_end_mib": end["heap_used_mib"], "old_start_mib": start["old_used_mib"],
-            "old_end_mib": end["old_used_mib"], "jvm_pids": sorted({s["pid"] for s in read})}
+    first = [s for s in read if counted_from <= s["t"] < counted_from + window] or read[:1]
+    last = [s for s in read if s["t"] > read[-1]["t"] - window]
+
+    def median(rows: list[dict[str, Any]], key: str) -> float | None:
+        values = [s[key] for s in rows if s[key] is not None]
+        return round(float(np.median(values)), 1) if values else None
+
+    return {"rss_start_mib": median(first, "rss_mib"), "rss_end_mib": median(last, "rss_mib"),
+            "rss_max_mib": max(s["rss_mib"] for s in read), "heap_start_mib": median(first, "heap_used_mib"),
+            "heap_end_mib": median(last, "heap_used_mib"), "old_start_mib": median(first, "old_used_mib"),
+            "old_end_mib": median(last, "old_used_mib"), "window_seconds": window,
+            "jvm_pids": sorted({s["pid"] for s in read})}
 
 
 def report(figures: dict[str, Any]) -> str:
@@ -301,7 +310,8 @@ def report(figures: dict[str, Any]) -> str:
                "p50/p95 s outside": f"{d['outside_faults']['p50']}/{d['outside_faults']['p95']}",
                "p50/p95 s during": f"{d['during_faults']['p50']}/{d['during_faults']['p95']}",
                "RSS MiB start→end": f"{m.get('rss_start_mib')}→{m.get('rss_end_mib')}",
-               "heap MiB start→end": f"{m.get('heap_start_mib')}→{m.get('heap_end_mib')}"}
+               "heap MiB start→end": f"{m.get('heap_start_mib')}→{m.get('heap_end_mib')}",
+               "old gen MiB start→end": f"{m.get('old_start_mib')}→{m.get('old_end_mib')}"}
     faults = [{"#": i + 1, "kind": f["kind"], "at min": f["at_min"], "s": f["seconds"],
                "recovery s": f["recovery_seconds"], "p95 s during": f["delay_seconds"]["p95"]}
               for i, f in enumerate(figures["fault_runs"])]
@@ -318,5 +328,6 @@ def report(figures: dict[str, Any]) -> str:
         table(faults, ["#", "kind", "at min", "s", "recovery s", "p95 s during"])
         + f"\nrecovery at quiet instants (the baseline): p50 {q['p50']}s, p95 {q['p95']}s",
         table(tables, ["table", "source_rows", "lake_rows", "lost", "duplicated", "resurrected", "stale"]),
-        f"stream restarted by ensure: {len(figures['ensure_acted'])}; driver JVMs seen: {m.get('jvm_pids')}; "
+        f"stream restarted by ensure: {len(figures['ensure_acted'])}; Debezium's FAILED task restarted by the soak "
+        f"(Connect does not): {len(figures.get('connector_restarts', []))}; driver JVMs seen: {m.get('jvm_pids')}; "
         f"caught up {figures['caught_up_after_load_seconds']}s after the load stopped"])

@@ -18,6 +18,7 @@ from __future__ import annotations
 import shutil
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from pipelines.devtools.bench.common import say
 from pipelines.devtools.bench.memory import jvm_memory
 from pipelines.devtools.bench.soak_plan import Fault
 from pipelines.devtools.bench.visibility import WRITER_TZ, LagProbe
+from pipelines.devtools.connect_config import CONNECTOR
 from pipelines.devtools.kafka_local import KafkaBroker
 from pipelines.devtools.pg_source import RealSource, slot_status
 from pipelines.devtools.supervised import Supervised
@@ -126,15 +128,37 @@ def inject(r: Rig, fault: Fault) -> dict[str, Any]:
     return {"kind": fault.kind, "planned_at": fault.at, "start": start, "end": time.time(), "status": said[0]}
 
 
+def restart_failed_task(r: Rig) -> str | None:
+    """Restart Debezium's task if Connect says it FAILED; the first line of its trace, else None.
+
+    Kafka Connect never restarts a failed task by itself. Debezium's task restarts itself 10 s after
+    a retriable error, but when PostgreSQL is still down then, that start fails with a
+    non-retriable "Couldn't obtain encoding for database" and the task stays FAILED until someone
+    restarts it (seen in the first smoke run: a 15-s outage). In production that someone is an
+    operator or a watchdog; here the soak is, within seconds, and counts each one.
+    """
+    tasks = (r.source.connect.status() or {}).get("tasks", [])
+    failed = [t for t in tasks if t.get("state") == "FAILED"]
+    if not failed:
+        return None
+    request = urllib.request.Request(f"{r.source.connect.url}/connectors/{CONNECTOR}/restart"
+                                     "?includeTasks=true&onlyFailed=true", method="POST")
+    with urllib.request.urlopen(request, timeout=10):
+        pass
+    return (failed[0].get("trace") or "").splitlines()[0][:300] if failed[0].get("trace") else "FAILED"
+
+
 @dataclass
 class Sampler:
     """Readings every `seconds` on threads of their own until `stop`: the stream driver JVM's memory and the
-    slot's lag (never blocks long), and the consumer lag (blocks while the broker is down, so apart)."""
+    slot's lag (never blocks long), and the consumer lag (blocks while the broker is down, so apart). The first
+    also restarts Debezium's task when it failed (`restart_failed_task`), each restart in `connector_restarts`."""
 
     r: Rig
     seconds: float = 5.0
     memory: list[dict[str, Any]] = field(default_factory=list)
     lag: list[dict[str, Any]] = field(default_factory=list)
+    connector_restarts: list[dict[str, Any]] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
 
     threads: list[threading.Thread] = field(default_factory=list)
@@ -158,6 +182,10 @@ class Sampler:
             slot = None
             with suppress(Exception):
                 slot = (slot_status(self.r.source.pg_port) or {}).get("lag_bytes")
+            with suppress(Exception):
+                if (why := restart_failed_task(self.r)) is not None:
+                    self.connector_restarts.append({"t": time.time(), "trace": why})
+                    say(f"Debezium's task had FAILED ({why}); restarted it through Connect's REST API")
             self.memory.append({"t": time.time(), "pid": read.pid if read else None,
                                 "rss_mib": read.rss_mib if read else None,
                                 "heap_used_mib": read.heap_used_mib if read else None,
