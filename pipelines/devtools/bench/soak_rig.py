@@ -135,7 +135,8 @@ def restart_failed_task(r: Rig) -> str | None:
     a retriable error, but when PostgreSQL is still down then, that start fails with a
     non-retriable "Couldn't obtain encoding for database" and the task stays FAILED until someone
     restarts it (seen in the first smoke run: a 15-s outage). In production that someone is an
-    operator or a watchdog; here the soak is, within seconds, and counts each one.
+    operator or a watchdog; here the soak is, within seconds of PostgreSQL answering again, and counts
+    each one.
     """
     tasks = (r.source.connect.status() or {}).get("tasks", [])
     failed = [t for t in tasks if t.get("state") == "FAILED"]
@@ -182,8 +183,9 @@ class Sampler:
             slot = None
             with suppress(Exception):
                 slot = (slot_status(self.r.source.pg_port) or {}).get("lag_bytes")
+            # Once PostgreSQL answers again (the slot was read): a task restarted before would fail again.
             with suppress(Exception):
-                if (why := restart_failed_task(self.r)) is not None:
+                if slot is not None and (why := restart_failed_task(self.r)) is not None:
                     self.connector_restarts.append({"t": time.time(), "trace": why})
                     say(f"Debezium's task had FAILED ({why}); restarted it through Connect's REST API")
             self.memory.append({"t": time.time(), "pid": read.pid if read else None,
