@@ -195,7 +195,7 @@ test-fast: setup  ## Tests without the slow crash tests
 # mixes such tests with Spark ones stays out (test_bronze_state.py, test_lake_scan.py, ...).
 UNIT_TESTS := $(addprefix tests/test_,$(addsuffix .py,console declaration declared_fixtures erasure_key gdpr_inbox generator hudi_configs \
                 lake_relative object_store_cli package spark_conf sql_sink stream_health catalog_names cadence_rules bench_tables \
-                alert_rules metrics_local stream_exporter pushgateway toxiproxy))
+                alert_rules metrics_local stream_exporter pushgateway toxiproxy bench_soak))
 test-unit: dev prometheus toxiproxy  ## The tests that need no JVM, Kafka, PostgreSQL or Airflow: seconds, after `make dev` (and `make prometheus`, `make toxiproxy`)
 	$(BIN)/pytest -q $(UNIT_TESTS)
 

@@ -30,23 +30,18 @@ budget; LAKEHOUSE_FAULT_PAUSE and LAKEHOUSE_FAULT_BLACKOUT set them.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import re
-import signal
-import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from pipelines.devtools.generator import Message, ShopSource, WorkloadConfig, ensure_topics, produce
 from pipelines.devtools.kafka_local import KafkaBroker
+from pipelines.devtools.supervised import Supervised
 from pipelines.devtools.toxiproxy import Proxy, Toxiproxy
 from pipelines.local_process import free_port
 from tests.kill import pending_instants, wait_caught_up
@@ -79,57 +74,6 @@ SHORT_KAFKA_TIMEOUTS = """
 "kafka.default.api.timeout.ms" = 5000
 "kafkaConsumer.pollTimeoutMs" = 5000
 """
-
-
-@dataclass
-class Supervised:
-    """The stream as `lakehouse stream ACTION` runs it, on a lake in `home`, reading Kafka at `bootstrap`."""
-
-    home: Path
-    bootstrap: str
-    more_overrides: str = ""
-    env: dict[str, str] = field(init=False)
-
-    def __post_init__(self) -> None:
-        overrides = self.home / "stream.toml"
-        overrides.write_text(STREAM_LIMITS + self.more_overrides)
-        self.env = {**os.environ, "LAKEHOUSE_ROOT": str(self.root), "KAFKA_BOOTSTRAP_SERVERS": self.bootstrap,
-                    "LAKEHOUSE_RUN_DIR": str(self.home / "run"),
-                    "LAKEHOUSE_HUDI_OVERRIDES": os.pathsep.join([os.environ["LAKEHOUSE_HUDI_OVERRIDES"],
-                                                                 str(overrides)])}
-
-    @property
-    def root(self) -> Path:
-        return self.home / "lake"
-
-    @property
-    def log_path(self) -> Path:
-        return self.home / "run" / "bronze-stream" / "stream.log"
-
-    def run(self, action: str, expect: str = "") -> str:
-        done = subprocess.run([sys.executable, "-m", "pipelines.cli", "stream", action, "--trigger-seconds", "2"],
-                              env=self.env, capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0 and expect in done.stdout, f"stream {action}: {done.stdout}{done.stderr}"
-        return done.stdout.strip()
-
-    def pid(self) -> int | None:
-        with contextlib.suppress(FileNotFoundError):
-            return json.loads((self.home / "run" / "bronze-stream" / "stream.pid").read_text())["pid"]
-        return None
-
-    def batches_started(self) -> int:
-        return self.log_path.read_text(errors="replace").count(": started")
-
-    @contextlib.contextmanager
-    def running(self) -> Iterator[Supervised]:
-        """Started, and at the end stopped (its batch commits); killed if the test failed before."""
-        self.run("start", "stream started")
-        try:
-            yield self
-            self.run("stop", "stopped")
-        finally:
-            with contextlib.suppress(TypeError, ProcessLookupError):
-                os.killpg(self.pid(), signal.SIGKILL)  # type: ignore[arg-type]
 
 
 def _mid_batch(stream: Supervised, more: list[Message], bootstrap: str, sent: list[Message]) -> None:
@@ -187,7 +131,7 @@ def proxied(tmp_path: Path) -> Iterator[tuple[KafkaBroker, Proxy]]:
 
 def test_broker_killed_then_network_blackout(spark, tmp_path, proxied) -> None:
     broker, proxy = proxied
-    stream = Supervised(tmp_path, broker.proxied_bootstrap, SHORT_KAFKA_TIMEOUTS)
+    stream = Supervised(tmp_path, broker.proxied_bootstrap, STREAM_LIMITS + SHORT_KAFKA_TIMEOUTS)
     waiting_for = f"waiting for Kafka at {broker.proxied_bootstrap} since"
     source = ShopSource(23)
     sent = source.snapshot(WorkloadConfig(seed=23, customers=40, orders=100)) + \

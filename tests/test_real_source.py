@@ -58,7 +58,6 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import pytest
 from kafka import KafkaConsumer, TopicPartition
@@ -68,7 +67,8 @@ from pipelines.contract import COLUMNS, TABLES, topic
 from pipelines.devtools import sql_sink
 from pipelines.devtools.generator import Message, ShopSource, WorkloadConfig
 from pipelines.devtools.kafka_local import KafkaBroker, free_port
-from pipelines.devtools.pg_source import PostgresCluster, RealSource, slot_status
+from pipelines.devtools.pg_source import RealSource, slot_status
+from pipelines.devtools.source_state import database_state
 from pipelines.ingest.bronze import run_ingest
 from pipelines.table_stats import read_table
 from pipelines.transform.etl import run_etl
@@ -84,28 +84,6 @@ WORKLOAD = WorkloadConfig(seed=18, customers=40, orders=120, changes=120, invali
 # PostgreSQL's restart in phase 3: how long it stays down, and Connect's offset flush interval from then on.
 PAUSE = 5.0
 FLUSH_MS = 15_000
-# Debezium's rendering of timestamptz (ZonedTimestamp: UTC, always six decimals) and numeric
-# (decimal.handling.mode=string: the column's scale), computed by PostgreSQL from its own values.
-_RENDER = {
-    "created_at": """to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')""",
-    "updated_at": """to_char(updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')""",
-    "amount": "amount::text",
-}
-
-
-def database_state(postgres: PostgresCluster, extra: dict[str, tuple[str, ...]] | None = None
-                   ) -> dict[str, dict[int, dict[str, Any]]]:
-    """The contract's columns (and `extra` ones) of every row in `shop`, as the envelope carries them: the oracle."""
-    state = {}
-    with postgres.connect() as conn:
-        for table in TABLES:
-            columns = (*COLUMNS[table], *(extra or {}).get(table, ()))
-            select = ", ".join(_RENDER.get(c, c) for c in columns)
-            rows = conn.execute(f"SELECT {select} FROM {table}").fetchall()
-            state[table] = {row[0]: dict(zip(columns, row, strict=True)) for row in rows}
-    return state
-
-
 # The shape changes, and what a TOASTed value looks like: random letters do not compress.
 BIG_TEXT = 6000
 

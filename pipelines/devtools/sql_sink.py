@@ -13,11 +13,13 @@ database change produces one). Logical messages are left out too: they go to Deb
 from __future__ import annotations
 
 import json
+import threading
 import time
-from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import suppress
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError
@@ -25,6 +27,9 @@ from kafka.errors import KafkaError
 from pipelines.contract import PRIMARY_KEY, TABLES, table_of_topic, topic
 from pipelines.devtools.generator.values import Message
 from pipelines.settings import unavailable_placeholder
+
+if TYPE_CHECKING:
+    from psycopg import Connection
 
 # Types of the contract whose values a column may not hold as the generator spells them.
 _CHAR_WIDTH = {("customers", "country"): 2, ("orders", "currency"): 3}
@@ -39,6 +44,14 @@ class Statement:
     sql: str
     params: tuple[Any, ...] = ()
     key: int | None = None  # the row it changes; None for a truncate
+    # The same change safe to run again after a commit whose outcome is unknown (PlayAtRate): an
+    # insert becomes an upsert of the same image; an update or delete already is (whole row image).
+    again: str = ""
+
+    @property
+    def records(self) -> int:
+        """The Kafka records Debezium makes of it: a delete's event and its tombstone (tombstones.on.delete)."""
+        return 2 if self.op == "d" else 1
 
 
 @dataclass
@@ -105,8 +118,10 @@ def _statement(table: str, op: str, image: dict[str, Any] | None) -> Statement:
     values = tuple(_fit(table, c, image[c]) for c in columns)
     if op in ("r", "c"):
         placeholders = ", ".join(["%s"] * len(columns))
-        return Statement(table, "c", f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({placeholders})", values,
-                         image[PRIMARY_KEY])
+        insert = f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({placeholders})"
+        update = ", ".join(f"{c} = EXCLUDED.{c}" for c in columns if c != PRIMARY_KEY)
+        return Statement(table, "c", insert, values, image[PRIMARY_KEY],
+                         again=f"{insert} ON CONFLICT ({PRIMARY_KEY}) DO UPDATE SET {update}")
     assignments = ", ".join(f"{c} = %s" for c in columns if c != PRIMARY_KEY)
     return Statement(table, op, f"UPDATE {table} SET {assignments} WHERE {PRIMARY_KEY} = %s",
                      (*(v for c, v in zip(columns, values, strict=True) if c != PRIMARY_KEY), image[PRIMARY_KEY]),
@@ -164,6 +179,22 @@ def play(messages: Iterable[Message], dsn: str, bootstrap: str) -> SqlRun:
     return run
 
 
+def mark(dsn: str, bootstrap: str, table: str = "customers") -> None:
+    """Touch one row of `table` (its `updated_at` set to itself) and wait until Debezium delivered that change:
+    it delivers in commit order, so then every change committed before the call is on Kafka too. Touches no
+    row the generator's simulation would know changed (values stay), unlike playing more of its changes."""
+    import psycopg
+
+    since = end_offsets(bootstrap, [topic(table)])
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        lsn = _wal_insert_lsn(conn)
+        done = conn.execute(f"UPDATE {table} SET updated_at = updated_at WHERE {PRIMARY_KEY} = "
+                            f"(SELECT min({PRIMARY_KEY}) FROM {table})")
+        if done.rowcount != 1:
+            raise RuntimeError(f"no row in {table} to mark the end of the changes with")
+    wait_published(bootstrap, table, lsn, since)
+
+
 def _wal_insert_lsn(conn: Any) -> int:
     row = conn.execute("SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint").fetchone()
     return int(row[0])
@@ -219,3 +250,104 @@ def _lsn_of(value: bytes) -> int:
 def _envelope_of(doc: Any) -> Any:
     """The Debezium envelope of a record's value, under either converter setting (`schemas.enable`)."""
     return doc.get("payload", doc) if isinstance(doc, dict) and "schema" in doc else doc
+
+
+class PlayAtRate:
+    """The generator's changes played as SQL at a steady rate, through outages of the database.
+
+    What an application in front of the source does during `lakehouse bench soak`: it writes on
+    while Kafka or the stream fail, and when PostgreSQL itself restarts it reconnects and goes on.
+    The rate is of Debezium's records (`Statement.records`: a delete makes two), as `bench freshness`
+    counts Kafka records. Changes are committed a few at a time (those due by the rate, at most
+    `per_transaction`), each statement checked as `apply` checks it. A transaction whose commit was
+    cut by the database going away may or may not have committed: it is run again in its idempotent
+    form (`Statement.again`, no row counts checked), so the database ends as the generator's state
+    either way. After an outage the rate starts afresh: writes that could not be made are not made
+    up for in a burst.
+
+    `changes()` gives the next chunk of the generator's records (called when the last is used up);
+    `run` plays until `stop` is set (on a thread of its own).
+    """
+
+    def __init__(self, dsn: str, rate: float, changes: Callable[[], list[Message]], per_transaction: int = 100,
+                 retry_seconds: float = 0.5) -> None:
+        self.dsn, self.rate, self.changes = dsn, rate, changes
+        self.per_transaction, self.retry_seconds = per_transaction, retry_seconds
+        self.stop = threading.Event()
+        self.played = 0  # changes
+        self.records = 0  # Debezium's records of them
+        self.transactions = 0
+        self.outages: list[tuple[float, float]] = []  # (from, to) epoch seconds without the database
+        self.last: tuple[str, int] | None = None  # (table, WAL position before it) of the last transaction
+
+    def run(self) -> None:
+        from psycopg import InterfaceError, OperationalError
+
+        pending: deque[Statement] = deque()
+        conn = None
+        started, base = time.monotonic(), 0
+        try:
+            while not self.stop.is_set():
+                if not pending:
+                    pending.extend(statements(self.changes()))
+                    continue
+                due = int((time.monotonic() - started) * self.rate) - (self.records - base)
+                if due <= 0:
+                    time.sleep(0.01)
+                    continue
+                batch: list[Statement] = []
+                while pending and due > 0 and len(batch) < self.per_transaction:
+                    batch.append(pending.popleft())
+                    due -= batch[-1].records
+                records = sum(s.records for s in batch)
+                try:
+                    conn = conn or self._connect()
+                    self._commit(conn, batch, again=False)
+                except (OperationalError, InterfaceError):
+                    conn = self._reconnect_and_commit(conn, batch)
+                    started, base = time.monotonic(), self.records + records
+                self.played += len(batch)
+                self.records += records
+                self.transactions += 1
+        finally:
+            if conn is not None:
+                conn.close()
+
+    def _connect(self) -> Connection:
+        import psycopg
+
+        conn = psycopg.connect(self.dsn, autocommit=False, connect_timeout=5)
+        conn.execute("SET TIME ZONE 'UTC'")
+        conn.commit()
+        return conn
+
+    def _commit(self, conn: Connection, batch: list[Statement], again: bool) -> None:
+        lsn = _wal_insert_lsn(conn)
+        for statement in batch:
+            cursor = conn.execute(statement.again if again and statement.again else statement.sql, statement.params)
+            if not again and statement.op != "t" and cursor.rowcount != 1:
+                raise RuntimeError(f"{statement.op} of {statement.table} id {statement.key} changed {cursor.rowcount} "
+                                   "rows, not 1: the database is not the generator's")
+        conn.commit()
+        self.last = (batch[-1].table, lsn)
+
+    def _reconnect_and_commit(self, conn: Connection | None, batch: list[Statement]) -> Connection:
+        """The database went away: reconnect until it answers, then commit `batch` again, idempotently."""
+        from psycopg import InterfaceError, OperationalError
+
+        began = time.time()
+        if conn is not None:
+            with suppress(Exception):
+                conn.close()
+        while True:
+            if self.stop.is_set() and time.time() - began > 300:
+                raise RuntimeError(f"the database at {self.dsn} did not come back in 300 s")
+            try:
+                conn = self._connect()
+                self._commit(conn, batch, again=True)
+                self.outages.append((began, time.time()))
+                return conn
+            except (OperationalError, InterfaceError):
+                with suppress(Exception):
+                    conn.close()  # type: ignore[union-attr]
+                time.sleep(self.retry_seconds)

@@ -18,6 +18,9 @@ FRESHNESS_RATE = 2000.0
 # A new ingest JVM compiles Spark's and Hudi's code for its first minutes (pipelines/devtools/bench/
 # freshness.py, run): the counted minutes follow this much steady production, as a stream's days would.
 FRESHNESS_WARMUP_MINUTES = 3.0
+# Kept here (not imported from soak_plan) so that `--help` imports no numpy.
+_SOAK_KINDS = ("broker_kill", "kafka_blackout", "postgres_restart", "kafka_latency", "kafka_bandwidth",
+               "kafka_reset_peer")
 SEED = click.option("--seed", type=int, default=7, show_default=True, help="Generator seed (same seed, same data).")
 
 
@@ -214,6 +217,50 @@ def commits(rows: int, warm_up: int, commits: int, variants: tuple[str, ...]) ->
 
     chosen = variants or tuple(_COMMIT_VARIANTS)
     click.echo(b.report(b.run(rows, warm_up, commits, chosen if "project" in chosen else ("project", *chosen))))
+
+
+@bench.command()
+@click.option("--minutes", type=click.FloatRange(min=1), default=30.0, show_default=True,
+              help="How long the steady load runs, warm-up and tail included.")
+@click.option("--rate", type=click.FloatRange(min=1), default=FRESHNESS_RATE, show_default=True,
+              help="Debezium's records per second (a delete is two: its event and a tombstone), committed in "
+                   "PostgreSQL a few changes per transaction.")
+@click.option("--every", "every_minutes", type=click.FloatRange(min=0.5), default=4.0, show_default=True,
+              help="Minutes between faults: one fault at a random time in each slot of this length.")
+@click.option("--fault", "kinds", multiple=True, type=click.Choice(_SOAK_KINDS),
+              help="Fault kinds to draw from; repeatable  [default: broker_kill, kafka_blackout, postgres_restart]")
+@click.option("--fault-seconds", type=click.FloatRange(min=1), default=None,
+              help="Every fault's duration  [default: per kind: broker_kill 30, kafka_blackout 60, "
+                   "postgres_restart 20, toxics 60 (reset_peer 30)]")
+@click.option("--warmup-minutes", type=click.FloatRange(min=0), default=FRESHNESS_WARMUP_MINUTES, show_default=True,
+              help="No fault before this (the new JVM compiles its code); its freshness is reported apart.")
+@click.option("--tail-minutes", type=click.FloatRange(min=0), default=3.0, show_default=True,
+              help="No fault in the last minutes of the load: room for the last recovery.")
+@click.option("--trigger-seconds", type=click.FloatRange(min=0), default=settings.INGEST_TRIGGER_SECONDS,
+              show_default=True, help="The stream's micro-batch interval.")
+@click.option("--snapshot-rows", type=click.IntRange(min=4), default=2000, show_default=True,
+              help="Rows in the database before Debezium's first snapshot (a quarter customers).")
+@click.option("--ensure-seconds", type=click.FloatRange(min=5), default=300.0, show_default=True,
+              help="`lakehouse stream ensure` this often, as the bronze_ingest_stream DAG's schedule runs it.")
+@click.option("--etl/--no-etl", default=True, show_default=True,
+              help="After the check of bronze, one `lakehouse etl`, and silver with its quarantine checked too.")
+@SEED
+def soak(minutes: float, rate: float, every_minutes: float, kinds: tuple[str, ...], fault_seconds: float | None,
+         warmup_minutes: float, tail_minutes: float, trigger_seconds: float, snapshot_rows: int,
+         ensure_seconds: float, etl: bool, seed: int) -> None:
+    """The real source (PostgreSQL + Debezium) at a steady rate into the supervised stream for --minutes, a fault
+    from a seeded schedule every few minutes; then rows lost / duplicated / resurrected per table against
+    PostgreSQL, recovery per fault, freshness during and outside faults, the driver JVM's memory over the run.
+
+    About --minutes plus 5 to 10 (start, catch-up, checks). Not part of `bench all`."""
+    from pipelines.devtools.bench import soak as b
+
+    plan = b.SoakPlan(minutes, rate, seed, every_minutes, kinds or b.DEFAULT_KINDS, warmup_minutes, tail_minutes,
+                      fault_seconds, trigger_seconds, snapshot_rows, ensure_seconds, etl)
+    if not plan.faults:
+        raise click.BadParameter("no fault fits: give more --minutes, a shorter --every or --fault-seconds",
+                                 param_hint="--minutes")
+    click.echo(b.report(b.run(plan)))
 
 
 @bench.command(name="all")

@@ -117,17 +117,8 @@ def peak_memory(pid: int) -> dict[str, float] | None:
     proc = Path("/proc")
     if not (proc / str(pid) / "status").exists():
         return None
-    children: dict[int, list[int]] = {}
-    for stat in proc.glob("[0-9]*/stat"):
-        with suppress(OSError, ValueError, IndexError):
-            # The command name (field 2) may hold spaces: the parent pid is the second field after it.
-            children.setdefault(int(stat.read_text().rsplit(")", 1)[1].split()[1]), []).append(int(stat.parent.name))
-    tree, todo = [], [pid]
-    while todo:
-        tree.append(todo.pop())
-        todo += children.get(tree[-1], [])
     peaks: dict[int, tuple[str, float]] = {}
-    for p in tree:
+    for p in process_tree(pid):
         with suppress(OSError):
             status = dict(line.split(":", 1) for line in (proc / str(p) / "status").read_text().splitlines()
                           if ":" in line)
@@ -136,6 +127,24 @@ def peak_memory(pid: int) -> dict[str, float] | None:
     jvm = [mib for name, mib in peaks.values() if name == "java"]
     return {"jvm": round(max(jvm, default=0.0), 1), "python": round(peaks.get(pid, ("", 0.0))[1], 1),
             "tree": round(sum(mib for _, mib in peaks.values()), 1), "processes": len(peaks)}
+
+
+def process_tree(pid: int) -> list[int]:
+    """`pid` and every process below it (from /proc; empty where there is none): a Python CLI's JVM is a
+    grandchild (spark-submit's launcher in between), so it is found by walking down, not by parent."""
+    proc = Path("/proc")
+    children: dict[int, list[int]] = {}
+    for stat in proc.glob("[0-9]*/stat"):
+        with suppress(OSError, ValueError, IndexError):
+            # The command name (field 2) may hold spaces: the parent pid is the second field after it.
+            children.setdefault(int(stat.read_text().rsplit(")", 1)[1].split()[1]), []).append(int(stat.parent.name))
+    if not (proc / str(pid)).exists():
+        return []
+    tree, todo = [], [pid]
+    while todo:
+        tree.append(todo.pop())
+        todo += children.get(tree[-1], [])
+    return tree
 
 
 def say(message: str) -> None:

@@ -104,6 +104,44 @@ def table_freshness_chart(rows: Sequence[dict[str, Any]], path: Path, title: str
     return _save(fig, path, dpi=110)
 
 
+_FAULT_COLORS = {"broker_kill": "C3", "kafka_blackout": "C1", "postgres_restart": "C4", "kafka_latency": "C2",
+                 "kafka_bandwidth": "C5", "kafka_reset_peer": "C6"}
+
+
+def soak_chart(figures: dict[str, Any], path: Path) -> Path:
+    """The soak over time (minutes since the load started): freshness per 10 s of commit time, and the stream
+    driver JVM's memory, each fault shaded in its kind's colour and its recovery lighter, so a fault's cost and a
+    memory that grows read off one picture."""
+    t0 = figures["t0"]
+    fig, (fresh_ax, mem_ax) = plt.subplots(2, 1, figsize=(11, 8), sharex=True)
+    series = figures.get("delay_series") or []
+    minutes = [s["t"] / 60 for s in series]
+    fresh_ax.plot(minutes, [s["p50"] for s in series], lw=1, label="p50")
+    fresh_ax.plot(minutes, [s["p95"] for s in series], lw=1.5, label="p95")
+    fresh_ax.set(ylabel="seconds, commit in PostgreSQL to visible in bronze",
+                 title=f"Soak: {figures['plan']['rate']:g} records/s, {len(figures['fault_runs'])} faults")
+    memory = [m for m in figures.get("memory", []) if m["rss_mib"] is not None]
+    at = [(m["t"] - t0) / 60 for m in memory]
+    mem_ax.plot(at, [m["rss_mib"] for m in memory], lw=1.5, label="driver JVM resident (RSS)")
+    mem_ax.plot(at, [m["heap_used_mib"] for m in memory], lw=1, label="heap in use")
+    mem_ax.plot(at, [m["old_used_mib"] for m in memory], lw=1, label="old generation in use")
+    mem_ax.set(xlabel="minutes since the steady load started", ylabel="MiB")
+    seen: set[str] = set()
+    for f in figures["fault_runs"]:
+        color = _FAULT_COLORS.get(f["kind"], "0.5")
+        start, end = (f["start"] - t0) / 60, (f["end"] - t0) / 60
+        recovered = end + (f["recovery_seconds"] or 0.0) / 60
+        for ax in (fresh_ax, mem_ax):
+            ax.axvspan(start, end, color=color, alpha=0.3,
+                       label=None if f["kind"] in seen or ax is mem_ax else f["kind"])
+            ax.axvspan(end, recovered, color=color, alpha=0.1)
+        seen.add(f["kind"])
+    fresh_ax.axvspan(0, figures["plan"]["warmup_minutes"], color="0.9", label="warm-up (no fault)")
+    fresh_ax.legend(loc="upper right", fontsize=8)
+    mem_ax.legend(loc="lower right", fontsize=8)
+    return _save(fig, path, dpi=110)
+
+
 def _save(fig: Figure, path: Path, dpi: int = 120) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=dpi)

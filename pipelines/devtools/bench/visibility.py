@@ -195,9 +195,10 @@ class LagProbe:
         self.consumer.close()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: a soak's half hour holds millions of them
 class Visibility:
-    """One change bronze applied: where it was on Kafka, when it got there, when bronze showed it."""
+    """One change bronze applied: where it was on Kafka, when it got there, when bronze showed it, and when the
+    source committed it (Debezium's `source.ts_ms`: the real source's commit time, the generator's simulated clock)."""
 
     table: str
     partition: int
@@ -205,6 +206,7 @@ class Visibility:
     batch_id: int
     kafka_ts: float
     visible_at: float
+    source_ts: float | None = None
 
     @property
     def delay(self) -> float:
@@ -224,7 +226,7 @@ def visibility(root: str, start: Offsets, end: Offsets, topics: Topics | None = 
         visible = {**CommitLog(changelog_path(t, root), "commit").batch_completions(),
                    **CommitLog(main_path(t, root), "deltacommit").batch_completions()}
         rows = read_table(changelog_path(t, root), ["_hoodie_commit_time", "_kafka_partition", "_kafka_offset",
-                                                    "_kafka_ts", "_ingested_at"]).to_pylist()
+                                                    "_kafka_ts", "_ingested_at", "_source_ts"]).to_pylist()
         for r in rows:
             tp = f"{name}/{r['_kafka_partition']}"
             if not start.get(tp, 0) <= r["_kafka_offset"] < end.get(tp, 0):
@@ -238,5 +240,6 @@ def visibility(root: str, start: Offsets, end: Offsets, topics: Topics | None = 
                 raise RuntimeError(f"{t} batch {batch} completed {lead:.0f}s after its ingest time: "
                                    "timeline time zone misread?")
             found.append(Visibility(t, r["_kafka_partition"], r["_kafka_offset"], batch,
-                                    r["_kafka_ts"].timestamp(), at))
+                                    r["_kafka_ts"].timestamp(), at,
+                                    r["_source_ts"].timestamp() if r["_source_ts"] is not None else None))
     return found

@@ -1,0 +1,226 @@
+"""What the soak runs on and breaks: the real source, Kafka behind Toxiproxy, the supervised stream.
+
+Every piece is the project's own dev tool, started as the fault tests start them (tests/test_faults_kafka.py,
+tests/test_real_source.py): PostgreSQL and Debezium in Kafka Connect (`RealSource`) publish to the
+broker's own listener; the stream reads Kafka through Toxiproxy (`KafkaBroker(proxy_port=...)`: every
+connection of the stream goes through the proxy, Connect's and the probes' do not), and runs as
+`lakehouse stream start` runs it, under `lakehouse stream ensure` every few minutes as the
+`bronze_ingest_stream` DAG runs it. Everything lives in one folder; `Rig.clean` stops what a run
+that was interrupted left running there (by its pid files, never by name).
+
+`inject` runs one fault to its end: the broker SIGKILLed and started again (same ports, same data),
+a blackout of the stream's proxy, PostgreSQL stopped (fast shutdown) and started again, or a toxic
+(latency, bandwidth, connection resets) on the stream's proxy for a while.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipelines.declaration import Declaration
+from pipelines.devtools.bench.common import say
+from pipelines.devtools.bench.memory import jvm_memory
+from pipelines.devtools.bench.soak_plan import Fault
+from pipelines.devtools.bench.visibility import WRITER_TZ, LagProbe
+from pipelines.devtools.connect_config import CONNECTOR
+from pipelines.devtools.kafka_local import KafkaBroker
+from pipelines.devtools.pg_source import RealSource, slot_status
+from pipelines.devtools.supervised import Supervised
+from pipelines.devtools.toxiproxy import Proxy, Toxiproxy
+from pipelines.local_process import free_port
+
+# The toxics' strength: a slow link, a thin one, and one that resets every connection as data flows.
+LATENCY_MS, JITTER_MS = 1000, 250
+BANDWIDTH_KB_S = 256
+
+
+@dataclass
+class Rig:
+    """The running pieces of one soak, under `home`."""
+
+    home: Path
+    toxiproxy: Toxiproxy
+    broker: KafkaBroker
+    proxy: Proxy
+    source: RealSource
+    stream: Supervised
+
+    @staticmethod
+    def clean(home: Path) -> None:
+        """Stop whatever an earlier run left running under `home` (its pid files), then remove its files."""
+        if home.exists():
+            Supervised(home, "").kill()
+            with suppress(Exception):
+                RealSource(home / "source").down()
+            KafkaBroker(home / "kafka").stop()
+            Toxiproxy(home / "toxiproxy").stop()
+            shutil.rmtree(home)
+        home.mkdir(parents=True)
+
+
+@contextmanager
+def rig(home: Path, env: dict[str, str], trigger_seconds: float, load_snapshot: Callable[[str], None],
+        declaration: Declaration) -> Iterator[Rig]:
+    """Toxiproxy, the broker, the source capturing `declaration`'s tables (`load_snapshot(dsn)` fills the database
+    before Debezium's first snapshot), the supervised stream's settings; everything stopped at the end. The stream
+    is not started."""
+    Rig.clean(home)
+    with ExitStack() as stack:
+        toxiproxy = Toxiproxy(home / "toxiproxy").start()
+        stack.callback(toxiproxy.stop)
+        broker = KafkaBroker(home / "kafka", proxy_port=free_port()).start()
+        stack.callback(broker.stop)
+        proxy = toxiproxy.client.create("kafka", broker.proxied_bootstrap, broker.proxied_upstream)
+        say(f"Kafka at {broker.bootstrap}, the stream's way to it through Toxiproxy at {broker.proxied_bootstrap}")
+        source = RealSource(home / "source", free_port(), free_port(), broker.bootstrap)
+        stack.callback(source.down)
+        load_snapshot(source.postgres.start().dsn)
+        source.up(declaration)
+        say(f"source: PostgreSQL at {source.postgres.dsn}, Debezium streaming (Kafka Connect at {source.connect.url})")
+        # The exporter on a port of its own: another stream on this machine may hold the default.
+        stream = Supervised(home, broker.proxied_bootstrap, f"[stream.metrics]\nport = {free_port()}\n",
+                            trigger_seconds, {**env, "TZ": WRITER_TZ})
+        stack.callback(stream.kill)
+        yield Rig(home, toxiproxy, broker, proxy, source, stream)
+
+
+def inject(r: Rig, fault: Fault) -> dict[str, Any]:
+    """Run `fault` to its end: its start and end (epoch seconds; the end when the broken piece serves again), and
+    what `lakehouse stream status` said half-way through (an operator's view of it)."""
+    said: list[str] = []
+
+    def meanwhile() -> None:
+        time.sleep(fault.seconds / 2)
+        try:
+            said.append(r.stream.run("status"))
+        except Exception as exc:  # what status could not say is part of the record
+            said.append(f"status failed: {exc}")
+        time.sleep(max(0.0, start + fault.seconds - time.time()))
+
+    start = time.time()
+    if fault.kind == "broker_kill":
+        r.broker.kill()
+        meanwhile()
+        r.broker.start()
+    elif fault.kind == "kafka_blackout":
+        with r.proxy.blackout():
+            meanwhile()
+    elif fault.kind == "postgres_restart":
+        r.source.postgres.stop()
+        meanwhile()
+        r.source.postgres.start()
+    else:
+        toxic = {"kafka_latency": lambda: r.proxy.latency(LATENCY_MS, JITTER_MS),
+                 "kafka_bandwidth": lambda: r.proxy.bandwidth(BANDWIDTH_KB_S),
+                 "kafka_reset_peer": lambda: r.proxy.reset_peer()}[fault.kind]()
+        try:
+            meanwhile()
+        finally:
+            toxic.remove()
+    return {"kind": fault.kind, "planned_at": fault.at, "start": start, "end": time.time(), "status": said[0]}
+
+
+def restart_failed_task(r: Rig) -> str | None:
+    """Restart Debezium's task if Connect says it FAILED; the first line of its trace, else None.
+
+    Kafka Connect never restarts a failed task by itself. Debezium's task restarts itself 10 s after
+    a retriable error, but when PostgreSQL is still down then, that start fails with a
+    non-retriable "Couldn't obtain encoding for database" and the task stays FAILED until someone
+    restarts it (seen in the first smoke run: a 15-s outage). In production that someone is an
+    operator or a watchdog; here the soak is, within seconds of PostgreSQL answering again, and counts
+    each one.
+    """
+    tasks = (r.source.connect.status() or {}).get("tasks", [])
+    failed = [t for t in tasks if t.get("state") == "FAILED"]
+    if not failed:
+        return None
+    request = urllib.request.Request(f"{r.source.connect.url}/connectors/{CONNECTOR}/restart"
+                                     "?includeTasks=true&onlyFailed=true", method="POST")
+    with urllib.request.urlopen(request, timeout=10):
+        pass
+    return (failed[0].get("trace") or "").splitlines()[0][:300] if failed[0].get("trace") else "FAILED"
+
+
+@dataclass
+class Sampler:
+    """Readings every `seconds` on threads of their own until `stop`: the stream driver JVM's memory and the
+    slot's lag (never blocks long), and the consumer lag (blocks while the broker is down, so apart). The first
+    also restarts Debezium's task when it failed (`restart_failed_task`), each restart in `connector_restarts`."""
+
+    r: Rig
+    seconds: float = 5.0
+    memory: list[dict[str, Any]] = field(default_factory=list)
+    lag: list[dict[str, Any]] = field(default_factory=list)
+    connector_restarts: list[dict[str, Any]] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    threads: list[threading.Thread] = field(default_factory=list)
+
+    def start(self, probe: LagProbe) -> None:
+        self.threads = [threading.Thread(target=target, daemon=True) for target in (self._memory,
+                                                                                    lambda: self._lag(probe))]
+        for thread in self.threads:
+            thread.start()
+
+    def close(self, timeout: float = 60.0) -> None:
+        """Stop sampling and wait for the threads (the probe's Kafka consumer is not to be shared between threads)."""
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(timeout)
+
+    def _memory(self) -> None:
+        while not self.stop.wait(self.seconds):
+            pid = self.r.stream.pid()
+            read = jvm_memory(pid) if pid else None
+            slot = None
+            with suppress(Exception):
+                slot = (slot_status(self.r.source.pg_port) or {}).get("lag_bytes")
+            # Once PostgreSQL answers again (the slot was read): a task restarted before would fail again.
+            with suppress(Exception):
+                if slot is not None and (why := restart_failed_task(self.r)) is not None:
+                    self.connector_restarts.append({"t": time.time(), "trace": why})
+                    say(f"Debezium's task had FAILED ({why}); restarted it through Connect's REST API")
+            self.memory.append({"t": time.time(), "pid": read.pid if read else None,
+                                "rss_mib": read.rss_mib if read else None,
+                                "heap_used_mib": read.heap_used_mib if read else None,
+                                "old_used_mib": read.old_used_mib if read else None, "slot_lag_bytes": slot})
+
+    def _lag(self, probe: LagProbe) -> None:
+        while not self.stop.wait(self.seconds):
+            with suppress(Exception):
+                self.lag.append({"t": time.time(), **probe.lag()})
+
+    def latest(self) -> dict[str, Any]:
+        """The newest of each reading, for a progress line."""
+        return {**(self.lag[-1] if self.lag else {}), **(self.memory[-1] if self.memory else {})}
+
+
+@dataclass
+class Ensure:
+    """`lakehouse stream ensure` every `seconds` on a thread, as the bronze_ingest_stream DAG runs it; what it did
+    when it did more than find the stream running."""
+
+    stream: Supervised
+    seconds: float
+    acted: list[dict[str, Any]] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def start(self) -> None:
+        threading.Thread(target=self._loop, daemon=True).start()
+
+    def _loop(self) -> None:
+        while not self.stop.wait(self.seconds):
+            try:
+                said = self.stream.run("ensure")
+            except Exception as exc:  # a failed ensure is a figure of the run, not its end
+                said = f"failed: {exc}"
+            if not said.startswith("running"):
+                self.acted.append({"t": time.time(), "said": said[:500]})

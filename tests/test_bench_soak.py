@@ -1,0 +1,157 @@
+"""`lakehouse bench soak`'s pure parts, without running it: the seeded fault schedule, the checker's counts of
+rows lost / duplicated / resurrected, the recovery figure, the JVM perf-data reader. No JVM, Kafka or
+PostgreSQL: milliseconds (the soak itself is a benchmark, never part of `make test`)."""
+
+from __future__ import annotations
+
+import struct
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from pipelines.devtools.bench import cli
+from pipelines.devtools.bench.memory import heap_used, perf_counters
+from pipelines.devtools.bench.soak_plan import (
+    DEFAULT_KINDS,
+    DURATIONS,
+    KINDS,
+    CatchUp,
+    affected,
+    percentiles,
+    schedule,
+    tally,
+)
+from pipelines.devtools.generator import ShopSource, WorkloadConfig
+from pipelines.devtools.sql_sink import statements
+
+
+def test_the_schedule_is_the_seeds() -> None:
+    assert schedule(7, 30, 4) == schedule(7, 30, 4)
+    assert schedule(7, 30, 4) != schedule(8, 30, 4)
+
+
+def test_thirty_minutes_every_four_give_six_faults_two_of_each_kind_inside_their_slots() -> None:
+    faults = schedule(7, 30, 4, warmup_minutes=3, tail_minutes=3)
+    assert len(faults) == 6
+    assert Counter(f.kind for f in faults) == dict.fromkeys(DEFAULT_KINDS, 2)
+    for i, f in enumerate(faults):
+        slot = 180 + 240 * i
+        assert slot + 10 <= f.at and f.end <= slot + 240, f
+        assert f.seconds == DURATIONS[f.kind]
+    assert faults[-1].end <= 27 * 60, "the tail stays quiet"
+
+
+def test_a_fault_too_long_for_its_slot_is_left_out_and_a_shorter_one_fits() -> None:
+    assert schedule(1, 3, 1, ["kafka_blackout"], warmup_minutes=0.5, tail_minutes=0.5) == []
+    short = schedule(1, 3, 1, ["kafka_blackout"], warmup_minutes=0.5, tail_minutes=0.5,
+                     durations={**DURATIONS, "kafka_blackout": 20})
+    assert [f.kind for f in short] == ["kafka_blackout", "kafka_blackout"]
+
+
+def test_unknown_kinds_are_refused_and_the_cli_offers_exactly_the_known_ones() -> None:
+    with pytest.raises(ValueError, match="fault kinds"):
+        schedule(7, 30, 4, ["disk_full"])
+    assert cli._SOAK_KINDS == KINDS
+
+
+def test_tally_counts_lost_duplicated_resurrected_and_stale_rows() -> None:
+    source = {1: {"id": 1, "v": "a"}, 2: {"id": 2, "v": "b"}, 3: {"id": 3, "v": "c"}, 4: {"id": 4, "v": "d"}}
+    lake = [{"id": 1, "v": "a", "_lsn": 9},  # exact
+            {"id": 2, "v": "b"}, {"id": 2, "v": "b"}, {"id": 2, "v": "b"},  # two extra copies
+            {"id": 3, "v": "old"},  # stale
+            {"id": 7, "v": "x"}]  # deleted in the source, live in the lake; 4 is lost
+    t = tally(source, lake, "id", ["v"])
+    assert (t.source_rows, t.lake_rows, t.lost, t.duplicated, t.resurrected, t.stale) == (4, 6, 1, 2, 1, 1)
+    assert not t.exact
+    assert tally(source, list(source.values()), "id", ["v"]).exact
+    assert tally({}, [], "id", ["v"]).as_dict()["exact"]
+
+
+def test_recovery_is_when_everything_committed_before_the_end_was_visible() -> None:
+    committed = [10.0, 12.0, 20.0, 31.0, 40.0]
+    visible = [15.0, 45.0, 25.0, 36.0, 41.0]  # the change of 12.0 waited for the fault
+    catch = CatchUp(committed, visible)
+    assert catch.seconds_after(5.0) is None, "nothing committed before"
+    assert catch.seconds_after(30.0) == 15.0  # 12.0's visibility at 45
+    assert catch.seconds_after(50.0) == 0.0, "all visible before the instant"
+    assert CatchUp([3.0, 1.0], [4.0, 9.0]).seconds_after(2.0) == 7.0, "unsorted input"
+
+
+def test_changes_inside_fault_windows_and_percentiles() -> None:
+    committed = np.array([1.0, 5.0, 10.0, 15.0, 20.0])
+    assert affected(committed, [(4.0, 11.0), (20.0, 21.0)]).tolist() == [False, True, True, False, True]
+    assert percentiles(np.array([]))["n"] == 0
+    assert percentiles(np.arange(1.0, 101.0)) == {"p50": 50.5, "p95": 95.05, "max": 100.0, "n": 100}
+
+
+def _perf_buffer(counters: dict[str, int], little: bool = True) -> bytes:
+    """A HotSpot perf-data buffer (hsperfdata 2.0) holding `counters` as longs, and one byte-vector entry."""
+    order = "<" if little else ">"
+    entries = b""
+    for name, value in [*counters.items(), ("sun.rt.javaCommand", None)]:
+        raw = name.encode() + b"\0"
+        raw += b"\0" * (-(20 + len(raw)) % 8)
+        data = struct.pack(f"{order}q", value) if value is not None else b"org.Main\0\0\0\0\0\0\0\0"
+        kind, vector = (ord("J"), 0) if value is not None else (ord("B"), len(data))
+        entries += struct.pack(f"{order}iiibbbbi", 20 + len(raw) + len(data), 20, vector, kind, 0, 0, 0,
+                               20 + len(raw)) + raw + data
+    prologue = b"\xca\xfe\xc0\xc0" + bytes([1 if little else 0, 2, 0, 1])
+    prologue += struct.pack(f"{order}iiqii", 32 + len(entries), 0, 0, 32, len(counters) + 1)
+    return prologue + entries
+
+
+@pytest.mark.parametrize("little", [True, False])
+def test_perf_data_gives_the_heap_in_use_by_generation(little: bool) -> None:
+    mib = 2**20
+    buffer = _perf_buffer({"sun.gc.generation.0.space.0.used": 30 * mib, "sun.gc.generation.0.space.1.used": 2 * mib,
+                           "sun.gc.generation.1.space.0.used": 100 * mib,
+                           "sun.gc.generation.1.space.0.capacity": 500 * mib, "sun.gc.metaspace.used": 80 * mib},
+                          little)
+    counters = perf_counters(buffer)
+    assert counters["sun.gc.metaspace.used"] == 80 * mib
+    assert heap_used(counters) == (132.0, 100.0)
+    assert heap_used({"sun.os.hrt.ticks": 1}) is None
+    with pytest.raises(ValueError):
+        perf_counters(b"\0" * 64)
+
+
+def test_an_insert_played_again_is_an_upsert_of_the_same_image() -> None:
+    source = ShopSource(3)
+    inserts = list(statements(source.snapshot(WorkloadConfig(seed=3, customers=2, orders=2))))
+    assert inserts and all(s.op == "c" for s in inserts)
+    first = inserts[0]
+    assert first.again.startswith(first.sql + " ON CONFLICT (id) DO UPDATE SET ")
+    assert "id = EXCLUDED.id" not in first.again and "email = EXCLUDED.email" in inserts[0].again
+
+
+def test_the_report_and_the_chart_come_from_the_figures(tmp_path) -> None:
+    from pipelines.devtools.bench import soak
+    from pipelines.devtools.bench.plots import soak_chart
+
+    plan = soak.SoakPlan(minutes=4, rate=300, every_minutes=0.75, warmup_minutes=0.5, tail_minutes=0.5,
+                         fault_seconds=15)
+    t0 = 1000.0
+    committed = t0 + np.linspace(0, 240, 2000)
+    visible = committed + 5 + (np.arange(2000) % 7)
+    catch = CatchUp(committed, visible)
+    runs = [{"kind": f.kind, "start": t0 + f.at, "end": t0 + f.end, "at_min": round(f.at / 60, 2), "seconds": f.seconds,
+             "recovery_seconds": catch.seconds_after(t0 + f.end), "delay_seconds": percentiles(visible - committed)}
+            for f in plan.faults]
+    memory = [{"t": t0 + 5 * i, "pid": 42, "rss_mib": 900.0 + i, "heap_used_mib": 300.0, "old_used_mib": 200.0}
+              for i in range(48)]
+    exact = {"source_rows": 10, "lake_rows": 10, "lost": 0, "duplicated": 0, "resurrected": 0, "stale": 0}
+    figures = {"plan": {"minutes": 4, "rate": 300, "warmup_minutes": 0.5}, "t0": t0, "fault_runs": runs,
+               "kafka_records_per_s": 299.0, "changes_per_s": 270.0, "caught_up_after_load_seconds": 9.0,
+               "ensure_acted": [], "memory": memory, "bronze": {"customers": exact, "orders": {**exact, "lost": 2}},
+               "silver": {"orders": exact}, "gold": {"customer_ltv": exact},
+               "delay_seconds": {"during_faults": percentiles(np.array([9.0])),
+                                 "outside_faults": percentiles(np.array([6.0]))},
+               "quiet_catch_up_seconds": percentiles(np.array([5.0])),
+               "delay_series": soak._series(committed - t0, visible - committed),
+               "memory_summary": soak._memory(memory, t0 + 30)}
+    text = soak.report(figures)
+    assert "| 2/0/0/0 " in text, "lost rows summed over the tables"
+    assert "911.5→941.5" in text, "RSS: medians of the first minute after the warm-up and of the last"
+    assert text.count("broker_kill") + text.count("kafka_blackout") + text.count("postgres_restart") >= len(runs)
+    assert soak_chart(figures, tmp_path / "soak.png").stat().st_size > 10_000
