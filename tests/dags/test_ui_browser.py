@@ -171,12 +171,15 @@ def _open_trigger_form(browser, url: str, dag_id: str):
 
 def _submit(browser, dialog) -> str | None:
     """Click the dialog's Trigger: the new run's id (the UI opens its page), or None when the trigger was refused."""
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
     (button,) = [b for b in dialog.find_elements(By.CSS_SELECTOR, "button") if b.text == "Trigger"]
     button.click()
-    WebDriverWait(browser, 60).until(lambda b: "/runs/" in b.current_url or "Bad Request" in dialog.text)
+    # An accepted trigger closes the dialog before the run's page opens: a stale dialog means wait for the URL.
+    WebDriverWait(browser, 60, ignored_exceptions=(StaleElementReferenceException,)).until(
+        lambda b: "/runs/" in b.current_url or "Bad Request" in dialog.text)
     if "/runs/" in browser.current_url:
         return unquote(browser.current_url.split("/runs/", 1)[1].split("/")[0])
     return None
