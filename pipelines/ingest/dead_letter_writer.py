@@ -63,6 +63,12 @@ class DeadLetterWriter:
         """
         letters, exact = (self._letters(parsed, batch_id, starts) if dead and
                           not self.ledger.covered(dead_letter_path(self.root), ends) else (None, False))
+        if letters is not None or self.held.pieces:
+            # Letters held: `through` must name every partition they may come from. One the stream reads for the
+            # first time (on a new lake, before the store's first commit names any) is stored up to this batch's
+            # first offset in it; left out, a writer killed while holding its letters would leave the next one no
+            # position to read them again from (writer.BronzeBatchWriter.start), and they would be lost.
+            self.ledger.through = {**starts, **self.ledger.through}
         hold = letters is not None and self.held.keep(dead, report.records)
         flush = (letters is not None and not hold) or (bool(self.held.pieces) and not self.held.keep(0, report.records))
         meta[DEAD_LETTERS_META] = json.dumps(
