@@ -72,6 +72,21 @@ def test_waiting_names_what_since_when_and_why(tmp_path) -> None:
     lease.release()
 
 
+def test_batches_back_to_back_are_not_one_stalled_batch(tmp_path) -> None:
+    """Under steady load Spark's trigger never reads inactive between batches: each completed batch (a new
+    `batchId` in the last progress) starts the running one's clock again; one batch over the limit is stalled."""
+    lease = StreamLease(str(tmp_path), LIM)
+    lease.claim()
+    for batch in range(5):
+        lease.beat({"batchId": batch, "timestamp": "2026-11-29T10:00:00.000Z"}, True)
+        lease.hb.trigger_since -= 200  # each batch ran 200 s: 1,000 s of triggers back to back
+    assert judge(lease.files.heartbeat(), LIM, now=time.time()).state == "healthy"
+    lease.hb.trigger_since -= 301 - 200  # batch 5, running since batch 4 completed, past the limit...
+    lease.beat({"batchId": 4, "timestamp": "2026-11-29T10:00:00.000Z"}, True)  # ... and still running
+    assert judge(lease.files.heartbeat(), LIM, now=time.time()).state == "stalled"
+    lease.release()
+
+
 def test_the_kafka_probe_needs_an_answer_not_a_listener() -> None:
     """A port that refuses, and one that accepts and says nothing (a proxy in a blackout, a silent
     network), are both no Kafka; the reason names the server."""
