@@ -18,6 +18,7 @@ from pipelines import catalog_sync, console, settings
 from pipelines.catalog import change_feed_tables
 from pipelines.catalog_cli import catalog, sql
 from pipelines.declaration import DeclarationError, declared
+from pipelines.deploy.connector_cli import connector
 from pipelines.deploy.stream_local import stream
 from pipelines.gdpr.cli import gdpr
 from pipelines.ingest.schema_cli import schema
@@ -50,6 +51,7 @@ def main(ctx: click.Context, verbose: bool) -> None:
 
 
 main.add_command(stream)
+main.add_command(connector)
 main.add_command(schema)
 main.add_command(gdpr)
 main.add_command(catalog)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import shutil
 import threading
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.declaration import Declaration
+from pipelines.deploy.connector import restart_failed
 from pipelines.devtools.bench.common import say
 from pipelines.devtools.bench.memory import jvm_memory
 from pipelines.devtools.bench.soak_plan import Fault
@@ -129,24 +129,11 @@ def inject(r: Rig, fault: Fault) -> dict[str, Any]:
 
 
 def restart_failed_task(r: Rig) -> str | None:
-    """Restart Debezium's task if Connect says it FAILED; the first line of its trace, else None.
-
-    Kafka Connect never restarts a failed task by itself. Debezium's task restarts itself 10 s after
-    a retriable error, but when PostgreSQL is still down then, that start fails with a
-    non-retriable "Couldn't obtain encoding for database" and the task stays FAILED until someone
-    restarts it (seen in the first smoke run: a 15-s outage). In production that someone is an
-    operator or a watchdog; here the soak is, within seconds of PostgreSQL answering again, and counts
-    each one.
-    """
-    tasks = (r.source.connect.status() or {}).get("tasks", [])
-    failed = [t for t in tasks if t.get("state") == "FAILED"]
-    if not failed:
-        return None
-    request = urllib.request.Request(f"{r.source.connect.url}/connectors/{CONNECTOR}/restart"
-                                     "?includeTasks=true&onlyFailed=true", method="POST")
-    with urllib.request.urlopen(request, timeout=10):
-        pass
-    return (failed[0].get("trace") or "").splitlines()[0][:300] if failed[0].get("trace") else "FAILED"
+    """Restart Debezium's task if Connect says it FAILED (pipelines.deploy.connector: why Connect never does);
+    the first line of its trace, else None. In production the `debezium_connector` DAG does this every few
+    minutes; here the soak does, within seconds of PostgreSQL answering again, and counts each one."""
+    found = restart_failed(r.source.connect.url, CONNECTOR)
+    return None if found is None else (found.trace or "FAILED")
 
 
 @dataclass

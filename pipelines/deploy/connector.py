@@ -1,0 +1,121 @@
+"""Debezium's connector kept streaming: Kafka Connect never restarts a FAILED task by itself.
+
+Debezium 2.7's PostgreSQL task restarts itself when it loses the database, 10 s later
+(`retriable.restart.connector.wait.ms`). When the database is still away then, the new task's first
+query (the database's encoding) fails as not retriable and the task stays FAILED whatever happens to
+the database afterwards: seen in `lakehouse bench soak` with a 15-s outage; Debezium made that error
+retriable after 2.7 (DBZ-7872). Until someone restarts the task nothing flows, the replication slot
+holds the database's WAL, and the lake's freshness slips.
+
+`ensure_running` is that someone, run every few minutes (the `debezium_connector` DAG, or
+`lakehouse connector ensure` from cron). It restarts only what failed (Connect's `onlyFailed`,
+KIP-745): the connector's offsets and slot are untouched, the task resumes where it stopped, and what
+it sends again is a replay, harmless to the lake (the LSN rule). Standard library only: the Airflow
+worker imports it without Spark or the project's other dependencies.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from typing import Any
+
+CONNECT_URL_VARIABLE = "LAKEHOUSE_CONNECT_URL"
+CONNECTOR_VARIABLE = "LAKEHOUSE_CONNECTOR"
+DEFAULT_CONNECT_URL = "http://127.0.0.1:8083"
+DEFAULT_CONNECTOR = "shop-source"  # the name `lakehouse source up` gives it (pipelines.devtools.connect_config)
+
+
+class ConnectError(RuntimeError):
+    """Kafka Connect did not answer, refused a request, or the connector did not come back."""
+
+
+def connect_url() -> str:
+    return (os.environ.get(CONNECT_URL_VARIABLE) or DEFAULT_CONNECT_URL).rstrip("/")
+
+
+def connector_name() -> str:
+    return os.environ.get(CONNECTOR_VARIABLE) or DEFAULT_CONNECTOR
+
+
+@dataclass(frozen=True)
+class ConnectorState:
+    """What Connect's `/connectors/<name>/status` says: the connector's state and each task's."""
+
+    name: str
+    state: str  # RUNNING, PAUSED, FAILED, UNASSIGNED, RESTARTING
+    tasks: dict[int, str]
+    trace: str | None = None  # the first line of the first failed one's trace
+
+    @property
+    def failed(self) -> bool:
+        return self.state == "FAILED" or "FAILED" in self.tasks.values()
+
+    @property
+    def running(self) -> bool:
+        return self.state == "RUNNING" and bool(self.tasks) and set(self.tasks.values()) == {"RUNNING"}
+
+    def line(self) -> str:
+        tasks = ", ".join(f"task {i} {s}" for i, s in sorted(self.tasks.items())) or "no task"
+        return f"connector {self.name}: {self.state}, {tasks}" + (f" ({self.trace})" if self.trace else "")
+
+    @classmethod
+    def parse(cls, name: str, status: dict[str, Any]) -> ConnectorState:
+        tasks = {int(t["id"]): t["state"] for t in status.get("tasks", [])}
+        traces = [t.get("trace") for t in [status.get("connector", {}), *status.get("tasks", [])]
+                  if t.get("state") == "FAILED" and t.get("trace")]
+        return cls(name, status.get("connector", {}).get("state", "UNKNOWN"), tasks,
+                   traces[0].strip().splitlines()[0][:300] if traces else None)
+
+
+def _call(url: str, method: str = "GET", timeout: float = 10.0) -> dict[str, Any]:
+    request = urllib.request.Request(url, method=method, headers={"Accept": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            body = response.read()
+    except urllib.error.HTTPError as exc:
+        detail = exc.read().decode(errors="replace")[:500]
+        raise ConnectError(f"Kafka Connect answered {exc.code} to {method} {url}: {detail}") from exc
+    except (urllib.error.URLError, OSError) as exc:
+        raise ConnectError(f"Kafka Connect does not answer at {url}: {exc}") from exc
+    return json.loads(body) if body else {}
+
+
+def connector_state(url: str, name: str, timeout: float = 10.0) -> ConnectorState:
+    """The connector's state as Connect reports it now."""
+    return ConnectorState.parse(name, _call(f"{url}/connectors/{urllib.parse.quote(name)}/status", timeout=timeout))
+
+
+def restart_failed(url: str, name: str) -> ConnectorState | None:
+    """Restart the connector's failed parts (its offsets kept); what was found failed, else None (nothing done)."""
+    found = connector_state(url, name)
+    if not found.failed:
+        return None
+    _call(f"{url}/connectors/{urllib.parse.quote(name)}/restart?includeTasks=true&onlyFailed=true", "POST")
+    return found
+
+
+def ensure_running(url: str, name: str, *, wait_seconds: float = 60.0, poll_seconds: float = 1.0
+                   ) -> tuple[ConnectorState, ConnectorState | None]:
+    """Restart the connector's failed parts, if any, and wait until every task runs.
+
+    Returns (what was found, what the restart gave; None when nothing had failed). Raises ConnectError
+    when Connect does not answer, or when the restarted task has not run within `wait_seconds` (the
+    database still away: the next call tries again).
+    """
+    found = restart_failed(url, name)
+    if found is None:
+        return connector_state(url, name), None
+    deadline = time.monotonic() + wait_seconds
+    while True:
+        now = connector_state(url, name)
+        if now.running:
+            return found, now
+        if time.monotonic() >= deadline:
+            raise ConnectError(f"restarted after {found.line()}; after {wait_seconds:.0f} s: {now.line()}")
+        time.sleep(poll_seconds)

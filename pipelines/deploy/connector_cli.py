@@ -1,0 +1,51 @@
+"""`lakehouse connector status/ensure`: Debezium's connector in Kafka Connect, checked and restarted where it failed
+(pipelines.deploy.connector says why Connect needs a watchdog)."""
+
+from __future__ import annotations
+
+import click
+
+from pipelines.deploy import connector as watch
+
+URL_OPTION = click.option("--connect-url", "url", default=None,
+                          help=f"Kafka Connect's REST API  [default: ${watch.CONNECT_URL_VARIABLE}, "
+                               f"else {watch.DEFAULT_CONNECT_URL}]")
+NAME_OPTION = click.option("--connector", "name", default=None,
+                           help=f"The Debezium connector's name  [default: ${watch.CONNECTOR_VARIABLE}, "
+                                f"else {watch.DEFAULT_CONNECTOR}]")
+
+
+@click.group("connector")
+def connector() -> None:
+    """Debezium's connector in Kafka Connect: its state, and a restart of what failed."""
+
+
+@connector.command()
+@URL_OPTION
+@NAME_OPTION
+def status(url: str | None, name: str | None) -> None:
+    """The connector's and its tasks' states, with the first line of a failure's trace; exit 1 if one FAILED."""
+    try:
+        state = watch.connector_state(url or watch.connect_url(), name or watch.connector_name())
+    except watch.ConnectError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(state.line())
+    if state.failed:
+        raise SystemExit(1)
+
+
+@connector.command()
+@URL_OPTION
+@NAME_OPTION
+@click.option("--wait", "wait_seconds", default=60.0, show_default=True,
+              help="Seconds a restarted task has to run again before this fails.")
+def ensure(url: str | None, name: str | None, wait_seconds: float) -> None:
+    """Restart the connector's FAILED task (or the connector) with its offsets, and wait until it runs: what Kafka
+    Connect never does by itself. Nothing when all runs. Exit 1 when Connect does not answer, or the restarted
+    task does not run within --wait (the database still away, say: the next call tries again)."""
+    try:
+        found, after = watch.ensure_running(url or watch.connect_url(), name or watch.connector_name(),
+                                            wait_seconds=wait_seconds)
+    except watch.ConnectError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(found.line() if after is None else f"{found.line()}\nrestarted: {after.line()}")
