@@ -29,6 +29,7 @@ DEFAULT_PORT = 9083
 MAIN_CLASS = "org.apache.hadoop.hive.metastore.HiveMetaStore"
 # Derby and the thrift server of a small catalog: the lake's tables are a few hundred rows of it.
 HEAP = "512m"
+PORT_TRIES = 3
 
 
 @dataclass
@@ -97,13 +98,28 @@ class Metastore(LocalProcess):
         return None if port_open(self.port) else f"not listening on {self.uri} yet"
 
     def up(self) -> Self:
-        """Start it unless it runs (a first start chooses the port: `port` 0 is any free one)."""
+        """Start it unless it runs (a first start chooses the port: `port` 0 is any free one).
+
+        Hive 2.3.9 cannot bind port 0 itself, so a free port is chosen first, and another process can
+        take it before the metastore binds it (seen in `make test`: "Address already in use"): a port
+        chosen so is chosen again, up to PORT_TRIES times.
+        """
         self.home.mkdir(parents=True, exist_ok=True)
-        if self.pid() is None:
-            self.port = self.port or free_port()
-            self.state_path.write_text(json.dumps({"port": self.port}))
-        self.start(self.start_timeout)
-        return self
+        if self.pid() is not None:
+            return self.start(self.start_timeout)
+        chosen = not self.port
+        for _ in range(PORT_TRIES - 1 if chosen else 0):
+            try:
+                return self._start_on(free_port())
+            except RuntimeError as exc:
+                if "Address already in use" not in str(exc):
+                    raise
+        return self._start_on(free_port() if chosen else self.port)
+
+    def _start_on(self, port: int) -> Self:
+        self.port = port
+        self.state_path.write_text(json.dumps({"port": self.port}))
+        return self.start(self.start_timeout)
 
     def down(self) -> None:
         """Stop it; the folder keeps the catalog, found again by the next `up`."""
