@@ -28,7 +28,7 @@ from typing import Any
 CONNECT_URL_VARIABLE = "LAKEHOUSE_CONNECT_URL"
 CONNECTOR_VARIABLE = "LAKEHOUSE_CONNECTOR"
 DEFAULT_CONNECT_URL = "http://127.0.0.1:8083"
-DEFAULT_CONNECTOR = "shop-source"  # the name `lakehouse source up` gives it (pipelines.devtools.connect_config)
+DEFAULT_CONNECTOR = "shop-source"  # the name `lakehouse source up` gives it (devtools.connect_config.CONNECTOR)
 
 
 class ConnectError(RuntimeError):

@@ -16,12 +16,13 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from pipelines.declaration import Declaration, declared
+from pipelines.deploy.connector import DEFAULT_CONNECTOR
 from pipelines.local_process import HOST
 from pipelines.settings import unavailable_placeholder
 
 DATABASE = "shop"
 PG_USER = "postgres"
-CONNECTOR = "shop-source"
+CONNECTOR = DEFAULT_CONNECTOR  # the name the watchdog (`lakehouse connector`) looks for by default
 SLOT = "shop_debezium"
 PUBLICATION = "shop_publication"
 # Debezium's source signalling channel (`signal.data.collection`): `lakehouse source sync` inserts an
