@@ -173,15 +173,22 @@ demo: setup  ## End to end on the embedded local default: Kafka, the real source
 # So the Spark suite runs in two processes (pytest-xdist, each with its own Spark session), and
 # the Airflow suite beside them (no shared state: own brokers, ports and temp folders), its
 # output kept in $(AF_TEST_LOG) and printed when both are done.
+# The Spark suite's output is also kept, in $(SPARK_TEST_LOG): what failed in it is printed again
+# at the very end, where a CI log cut to its tail still shows it.
 AF_TEST_LOG := .test-airflow.log
+SPARK_TEST_LOG := .test-spark.log
 test: setup  ## The whole test suite (starts its own Kafka brokers; real Spark, Hudi and Airflow)
-	@rm -f $(AF_TEST_LOG); \
+	@rm -f $(AF_TEST_LOG) $(SPARK_TEST_LOG) $(SPARK_TEST_LOG).rc; \
 	PYTEST_DEBUG_TEMPROOT=$$(mktemp -d) $(AF_BIN)/pytest --confcutdir=tests/dags tests/dags > $(AF_TEST_LOG) 2>&1 & \
 	airflow=$$!; \
-	$(BIN)/pytest -n 2 --dist worksteal; spark_rc=$$?; \
+	{ $(BIN)/pytest -n 2 --dist worksteal; echo $$? > $(SPARK_TEST_LOG).rc; } 2>&1 | tee $(SPARK_TEST_LOG); \
+	spark_rc=$$(cat $(SPARK_TEST_LOG).rc); \
 	wait $$airflow; airflow_rc=$$?; \
 	echo "== the Airflow suite (tests/dags, in .venv-airflow), run beside the Spark suite:"; \
 	cat $(AF_TEST_LOG); \
+	for log in $(SPARK_TEST_LOG) $(AF_TEST_LOG); do \
+	  if grep -qE '^(FAILED|ERROR) ' $$log; then echo "== what failed ($$log):"; grep -E '^(FAILED|ERROR) ' $$log; fi; \
+	done; \
 	echo "== Spark suite exit $$spark_rc, Airflow suite exit $$airflow_rc"; \
 	[ $$spark_rc -eq 0 ] && [ $$airflow_rc -eq 0 ]
 
