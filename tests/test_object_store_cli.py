@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import boto3
+import pytest
+from botocore.config import Config
+from botocore.exceptions import ClientError
 
-from pipelines.devtools.object_store import BUCKET
+from pipelines.devtools.object_store import BUCKET, ObjectStore
 from tests.lake import run_cli
 
 
@@ -28,6 +31,22 @@ def test_the_store_starts_serves_the_bucket_and_stops(tmp_path) -> None:
         again = run_cli("s3", "up", "--port", "9", "--data-dir", data_dir)
         assert again.exit_code == 0 and f":{port}," in again.stdout, again.output
         assert s3.get_object(Bucket=BUCKET, Key="p/x")["Body"].read() == b"1"
+
+        # The store answers S3's 503 SlowDown to the fraction of requests it is told (here all), and counts.
+        store = ObjectStore(data_dir, port=port)
+        once = boto3.client("s3", endpoint_url=exports["AWS_ENDPOINT_URL"], region_name=exports["AWS_REGION"],
+                            aws_access_key_id=exports["AWS_ACCESS_KEY_ID"],
+                            aws_secret_access_key=exports["AWS_SECRET_ACCESS_KEY"],
+                            config=Config(retries={"total_max_attempts": 1}))
+        before = store.slow_down(1.0)
+        with pytest.raises(ClientError) as refused:
+            once.put_object(Bucket=BUCKET, Key="p/y", Body=b"2")
+        error = refused.value.response
+        assert error["Error"]["Code"] == "SlowDown" and error["ResponseMetadata"]["HTTPStatusCode"] == 503, error
+        after = store.slow_down(0)
+        assert (after["requests"] - before["requests"], after["slow_down"] - before["slow_down"]) == (1, 1)
+        once.put_object(Bucket=BUCKET, Key="p/y", Body=b"2")  # served again
+        assert store.slow_down(0)["slow_down"] == after["slow_down"]
     finally:
         down = run_cli("s3", "down", "--data-dir", data_dir)
     assert down.exit_code == 0, down.output

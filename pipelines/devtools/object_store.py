@@ -16,13 +16,17 @@ same variables (pipelines/storage.py).
 from __future__ import annotations
 
 import contextlib
+import json
+import random
 import signal
 import sys
+import threading
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Self
+from typing import Any, Self
+from urllib.parse import parse_qs
 
 import click
 
@@ -103,6 +107,15 @@ class ObjectStore(LocalProcess):
             return f"no answer on {self.endpoint}"
         return None
 
+    def slow_down(self, fraction: float) -> dict[str, int]:
+        """From now on, answer `fraction` of requests (drawn at random) with S3's `503 SlowDown`; 0 stops it.
+
+        Returns the store's counts since it started: `requests` served and `slow_down` answered so.
+        """
+        request = urllib.request.Request(f"{self.endpoint}{FAULTS_PATH}?slow_down={fraction}", method="PUT")
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return json.loads(response.read())
+
     def start(self, timeout: float | None = None) -> Self:
         """Start the server (unless this folder's already runs) and create the bucket; idempotent."""
         super().start(timeout)
@@ -161,6 +174,43 @@ def env(data_dir: Path) -> None:
         click.echo(f"export {key}={value}")
 
 
+# No bucket can be named so (bucket names have no underscore): the store's own control path.
+FAULTS_PATH = "/_faults"
+SLOW_DOWN = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
+             b"<Message>Please reduce your request rate.</Message></Error>")
+
+
+class SlowDown:
+    """moto's application, answering a fraction of requests `503 SlowDown` as S3 does over a prefix's request rate.
+
+    moto has no fault injection of its own (its `/moto-api` resets and seeds, nothing fails), and a
+    proxy in front cannot answer HTTP for the store: this is the one way the store itself says it.
+    `PUT /_faults?slow_down=F` sets the fraction (`ObjectStore.slow_down`; 0, as at the start, refuses none) and
+    returns the counts so far, which say what rate of faults a job met.
+    """
+
+    def __init__(self, app: Any) -> None:
+        self.app, self.fraction, self.rng = app, 0.0, random.Random(53)
+        self.counts, self.lock = {"requests": 0, "slow_down": 0}, threading.Lock()  # the server is threaded
+
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> Any:
+        if environ.get("PATH_INFO") == FAULTS_PATH:
+            self.fraction = float(parse_qs(environ.get("QUERY_STRING", "")).get("slow_down", ["0"])[0])
+            body = json.dumps(self.counts).encode()
+            start_response("200 OK", [("Content-Length", str(len(body)))])
+            return [body]
+        with self.lock:
+            self.counts["requests"] += 1
+            refused = bool(self.fraction) and self.rng.random() < self.fraction
+            self.counts["slow_down"] += refused
+        if refused:
+            environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))  # the body, as a server reads it
+            start_response("503 Slow Down", [("Content-Type", "application/xml"),
+                                            ("Content-Length", str(len(SLOW_DOWN)))])
+            return [SLOW_DOWN]
+        return self.app(environ, start_response)
+
+
 def serve(host: str, port: int, port_file: Path) -> None:
     """Serve moto's S3 API alone, the way `python -m moto.server` serves all of AWS.
 
@@ -175,7 +225,8 @@ def serve(host: str, port: int, port_file: Path) -> None:
     from werkzeug.serving import make_server
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    server = make_server(host, port, create_backend_app("s3"), threaded=True, request_handler=MotoRequestHandler)
+    server = make_server(host, port, SlowDown(create_backend_app("s3")), threaded=True,
+                         request_handler=MotoRequestHandler)
     partial = port_file.with_suffix(".tmp")
     partial.write_text(f"{server.port}\n")
     partial.replace(port_file)
