@@ -12,8 +12,11 @@ The generator's workload is played as SQL transactions (pipelines/devtools/sql_s
    restarted while Debezium streams (issue 53, below), more changes; then one `ingest --once` and
    one `etl`.
 
-The PostgreSQL restart: changes are committed and PostgreSQL goes down (a fast shutdown, as a
-restart for an upgrade or a failover does) before Debezium has necessarily read them all. Debezium's
+The PostgreSQL restart: changes are committed and PostgreSQL crashes (the postmaster and its backends
+SIGKILLed, as the OOM killer or a lost machine leaves it: no shutdown checkpoint, crash recovery from
+the WAL on the next start, the replication slot back at the position its last checkpoint saved)
+before Debezium has necessarily read them all. The soak stops it with a fast shutdown instead, as a
+restart for an upgrade or a failover does (BENCHMARKS.md, "Soak"). Debezium's
 task restarts itself 10 s after the lost connection; the database is still away then, and the task
 fails for good (FAILED, "Couldn't obtain encoding for database": Kafka Connect never restarts it).
 PostgreSQL comes back, and `lakehouse connector ensure` (the `debezium_connector` DAG's watchdog)
@@ -219,8 +222,8 @@ def test_real_source_end_to_end(spark: SparkSession, broker: KafkaBroker, tmp_pa
             conn.execute("ALTER TABLE customers DROP COLUMN loyalty_tier")
         play(sim.changes(WORKLOAD), dsn, broker.bootstrap)
 
-        # PostgreSQL restarted while Debezium streams. Right after a flush of Connect's offsets (the
-        # next is 15 s away), changes are committed and PostgreSQL goes down at once: Debezium may not
+        # PostgreSQL crashes while Debezium streams. Right after a flush of Connect's offsets (the
+        # next is 15 s away), changes are committed and PostgreSQL is SIGKILLed: Debezium may not
         # have read them all, and what it has is replayed. The wait is for that flush: a restart before
         # Connect's *first* flush finds no offsets, and the restarted task takes a new snapshot, which
         # loses the deletes of rows deleted in between (module docstring). Here Connect has offsets since
@@ -229,11 +232,15 @@ def test_real_source_end_to_end(spark: SparkSession, broker: KafkaBroker, tmp_pa
         fault_since = sql_sink.end_offsets(broker.bootstrap, [topic(t) for t in TABLES])
         sql_sink.apply(sim.changes(WORKLOAD), dsn)
         before = slot_status(real.pg_port)
-        postgres.stop()
+        postgres.wait_wal_written()  # committed is durable, as with production's synchronous_commit=on
+        postgres.kill()
         down_at = time.monotonic()
         assert real.connect.work_dir.joinpath("offsets.dat").stat().st_mtime == flushed, "a flush came before the stop"
         failed = _wait_failed(real)
+        log_at = postgres.log_size()
         postgres.start()
+        assert "not properly shut down; automatic recovery in progress" in postgres.log_since(log_at), \
+            postgres.log_since(log_at)[-2000:]
         back = time.monotonic()
         said = run_cli("connector", "status", "--connect-url", real.connect.url)
         assert said.exit_code == 1 and "task 0 FAILED" in said.output, said.output

@@ -22,6 +22,7 @@ import pwd
 import shutil
 import signal
 import subprocess
+import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
@@ -143,6 +144,27 @@ class PostgresCluster(LocalProcess):
         if len(lines) >= 8 and lines[0].strip() == str(pid) and lines[7].strip() == "ready":
             return None
         return f"not accepting connections on {HOST}:{self.port} yet"
+
+    def _forget(self) -> None:
+        # postmaster.pid is PostgreSQL's own: a clean shutdown removes it, and a crash (`kill`) leaves it
+        # for the next start to find and see through, as after a real crash.
+        self._process = None
+
+    def wait_wal_written(self, timeout: float = 30.0) -> None:
+        """Wait until every commit so far is in the WAL files, which a crash of the server keeps.
+
+        This throwaway cluster commits asynchronously (`command`): a commit returns before its WAL
+        is written, and a SIGKILL in the next 600 ms loses it. Production's `synchronous_commit=on`
+        makes every commit that returned durable; this makes it so before a crash a test stages.
+        """
+        with self.connect() as conn:
+            target = conn.execute("SELECT pg_current_wal_insert_lsn()").fetchone()[0]
+            deadline = time.monotonic() + timeout
+            while not conn.execute("SELECT pg_current_wal_flush_lsn() >= %s::pg_lsn", (target,)).fetchone()[0]:
+                if time.monotonic() > deadline:
+                    raise SourceError(f"PostgreSQL on {HOST}:{self.port} wrote no WAL up to {target} "
+                                      f"in {timeout:.0f} s")
+                time.sleep(0.05)
 
     def connect(self, dbname: str = DATABASE) -> Any:
         import psycopg
