@@ -13,7 +13,7 @@ The generator's workload is played as SQL transactions (pipelines/devtools/sql_s
    one `etl`.
 
 The PostgreSQL restart: changes are committed and PostgreSQL crashes (the postmaster and its backends
-SIGKILLed, as the OOM killer or a lost machine leaves it: no shutdown checkpoint, crash recovery from
+SIGKILLed, as the OOM killer leaves it: no shutdown checkpoint, crash recovery from
 the WAL on the next start, the replication slot back at the position its last checkpoint saved)
 before Debezium has necessarily read them all. The soak stops it with a fast shutdown instead, as a
 restart for an upgrade or a failover does (BENCHMARKS.md, "Soak"). Debezium's
