@@ -76,12 +76,13 @@ SHORT_KAFKA_TIMEOUTS = """
 """
 
 
-def _mid_batch(stream: Supervised, more: list[Message], bootstrap: str, sent: list[Message]) -> None:
-    """Produce `more` (at the broker's own listener) and return once the stream has started a batch after it."""
+def mid_batch(stream: Supervised, more: list[Message], bootstrap: str, sent: list[Message],
+              timeout: float = 120) -> None:
+    """Produce `more` (at `bootstrap`) and return once the stream has started a batch after it."""
     started = stream.batches_started()
     produce(more, bootstrap)
     sent.extend(more)
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + timeout
     while stream.batches_started() == started:
         assert time.monotonic() < deadline, "no batch started: " + stream.log_path.read_text()[-2000:]
         time.sleep(0.05)
@@ -142,7 +143,7 @@ def test_broker_killed_then_network_blackout(spark, tmp_path, proxied) -> None:
         wait_caught_up(str(stream.root), fold_with_lsn(sent)[0], stream.log_path)
 
         # Fault 1: the broker SIGKILLed while a batch runs, started again (same ports, same data) after PAUSE.
-        _mid_batch(stream, source.changes(WorkloadConfig(seed=24, changes=600, replay_runs=1,
+        mid_batch(stream, source.changes(WorkloadConfig(seed=24, changes=600, replay_runs=1,
                                                          malformed_fraction=0.02)), broker.bootstrap, sent)
         broker.kill()
         statuses = _watch_status(stream, PAUSE)
@@ -161,7 +162,7 @@ def test_broker_killed_then_network_blackout(spark, tmp_path, proxied) -> None:
         assert "waiting for" not in stream.run("status", "healthy")
 
         # Fault 2: the network to Kafka cut (the proxy disabled) mid-batch while the source goes on writing.
-        _mid_batch(stream, source.changes(WorkloadConfig(seed=30, changes=600, replay_runs=1,
+        mid_batch(stream, source.changes(WorkloadConfig(seed=30, changes=600, replay_runs=1,
                                                          malformed_fraction=0.02)), broker.bootstrap, sent)
         with proxy.blackout():
             statuses = _watch_status(stream, BLACKOUT / 2)
