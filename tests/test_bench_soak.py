@@ -11,13 +11,14 @@ import numpy as np
 import pytest
 
 from pipelines.devtools.bench import cli
-from pipelines.devtools.bench.memory import heap_used, perf_counters
+from pipelines.devtools.bench.memory import heap_used, parse_histogram, perf_counters
 from pipelines.devtools.bench.soak_plan import (
     DEFAULT_KINDS,
     DURATIONS,
     KINDS,
     CatchUp,
     affected,
+    live_summary,
     percentiles,
     schedule,
     tally,
@@ -31,13 +32,13 @@ def test_the_schedule_is_the_seeds() -> None:
     assert schedule(7, 30, 4) != schedule(8, 30, 4)
 
 
-def test_thirty_minutes_every_four_give_six_faults_two_of_each_kind_inside_their_slots() -> None:
-    faults = schedule(7, 30, 4, warmup_minutes=3, tail_minutes=3)
-    assert len(faults) == 6
+def test_thirty_minutes_every_three_give_eight_faults_two_of_each_kind_inside_their_slots() -> None:
+    faults = schedule(7, 30, 3, warmup_minutes=3, tail_minutes=3)
+    assert len(faults) == 8
     assert Counter(f.kind for f in faults) == dict.fromkeys(DEFAULT_KINDS, 2)
     for i, f in enumerate(faults):
-        slot = 180 + 240 * i
-        assert slot + 10 <= f.at and f.end <= slot + 240, f
+        slot = 180 + 180 * i
+        assert slot + 10 <= f.at and f.end <= slot + 180, f
         assert f.seconds == DURATIONS[f.kind]
     assert faults[-1].end <= 27 * 60, "the tail stays quiet"
 
@@ -155,3 +156,37 @@ def test_the_report_and_the_chart_come_from_the_figures(tmp_path) -> None:
     assert "911.5→941.5" in text, "RSS: medians of the first minute after the warm-up and of the last"
     assert text.count("broker_kill") + text.count("kafka_blackout") + text.count("postgres_restart") >= len(runs)
     assert soak_chart(figures, tmp_path / "soak.png").stat().st_size > 10_000
+
+
+HISTOGRAM = """12345:
+ num     #instances         #bytes  class name (module)
+-------------------------------------------------------
+   1:         81234      104857600  [B (java.base@17.0.13)
+   2:          2048        3145728  org.apache.spark.status.TaskDataWrapper
+   3:            10           1024  java.lang.Object (java.base@17.0.13)
+Total         83292      108004352
+"""
+
+
+def test_a_class_histogram_reads_as_the_live_set_and_its_largest_classes() -> None:
+    live, classes = parse_histogram(HISTOGRAM, top=2)
+    assert live == 103.0  # 108,004,352 bytes
+    assert classes == {"[B": 100.0, "org.apache.spark.status.TaskDataWrapper": 3.0}
+    with pytest.raises(ValueError, match="no Total line"):
+        parse_histogram("12345:\nConnection refused")
+
+
+def test_the_live_set_trend_per_jvm_counts_from_the_warm_up_and_names_what_grew() -> None:
+    t0 = 10_000.0
+    first = [{"t": t0 - 60, "pid": 1, "live_mib": 90.0, "classes": {}}]  # in the warm-up: not counted
+    first += [{"t": t0 + 120 * i, "pid": 1, "live_mib": 500.0 + 10 * i,
+               "classes": {"leaky": 100.0 + 10 * i, "steady": 50.0}} for i in range(6)]
+    # A restarted stream: a second JVM whose live set levels off after filling its bounded stores.
+    second = [{"t": t0 + 900 + 120 * i, "pid": 2, "live_mib": min(400.0 + 40 * i, 480.0), "classes": {"steady": 50.0}}
+              for i in range(6)]
+    one, two = live_summary(first + second, t0)["jvms"]
+    assert (one["pid"], one["readings"], one["minutes"]) == (1, 6, 10.0)
+    assert (one["live_first_mib"], one["live_last_mib"]) == (500.0, 550.0)
+    assert one["trend_mib_per_min"] == one["second_half_trend_mib_per_min"] == 5.0
+    assert one["grew_most_mib"] == {"leaky": 50.0, "steady": 0.0}
+    assert two["trend_mib_per_min"] > 0 and two["second_half_trend_mib_per_min"] == 0.0

@@ -9,8 +9,9 @@ The generator's workload is played as SQL transactions (pipelines/devtools/sql_s
    interval, an hour, is longer than the phase), so the next start re-delivers all of phase 2 after
    phase 1;
 3. Connect again (the replays; its offsets now flushed every 15 s), more changes; then PostgreSQL
-   restarted while Debezium streams (issue 53, below), more changes; then one `ingest --once` and
-   one `etl`.
+   restarted while Debezium streams (issue 53, below), more changes; then the network between
+   Debezium and PostgreSQL slow, then cut for 5 s while changes are committed (Debezium reaches
+   PostgreSQL through Toxiproxy throughout), more changes; then one `ingest --once` and one `etl`.
 
 The PostgreSQL restart: changes are committed and PostgreSQL crashes (the postmaster and its backends
 SIGKILLed, as the OOM killer leaves it: no shutdown checkpoint, crash recovery from
@@ -71,10 +72,12 @@ from pyspark.sql import SparkSession
 
 from pipelines.contract import COLUMNS, TABLES, topic
 from pipelines.devtools import sql_sink
+from pipelines.devtools.connect_config import SLOT
 from pipelines.devtools.generator import Message, ShopSource, WorkloadConfig
 from pipelines.devtools.kafka_local import KafkaBroker, free_port
 from pipelines.devtools.pg_source import RealSource, slot_status
 from pipelines.devtools.source_state import database_state
+from pipelines.devtools.toxiproxy import Toxiproxy
 from pipelines.ingest.bronze import run_ingest
 from pipelines.table_stats import read_table
 from pipelines.transform.etl import run_etl
@@ -91,6 +94,10 @@ WORKLOAD = WorkloadConfig(seed=18, customers=40, orders=120, changes=120, invali
 FLUSH_MS = 15_000
 # The shape changes, and what a TOASTed value looks like: random letters do not compress.
 BIG_TEXT = 6000
+# Debezium cut off from PostgreSQL (Toxiproxy disabled): shorter than the 10 s after which its task tries again.
+NET_BLACKOUT = 5.0
+# Every byte from PostgreSQL to Debezium this late while a round of changes streams.
+NET_LATENCY_MS = 200
 
 
 def _big(rng: random.Random) -> str:
@@ -164,6 +171,13 @@ def _wait_failed(real: RealSource, timeout: float = 90.0) -> float:
                          f"rides through, the watchdog of pipelines.deploy.connector may go): {real.connect.status()}")
 
 
+def _walsender(postgres) -> int | None:
+    """The process id of the PostgreSQL backend streaming the connector's slot, None while no one streams it."""
+    with postgres.connect() as conn:
+        row = conn.execute("SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s", (SLOT,)).fetchone()
+    return row[0] if row else None
+
+
 def _differences(on_topics: dict, state: dict, lsns: dict) -> str:
     """Per table, the keys whose newest delivered row differs from the database's (at most 10), with its LSN."""
     lines = []
@@ -179,8 +193,12 @@ def _differences(on_topics: dict, state: dict, lsns: dict) -> str:
 def test_real_source_end_to_end(spark: SparkSession, broker: KafkaBroker, tmp_path: Path) -> None:
     home = Path(tempfile.mkdtemp(prefix="lakehouse-pg-"))  # PostgreSQL runs as `postgres`: not under pytest's 0700 tmp
     home.chmod(0o755)
-    real = RealSource(home, free_port(), free_port(), broker.bootstrap, schemas_enable=True,
-                      offset_flush_ms=3_600_000)
+    # Debezium reaches PostgreSQL through Toxiproxy (issue 53): the network between them fails in phase 3.
+    toxiproxy = Toxiproxy(tmp_path / "toxiproxy").start()
+    pg_port, via = free_port(), free_port()
+    pg_link = toxiproxy.client.create("postgres", f"127.0.0.1:{via}", f"127.0.0.1:{pg_port}")
+    real = RealSource(home, pg_port, free_port(), broker.bootstrap, schemas_enable=True,
+                      offset_flush_ms=3_600_000, debezium_port=via)
     root = str(tmp_path / "lake")
     sim = ShopSource(WORKLOAD.seed)
     ingest: subprocess.Popen | None = None
@@ -255,6 +273,24 @@ def test_real_source_end_to_end(spark: SparkSession, broker: KafkaBroker, tmp_pa
         assert after is not None and after["active"], f"the connector does not stream from its slot: {after}"
         assert real.connect.status()["connector"]["state"] == "RUNNING", real.connect.status()
 
+        # The network between Debezium and PostgreSQL fails while both run. First slow: a round of changes
+        # streams with every byte late. Then cut: every connection through the proxy closed and new ones
+        # refused while changes are committed. Shorter than the 10 s after which Debezium's task tries again,
+        # it rides that through by itself (a longer cut fails the task as PostgreSQL's crash did above,
+        # and `connector ensure` restarts it): a new replication connection streams on from the slot.
+        with pg_link.latency(NET_LATENCY_MS):
+            play(sim.changes(WORKLOAD), dsn, broker.bootstrap)
+        walsender = _walsender(postgres)
+        with pg_link.blackout():
+            sql_sink.apply(sim.changes(WORKLOAD), dsn)
+            time.sleep(NET_BLACKOUT)
+        cut_over = time.monotonic()
+        play(sim.changes(WORKLOAD), dsn, broker.bootstrap)
+        rode_through = time.monotonic() - cut_over
+        assert _walsender(postgres) not in (None, walsender), "the cut did not reach Debezium's replication connection"
+        tasks = real.connect.status()["tasks"]
+        assert [t["state"] for t in tasks] == ["RUNNING"], tasks
+
         # An amount only the widened type holds (last: the generator's updates set amount as it knows it).
         since = sql_sink.end_offsets(broker.bootstrap, [topic("orders")])
         with postgres.connect() as conn:
@@ -271,6 +307,7 @@ def test_real_source_end_to_end(spark: SparkSession, broker: KafkaBroker, tmp_pa
             os.killpg(ingest.pid, signal.SIGKILL)
             ingest.wait()
         real.down()
+        toxiproxy.stop()
         for log in (real.connect.log_path, real.postgres.log_path):  # kept for a failure's reader
             if log.exists():
                 shutil.copy(log, tmp_path / log.name)
@@ -287,7 +324,9 @@ def test_real_source_end_to_end(spark: SparkSession, broker: KafkaBroker, tmp_pa
     replays = sum(seen[k] - 1 for k in since_fault)
     print(f"\nPostgreSQL down {back - down_at:.1f} s (Debezium's task FAILED after {failed:.1f} s); "
           f"the next changes delivered {delivered:.1f} s after it was "
-          f"back; {replays} record(s) delivered twice since; slot before the stop {before}, at the end {after}")
+          f"back; {replays} record(s) delivered twice since; slot before the stop {before}, at the end {after}; "
+          f"Debezium cut off from PostgreSQL for {NET_BLACKOUT:.0f} s: the next changes delivered "
+          f"{rode_through:.1f} s after")
     assert max(seen.values()) > 1, "the SIGKILL of Connect re-delivered nothing"
     assert any(env and env["op"] == "t" for *_, env in envelopes), "no truncate event"
     assert any(env and env["op"] == "r" for *_, env in envelopes), "no snapshot read"

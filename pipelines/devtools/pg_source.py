@@ -220,6 +220,7 @@ class ConnectWorker(LocalProcess):
     schemas_enable: bool = True
     offset_flush_ms: int = 1000
     declaration: Declaration | None = None  # the captured tables' (None: the one in force)
+    database_port: int | None = None  # where Debezium reaches PostgreSQL (a proxy in front of it); None: pg_port
 
     def __post_init__(self) -> None:
         self.work_dir = Path(self.work_dir).resolve()
@@ -254,7 +255,7 @@ class ConnectWorker(LocalProcess):
         worker = worker_config(self.bootstrap, self.rest_port, self.work_dir / "offsets.dat",
                                schemas_enable=self.schemas_enable, offset_flush_ms=self.offset_flush_ms)
         (self.work_dir / "worker.properties").write_text("".join(f"{k}={v}\n" for k, v in worker.items()))
-        connector = connector_config(self.pg_port, declaration=self.declaration)
+        connector = connector_config(self.database_port or self.pg_port, declaration=self.declaration)
         (self.work_dir / "connector.json").write_text(json.dumps(connector, indent=2))
         (self.work_dir / "log4j.properties").write_text(CONNECT_LOG4J)
 
@@ -324,6 +325,8 @@ class RealSource:
     bootstrap: str = field(default_factory=kafka_bootstrap)
     schemas_enable: bool = True
     offset_flush_ms: int = 1000
+    # Where Debezium reaches PostgreSQL when not at pg_port: a proxy in front of it (the fault tests' Toxiproxy).
+    debezium_port: int | None = None
 
     def __post_init__(self) -> None:
         self.home = Path(self.home).resolve()
@@ -333,7 +336,7 @@ class RealSource:
             # topics belong together.
             doc = json.loads(saved.read_text())
             self.pg_port, self.rest_port, self.bootstrap = doc["pg_port"], doc["rest_port"], doc["bootstrap"]
-            self.schemas_enable = doc["schemas_enable"]
+            self.schemas_enable, self.debezium_port = doc["schemas_enable"], doc.get("debezium_port")
 
     @property
     def postgres(self) -> PostgresCluster:
@@ -342,7 +345,7 @@ class RealSource:
     @property
     def connect(self) -> ConnectWorker:
         return ConnectWorker(self.home / "connect", self.bootstrap, self.pg_port, self.rest_port,
-                             self.schemas_enable, self.offset_flush_ms)
+                             self.schemas_enable, self.offset_flush_ms, database_port=self.debezium_port)
 
     def up(self, declaration: Declaration | None = None) -> tuple[PostgresCluster, ConnectWorker]:
         """Start (or adopt) PostgreSQL and Connect, capturing the declared tables (`declaration`, else
@@ -356,7 +359,7 @@ class RealSource:
             os.chmod(self.home, 0o755)  # the `postgres` user runs the cluster below it
         (self.home / "source.json").write_text(json.dumps(
             {"pg_port": self.pg_port, "rest_port": self.rest_port, "bootstrap": self.bootstrap,
-             "schemas_enable": self.schemas_enable}))
+             "schemas_enable": self.schemas_enable, "debezium_port": self.debezium_port}))
         postgres = self.postgres.start()
         with postgres.connect() as conn:
             source_sync.check(conn, declaration, schemas_enable=self.schemas_enable)
@@ -393,7 +396,8 @@ class RealSource:
                timeout: float = 120.0) -> source_sync.SyncReport:
         worker = self.connect
         with self.postgres.connect() as conn:
-            return source_sync.apply(conn, worker.url, connector_config(self.pg_port, declaration=declaration),
+            return source_sync.apply(conn, worker.url,
+                                     connector_config(self.debezium_port or self.pg_port, declaration=declaration),
                                      declaration, before, connector_file=worker.work_dir / "connector.json",
                                      timeout=timeout)
 

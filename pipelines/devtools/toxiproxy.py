@@ -156,13 +156,19 @@ class Proxy:
 
 @dataclass(frozen=True)
 class Toxic:
-    """One toxic on a proxy; `remove` ends its fault."""
+    """One toxic on a proxy; `remove` ends its fault, as leaving a `with` block of it does."""
 
     proxy: Proxy
     name: str
 
     def remove(self) -> None:
         self.proxy.client.request("DELETE", f"{self.proxy.path}/toxics/{self.name}")
+
+    def __enter__(self) -> Toxic:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.remove()
 
 
 @dataclass

@@ -19,8 +19,8 @@ FRESHNESS_RATE = 2000.0
 # freshness.py, run): the counted minutes follow this much steady production, as a stream's days would.
 FRESHNESS_WARMUP_MINUTES = 3.0
 # Kept here (not imported from soak_plan) so that `--help` imports no numpy.
-_SOAK_KINDS = ("broker_kill", "kafka_blackout", "postgres_restart", "kafka_latency", "kafka_bandwidth",
-               "kafka_reset_peer")
+_SOAK_KINDS = ("broker_kill", "kafka_blackout", "postgres_restart", "postgres_blackout", "kafka_latency",
+               "kafka_bandwidth", "kafka_reset_peer", "postgres_latency")
 SEED = click.option("--seed", type=int, default=7, show_default=True, help="Generator seed (same seed, same data).")
 
 
@@ -225,13 +225,15 @@ def commits(rows: int, warm_up: int, commits: int, variants: tuple[str, ...]) ->
 @click.option("--rate", type=click.FloatRange(min=1), default=FRESHNESS_RATE, show_default=True,
               help="Debezium's records per second (a delete is two: its event and a tombstone), committed in "
                    "PostgreSQL a few changes per transaction.")
-@click.option("--every", "every_minutes", type=click.FloatRange(min=0.5), default=4.0, show_default=True,
+@click.option("--every", "every_minutes", type=click.FloatRange(min=0.5), default=3.0, show_default=True,
               help="Minutes between faults: one fault at a random time in each slot of this length.")
 @click.option("--fault", "kinds", multiple=True, type=click.Choice(_SOAK_KINDS),
-              help="Fault kinds to draw from; repeatable  [default: broker_kill, kafka_blackout, postgres_restart]")
+              help="Fault kinds to draw from; repeatable (postgres_blackout and postgres_latency: on Debezium's "
+                   "connections to PostgreSQL)  [default: broker_kill, kafka_blackout, postgres_restart, "
+                   "postgres_blackout]")
 @click.option("--fault-seconds", type=click.FloatRange(min=1), default=None,
-              help="Every fault's duration  [default: per kind: broker_kill 30, kafka_blackout 60, "
-                   "postgres_restart 20, toxics 60 (reset_peer 30)]")
+              help="Every fault's duration  [default: per kind: broker_kill 30, kafka_blackout and "
+                   "postgres_blackout 60, postgres_restart 20, toxics 60 (reset_peer 30)]")
 @click.option("--warmup-minutes", type=click.FloatRange(min=0), default=FRESHNESS_WARMUP_MINUTES, show_default=True,
               help="No fault before this (the new JVM compiles its code); its freshness is reported apart.")
 @click.option("--tail-minutes", type=click.FloatRange(min=0), default=3.0, show_default=True,

@@ -9,17 +9,26 @@ memory is flat or grows is one of its figures. Both readings cost a file read, n
   /tmp/hsperfdata_<user>/<pid> (`-XX:+UsePerfData`, the default), the file `jstat` reads: the
   `used` counter of every space of every generation (`sun.gc.generation.<g>.space.<s>.used`),
   the old generation's apart (generation 1: what survives collections, where a leak shows).
+
+Neither tells the live set: under G1 the old generation holds garbage until a mixed collection
+takes it, so its use swings by gigabytes. `live_set` reads it the one sure way, a full collection
+and a count of what survived by class (`jcmd <pid> GC.class_histogram`): a pause of a second or two
+of the measured JVM and a JVM start for `jcmd`, so it is taken every few minutes, not seconds. Two
+such readings of one JVM also say which classes grew.
 """
 
 from __future__ import annotations
 
 import pwd
+import re
 import struct
+import subprocess
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
 from pipelines.devtools.bench.common import process_tree
+from pipelines.local_process import java
 
 _MAGIC = b"\xca\xfe\xc0\xc0"
 _PROLOGUE = 32  # magic, byte order, versions, accessible, used, overflow, mod time, entry offset, entries
@@ -108,3 +117,45 @@ def jvm_memory(pid: int) -> JvmMemory | None:
         with suppress(OSError, ValueError, struct.error):
             heap = heap_used(perf_counters(path.read_bytes()))
     return JvmMemory(java, round(rss, 1), round(heap[0], 1) if heap else None, round(heap[1], 1) if heap else None)
+
+
+# A row of `GC.class_histogram`: rank, instances, bytes, class name (and its module).
+_HISTOGRAM_ROW = re.compile(r"^\s*\d+:\s+(\d+)\s+(\d+)\s+(\S+)")
+_HISTOGRAM_TOTAL = re.compile(r"^Total\s+(\d+)\s+(\d+)")
+
+
+@dataclass(frozen=True)
+class LiveSet:
+    """What survived a full collection of a JVM: MiB in all, and MiB per class (the `top` largest)."""
+
+    pid: int
+    live_mib: float
+    classes: dict[str, float]
+
+
+def parse_histogram(text: str, top: int = 40) -> tuple[float, dict[str, float]]:
+    """(live MiB, the `top` classes by MiB) from `jcmd <pid> GC.class_histogram`'s output."""
+    classes: dict[str, float] = {}
+    total = None
+    for line in text.splitlines():
+        if (row := _HISTOGRAM_ROW.match(line)) and len(classes) < top:
+            classes[row.group(3)] = round(int(row.group(2)) / _MIB, 2)
+        elif found := _HISTOGRAM_TOTAL.match(line):
+            total = int(found.group(2)) / _MIB
+    if total is None:
+        raise ValueError(f"no Total line in the class histogram: {text[:500]!r}")
+    return round(total, 1), classes
+
+
+def live_set(pid: int, timeout: float = 120.0) -> LiveSet | None:
+    """The live set of the JVM at or below `pid` (a full collection first); None when it is gone or will not say."""
+    target = java_below(pid)
+    if target is None:
+        return None
+    jcmd = str(Path(java()).with_name("jcmd"))
+    with suppress(OSError, subprocess.SubprocessError, ValueError):
+        done = subprocess.run([jcmd, str(target), "GC.class_histogram"], capture_output=True, text=True,
+                              timeout=timeout, check=True)
+        total, classes = parse_histogram(done.stdout)
+        return LiveSet(target, total, classes)
+    return None

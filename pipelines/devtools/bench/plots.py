@@ -125,6 +125,9 @@ def soak_chart(figures: dict[str, Any], path: Path) -> Path:
     mem_ax.plot(at, [m["rss_mib"] for m in memory], lw=1.5, label="driver JVM resident (RSS)")
     mem_ax.plot(at, [m["heap_used_mib"] for m in memory], lw=1, label="heap in use")
     mem_ax.plot(at, [m["old_used_mib"] for m in memory], lw=1, label="old generation in use")
+    live = figures.get("live", [])
+    mem_ax.plot([(m["t"] - t0) / 60 for m in live], [m["live_mib"] for m in live], "ko", ms=4,
+                label="live set (after a full collection)")
     mem_ax.set(xlabel="minutes since the steady load started", ylabel="MiB")
     seen: set[str] = set()
     for f in figures["fault_runs"]:

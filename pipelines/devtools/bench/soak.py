@@ -17,7 +17,9 @@ soak_rig.inject). Then the checker:
   minus its commit time in PostgreSQL (Debezium's `source.ts_ms`; same machine, same clock), p50
   and p95 for the changes committed during a fault or its recovery, and for the others.
 - **Memory**: the stream driver JVM's resident set and heap in use every few seconds
-  (pipelines.devtools.bench.memory), at the start of the counted run and at its end.
+  (pipelines.devtools.bench.memory), at the start of the counted run and at its end; and every two
+  minutes its live set (what a full collection leaves), its trend in MiB per minute and the classes
+  that grew: the reading that tells a leak from a heap not yet collected.
 
 Figures on stdout, JSON and a PNG (freshness and memory over time, faults shaded) in the bench dir.
 """
@@ -43,6 +45,7 @@ from pipelines.devtools.bench.soak_plan import (
     CatchUp,
     Fault,
     affected,
+    live_summary,
     percentiles,
     schedule,
     tally,
@@ -68,7 +71,7 @@ class SoakPlan:
     minutes: float = 30.0
     rate: float = 2000.0
     seed: int = 7
-    every_minutes: float = 4.0
+    every_minutes: float = 3.0
     kinds: tuple[str, ...] = DEFAULT_KINDS
     warmup_minutes: float = 3.0
     tail_minutes: float = 3.0
@@ -175,7 +178,7 @@ def _soak(r: Rig, plan: SoakPlan, sim: ShopSource, topics: dict[str, str]) -> di
             "kafka_records": sum(end_offsets[tp] - start_offsets.get(tp, 0) for tp in end_offsets),
             "offsets": {"start": start_offsets, "end": end_offsets},
             "ensure_acted": ensure.acted, "connector_restarts": sampler.connector_restarts,
-            "memory": sampler.memory, "lag": sampler.lag}
+            "memory": sampler.memory, "live": sampler.live, "lag": sampler.lag}
 
 
 def _pace(t0: float, until: float, load: threading.Thread, player: sql_sink.PlayAtRate, sampler: Sampler) -> None:
@@ -262,7 +265,8 @@ def _freshness(r: Rig, plan: SoakPlan, figures: dict[str, Any], topics: dict[str
                               "warmup": percentiles(delay[~counted])},
             "quiet_catch_up_seconds": percentiles(quiet_values),
             "delay_series": _series(committed - t0, delay),
-            "memory_summary": _memory(figures["memory"], t0 + plan.warmup_minutes * 60)}
+            "memory_summary": _memory(figures["memory"], t0 + plan.warmup_minutes * 60),
+            "live_summary": live_summary(figures.get("live", []), t0 + plan.warmup_minutes * 60)}
 
 
 def _series(at: np.ndarray, delay: np.ndarray, step: float = 10.0) -> list[dict[str, float]]:
@@ -325,6 +329,11 @@ def report(figures: dict[str, Any]) -> str:
                "RSS MiB start→end": f"{m.get('rss_start_mib')}→{m.get('rss_end_mib')}",
                "heap MiB start→end": f"{m.get('heap_start_mib')}→{m.get('heap_end_mib')}",
                "old gen floor MiB start→end": f"{m.get('old_floor_start_mib')}→{m.get('old_floor_end_mib')}"}
+    live = [{"driver JVM": j["pid"], "minutes": j["minutes"], "readings": j["readings"],
+             "live set MiB first→last": f"{j['live_first_mib']}→{j['live_last_mib']}",
+             "MiB/min": j["trend_mib_per_min"], "MiB/min, 2nd half": j["second_half_trend_mib_per_min"],
+             "grew most (MiB)": ", ".join(f"{c} {v:+g}" for c, v in list(j["grew_most_mib"].items())[:4])}
+            for j in figures.get("live_summary", {}).get("jvms", [])]
     faults = [{"#": i + 1, "kind": f["kind"], "at min": f["at_min"], "s": f["seconds"],
                "recovery s": f["recovery_seconds"], "p95 s during": f["delay_seconds"]["p95"]}
               for i, f in enumerate(figures["fault_runs"])]
@@ -341,6 +350,7 @@ def report(figures: dict[str, Any]) -> str:
         table(faults, ["#", "kind", "at min", "s", "recovery s", "p95 s during"])
         + f"\nrecovery at quiet instants (the baseline): p50 {q['p50']}s, p95 {q['p95']}s",
         table(tables, ["table", "source_rows", "lake_rows", "lost", "duplicated", "resurrected", "stale"]),
+        table(live, list(live[0])) if live else "no live-set reading of the driver JVM",
         f"stream restarted by ensure: {len(figures['ensure_acted'])}; Debezium's FAILED task restarted by the soak "
         f"(Connect does not): {len(figures.get('connector_restarts', []))}; driver JVMs seen: {m.get('jvm_pids')}; "
         f"caught up {figures['caught_up_after_load_seconds']}s after the load stopped"])

@@ -3,14 +3,15 @@
 Every piece is the project's own dev tool, started as the fault tests start them (tests/test_faults_kafka.py,
 tests/test_real_source.py): PostgreSQL and Debezium in Kafka Connect (`RealSource`) publish to the
 broker's own listener; the stream reads Kafka through Toxiproxy (`KafkaBroker(proxy_port=...)`: every
-connection of the stream goes through the proxy, Connect's and the probes' do not), and runs as
+connection of the stream goes through the proxy, Connect's and the probes' do not), Debezium reaches
+PostgreSQL through a second proxy (the SQL load and the checker do not), and the stream runs as
 `lakehouse stream start` runs it, under `lakehouse stream ensure` every few minutes as the
 `bronze_ingest_stream` DAG runs it. Everything lives in one folder; `Rig.clean` stops what a run
 that was interrupted left running there (by its pid files, never by name).
 
 `inject` runs one fault to its end: the broker SIGKILLed and started again (same ports, same data),
-a blackout of the stream's proxy, PostgreSQL stopped (fast shutdown) and started again, or a toxic
-(latency, bandwidth, connection resets) on the stream's proxy for a while.
+a blackout of the stream's proxy, PostgreSQL stopped (fast shutdown) and started again, a blackout of
+Debezium's proxy to PostgreSQL, or a toxic (latency, bandwidth, connection resets) on either proxy for a while.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Any
 from pipelines.declaration import Declaration
 from pipelines.deploy.connector import restart_failed
 from pipelines.devtools.bench.common import say
-from pipelines.devtools.bench.memory import jvm_memory
+from pipelines.devtools.bench.memory import jvm_memory, live_set
 from pipelines.devtools.bench.soak_plan import Fault
 from pipelines.devtools.bench.visibility import WRITER_TZ, LagProbe
 from pipelines.devtools.connect_config import CONNECTOR
@@ -35,7 +36,7 @@ from pipelines.devtools.kafka_local import KafkaBroker
 from pipelines.devtools.pg_source import RealSource, slot_status
 from pipelines.devtools.supervised import Supervised
 from pipelines.devtools.toxiproxy import Proxy, Toxiproxy
-from pipelines.local_process import free_port
+from pipelines.local_process import HOST, free_port
 
 # The toxics' strength: a slow link, a thin one, and one that resets every connection as data flows.
 LATENCY_MS, JITTER_MS = 1000, 250
@@ -51,6 +52,7 @@ class Rig:
     broker: KafkaBroker
     proxy: Proxy
     source: RealSource
+    pg_link: Proxy  # Debezium's way to PostgreSQL
     stream: Supervised
 
     @staticmethod
@@ -80,7 +82,10 @@ def rig(home: Path, env: dict[str, str], trigger_seconds: float, load_snapshot: 
         stack.callback(broker.stop)
         proxy = toxiproxy.client.create("kafka", broker.proxied_bootstrap, broker.proxied_upstream)
         say(f"Kafka at {broker.bootstrap}, the stream's way to it through Toxiproxy at {broker.proxied_bootstrap}")
-        source = RealSource(home / "source", free_port(), free_port(), broker.bootstrap)
+        pg_port = free_port()
+        pg_link = toxiproxy.client.create("postgres", f"{HOST}:{free_port()}", f"{HOST}:{pg_port}")
+        source = RealSource(home / "source", pg_port, free_port(), broker.bootstrap,
+                            debezium_port=int(pg_link.info()["listen"].rsplit(":", 1)[1]))
         stack.callback(source.down)
         load_snapshot(source.postgres.start().dsn)
         source.up(declaration)
@@ -89,7 +94,7 @@ def rig(home: Path, env: dict[str, str], trigger_seconds: float, load_snapshot: 
         stream = Supervised(home, broker.proxied_bootstrap, f"[stream.metrics]\nport = {free_port()}\n",
                             trigger_seconds, {**env, "TZ": WRITER_TZ})
         stack.callback(stream.kill)
-        yield Rig(home, toxiproxy, broker, proxy, source, stream)
+        yield Rig(home, toxiproxy, broker, proxy, source, stream, pg_link)
 
 
 def inject(r: Rig, fault: Fault) -> dict[str, Any]:
@@ -117,10 +122,14 @@ def inject(r: Rig, fault: Fault) -> dict[str, Any]:
         r.source.postgres.stop()
         meanwhile()
         r.source.postgres.start()
+    elif fault.kind == "postgres_blackout":
+        with r.pg_link.blackout():
+            meanwhile()
     else:
         toxic = {"kafka_latency": lambda: r.proxy.latency(LATENCY_MS, JITTER_MS),
                  "kafka_bandwidth": lambda: r.proxy.bandwidth(BANDWIDTH_KB_S),
-                 "kafka_reset_peer": lambda: r.proxy.reset_peer()}[fault.kind]()
+                 "kafka_reset_peer": lambda: r.proxy.reset_peer(),
+                 "postgres_latency": lambda: r.pg_link.latency(LATENCY_MS, JITTER_MS)}[fault.kind]()
         try:
             meanwhile()
         finally:
@@ -140,11 +149,15 @@ def restart_failed_task(r: Rig) -> str | None:
 class Sampler:
     """Readings every `seconds` on threads of their own until `stop`: the stream driver JVM's memory and the
     slot's lag (never blocks long), and the consumer lag (blocks while the broker is down, so apart). The first
-    also restarts Debezium's task when it failed (`restart_failed_task`), each restart in `connector_restarts`."""
+    also restarts Debezium's task when it failed (`restart_failed_task`), each restart in `connector_restarts`.
+    Every `live_seconds`, on a third thread, the driver's live set (`memory.live_set`: a full collection, so
+    rarely), in `live`."""
 
     r: Rig
     seconds: float = 5.0
+    live_seconds: float = 120.0
     memory: list[dict[str, Any]] = field(default_factory=list)
+    live: list[dict[str, Any]] = field(default_factory=list)
     lag: list[dict[str, Any]] = field(default_factory=list)
     connector_restarts: list[dict[str, Any]] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
@@ -152,8 +165,8 @@ class Sampler:
     threads: list[threading.Thread] = field(default_factory=list)
 
     def start(self, probe: LagProbe) -> None:
-        self.threads = [threading.Thread(target=target, daemon=True) for target in (self._memory,
-                                                                                    lambda: self._lag(probe))]
+        self.threads = [threading.Thread(target=target, daemon=True)
+                        for target in (self._memory, lambda: self._lag(probe), self._live)]
         for thread in self.threads:
             thread.start()
 
@@ -168,8 +181,8 @@ class Sampler:
             pid = self.r.stream.pid()
             read = jvm_memory(pid) if pid else None
             slot = None
-            with suppress(Exception):
-                slot = (slot_status(self.r.source.pg_port) or {}).get("lag_bytes")
+            with suppress(Exception):  # the way Debezium reaches it: a cut network is PostgreSQL away to Debezium
+                slot = (slot_status(self.r.source.debezium_port or self.r.source.pg_port) or {}).get("lag_bytes")
             # Once PostgreSQL answers again (the slot was read): a task restarted before would fail again.
             with suppress(Exception):
                 if slot is not None and (why := restart_failed_task(self.r)) is not None:
@@ -179,6 +192,14 @@ class Sampler:
                                 "rss_mib": read.rss_mib if read else None,
                                 "heap_used_mib": read.heap_used_mib if read else None,
                                 "old_used_mib": read.old_used_mib if read else None, "slot_lag_bytes": slot})
+
+    def _live(self) -> None:
+        while not self.stop.wait(self.live_seconds):
+            pid = self.r.stream.pid()
+            if pid and (read := live_set(pid)) is not None:
+                self.live.append({"t": time.time(), "pid": read.pid, "live_mib": read.live_mib,
+                                  "classes": read.classes})
+                say(f"driver JVM {read.pid}: live set {read.live_mib:,.0f} MiB after a full collection")
 
     def _lag(self, probe: LagProbe) -> None:
         while not self.stop.wait(self.seconds):
