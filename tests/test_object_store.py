@@ -69,11 +69,13 @@ def store_proxy(object_store: ObjectStore, tmp_path: Path) -> Iterator[tuple[str
 
 # The faults' rates. Each SlowDown costs the client a backoff (S3A's SDK waits 250 to 500 ms before its first
 # retry of a throttled request), each stall its length, and a Hudi commit's requests are mostly one after the
-# other on the driver: at 3% SlowDown, 5% resets and 2% stalls of 3 s etl alone ran over 8 minutes. At these,
-# one run's etl met 31 SlowDowns in 6,267 requests and the erasure 155 in 27,090; the services' 571 requests
-# met 3 (none, about one run in 17: not asserted there). A stall of 1 s takes the client down the same path
-# as one of 3 (the connection hangs, then closes under the request).
-SLOW_DOWN, RESETS, STALLS, STALL_MS = 0.005, 0.03, 0.01, 1000
+# other on the driver: at 3% SlowDown, 5% resets and 2% stalls of 3 s etl alone ran over 8 minutes, and at
+# 0.5%, 3% and 1% of 1 s the test took 845 s of a 40-minute suite, 340 more than without faults. At these,
+# etl's 6,267 requests meet about 12 SlowDowns and the erasure's 27,090 about 54 (none in etl: e^-12); the
+# services' 571 requests meet one or none (not asserted there). More faults would take the same retry paths
+# more often, and only add backoffs. A stall of 1 s takes the client down the same path as one of 3 (the
+# connection hangs, then closes under the request).
+SLOW_DOWN, RESETS, STALLS, STALL_MS = 0.002, 0.01, 0.003, 1000
 
 
 @contextmanager

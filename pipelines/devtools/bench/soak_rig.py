@@ -52,8 +52,8 @@ class Rig:
     broker: KafkaBroker
     proxy: Proxy
     source: RealSource
-    pg_link: Proxy  # Debezium's way to PostgreSQL
     stream: Supervised
+    pg_link: Proxy  # Debezium's way to PostgreSQL
 
     @staticmethod
     def clean(home: Path) -> None:
@@ -94,7 +94,7 @@ def rig(home: Path, env: dict[str, str], trigger_seconds: float, load_snapshot: 
         stream = Supervised(home, broker.proxied_bootstrap, f"[stream.metrics]\nport = {free_port()}\n",
                             trigger_seconds, {**env, "TZ": WRITER_TZ})
         stack.callback(stream.kill)
-        yield Rig(home, toxiproxy, broker, proxy, source, stream, pg_link)
+        yield Rig(home, toxiproxy, broker, proxy, source, stream, pg_link=pg_link)
 
 
 def inject(r: Rig, fault: Fault) -> dict[str, Any]:
