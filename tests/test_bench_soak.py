@@ -141,17 +141,20 @@ def test_the_report_and_the_chart_come_from_the_figures(tmp_path) -> None:
             for f in plan.faults]
     memory = [{"t": t0 + 5 * i, "pid": 42, "rss_mib": 900.0 + i, "heap_used_mib": 300.0, "old_used_mib": 200.0}
               for i in range(48)]
+    live = [{"t": t0 + 60 * i, "pid": 42, "live_mib": 200.0 + i, "classes": {"[B": 100.0 + i}} for i in range(4)]
     exact = {"source_rows": 10, "lake_rows": 10, "lost": 0, "duplicated": 0, "resurrected": 0, "stale": 0}
     figures = {"plan": {"minutes": 4, "rate": 300, "warmup_minutes": 0.5}, "t0": t0, "fault_runs": runs,
                "kafka_records_per_s": 299.0, "changes_per_s": 270.0, "caught_up_after_load_seconds": 9.0,
-               "ensure_acted": [], "memory": memory, "bronze": {"customers": exact, "orders": {**exact, "lost": 2}},
+               "ensure_acted": [], "memory": memory, "live": live,
+               "bronze": {"customers": exact, "orders": {**exact, "lost": 2}},
                "silver": {"orders": exact}, "gold": {"customer_ltv": exact},
                "delay_seconds": {"during_faults": percentiles(np.array([9.0])),
                                  "outside_faults": percentiles(np.array([6.0]))},
                "quiet_catch_up_seconds": percentiles(np.array([5.0])),
                "delay_series": soak._series(committed - t0, visible - committed),
-               "memory_summary": soak._memory(memory, t0 + 30)}
+               "memory_summary": soak._memory(memory, t0 + 30), "live_summary": live_summary(live, t0 + 30)}
     text = soak.report(figures)
+    assert "| 201.0→203.0 " in text and "[B +2" in text, "the live set after the warm-up, and what grew"
     assert "| 2/0/0/0 " in text, "lost rows summed over the tables"
     assert "911.5→941.5" in text, "RSS: medians of the first minute after the warm-up and of the last"
     assert text.count("broker_kill") + text.count("kafka_blackout") + text.count("postgres_restart") >= len(runs)

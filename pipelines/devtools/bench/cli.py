@@ -252,7 +252,8 @@ def soak(minutes: float, rate: float, every_minutes: float, kinds: tuple[str, ..
          ensure_seconds: float, etl: bool, seed: int) -> None:
     """The real source (PostgreSQL + Debezium) at a steady rate into the supervised stream for --minutes, a fault
     from a seeded schedule every few minutes; then rows lost / duplicated / resurrected per table against
-    PostgreSQL, recovery per fault, freshness during and outside faults, the driver JVM's memory over the run.
+    PostgreSQL, recovery per fault, freshness during and outside faults, the driver JVM's memory over the run
+    (its live set, after a full collection, every 2 minutes).
 
     About --minutes plus 5 to 10 (start, catch-up, checks). Not part of `bench all`."""
     from pipelines.devtools.bench import soak as b
