@@ -127,3 +127,14 @@ def test_repair_steps_back_each_instant_whose_newest_file_a_crash_cut(tmp_path, 
     assert left == set(files) - gone
     hudi_timeline.repair_torn_timeline(str(table))  # nothing more to do
     assert {str(p.relative_to(table / ".hoodie")) for p in (table / ".hoodie").rglob("*") if p.is_file()} == left
+
+
+def test_reads_by_path_leave_no_file_listing_in_the_drivers_shared_cache(spark, tmp_path) -> None:
+    """Spark's shared FileStatusCache keeps every read's listing under that read's own key, never read again: in the
+    stream's driver it grew by ~10,000 FileStatus objects a minute (hudi_configs/spark.toml). The project's
+    sessions have none; a read by path still lists its files."""
+    jvm = spark._jvm
+    cache = jvm.org.apache.spark.sql.execution.datasources.FileStatusCache.getOrCreate(spark._jsparkSession)
+    assert cache.getClass().getName() == "org.apache.spark.sql.execution.datasources.NoopCache$"
+    spark.range(3).write.parquet(str(tmp_path / "t"))
+    assert spark.read.parquet(str(tmp_path / "t")).count() == 3
