@@ -193,3 +193,6 @@ def test_the_live_set_trend_per_jvm_counts_from_the_warm_up_and_names_what_grew(
     assert one["trend_mib_per_min"] == one["second_half_trend_mib_per_min"] == 5.0
     assert one["grew_most_mib"] == {"leaky": 50.0, "steady": 0.0}
     assert two["trend_mib_per_min"] > 0 and two["second_half_trend_mib_per_min"] == 0.0
+    # A collection that lands while a batch holds its rows: one reading far above the others moves the trend little.
+    spike = [dict(r, live_mib=1600.0) if i == 3 else r for i, r in enumerate(first)]
+    assert live_summary(spike, t0)["jvms"][0]["trend_mib_per_min"] == 5.0
