@@ -82,10 +82,9 @@ def rig(home: Path, env: dict[str, str], trigger_seconds: float, load_snapshot: 
         stack.callback(broker.stop)
         proxy = toxiproxy.client.create("kafka", broker.proxied_bootstrap, broker.proxied_upstream)
         say(f"Kafka at {broker.bootstrap}, the stream's way to it through Toxiproxy at {broker.proxied_bootstrap}")
-        pg_port = free_port()
-        pg_link = toxiproxy.client.create("postgres", f"{HOST}:{free_port()}", f"{HOST}:{pg_port}")
-        source = RealSource(home / "source", pg_port, free_port(), broker.bootstrap,
-                            debezium_port=int(pg_link.info()["listen"].rsplit(":", 1)[1]))
+        pg_port, via = free_port(), free_port()
+        pg_link = toxiproxy.client.create("postgres", f"{HOST}:{via}", f"{HOST}:{pg_port}")
+        source = RealSource(home / "source", pg_port, free_port(), broker.bootstrap, debezium_port=via)
         stack.callback(source.down)
         load_snapshot(source.postgres.start().dsn)
         source.up(declaration)
