@@ -72,13 +72,13 @@ from pyspark.sql import SparkSession
 
 from pipelines.contract import COLUMNS, TABLES, topic
 from pipelines.devtools import sql_sink
-from pipelines.devtools.connect_config import SLOT
 from pipelines.devtools.generator import Message, ShopSource, WorkloadConfig
 from pipelines.devtools.kafka_local import KafkaBroker, free_port
 from pipelines.devtools.pg_source import RealSource, slot_status
 from pipelines.devtools.source_state import database_state
 from pipelines.devtools.toxiproxy import Toxiproxy
 from pipelines.ingest.bronze import run_ingest
+from pipelines.local_process import HOST
 from pipelines.table_stats import read_table
 from pipelines.transform.etl import run_etl
 from tests.lake import assert_bronze_equals_model, assert_lake_equals_model, dead_letters, run_cli
@@ -171,13 +171,6 @@ def _wait_failed(real: RealSource, timeout: float = 90.0) -> float:
                          f"rides through, the watchdog of pipelines.deploy.connector may go): {real.connect.status()}")
 
 
-def _walsender(postgres) -> int | None:
-    """The process id of the PostgreSQL backend streaming the connector's slot, None while no one streams it."""
-    with postgres.connect() as conn:
-        row = conn.execute("SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s", (SLOT,)).fetchone()
-    return row[0] if row else None
-
-
 def _differences(on_topics: dict, state: dict, lsns: dict) -> str:
     """Per table, the keys whose newest delivered row differs from the database's (at most 10), with its LSN."""
     lines = []
@@ -196,7 +189,7 @@ def test_real_source_end_to_end(spark: SparkSession, broker: KafkaBroker, tmp_pa
     # Debezium reaches PostgreSQL through Toxiproxy (issue 53): the network between them fails in phase 3.
     toxiproxy = Toxiproxy(tmp_path / "toxiproxy").start()
     pg_port, via = free_port(), free_port()
-    pg_link = toxiproxy.client.create("postgres", f"127.0.0.1:{via}", f"127.0.0.1:{pg_port}")
+    pg_link = toxiproxy.client.create("postgres", f"{HOST}:{via}", f"{HOST}:{pg_port}")
     real = RealSource(home, pg_port, free_port(), broker.bootstrap, schemas_enable=True,
                       offset_flush_ms=3_600_000, debezium_port=via)
     root = str(tmp_path / "lake")
@@ -280,14 +273,15 @@ def test_real_source_end_to_end(spark: SparkSession, broker: KafkaBroker, tmp_pa
         # and `connector ensure` restarts it): a new replication connection streams on from the slot.
         with pg_link.latency(NET_LATENCY_MS):
             play(sim.changes(WORKLOAD), dsn, broker.bootstrap)
-        walsender = _walsender(postgres)
+        walsender = slot_status(real.pg_port)["active_pid"]
         with pg_link.blackout():
             sql_sink.apply(sim.changes(WORKLOAD), dsn)
             time.sleep(NET_BLACKOUT)
         cut_over = time.monotonic()
         play(sim.changes(WORKLOAD), dsn, broker.bootstrap)
         rode_through = time.monotonic() - cut_over
-        assert _walsender(postgres) not in (None, walsender), "the cut did not reach Debezium's replication connection"
+        assert slot_status(real.pg_port)["active_pid"] not in (None, walsender), \
+            "the cut did not reach Debezium's replication connection"
         tasks = real.connect.status()["tasks"]
         assert [t["state"] for t in tasks] == ["RUNNING"], tasks
 

@@ -220,10 +220,15 @@ class ConnectWorker(LocalProcess):
     schemas_enable: bool = True
     offset_flush_ms: int = 1000
     declaration: Declaration | None = None  # the captured tables' (None: the one in force)
-    database_port: int | None = None  # where Debezium reaches PostgreSQL (a proxy in front of it); None: pg_port
+    debezium_port: int | None = None  # where Debezium reaches PostgreSQL (a proxy in front of it); None: pg_port
 
     def __post_init__(self) -> None:
         self.work_dir = Path(self.work_dir).resolve()
+
+    @property
+    def database_port(self) -> int:
+        """The port Debezium's connector is given for PostgreSQL."""
+        return self.debezium_port or self.pg_port
 
     @property
     def log_path(self) -> Path:
@@ -255,7 +260,7 @@ class ConnectWorker(LocalProcess):
         worker = worker_config(self.bootstrap, self.rest_port, self.work_dir / "offsets.dat",
                                schemas_enable=self.schemas_enable, offset_flush_ms=self.offset_flush_ms)
         (self.work_dir / "worker.properties").write_text("".join(f"{k}={v}\n" for k, v in worker.items()))
-        connector = connector_config(self.database_port or self.pg_port, declaration=self.declaration)
+        connector = connector_config(self.database_port, declaration=self.declaration)
         (self.work_dir / "connector.json").write_text(json.dumps(connector, indent=2))
         (self.work_dir / "log4j.properties").write_text(CONNECT_LOG4J)
 
@@ -299,20 +304,21 @@ def slot_active(pg_port: int) -> bool:
 
 
 def slot_status(pg_port: int) -> dict[str, Any] | None:
-    """The replication slot: active, and lag in bytes between the server's WAL and what the
-    connector confirmed as delivered (it confirms at each offset flush)."""
+    """The replication slot: active (and the process id of the backend streaming it), and lag in bytes between
+    the server's WAL and what the connector confirmed as delivered (it confirms at each offset flush)."""
     import psycopg
 
     try:
         with psycopg.connect(host=HOST, port=pg_port, user=PG_USER, dbname=DATABASE, connect_timeout=5) as conn:
             row = conn.execute(
                 "SELECT active, pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint, "
-                "confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s", (SLOT,)).fetchone()
+                "confirmed_flush_lsn::text, active_pid FROM pg_replication_slots WHERE slot_name = %s",
+                (SLOT,)).fetchone()
     except psycopg.Error as exc:
         raise SourceError(f"cannot query PostgreSQL on {HOST}:{pg_port}: {exc}") from exc
     if row is None:
         return None
-    return {"slot": SLOT, "active": row[0], "lag_bytes": row[1], "confirmed_flush_lsn": row[2]}
+    return {"slot": SLOT, "active": row[0], "lag_bytes": row[1], "confirmed_flush_lsn": row[2], "active_pid": row[3]}
 
 
 @dataclass
@@ -345,7 +351,7 @@ class RealSource:
     @property
     def connect(self) -> ConnectWorker:
         return ConnectWorker(self.home / "connect", self.bootstrap, self.pg_port, self.rest_port,
-                             self.schemas_enable, self.offset_flush_ms, database_port=self.debezium_port)
+                             self.schemas_enable, self.offset_flush_ms, debezium_port=self.debezium_port)
 
     def up(self, declaration: Declaration | None = None) -> tuple[PostgresCluster, ConnectWorker]:
         """Start (or adopt) PostgreSQL and Connect, capturing the declared tables (`declaration`, else
@@ -396,8 +402,7 @@ class RealSource:
                timeout: float = 120.0) -> source_sync.SyncReport:
         worker = self.connect
         with self.postgres.connect() as conn:
-            return source_sync.apply(conn, worker.url,
-                                     connector_config(self.debezium_port or self.pg_port, declaration=declaration),
+            return source_sync.apply(conn, worker.url, connector_config(worker.database_port, declaration=declaration),
                                      declaration, before, connector_file=worker.work_dir / "connector.json",
                                      timeout=timeout)
 

@@ -181,7 +181,7 @@ class Sampler:
             read = jvm_memory(pid) if pid else None
             slot = None
             with suppress(Exception):  # the way Debezium reaches it: a cut network is PostgreSQL away to Debezium
-                slot = (slot_status(self.r.source.debezium_port or self.r.source.pg_port) or {}).get("lag_bytes")
+                slot = (slot_status(self.r.source.connect.database_port) or {}).get("lag_bytes")
             # Once PostgreSQL answers again (the slot was read): a task restarted before would fail again.
             with suppress(Exception):
                 if slot is not None and (why := restart_failed_task(self.r)) is not None:
