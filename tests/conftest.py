@@ -6,7 +6,7 @@ lake again in every test that starts from "a lake with some history" was most of
 time; `lake` hands each such test its own copy instead (see tests/lake.py, LakeCopy). The
 pytest-xdist processes of `make test` share that one build.
 
-The order of the tests is the schedule of `make test`'s two processes: the slowest first, dealt
+The order of the tests is the schedule of `make test`'s processes: the slowest first, dealt
 into each process's share, so that no long test starts last (see pytest_collection_modifyitems).
 """
 

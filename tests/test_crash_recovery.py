@@ -40,7 +40,7 @@ from tests.model import fold_with_lsn, is_malformed
 
 pytestmark = pytest.mark.slow
 
-KILLS = 16
+KILLS = 12
 MAIN_TABLES = {f"bronze/{t}" for t in TABLES}
 CRASH_SEED = int(os.environ.get("LAKEHOUSE_CRASH_SEED", "2027"))
 
@@ -128,7 +128,7 @@ def _kill_at(root: Path, rng: random.Random) -> tuple[str, Callable[[str], bool]
     if rng.random() < 0.25:
         delay = rng.uniform(0.5, 6.0)
         return f"{delay:.1f}s after start", lambda _log: time.monotonic() - started >= delay
-    base, k, delay = _timeline_files(root), rng.randint(1, 45), rng.uniform(0.0, 0.5)
+    base, k, delay = _timeline_files(root), rng.randint(1, 60), rng.uniform(0.0, 0.5)
     seen_at: list[float] = []
 
     def due(_log: str) -> bool:
@@ -138,7 +138,8 @@ def _kill_at(root: Path, rng: random.Random) -> tuple[str, Callable[[str], bool]
     return f"{delay:.2f}s after timeline file {k}", due
 
 
-# Sixteen cold job JVMs (twenty took 461 s of `make test`, 2026-11-29; 1,080 s on 2026-11-25).
+# Twelve cold job JVMs and more (sixteen took 431 to 451 s of `make test` on the slow machine, 2026-11-29; twenty
+# 461 s on a faster one).
 @pytest.mark.timeout(2400)
 def test_random_sigkills_then_restart_give_the_model(broker, spark, tmp_path, monkeypatch) -> None:
     rng = random.Random(CRASH_SEED)
@@ -182,7 +183,9 @@ def test_random_sigkills_then_restart_give_the_model(broker, spark, tmp_path, mo
     # Kills that left an instant of their own run in flight: what the test is for.
     assert mid_commit >= KILLS // 4, f"only {mid_commit} kills interrupted a commit:\n{context}"
     # Within the first 30 timeline files of a run, no kill of seed 2027 reached a main table's
-    # commit (rollbacks and the change logs' commits come first): the window is 45.
+    # commit (rollbacks and the change logs' commits come first); with a window of 45, nine runs in a
+    # row died in the first batch's change logs and the first kill in a main table's commit was the
+    # twelfth (2026-11-29): the window is 60.
     assert in_main, f"no kill interrupted a commit of a main table:\n{context}"
 
     # In batches of the killed runs' size: however far the kills let those runs get, the topics hold enough
