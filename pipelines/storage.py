@@ -24,6 +24,8 @@ from urllib.parse import urlparse
 
 from pyarrow import fs as pafs
 
+from hudi_configs import section
+
 S3_SCHEMES = ("s3", "s3a")
 
 
@@ -34,7 +36,9 @@ def is_remote(uri: str) -> bool:
 def _s3() -> pafs.S3FileSystem:
     endpoint = os.environ.get("AWS_ENDPOINT_URL") or None
     region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or None
+    attempts = int(section("storage", "python_s3")["max_attempts"])
     return pafs.S3FileSystem(endpoint_override=endpoint, region=region,
+                             retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=attempts),
                              scheme=urlparse(endpoint).scheme if endpoint else "https",
                              # A path-style endpoint (a local store) has no per-bucket host names.
                              force_virtual_addressing=False)
