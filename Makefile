@@ -174,8 +174,8 @@ demo: setup  ## End to end on the embedded local default: Kafka, the real source
 # the Airflow suite beside them (no shared state: own brokers, ports and temp folders), its
 # output kept in $(AF_TEST_LOG) and printed when both are done. Two: with two the cores were 1.9
 # busy while the Airflow suite ran and 1.5 to 1.8 in the 25 minutes after it; three kept them 1.93
-# busy throughout but every long test ran far longer (test_catalog 716 s against 222, test_etl 566
-# against 231; BENCHMARKS.md, "The test suite's time").
+# busy throughout but every long test ran far longer (test_catalog 693 s against 216, test_etl 556
+# against 245; BENCHMARKS.md, "The test suite's time").
 SPARK_TEST_PROCESSES ?= 2
 # The Spark suite's output is also kept, in $(SPARK_TEST_LOG): what failed in it is printed again
 # at the very end, where a CI log cut to its tail still shows it.
