@@ -35,6 +35,8 @@ from pipelines.settings import jvm_dir
 from pipelines.transform.etl import run_etl
 from tests.lake import LakeCopy, assert_lake_equals_model, run_cli
 
+pytestmark = [pytest.mark.slow, pytest.mark.environment]
+
 BY_NAME = [f"silver.{t}" for t in TABLES] + ["gold.customer_ltv", "gold.daily_revenue"]
 
 

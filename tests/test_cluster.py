@@ -35,7 +35,7 @@ from tests.model import fold_with_lsn
 from tests.test_bronze_ingest import STREAM_LIMITS
 from tests.test_gdpr import _orders_stayed, erased_model, orders_of
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.environment]
 
 LAKEHOUSE = [sys.executable, "-m", "pipelines.cli"]
 

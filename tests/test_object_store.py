@@ -43,7 +43,7 @@ from tests.model import expected_silver, fold_with_lsn, is_malformed
 from tests.test_faults_kafka import STREAM_LIMITS, mid_batch
 from tests.test_gdpr import _orders_stayed, erased_model, orders_of, texts_of
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.environment]
 
 # How long the store is cut off under a batch of the stream (the is 60 s, not measured yet: BENCHMARKS.md).
 BLACKOUT = float(os.environ.get("LAKEHOUSE_FAULT_STORE_BLACKOUT", "15"))
