@@ -6,7 +6,7 @@ declaration names (`LAKEHOUSE_TABLES`, contract section 7), run only where somet
 
 1. **changed_suites** compares, for each suite, the newest data-changing commit of each table it
    reads with what its last passing check recorded (`$LAKEHOUSE_ROOT/_quality/checked/`), from the
-   timelines alone (no Spark, `pipelines/services/due.py`). It logs every suite: checked, and why
+   timelines alone (no Spark, `pipelines/services/quality_due.py`). It logs every suite: checked, and why
    (changed, never passed, its declaration changed, bronze older than the freshness limit), or
    not checked again, unchanged since which check. Then it groups the declared tables with due
    suites, and gold when its are due, into jobs of at most `tables_per_job`
@@ -46,7 +46,7 @@ from lakehouse_common import DEFAULT_ARGS, START, alerting, mapped_spark_tasks
 def changed_suites() -> list[dict]:
     """The due suites, their tables in groups of at most `tables_per_job`: one work item per Spark job (reads file
     names and the check records, writes nothing: outside the pool)."""
-    from pipelines.services.due import quality_work
+    from pipelines.services.quality_due import quality_work
 
     return quality_work()
 

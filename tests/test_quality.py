@@ -8,8 +8,8 @@ import pytest
 
 from pipelines import storage
 from pipelines.ingest.bronze import run_ingest
-from pipelines.services.due import quality_due
 from pipelines.services.quality import ERASED, data_docs_index, quality_root, redact_subject, run_quality
+from pipelines.services.quality_due import quality_due
 from tests.lake import LakeCopy
 from tests.plant import BAD_STATUS, plant_bad_emails, plant_bad_status
 

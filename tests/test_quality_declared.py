@@ -9,8 +9,8 @@ from datetime import timedelta
 import pytest
 
 from pipelines.declaration import declared, parse
-from pipelines.services.due import quality_suites, quality_work
 from pipelines.services.quality import silver_expectations, suites
+from pipelines.services.quality_due import quality_suites, quality_work
 
 
 def _checks(table) -> set[tuple]:

@@ -72,9 +72,10 @@ from pyspark.sql import SparkSession
 
 from pipelines.contract import COLUMNS, TABLES, topic
 from pipelines.devtools import sql_sink
+from pipelines.devtools.connect_worker import slot_status
 from pipelines.devtools.generator import Message, ShopSource, WorkloadConfig
 from pipelines.devtools.kafka_local import KafkaBroker, free_port
-from pipelines.devtools.pg_source import RealSource, slot_status
+from pipelines.devtools.pg_source import RealSource
 from pipelines.devtools.source_state import database_state
 from pipelines.devtools.toxiproxy import Toxiproxy
 from pipelines.ingest.bronze import run_ingest

@@ -10,8 +10,9 @@ from pathlib import Path
 import click
 
 from pipelines.declaration import DeclarationError, declared
-from pipelines.devtools.connect_config import PUBLICATION
-from pipelines.devtools.pg_source import CONNECTOR, DEFAULT_HOME, SLOT, RealSource, SourceError, slot_status
+from pipelines.devtools.connect_config import CONNECTOR, PUBLICATION, SLOT
+from pipelines.devtools.connect_worker import SourceError, slot_status
+from pipelines.devtools.pg_source import DEFAULT_HOME, RealSource
 from pipelines.devtools.source_sync import SyncError, published
 from pipelines.settings import kafka_bootstrap
 

@@ -1,5 +1,5 @@
-"""What is due, decided from the tables' files without Spark: which tables' services have work, which quality
-suites have something new to check.
+"""Which tables' services have work, decided from the tables' files without Spark; and the jobs the DAGs map
+over (pipelines/services/quality_due.py decides the same for the quality suites).
 
 With tens of declared tables most of them are idle at any hour, and each Spark job costs seconds of
 JVM start before it finds nothing to do. So the Airflow DAGs decide first, in their own worker
@@ -29,21 +29,12 @@ itself does (Hudi 1.0.2's planners, `table_services.ServicesClient`):
 - archive: the active timeline holds more instants than `hoodie.keep.max.commits`. Cleaning and
   archival run together, as they always did.
 
-A quality suite is due when a table it reads has a commit that changed data (not a compaction or
-clustering) since the instant its last passing check recorded, when its declaration changed, or
-(bronze) when the table's newest change is older than the freshness limit: that check fails without
-any new commit, and must. A failed suite records nothing and is checked again on the next run.
-Records are one small JSON file per suite in `<lake>/_quality/checked/`; deleting them makes the
-next run check everything.
-
 Instant times are the writers' local time (Hudi's default timeline time zone, which the project
 keeps): the deciding worker must run in the same zone as the jobs (UTC on EMR).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -51,8 +42,7 @@ from datetime import UTC, datetime, timedelta
 
 import hudi_configs
 from pipelines import storage
-from pipelines.catalog import LakeTable, gold_declared, lake_table, lake_tables
-from pipelines.declaration import Declaration, declared
+from pipelines.catalog import LakeTable, lake_tables
 from pipelines.settings import lake_root
 from pipelines.timeline_files import (
     HEARTBEAT_EXPIRY_MS,
@@ -104,17 +94,17 @@ def job_label(names: Sequence[str]) -> str:
     return f"{len(names)} tables"
 
 
-def _chunks(items: Sequence, size: int) -> list[list]:
+def chunked(items: Sequence, size: int) -> list[list]:
     return [list(items[at:at + size]) for at in range(0, len(items), size)]
 
 
-def _work(names: list[str], args: list[str]) -> dict[str, object]:
+def work_item(names: list[str], args: list[str]) -> dict[str, object]:
     """A work item of the DAGs' mapped tasks: one `lakehouse` job over `names` (dags/lakehouse_common
     .mapped_spark_tasks); `label` names the task in the UI, `tables` is what it covers."""
     return {"label": job_label(names), "tables": names, "args": args}
 
 
-def _log_jobs(jobs: list[dict[str, object]], per_job: int) -> None:
+def log_jobs(jobs: list[dict[str, object]], per_job: int) -> None:
     """Which tables each mapped job covers, by its map index (its label may abbreviate them)."""
     log.info("%d jobs of at most %d tables each%s", len(jobs), per_job, ":" if jobs else ": nothing to run")
     for at, item in enumerate(jobs):
@@ -346,128 +336,7 @@ def services_due(root: str | None = None, now: datetime | None = None) -> list[S
     return [ServicesWork(t.name, why) for t in lake_tables(root or lake_root()) if (why := table_services_due(t, now))]
 
 
-# --------------------------------------------------------------------------- quality suites
-
-@dataclass(frozen=True)
-class SuiteSpec:
-    """A quality suite as the decision sees it: the tables it reads, what defines its checks, the job it runs in."""
-
-    name: str  # as `lakehouse quality` reports it: "silver/orders", "gold/customer_ltv -> silver/customers"
-    inputs: tuple[str, ...]  # the lake tables it reads
-    group: str  # the job that runs it: its declared table, or "gold"
-    definition: str = ""  # a digest of the declaration its checks come from ("" for gold's, which are code)
-
-    @property
-    def layer(self) -> str:
-        return self.name.split("/", 1)[0]
-
-    @property
-    def file_name(self) -> str:
-        """Its name as a file name (also Great Expectations' asset name)."""
-        return self.name.replace("/", ".").replace(" -> ", "__")
-
-
-def _digest(value: object) -> str:
-    return hashlib.sha256(repr(value).encode()).hexdigest()[:16]
-
-
-def quality_suites(decl: Declaration | None = None) -> list[SuiteSpec]:
-    """Every suite of `lakehouse quality` for the declaration in force, in its order: each declared table's bronze
-    and silver suites, then gold's when gold runs. Pure Python: the DAG decides from it."""
-    decl = decl or declared()
-    specs = [SuiteSpec(f"bronze/{n}", (f"bronze/{n}",), n, _digest(t)) for n, t in decl.tables.items()]
-    specs += [SuiteSpec(f"silver/{n}", (f"silver/{n}", f"silver/_quarantine/{n}"), n, _digest(t))
-              for n, t in decl.tables.items()]
-    if gold_declared(decl):
-        specs += [SuiteSpec("gold/customer_ltv", ("gold/customer_ltv", "silver/customers"), "gold"),
-                  SuiteSpec("gold/customer_ltv -> silver/customers", ("gold/customer_ltv", "silver/customers"),
-                            "gold"),
-                  SuiteSpec("gold/daily_revenue", ("gold/daily_revenue",), "gold"),
-                  SuiteSpec("gold/daily_revenue -> silver/orders", ("gold/daily_revenue", "silver/orders"), "gold")]
-    return specs
-
-
-def quality_root(root: str) -> str:
-    """The lake's quality folder: Great Expectations' project, its Data Docs, and the records of passed checks."""
-    return f"{root.rstrip('/')}/_quality"
-
-
-def _record_path(quality: str, spec: SuiteSpec) -> str:
-    return f"{quality}/checked/{spec.file_name}.json"
-
-
-def newest_change(path: str) -> str | None:
-    """Instant of the newest completed commit of the table at `path` that changed rows; None if it has none."""
-    changes = [i.requested for i in timeline(path) if i.changes_data]
-    return changes[-1] if changes else None
-
-
-def suite_versions(spec: SuiteSpec, root: str) -> dict[str, str | None]:
-    """Each table the suite reads -> its newest change: what a passing check of it vouches for."""
-    return {name: newest_change(lake_table(name).path(root)) for name in spec.inputs}
-
-
-@dataclass(frozen=True)
-class Record:
-    """What the last passing check of a suite vouched for."""
-
-    versions: dict[str, str | None]
-    definition: str
-    checked_at: str
-
-    def json(self) -> str:
-        return json.dumps({"versions": self.versions, "definition": self.definition, "checked_at": self.checked_at},
-                          sort_keys=True)
-
-
-def record_checked(quality: str, spec: SuiteSpec, versions: dict[str, str | None]) -> None:
-    """Record in the quality folder `quality` (the lake's, or the local copy a run works in, which goes back to an
-    object store with the rest) that `spec` passed on its tables as of `versions` (read before the check began: a
-    commit during the check leaves the suite due)."""
-    storage.write_text(_record_path(quality, spec),
-                       Record(versions, spec.definition, datetime.now(UTC).isoformat(timespec="seconds")).json())
-
-
-def last_checked(root: str, spec: SuiteSpec) -> Record | None:
-    path = _record_path(quality_root(root), spec)
-    if not storage.exists(path):
-        return None
-    data = json.loads(storage.read_text(path))
-    return Record(data["versions"], data["definition"], data["checked_at"])
-
-
-@dataclass(frozen=True)
-class SuiteDecision:
-    spec: SuiteSpec
-    due: bool
-    why: str
-
-
-def _suite_decision(spec: SuiteSpec, root: str, max_age: timedelta, now: datetime) -> SuiteDecision:
-    versions = suite_versions(spec, root)
-    record = last_checked(root, spec)
-    if record is None:
-        return SuiteDecision(spec, True, "never passed a check")
-    if record.definition != spec.definition:
-        return SuiteDecision(spec, True, "its declaration changed")
-    if changed := [f"{t} at {v}" for t, v in versions.items() if record.versions.get(t) != v]:
-        return SuiteDecision(spec, True, "changed: " + ", ".join(changed))
-    newest = versions.get(spec.inputs[0])
-    if spec.layer == "bronze" and (newest is None or instant_datetime(newest) < now - max_age):
-        return SuiteDecision(spec, True, f"no change for more than {max_age}: the freshness check is due")
-    since = ", ".join(f"{t} at {v}" for t, v in versions.items())
-    return SuiteDecision(spec, False, f"unchanged since its check at {record.checked_at} ({since})")
-
-
-def quality_due(root: str | None = None, max_age: timedelta = timedelta(hours=24),
-                now: datetime | None = None) -> list[SuiteDecision]:
-    """Every suite with whether it is due and why (an unchanged one: since when)."""
-    root = root or lake_root()
-    now = now or datetime.now()
-    return [_suite_decision(spec, root, max_age, now) for spec in quality_suites()]
-
-
-def services_work(root: str | None = None, now: datetime | None = None,
+def serviceswork_item(root: str | None = None, now: datetime | None = None,
                   per_job: int | None = None) -> list[dict[str, object]]:
     """The `hudi_table_services` DAG's decision: every table with a due service logged with why, the tables with
     nothing due named too; then the due tables in jobs of at most `per_job` (`tables_per_job()`), the most urgent
@@ -480,26 +349,7 @@ def services_work(root: str | None = None, now: datetime | None = None,
     idle = [t.name for t in lake_tables(root) if t.name not in {w.table for w in work}]
     log.info("%d tables with a service due; nothing due on the other %d: %s", len(work), len(idle), ", ".join(idle))
     ordered = sorted(work, key=lambda w: w.urgency)  # stable: the catalog's order within a rank
-    jobs = [_work([w.table for w in chunk], ["services", *(a for w in chunk for a in ("--table", w.table_arg()))])
-            for chunk in _chunks(ordered, per_job)]
-    _log_jobs(jobs, per_job)
-    return jobs
-
-
-def quality_work(root: str | None = None, max_age: timedelta = timedelta(hours=24), now: datetime | None = None,
-                 per_job: int | None = None) -> list[dict[str, object]]:
-    """The `data_quality` DAG's decision: every suite logged (checked, and why, or not checked again, and since
-    when); then the declared tables with due suites (their bronze and silver ones), and gold's, in jobs of at most
-    `per_job` of them (`tables_per_job()`), in the declaration's order (gold last: its suites read silver's tables),
-    each job's tables logged."""
-    per_job = per_job or tables_per_job()
-    groups: dict[str, list[str]] = {}
-    for d in quality_due(root, max_age, now):
-        log.info("%s: %s %s", d.spec.name, "checked:" if d.due else "not checked again,", d.why)
-        if d.due:
-            groups.setdefault(d.spec.group, []).append(d.spec.name)
-    jobs = [_work([group for group, _ in chunk],
-                  ["quality", *(a for _, names in chunk for name in names for a in ("--suite", name))])
-            for chunk in _chunks(list(groups.items()), per_job)]
-    _log_jobs(jobs, per_job)
+    jobs = [work_item([w.table for w in chunk], ["services", *(a for w in chunk for a in ("--table", w.table_arg()))])
+            for chunk in chunked(ordered, per_job)]
+    log_jobs(jobs, per_job)
     return jobs

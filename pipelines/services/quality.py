@@ -18,7 +18,7 @@ many keys as bronze did at the very batch that silver consumed last (time travel
 not as bronze holds now, which the running ingest keeps moving.
 
 A suite that passes records the newest change of each table it read, as of before it read them
-(`pipelines.services.due`): the `data_quality` DAG then runs only the suites whose tables changed since.
+(`pipelines.services.quality_due`): the `data_quality` DAG then runs only the suites whose tables changed since.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from pipelines.catalog import gold_missing
 from pipelines.declaration import TableDecl, declared
 from pipelines.hudi_timeline import checkpoint, consumed, earliest_retained, instant_of_batch, meta_at
 from pipelines.ingest.state import BATCH_ID_META
-from pipelines.services.due import quality_root, quality_suites, record_checked, suite_versions
+from pipelines.services.quality_due import quality_root, quality_suites, record_checked, suite_versions
 from pipelines.settings import changelog_path, gold_path, main_path, quarantine_path, silver_path
 from pipelines.table_stats import has_completed_commit
 from pipelines.transform.gold import DAILY, DAILY_KEY, LTV

@@ -32,8 +32,9 @@ from pipelines.devtools.bench.memory import jvm_memory, live_set
 from pipelines.devtools.bench.soak_plan import Fault
 from pipelines.devtools.bench.visibility import WRITER_TZ, LagProbe
 from pipelines.devtools.connect_config import CONNECTOR
+from pipelines.devtools.connect_worker import slot_status
 from pipelines.devtools.kafka_local import KafkaBroker
-from pipelines.devtools.pg_source import RealSource, slot_status
+from pipelines.devtools.pg_source import RealSource
 from pipelines.devtools.supervised import Supervised
 from pipelines.devtools.toxiproxy import Proxy, Toxiproxy
 from pipelines.local_process import HOST, free_port
