@@ -336,7 +336,7 @@ def services_due(root: str | None = None, now: datetime | None = None) -> list[S
     return [ServicesWork(t.name, why) for t in lake_tables(root or lake_root()) if (why := table_services_due(t, now))]
 
 
-def serviceswork_item(root: str | None = None, now: datetime | None = None,
+def services_work(root: str | None = None, now: datetime | None = None,
                   per_job: int | None = None) -> list[dict[str, object]]:
     """The `hudi_table_services` DAG's decision: every table with a due service logged with why, the tables with
     nothing due named too; then the due tables in jobs of at most `per_job` (`tables_per_job()`), the most urgent

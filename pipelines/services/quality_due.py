@@ -149,7 +149,7 @@ def quality_due(root: str | None = None, max_age: timedelta = timedelta(hours=24
     return [_suite_decision(spec, root, max_age, now) for spec in quality_suites()]
 
 
-def qualitywork_item(root: str | None = None, max_age: timedelta = timedelta(hours=24), now: datetime | None = None,
+def quality_work(root: str | None = None, max_age: timedelta = timedelta(hours=24), now: datetime | None = None,
                  per_job: int | None = None) -> list[dict[str, object]]:
     """The `data_quality` DAG's decision: every suite logged (checked, and why, or not checked again, and since
     when); then the declared tables with due suites (their bronze and silver ones), and gold's, in jobs of at most
@@ -162,7 +162,7 @@ def qualitywork_item(root: str | None = None, max_age: timedelta = timedelta(hou
         if d.due:
             groups.setdefault(d.spec.group, []).append(d.spec.name)
     jobs = [work_item([group for group, _ in chunk],
-                  ["quality", *(a for _, names in chunk for name in names for a in ("--suite", name))])
+                      ["quality", *(a for _, names in chunk for name in names for a in ("--suite", name))])
             for chunk in chunked(list(groups.items()), per_job)]
     log_jobs(jobs, per_job)
     return jobs
