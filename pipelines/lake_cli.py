@@ -15,21 +15,23 @@ from pipelines.declaration import declared
 from pipelines.local_process import require_kafka
 
 
-def _deleted_keys(table: str) -> int:
-    """Keys whose newest recorded change is a delete (change log and delete ledger against main)."""
+def _deleted_keys(table: str, key: tuple[str, ...]) -> int:
+    """Keys whose newest recorded change is a delete (change log and delete ledger against main), by the
+    table's own key: a declared table's may be composite, or named otherwise than `id`."""
     from pipelines.settings import changelog_path, ledger_path, main_path
     from pipelines.table_stats import has_completed_commit, read_table
 
-    newest: dict[int, tuple[int, bool]] = {}
+    newest: dict[tuple, tuple[int, bool]] = {}
     sources = [(main_path(table), False), (changelog_path(table), None), (ledger_path(table), True)]
     for path, deleted in sources:
         if not has_completed_commit(path):
             continue
-        columns = ["id", "_lsn"] + (["_op"] if deleted is None else [])
+        columns = [*key, "_lsn"] + (["_op"] if deleted is None else [])
         for r in read_table(path, columns).to_pylist():
             is_delete = r["_op"] == "d" if deleted is None else deleted
-            if r["id"] not in newest or newest[r["id"]][0] < r["_lsn"]:
-                newest[r["id"]] = (r["_lsn"], is_delete)
+            k = tuple(r[c] for c in key)
+            if k not in newest or newest[k][0] < r["_lsn"]:
+                newest[k] = (r["_lsn"], is_delete)
     return sum(d for _, d in newest.values())
 
 
@@ -85,7 +87,7 @@ def status() -> None:
         s = table_stats(path)
         line = f"{table.name:<18}{s.rows:>9}{s.commits:>9}{s.file_groups:>13}{s.log_files:>11}"
         if table.layer == "bronze":
-            line += f"{_deleted_keys(table.source):>14}{dead.get(topic(table.source), 0):>14}"
+            line += f"{_deleted_keys(table.source, table.key):>14}{dead.get(topic(table.source), 0):>14}"
             if (fresh := freshness.get(table.source)) is not None:
                 line += "  " + _freshness(fresh, time.time() - beat.written_at)
         elif table.layer == "silver":

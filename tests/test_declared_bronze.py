@@ -12,6 +12,7 @@ back with Spark and with hudi-rs, against the model of tests/declared_tables.py.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 from datetime import UTC, date, datetime, timedelta
@@ -31,6 +32,7 @@ from pipelines.settings import main_path, quarantine_path, silver_path
 from pipelines.table_stats import read_table
 from pipelines.transform.etl import run_etl
 from tests.declared_tables import DECLARATION, EVERY_TYPE, LINES, DeclaredSource, DeclaredTable, silver_model
+from tests.lake import run_cli
 
 EPOCH = datetime(1970, 1, 1)
 
@@ -159,6 +161,16 @@ def test_declared_tables_of_every_type_and_a_composite_key(spark: SparkSession, 
     _assert_bronze(spark, root, source)
     run_etl(spark, root)  # incremental: only the keys changed since the first cycle
     _assert_silver(spark, root, source)
+
+    # `lakehouse status` on declared tables: rows and deleted keys by each table's own key, a composite one too.
+    monkeypatch.setenv("LAKEHOUSE_ROOT", root)
+    status = run_cli("status")
+    assert status.exit_code == 0, status.output[-3000:]
+    for t in (EVERY_TYPE, LINES):
+        ever = {tuple(json.loads(m.key)[k] for k in t.key) for m in sent + second if m.topic == t.topic}
+        (line,) = [x for x in status.stdout.splitlines() if x.startswith(f"bronze/{t.name} ")]
+        rows, deleted = int(line.split()[1]), int(line.split()[5])
+        assert (rows, deleted) == (len(source.state[t.name]), len(ever - source.state[t.name].keys())), line
 
     types = {f.name: f.dataType.simpleString()
              for f in spark.read.format("hudi").load(main_path(EVERY_TYPE.name, root)).schema.fields}
