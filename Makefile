@@ -196,9 +196,9 @@ test: setup  ## The suite on the embedded local default (starts its own Kafka br
 	echo "== Spark suite exit $$spark_rc, Airflow suite exit $$airflow_rc"; \
 	[ $$spark_rc -eq 0 ] && [ $$airflow_rc -eq 0 ]
 
-# The pipeline on the environments other than the embedded local default, each a service of its own
-# that `make test` does not start: a Spark standalone cluster (tests/test_cluster.py), a Hive
-# Metastore (tests/test_catalog.py), an S3 API store reached through Toxiproxy with its faults
+# The pipeline on the environments other than the embedded local default, each against its own
+# server: a Spark standalone cluster (tests/test_cluster.py), a Hive Metastore
+# (tests/test_catalog.py), an S3 API store reached through Toxiproxy with its faults
 # (tests/test_object_store.py). They were 949 of the 4,322 CPU-seconds of a whole run (22%), and
 # the object store's test alone 685 s, mostly waiting on its requests: with them `make test` took
 # 40.8 minutes on this machine, over its budget of 25 (README, "Tests"). CI runs them after `make test`.
