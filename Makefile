@@ -36,18 +36,18 @@ dev: $(VENV)/.installed  ## The Python environment alone (.venv: the CLI, pytest
 
 setup: $(VENV)/.installed .jvm/.resolved .jvm/spark.jsa $(AF_VENV)/.installed $(HOST_TOOLS)  ## Everything `make demo` and `make test` need: .venv, .venv-airflow, the jars, the driver JVM's class archive, PostgreSQL 15, Chromium, Prometheus, Toxiproxy
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml dev/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev,bench]'
+	$(BIN)/pip install -q -e '.[dev]' -e ./dev
 	touch $@
 
-$(AF_VENV)/.installed: dags/requirements.txt pyproject.toml
+$(AF_VENV)/.installed: dags/requirements.txt pyproject.toml dev/pyproject.toml
 	test -x $(AF_BIN)/python || $(PYTHON) -m venv $(AF_VENV)
 	$(AF_BIN)/pip install -q --upgrade pip
 	$(AF_BIN)/pip install -q -r dags/requirements.txt
-	# The project's pure-Python packages (job descriptions, configs), without pyspark.
-	$(AF_BIN)/pip install -q --no-deps -e .
+	# The project's pure-Python packages (job descriptions, configs) and the dev tools its DAG tests start, without pyspark.
+	$(AF_BIN)/pip install -q --no-deps -e . -e ./dev
 	touch $@
 
 .jvm/.resolved: jvm/pom.xml
@@ -69,14 +69,14 @@ postgres:  ## Install Debian's postgresql-15 if its binaries are missing (the re
 browser:  ## Install Debian's chromium and chromium-driver if missing (the Airflow UI test)
 	@test -x /usr/bin/chromium && test -x /usr/bin/chromedriver || { $(APT_INSTALL) chromium chromium-driver; }
 
-# The binaries pipelines/devtools/prometheus.py starts itself (not the packages' services, which on a
+# The binaries dev/lakehouse_dev/prometheus.py starts itself (not the packages' services, which on a
 # systemd host listen on 9090 and 9091: hence `make metrics-up`'s other ports). No recommends: they
 # would add prometheus-node-exporter, another service.
 prometheus:  ## Install Debian's prometheus and prometheus-pushgateway if missing (`make metrics-up`, the alert rules' tests)
 	@test -x /usr/bin/prometheus && test -x /usr/bin/promtool && test -x /usr/bin/prometheus-pushgateway \
 	  || { $(APT_INSTALL) --no-install-recommends prometheus prometheus-pushgateway; }
 
-# Shopify's Toxiproxy server (pipelines/devtools/toxiproxy.py), built from the Go module proxy at a pinned
+# Shopify's Toxiproxy server (dev/lakehouse_dev/toxiproxy.py), built from the Go module proxy at a pinned
 # version; Go itself comes from Debian's golang-go where no `go` is installed. `go install` names the
 # binary `server`: it is installed into a temporary GOBIN and renamed. TOOLS_BIN may point elsewhere
 # (LAKEHOUSE_TOXIPROXY_SERVER then names the binary).
@@ -108,7 +108,7 @@ toxiproxy:  ## Build Toxiproxy's server into .tools/bin/toxiproxy-server if miss
 # runs beside it: the first round is ingested by `ingest --once`, the second by the supervised stream
 # while the changes come (its exporter scraped; `stream wait` returns once bronze holds them all), which
 # runs on to the end; the demo ends on each table's freshness and the stream's lag as Prometheus
-# recorded them (`lakehouse metrics show`).
+# recorded them (`lakehouse dev metrics show`).
 DEMO_PORT ?= 19092
 DEMO_PG_PORT ?= 15433
 DEMO_CONNECT_PORT ?= 18083
@@ -132,25 +132,25 @@ demo: setup  ## End to end on the embedded local default: Kafka, the real source
 	echo "demo on the $$src source; lake in $(DEMO)/lake, logs in $(DEMO)/logs"; \
 	export $(DEMO_ENV); \
 	step() { printf '\n$$ lakehouse %s\n' "$$*"; $(BIN)/lakehouse "$$@"; }; \
-	step kafka up --port $(DEMO_PORT) --data-dir $(DEMO)/kafka || exit 1; \
+	step dev kafka up --port $(DEMO_PORT) --data-dir $(DEMO)/kafka || exit 1; \
 	( set -e; \
 	  trap '$(BIN)/lakehouse stream stop --run-dir $(DEMO)/run >/dev/null; \
-	        [ -z "$$pg" ] || $(BIN)/lakehouse source down --home $(DEMO)/source; \
-	        $(BIN)/lakehouse metrics down --home $(DEMO)/metrics; \
-	        $(BIN)/lakehouse catalog down --home $(DEMO)/metastore; \
-	        $(BIN)/lakehouse kafka down --data-dir $(DEMO)/kafka' EXIT; \
-	  step catalog up --home $(DEMO)/metastore --port $(DEMO_METASTORE_PORT); \
-	  step metrics up --home $(DEMO)/metrics --port $(DEMO_PROMETHEUS_PORT) \
+	        [ -z "$$pg" ] || $(BIN)/lakehouse dev source down --home $(DEMO)/source; \
+	        $(BIN)/lakehouse dev metrics down --home $(DEMO)/metrics; \
+	        $(BIN)/lakehouse dev catalog down --home $(DEMO)/metastore; \
+	        $(BIN)/lakehouse dev kafka down --data-dir $(DEMO)/kafka' EXIT; \
+	  step dev catalog up --home $(DEMO)/metastore --port $(DEMO_METASTORE_PORT); \
+	  step dev metrics up --home $(DEMO)/metrics --port $(DEMO_PROMETHEUS_PORT) \
 	    --pushgateway-port $(DEMO_PUSHGATEWAY_PORT) --stream-target $(DEMO_EXPORTER); \
 	  if [ -n "$$pg" ]; then \
-	    step source up --home $(DEMO)/source --pg-port $(DEMO_PG_PORT) --rest-port $(DEMO_CONNECT_PORT); \
-	    step source status --home $(DEMO)/source; \
+	    step dev source up --home $(DEMO)/source --pg-port $(DEMO_PG_PORT) --rest-port $(DEMO_CONNECT_PORT); \
+	    step dev source status --home $(DEMO)/source; \
 	  fi; \
 	  for round in $(DEMO_ROUNDS); do \
 	    if [ -z "$$first" ]; then \
-	      step generate $${pg:+--sink sql} $$round; step ingest --once; \
+	      step dev generate $${pg:+--sink sql} $$round; step ingest --once; \
 	    else \
-	      step stream start --run-dir $(DEMO)/run; step generate $${pg:+--sink sql} $$round; \
+	      step stream start --run-dir $(DEMO)/run; step dev generate $${pg:+--sink sql} $$round; \
 	      step stream wait --run-dir $(DEMO)/run; \
 	    fi; \
 	    step etl; \
@@ -167,7 +167,7 @@ demo: setup  ## End to end on the embedded local default: Kafka, the real source
 	  step sql "SELECT country, count(*) AS customers, sum(orders_count) AS orders FROM gold.customer_ltv GROUP BY country ORDER BY orders DESC LIMIT 5"; \
 	  step sql --as-of "$$first" "SELECT count(*) AS customers, sum(orders_count) AS orders, count_if(customer_id = 7) AS erased_7 FROM gold.customer_ltv"; \
 	  step sql "SELECT count(*) AS customers, sum(orders_count) AS orders, count_if(customer_id = 7) AS erased_7 FROM gold.customer_ltv"; \
-	  step metrics show --home $(DEMO)/metrics --window 15m )
+	  step dev metrics show --home $(DEMO)/metrics --window 15m )
 
 # Hudi's commit path is one driver thread: one test process kept the two cores 52 to 70% busy.
 # So the Spark suite runs in several processes (pytest-xdist, each with its own Spark session), and
@@ -222,7 +222,7 @@ test-unit: dev prometheus toxiproxy  ## The tests that need no JVM, Kafka, Postg
 	$(BIN)/pytest -q $(UNIT_TESTS)
 
 bench: setup  ## Benchmarks (ingest vs plain Hudi and Parquet, freshness, many tables, etl, erasure, reads): tables on stdout, JSON and PNG in .bench/
-	$(BIN)/lakehouse bench all $(BENCH_ARGS)
+	$(BIN)/lakehouse dev bench all $(BENCH_ARGS)
 
 lint: dev  ## ruff
 	$(BIN)/ruff check .
@@ -234,47 +234,47 @@ package: setup  ## The EMR target's code bundle in dist/emr (copy it to the Vari
 	$(BIN)/lakehouse package --out dist/emr
 
 kafka-up: setup  ## Start a local Kafka broker (KRaft) on 127.0.0.1:9092, data in .kafka/
-	$(BIN)/lakehouse kafka up --port 9092 --data-dir .kafka
+	$(BIN)/lakehouse dev kafka up --port 9092 --data-dir .kafka
 
 kafka-down:  ## Stop it
-	$(BIN)/lakehouse kafka down --data-dir .kafka
+	$(BIN)/lakehouse dev kafka down --data-dir .kafka
 
-s3-up: setup  ## Start a local S3-compatible store (moto server) on 127.0.0.1:9000 with the bucket `lake`; then eval "$(.venv/bin/lakehouse s3 env)"
-	$(BIN)/lakehouse s3 up --port 9000 --data-dir .s3
+s3-up: setup  ## Start a local S3-compatible store (moto server) on 127.0.0.1:9000 with the bucket `lake`; then eval "$(.venv/bin/lakehouse dev s3 env)"
+	$(BIN)/lakehouse dev s3 up --port 9000 --data-dir .s3
 
 s3-down:  ## Stop it (what it held is gone)
-	$(BIN)/lakehouse s3 down --data-dir .s3
+	$(BIN)/lakehouse dev s3 down --data-dir .s3
 
 source-up: kafka-up  ## The real source: PostgreSQL 15 (`shop` on 127.0.0.1:5433) and Debezium in Kafka Connect (REST 127.0.0.1:8083) into the local Kafka; prints the DSN
-	$(BIN)/lakehouse source up
-	$(BIN)/lakehouse source status
+	$(BIN)/lakehouse dev source up
+	$(BIN)/lakehouse dev source status
 
 cluster-up: setup  ## Start a Spark standalone cluster (master spark://127.0.0.1:7077, UI :8090, two one-core workers), files in .cluster/; then export LAKEHOUSE_SPARK_MASTER=spark://127.0.0.1:7077
-	$(BIN)/lakehouse cluster up --home .cluster
+	$(BIN)/lakehouse dev cluster up --home .cluster
 
 cluster-down:  ## Stop it (workers, their executors, the master)
-	$(BIN)/lakehouse cluster down --home .cluster
+	$(BIN)/lakehouse dev cluster down --home .cluster
 
 catalog-up: setup  ## Start a Hive Metastore (thrift://127.0.0.1:9083; Derby and warehouse in .metastore/); then export LAKEHOUSE_METASTORE_URI=thrift://127.0.0.1:9083
-	$(BIN)/lakehouse catalog up --home .metastore
+	$(BIN)/lakehouse dev catalog up --home .metastore
 
 catalog-down:  ## Stop it (the catalog stays in .metastore/)
-	$(BIN)/lakehouse catalog down --home .metastore
+	$(BIN)/lakehouse dev catalog down --home .metastore
 
 metrics-up: dev prometheus  ## Start Prometheus (http://127.0.0.1:19090, the alerts on /alerts) and its Pushgateway (:19091), data in .metrics/; scrapes the stream's exporter at 127.0.0.1:9464
-	$(BIN)/lakehouse metrics up --home .metrics
+	$(BIN)/lakehouse dev metrics up --home .metrics
 
 metrics-down:  ## Stop them (the series and pushed metrics stay in .metrics/)
-	$(BIN)/lakehouse metrics down --home .metrics
+	$(BIN)/lakehouse dev metrics down --home .metrics
 
 source-down:  ## Stop Connect and PostgreSQL (their data stays in .pg-source/; the broker too: make kafka-down)
-	$(BIN)/lakehouse source down
+	$(BIN)/lakehouse dev source down
 
 clean:  ## Remove the local lake, demo and broker data, the logs (not .venv or .jvm)
-	-$(BIN)/lakehouse source down --purge
-	-$(BIN)/lakehouse kafka down --data-dir .kafka
-	-$(BIN)/lakehouse s3 down --data-dir .s3
-	-$(BIN)/lakehouse cluster down --home .cluster
-	-$(BIN)/lakehouse catalog down --home .metastore
-	-$(BIN)/lakehouse metrics down --home .metrics
+	-$(BIN)/lakehouse dev source down --purge
+	-$(BIN)/lakehouse dev kafka down --data-dir .kafka
+	-$(BIN)/lakehouse dev s3 down --data-dir .s3
+	-$(BIN)/lakehouse dev cluster down --home .cluster
+	-$(BIN)/lakehouse dev catalog down --home .metastore
+	-$(BIN)/lakehouse dev metrics down --home .metrics
 	rm -rf lake .kafka .s3 .cluster .metastore .metrics .source .logs $(DEMO) spark-warehouse

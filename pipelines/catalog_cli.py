@@ -1,6 +1,6 @@
 """`lakehouse catalog status|sync` and `lakehouse sql`: the lake's tables by name (pipelines/query.py).
 
-`catalog up|down` (a local Hive Metastore) are the dev tools' (pipelines/devtools/metastore.py).
+`catalog up|down` (a local Hive Metastore) are the dev tools' (dev/lakehouse_dev/metastore.py).
 """
 
 from __future__ import annotations

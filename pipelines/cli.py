@@ -6,10 +6,10 @@ exits non-zero with a message naming the problem when it cannot do its job.
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import signal
 import time
+from importlib import metadata
 from pathlib import Path
 
 import click
@@ -60,15 +60,13 @@ main.add_command(sql)
 main.add_command(status)
 main.add_command(show)
 main.add_command(dead_letters)
-# The dev tools (generator, local broker, source and store, benchmarks) where they are installed: the
-# EMR bundle leaves them out (pipelines.deploy.package), and its CLI has the pipeline's commands only.
-if importlib.util.find_spec("pipelines.devtools") is not None:
-    from pipelines.devtools import catalog_commands, commands
-
-    for command in commands():
-        main.add_command(command)
-    for command in catalog_commands():
-        catalog.add_command(command)
+# Commands of other installed distributions (`lakehouse dev ...` from dev/pyproject.toml), found by
+# entry point so that the product never imports them: a production install has the operator's only.
+for entry in metadata.entry_points(group="lakehouse.commands"):
+    try:
+        main.add_command(entry.load(), entry.name)
+    except ModuleNotFoundError:  # its metadata installed, its code not importable here (python -S)
+        logging.getLogger(__name__).debug("commands %s not importable", entry.value)
 
 
 @main.command()
@@ -82,7 +80,7 @@ if importlib.util.find_spec("pipelines.devtools") is not None:
 @click.option("--bootstrap", default=None, help="Kafka brokers  [default: $KAFKA_BOOTSTRAP_SERVERS]")
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
               help="Port of the stream's Prometheus exporter on 127.0.0.1 (batches, commits, freshness, lag, dead "
-                   "letters, heartbeat; scraped by `lakehouse metrics up`), 0 for none  "
+                   "letters, heartbeat; scraped by `lakehouse dev metrics up`), 0 for none  "
                    "[default: stream.toml [metrics] port, 9464]")
 @click.option("--spark-ui-port", type=click.IntRange(0, 65535), default=None,
               help="Port of the driver's Spark UI, which serves Spark's own metrics for Prometheus "

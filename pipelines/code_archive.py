@@ -13,19 +13,17 @@ from pipelines.declaration import BUNDLED, SHOP, declared
 from pipelines.settings import PROJECT_ROOT
 
 PACKAGES = ("pipelines", "hudi_configs")
-NOT_BUNDLED = ("pipelines/devtools/",)
 
 
 def write_archive(archive: Path) -> Path:
     """The packages the jobs import, TOML files included (read through importlib.resources, which
-    reads them inside the zip), without the dev tools; and the declaration of tables in force here
+    reads them inside the zip); and the declaration of tables in force here
     (`LAKEHOUSE_TABLES`, or the shop's) as `pipelines/tables.toml`, which jobs on a cluster read."""
     with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zf:
         for package in PACKAGES:
             for path in sorted((PROJECT_ROOT / package).rglob("*")):
                 name = path.relative_to(PROJECT_ROOT).as_posix()
-                if path.is_file() and path.suffix in (".py", ".toml", ".properties") \
-                        and not name.startswith(NOT_BUNDLED):
+                if path.is_file() and path.suffix in (".py", ".toml", ".properties"):
                     zf.write(path, name)
         decl = declared()  # checked whole before it ships
         zf.writestr(f"pipelines/{BUNDLED}", Path(decl.path).read_text() if Path(decl.path).is_file()

@@ -1,6 +1,6 @@
 """The operator's view: each table's freshness, the stream's lag, its batches and the alerts firing, from Prometheus.
 
-Why a terminal view of Prometheus' series (`lakehouse metrics show`, `--watch` to keep it on screen)
+Why a terminal view of Prometheus' series (`lakehouse dev metrics show`, `--watch` to keep it on screen)
 and not a Grafana board or a generated page: the people who run this are on a shell (this machine, the
 EMR master), it needs nothing beside the Prometheus that already evaluates the alerts, and it reads the
 very series the alert rules read, so what it shows and what fires cannot disagree. A team with Grafana
@@ -128,7 +128,7 @@ def _num(value: float | None, unit: str = "", digits: int = 0) -> str:
 
 
 def render(snap: Snapshot) -> str:
-    """The snapshot as the text `lakehouse metrics show` prints: one line per table, per topic, per alert."""
+    """The snapshot as the text `lakehouse dev metrics show` prints: one line per table, per topic, per alert."""
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(snap.at))
     up = {None: "no series", 1.0: "up"}.get(snap.stream_up, "down")
     lines = [f"as Prometheus recorded them, the {snap.window} before {stamp}",

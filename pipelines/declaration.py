@@ -9,7 +9,7 @@ A declaration is checked whole when it is read, before anything is written: an u
 rule, a rule or cleaning step on a column the table does not declare, two tables with one lake
 name or one source table. The error names the file, the table and the field. What only the source
 can tell (a table or column it lacks, a key that is not its primary key) is checked against
-PostgreSQL by `lakehouse source sync` (`pipelines.devtools.pg_source`), and against bronze's
+PostgreSQL by `lakehouse dev source sync` (`lakehouse_dev.pg_source`), and against bronze's
 columns by the etl before it writes (`missing_columns`).
 
 Beyond the contract's fields, a table may say (the project's own, all optional; README, "Your own

@@ -19,7 +19,7 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 # (`keep.*.commits`).
 INGEST_TRIGGER_SECONDS = 5.0
 # Debezium's `unavailable.value.placeholder`: what an update carries instead of a TOASTed value it
-# left unchanged. The connector (pipelines.devtools.pg_source) is configured with this same string.
+# left unchanged. The connector (lakehouse_dev.pg_source) is configured with this same string.
 DEFAULT_UNAVAILABLE_PLACEHOLDER = "__debezium_unavailable_value"
 
 
@@ -125,7 +125,7 @@ def gold_path(table: str, root: str | None = None) -> str:
 
 
 def source_state_file() -> Path:
-    """The simulated source database of `lakehouse generate`.
+    """The simulated source database of `lakehouse dev generate`.
 
     Outside the lake root on purpose: it holds names and e-mails, and erasure must be
     able to prove that nothing under the lake root does.

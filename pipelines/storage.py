@@ -8,7 +8,7 @@ Spark-side code use the same calls. Hudi's own files go through Hudi (Hadoop's S
 EMRFS on EMR); hudi-rs gets the same endpoint and credentials (`hudi_storage_options`).
 
 An `s3://` or `s3a://` root is reached through the standard AWS variables: `AWS_ENDPOINT_URL`
-(set for a local store: `lakehouse s3 env`), `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,
+(set for a local store: `lakehouse dev s3 env`), `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,
 `AWS_REGION`; unset, the AWS SDK's usual chain applies (an instance role on EMR).
 """
 

@@ -26,7 +26,7 @@ from filelock import FileLock
 from pyspark.sql import SparkSession
 
 from hudi_configs import test_profile
-from pipelines.devtools.kafka_local import JAVA_OPTS_VARIABLE, QUICK_START, KafkaBroker
+from lakehouse_dev.kafka_local import JAVA_OPTS_VARIABLE, QUICK_START, KafkaBroker
 from tests.lake import BASE_WORKLOAD, LakeCopy, base_workload, build_base_lake
 
 # tests/dags run in Airflow's environment (`make test` runs them there, apart from these).
@@ -38,7 +38,7 @@ time.tzset()
 # Spark and Hudi sized for test data, in this process and every job a test starts (a test that
 # adds its own overrides puts them after the profile: tests/lake.py, with_overrides).
 os.environ["LAKEHOUSE_HUDI_OVERRIDES"] = str(test_profile())
-# The suite's many short-lived Kafka brokers: start on less CPU (pipelines/devtools/kafka_local.py).
+# The suite's many short-lived Kafka brokers: start on less CPU (dev/lakehouse_dev/kafka_local.py).
 os.environ[JAVA_OPTS_VARIABLE] = QUICK_START
 
 # The session JVM's C2 thresholds, ten times the JDK's (5,000 calls, 40,000 loop iterations): at the

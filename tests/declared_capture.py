@@ -2,7 +2,7 @@
 as fixtures (tests/fixtures/declared/, one JSON file per scenario; checked by tests/test_declared_fixtures.py).
 
 Recapture when the pinned connector (jvm/pom.xml) or the connector's settings
-(pipelines/devtools/connect_config.py) change; no running source needed, it starts its own broker,
+(dev/lakehouse_dev/connect_config.py) change; no running source needed, it starts its own broker,
 PostgreSQL and Connect on free ports (about a minute):
 
     .venv/bin/python -m tests.declared_capture
@@ -10,14 +10,14 @@ PostgreSQL and Connect on free ports (about a minute):
 The session, with `schemas.enable=true` (section 7's tables arrive with their Connect schema):
 - `public.all_types`: one column of every type of section 7's table (smallint ... integer[]), key
   `id`; `sales.regional_orders`: a composite primary key `(region, order_no)` in another schema.
-  Both declared in a TOML (LAKEHOUSE_TABLES) and captured by `lakehouse source up`.
+  Both declared in a TOML (LAKEHOUSE_TABLES) and captured by `lakehouse dev source up`.
 - Rows present before Connect starts: its initial snapshot (`snapshot.json`, op=r).
 - Then one transaction per scenario: an insert, an update, NULLs in every nullable column, unicode
   text, pre-1970 and far-future dates and timestamps, bytea with zero bytes, arrays with a NULL
   element, numerics at their edges (a scale-less numeric's many digits, NaN), a delete (and its
   tombstone), the composite table's insert, update, update of a key column (Debezium: delete of
   the old key, its tombstone, create of the new) and delete.
-- `public.late_rows`, holding rows before it is declared, then added by `lakehouse source sync`'s
+- `public.late_rows`, holding rows before it is declared, then added by `lakehouse dev source sync`'s
   code path (RealSource.sync): its incremental snapshot (`incremental_snapshot.json`, op=r with
   `source.snapshot` "incremental"), an insert after it, and what the signal table's topic carried
   (`signal_table.json`: the execute-snapshot row and the snapshot window's watermarks).
@@ -41,9 +41,9 @@ from typing import Any
 
 from kafka import KafkaConsumer, TopicPartition
 
+from lakehouse_dev.kafka_local import KafkaBroker, free_port
+from lakehouse_dev.pg_source import RealSource
 from pipelines.declaration import load
-from pipelines.devtools.kafka_local import KafkaBroker, free_port
-from pipelines.devtools.pg_source import RealSource
 
 FIXTURES = Path(__file__).with_name("fixtures") / "declared"
 PREFIX = "shop"
@@ -274,7 +274,7 @@ def capture(work: Path) -> dict[str, dict[str, Any]]:
                 conn.execute(LATE_AFTER)
             got = wait_records(broker.bootstrap, [late_topic],
                                lambda rs: any((payload(r) or {}).get("op") == "c" for r in rs))
-            out["incremental_snapshot"] = {"sql": [*LATE_SQL, f"(lakehouse source sync with tables.late_rows "
+            out["incremental_snapshot"] = {"sql": [*LATE_SQL, f"(lakehouse dev source sync with tables.late_rows "
                                                                f"declared: signal {report.signal_id})", LATE_AFTER],
                                            "records": got}
             signal_topic = f"{PREFIX}.public.debezium_signal"

@@ -2,7 +2,7 @@
 their declaration, and the plain-Python model of silver after its cleaning and rules.
 
 The envelopes (with their Connect schema, `schemas.enable=true`) and the model of the source come from
-pipelines.devtools.generator.declared_envelopes, built independently of the pipeline's parser.
+lakehouse_dev.generator.declared_envelopes, built independently of the pipeline's parser.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import random
 import re
 from typing import Any
 
-from pipelines.devtools.generator.declared_envelopes import (
+from lakehouse_dev.generator.declared_envelopes import (
     PREFIX,
     TEXTS,
     TYPES,

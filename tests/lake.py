@@ -12,9 +12,9 @@ from click.testing import CliRunner, Result
 from pyspark.sql import SparkSession
 
 from hudi_configs import test_profile
+from lakehouse_dev.generator import Message, ShopSource, WorkloadConfig, ensure_topics, produce
+from lakehouse_dev.kafka_local import KafkaBroker
 from pipelines.contract import COLUMNS, TABLES
-from pipelines.devtools.generator import Message, ShopSource, WorkloadConfig, ensure_topics, produce
-from pipelines.devtools.kafka_local import KafkaBroker
 from pipelines.ingest.bronze import run_ingest
 from pipelines.settings import changelog_path, dead_letter_path, ledger_path, main_path, quarantine_path, silver_path
 from pipelines.table_stats import has_completed_commit, read_table

@@ -15,8 +15,8 @@ from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
+from lakehouse_dev.generator import Message
 from pipelines.contract import CURRENCIES, ORDER_STATUSES, OTHER_OPS, ROW_OPS, TABLES, table_of_topic
-from pipelines.devtools.generator import Message
 
 Rows = dict[str, dict[int, dict[str, Any]]]
 # Debezium's default `unavailable.value.placeholder` (the pipeline reads it from its settings).

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from lakehouse_dev.prometheus import CONFIG_DIR, PUSHGATEWAY_JOB, SPARK_JOBS, STREAM_JOB, TEMPLATE
 from pipelines import metric_names
-from pipelines.devtools.prometheus import CONFIG_DIR, PUSHGATEWAY_JOB, SPARK_JOBS, STREAM_JOB, TEMPLATE
 
 RULES = CONFIG_DIR / "alerts.yml"
 RULE_TESTS = CONFIG_DIR / "alerts_test.yml"

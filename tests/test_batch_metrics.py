@@ -3,7 +3,7 @@ job's own output says, or the lake's tables say, and Hudi's own reporter's serie
 
 The commands run in this process (`run_cli`: the suite's Spark session, no JVM to start) on a copy of the
 base lake, with LAKEHOUSE_PUSHGATEWAY pointing at a gateway started by the project's own code
-(pipelines/devtools/prometheus.py, one for the module). Each check waits for a scrape after the job's push
+(dev/lakehouse_dev/prometheus.py, one for the module). Each check waits for a scrape after the job's push
 (the gateway's `push_time_seconds` of the group, as Prometheus scraped it), then compares through
 Prometheus' HTTP API. Hudi's reporter pushes on a period; `Metrics.shutdownAllMetrics` makes it push
 now, and stops it (no reporter of this test pushes into the next one's gateway).
@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
+from lakehouse_dev.prometheus import LocalMetrics, Prometheus
 from pipelines import metric_names as m
 from pipelines.declaration import declared
-from pipelines.devtools.prometheus import LocalMetrics, Prometheus
 from pipelines.settings import quarantine_path, silver_path
 from pipelines.table_stats import read_table
 from pipelines.timeline_files import timeline

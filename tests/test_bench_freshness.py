@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from lakehouse_dev.bench import freshness
+from lakehouse_dev.bench.visibility import visibility
 from pipelines.contract import TABLES, topic
-from pipelines.devtools.bench import freshness
-from pipelines.devtools.bench.visibility import visibility
 from pipelines.settings import changelog_path, main_path
 from pipelines.table_stats import has_completed_commit, read_table
 

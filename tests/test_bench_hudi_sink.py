@@ -1,4 +1,4 @@
-"""The ingest benchmark's plain-Hudi reference (`lakehouse bench hudi-sink`) against two models.
+"""The ingest benchmark's plain-Hudi reference (`lakehouse dev bench hudi-sink`) against two models.
 
 The sink is Hudi's own streaming sink writing tables configured like bronze main, with no
 delete ledger. Two sink runs (two micro-batches per table) read a contract workload with
@@ -32,9 +32,9 @@ import pytest
 from pyspark.sql import SparkSession
 
 import hudi_configs
+from lakehouse_dev.generator import Message, ShopSource, WorkloadConfig, ensure_topics, produce
+from lakehouse_dev.kafka_local import KafkaBroker
 from pipelines.contract import COLUMNS, TABLES, table_of_topic
-from pipelines.devtools.generator import Message, ShopSource, WorkloadConfig, ensure_topics, produce
-from pipelines.devtools.kafka_local import KafkaBroker
 from pipelines.table_stats import read_table, table_stats
 from tests.model import Rows, fold_with_lsn, row_event, unwrap
 
@@ -77,7 +77,7 @@ def fold_plain_hudi(batches: list[list[Message]]) -> tuple[Rows, dict[str, dict[
 def _run_sink(broker: KafkaBroker, root: Path, log: Path) -> None:
     """The subcommand in its own process, as `bench ingest` runs it (the sink exits its JVM on a failed batch)."""
     with log.open("a") as out:
-        done = subprocess.run([sys.executable, "-m", "pipelines.cli", "bench", "hudi-sink", "--root", str(root),
+        done = subprocess.run([sys.executable, "-m", "pipelines.cli", "dev", "bench", "hudi-sink", "--root", str(root),
                                "--bootstrap", broker.bootstrap], stdout=out, stderr=subprocess.STDOUT,
                               env=os.environ.copy(), timeout=600)
     assert done.returncode == 0, log.read_text()[-3000:]

@@ -1,4 +1,4 @@
-"""`lakehouse bench soak`'s pure parts, without running it: the seeded fault schedule, the checker's counts of
+"""`lakehouse dev bench soak`'s pure parts, without running it: the seeded fault schedule, the checker's counts of
 rows lost / duplicated / resurrected, the recovery figure, the JVM perf-data reader. No JVM, Kafka or
 PostgreSQL: milliseconds (the soak itself is a benchmark, never part of `make test`)."""
 
@@ -10,9 +10,9 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from pipelines.devtools.bench import cli
-from pipelines.devtools.bench.memory import heap_used, parse_histogram, perf_counters
-from pipelines.devtools.bench.soak_plan import (
+from lakehouse_dev.bench import cli
+from lakehouse_dev.bench.memory import heap_used, parse_histogram, perf_counters
+from lakehouse_dev.bench.soak_plan import (
     DEFAULT_KINDS,
     DURATIONS,
     KINDS,
@@ -23,8 +23,8 @@ from pipelines.devtools.bench.soak_plan import (
     schedule,
     tally,
 )
-from pipelines.devtools.generator import ShopSource, WorkloadConfig
-from pipelines.devtools.sql_sink import statements
+from lakehouse_dev.generator import ShopSource, WorkloadConfig
+from lakehouse_dev.sql_sink import statements
 
 
 def test_the_schedule_is_the_seeds() -> None:
@@ -127,8 +127,8 @@ def test_an_insert_played_again_is_an_upsert_of_the_same_image() -> None:
 
 
 def test_the_report_and_the_chart_come_from_the_figures(tmp_path) -> None:
-    from pipelines.devtools.bench import soak
-    from pipelines.devtools.bench.plots import soak_chart
+    from lakehouse_dev.bench import soak
+    from lakehouse_dev.bench.plots import soak_chart
 
     plan = soak.SoakPlan(minutes=4, rate=300, every_minutes=0.75, warmup_minutes=0.5, tail_minutes=0.5,
                          fault_seconds=15)

@@ -1,4 +1,4 @@
-"""`lakehouse bench tables` without running it: the tables' shares, their declaration, their records, and the
+"""`lakehouse dev bench tables` without running it: the tables' shares, their declaration, their records, and the
 goals table it prints. No Spark, no Kafka: seconds."""
 
 from __future__ import annotations
@@ -14,12 +14,11 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from pipelines.declaration import DEFAULT_FRESHNESS_SECONDS, load, parse
-from pipelines.devtools.bench import tables
-from pipelines.devtools.bench.cli import bench
-from pipelines.devtools.bench.common import peak_memory
-from pipelines.devtools.bench.freshness import SteadyRun, batch_reports
-from pipelines.devtools.bench.table_mix import (
+from lakehouse_dev.bench import tables
+from lakehouse_dev.bench.cli import bench
+from lakehouse_dev.bench.common import peak_memory
+from lakehouse_dev.bench.freshness import SteadyRun, batch_reports
+from lakehouse_dev.bench.table_mix import (
     KEYS,
     MIN_SNAPSHOT_ROWS,
     TableMix,
@@ -31,7 +30,8 @@ from pipelines.devtools.bench.table_mix import (
     write_declaration,
     zipf_shares,
 )
-from pipelines.devtools.bench.visibility import Visibility
+from lakehouse_dev.bench.visibility import Visibility
+from pipelines.declaration import DEFAULT_FRESHNESS_SECONDS, load, parse
 
 
 def test_zipf_shares_put_nine_tenths_on_the_busiest_five_of_fifty() -> None:

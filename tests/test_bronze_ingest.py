@@ -17,8 +17,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from lakehouse_dev.generator import Message, ShopSource, WorkloadConfig, ensure_topics, produce
 from pipelines.contract import TABLES
-from pipelines.devtools.generator import Message, ShopSource, WorkloadConfig, ensure_topics, produce
 from pipelines.ingest.bronze import run_ingest
 from pipelines.settings import changelog_path, dead_letter_path, main_path
 from tests.kill import bronze_as_model, pending_instants, wait_caught_up
@@ -298,7 +298,7 @@ def test_supervised_stream_restarts_upgrades_and_stops_exactly_once(spark, broke
 
 
 def test_cli_ingest_names_an_unreachable_broker(tmp_path) -> None:
-    from pipelines.devtools.kafka_local import free_port
+    from lakehouse_dev.kafka_local import free_port
 
     env = {**os.environ, "LAKEHOUSE_ROOT": str(tmp_path / "lake"),
            "KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{free_port()}"}

@@ -19,7 +19,7 @@ from importlib import resources
 
 from kafka import KafkaConsumer, TopicPartition
 
-from pipelines.devtools.generator import WorkloadConfig
+from lakehouse_dev.generator import WorkloadConfig
 from pipelines.ingest.bronze import run_ingest
 from pipelines.ingest.state import positions_of
 from pipelines.ingest.stream import ControlFiles

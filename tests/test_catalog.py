@@ -23,10 +23,10 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
+from lakehouse_dev.metastore import Metastore
 from pipelines import catalog_sync
 from pipelines.catalog import lake_tables
 from pipelines.contract import TABLES
-from pipelines.devtools.metastore import Metastore
 from pipelines.gdpr.erase import erase
 from pipelines.gdpr.request import parse_request
 from pipelines.hudi_timeline import latest_completion

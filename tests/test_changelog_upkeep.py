@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from pyspark.sql import functions as F
 
+from lakehouse_dev.generator import ShopSource, WorkloadConfig, ensure_topics, produce
 from pipelines.contract import TABLES
-from pipelines.devtools.generator import ShopSource, WorkloadConfig, ensure_topics, produce
 from pipelines.hudi_timeline import checkpoint, consumed, earliest_checkpoint
 from pipelines.ingest.bronze import run_ingest
 from pipelines.services.due import live_files, services_due

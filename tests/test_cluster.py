@@ -1,6 +1,6 @@
 """The shop's pipeline on a real Spark standalone cluster, and the faults only a cluster has.
 
-A master and two one-core workers (pipelines/devtools/spark_cluster.py); every job a separate
+A master and two one-core workers (dev/lakehouse_dev/spark_cluster.py); every job a separate
 driver process with LAKEHOUSE_SPARK_MASTER set, its executors JVMs of the workers. Along one
 lake: the supervised stream's driver SIGKILLed under a bronze commit and restarted by `stream
 ensure`; an executor SIGKILLed while it runs a task of a bronze batch (its tasks run again, the
@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.devtools.generator import ShopSource, WorkloadConfig, ensure_topics, produce
-from pipelines.devtools.spark_cluster import AppTasks, LocalCluster, Worker, fetch_json
+from lakehouse_dev.generator import ShopSource, WorkloadConfig, ensure_topics, produce
+from lakehouse_dev.spark_cluster import AppTasks, LocalCluster, Worker, fetch_json
 from pipelines.local_process import process_started
 from pipelines.spark_conf import event_log_dir
 from tests.kill import inflight, pending_instants, wait_caught_up
@@ -203,11 +203,11 @@ def test_the_shop_on_a_cluster_survives_its_driver_an_executor_and_a_worker(spar
 def test_cluster_status_names_the_master_its_ui_and_the_workers(cluster: LocalCluster, tmp_path: Path) -> None:
     from tests.lake import run_cli
 
-    shown = run_cli("cluster", "status", "--home", str(cluster.home))
+    shown = run_cli("dev", "cluster", "status", "--home", str(cluster.home))
     assert shown.exit_code == 0, shown.output
     assert f"master {cluster.url} (ALIVE), web UI {cluster.master.ui_url}" in shown.output
     assert shown.output.count(" ALIVE: 1 core(s)") == 2, shown.output
-    missing = run_cli("cluster", "status", "--home", str(tmp_path / "none"))
+    missing = run_cli("dev", "cluster", "status", "--home", str(tmp_path / "none"))
     assert missing.exit_code == 1 and "no Spark master runs from" in missing.output
 
 

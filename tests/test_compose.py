@@ -19,7 +19,7 @@ import jsonschema
 import pytest
 import yaml
 
-from pipelines.devtools.pg_source import SHOP_DDL_FILE, connector_config
+from lakehouse_dev.pg_source import SHOP_DDL_FILE, connector_config
 from pipelines.settings import PROJECT_ROOT
 
 COMPOSE = PROJECT_ROOT / "docker" / "compose.yaml"
@@ -58,7 +58,7 @@ def test_compose_pins_the_versions_and_settings_of_the_project() -> None:
     assert "wal_level=logical" in services["postgres"]["command"]
     assert {"ingest", "etl", "airflow"} <= services.keys()
     assert all(services[s]["build"]["dockerfile"] == "docker/Dockerfile" for s in ("ingest", "etl", "airflow"))
-    # The connector and the schema it registers are those of `lakehouse source up`.
+    # The connector and the schema it registers are those of `lakehouse dev source up`.
     registered = json.loads((COMPOSE.parent / "connector.json").read_text())
     local = connector_config(5432) | {"database.hostname": "postgres", "database.password": "shop"}
     assert {"name": registered["name"], **registered["config"]} == local

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import pytest
 
+from lakehouse_dev.generator import ShopSource, WorkloadConfig, ensure_topics, produce
 from pipelines.contract import TABLES
-from pipelines.devtools.generator import ShopSource, WorkloadConfig, ensure_topics, produce
 from pipelines.ingest.bronze import run_ingest
 from pipelines.settings import changelog_path, main_path
 from pipelines.table_stats import has_completed_commit

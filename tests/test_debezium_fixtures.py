@@ -17,8 +17,8 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
+from lakehouse_dev.generator import Message
 from pipelines.contract import COLUMNS, TABLES, topic
-from pipelines.devtools.generator import Message
 from pipelines.ingest.parse import TableParse, image_columns, parse_events, parse_topics
 from pipelines.ingest.schema import Shape
 from tests.model import row_event, unwrap

@@ -26,7 +26,7 @@ from kafka.admin import KafkaAdminClient, NewTopic
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from pipelines.devtools.generator import Message, produce
+from lakehouse_dev.generator import Message, produce
 from pipelines.ingest.bronze import run_ingest
 from pipelines.settings import main_path, quarantine_path, silver_path
 from pipelines.table_stats import read_table
@@ -220,7 +220,7 @@ def test_an_incremental_snapshot_of_a_table_added_by_sync_lands_in_bronze(spark:
 def test_a_table_declared_while_the_stream_runs_is_followed_exactly(spark: SparkSession, broker, tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """The stream reads the declared tables' topics; a table added to the declaration while it runs (what
-    `lakehouse source sync` follows) is read from its topic's start, the others go on from where they were,
+    `lakehouse dev source sync` follows) is read from its topic's start, the others go on from where they were,
     and neither gets an event twice or loses one."""
     import threading
 

@@ -3,10 +3,10 @@ bronze -> silver, checked against PostgreSQL's own state read with SQL, by Spark
 
 A table of every type of section 7 and one with a composite key (in a schema of its own) are declared
 with cleaning and rules and hold rows before Connect starts (Debezium's snapshot). Random changes
-(pipelines/devtools/generator/declared.py: NULLs, unicode, pre-1970 and far-future values, zero bytes,
+(dev/lakehouse_dev/generator/declared.py: NULLs, unicode, pre-1970 and far-future values, zero bytes,
 NULL array elements, key-column updates) are played as SQL while `lakehouse ingest` streams; the
 stream is SIGKILLed in the middle of a batch and started again; then a third table, which already
-holds rows, is declared and `lakehouse source sync` is run while the stream runs: its rows arrive by
+holds rows, is declared and `lakehouse dev source sync` is run while the stream runs: its rows arrive by
 Debezium's incremental snapshot, the stream follows the declaration. After `etl`, bronze, silver and
 quarantine equal what PostgreSQL holds and the declared rules say.
 """
@@ -33,11 +33,11 @@ from click.testing import CliRunner
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
+from lakehouse_dev.generator.declared import DeclaredWorkload, source_rows
+from lakehouse_dev.kafka_local import KafkaBroker, free_port
+from lakehouse_dev.pg_source import RealSource
+from lakehouse_dev.pg_source_cli import source
 from pipelines.declaration import DECLARATION_VARIABLE, load
-from pipelines.devtools.generator.declared import DeclaredWorkload, source_rows
-from pipelines.devtools.kafka_local import KafkaBroker, free_port
-from pipelines.devtools.pg_source import RealSource
-from pipelines.devtools.pg_source_cli import source
 from pipelines.ingest.stream import ControlFiles
 from pipelines.settings import main_path, quarantine_path, silver_path
 from pipelines.table_stats import has_completed_commit, read_table

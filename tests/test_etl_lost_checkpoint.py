@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import logging
 
+from lakehouse_dev.generator import ShopSource, WorkloadConfig, ensure_topics, produce
 from pipelines.contract import TABLES
-from pipelines.devtools.generator import ShopSource, WorkloadConfig, ensure_topics, produce
 from pipelines.hudi_timeline import checkpoint, consumed, earliest_checkpoint
 from pipelines.ingest.bronze import run_ingest
 from pipelines.settings import changelog_path, gold_path, silver_path

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from lakehouse_dev.generator import COUNTRIES, ShopSource, WorkloadConfig, ensure_topics, produce
+from lakehouse_dev.kafka_local import KafkaBroker
 from pipelines.contract import CURRENCIES
-from pipelines.devtools.generator import COUNTRIES, ShopSource, WorkloadConfig, ensure_topics, produce
-from pipelines.devtools.kafka_local import KafkaBroker
 from pipelines.ingest.bronze import run_ingest
 from pipelines.metrics import ReadMeter, Reads
 from pipelines.settings import silver_path

@@ -39,10 +39,10 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.devtools.generator import Message, ShopSource, WorkloadConfig, ensure_topics, produce
-from pipelines.devtools.kafka_local import KafkaBroker
-from pipelines.devtools.supervised import Supervised
-from pipelines.devtools.toxiproxy import Proxy, Toxiproxy
+from lakehouse_dev.generator import Message, ShopSource, WorkloadConfig, ensure_topics, produce
+from lakehouse_dev.kafka_local import KafkaBroker
+from lakehouse_dev.supervised import Supervised
+from lakehouse_dev.toxiproxy import Proxy, Toxiproxy
 from pipelines.local_process import free_port
 from tests.kill import pending_instants, wait_caught_up
 from tests.lake import assert_bronze_equals_model, dead_letters

@@ -20,9 +20,9 @@ from kafka import KafkaConsumer
 from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient
 from pyspark.sql import SparkSession
 
+from lakehouse_dev.generator import Message, WorkloadConfig
 from pipelines.catalog import lake_tables
 from pipelines.contract import TABLES, topic
-from pipelines.devtools.generator import Message, WorkloadConfig
 from pipelines.gdpr.erase import erase, erase_all
 from pipelines.gdpr.request import parse_request
 from pipelines.gdpr.scan import Subject, scan_lake

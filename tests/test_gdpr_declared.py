@@ -23,9 +23,9 @@ from hudi import HudiReadOptions
 from kafka.admin import KafkaAdminClient, NewTopic
 from pyspark.sql import SparkSession
 
+from lakehouse_dev.generator import Message, ShopSource, WorkloadConfig, produce
 from pipelines.catalog import erasure_uncovered, lake_tables
 from pipelines.contract import TABLES, topic
-from pipelines.devtools.generator import Message, ShopSource, WorkloadConfig, produce
 from pipelines.gdpr.erase import erase_all
 from pipelines.gdpr.request import parse_request
 from pipelines.gdpr.scan import Subject, scan_lake

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from lakehouse_dev.object_store import BUCKET, ObjectStore
 from pipelines.cli import main
-from pipelines.devtools.object_store import BUCKET, ObjectStore
 from pipelines.gdpr import inbox
 from pipelines.gdpr.request import InvalidRequest, parse_request, parse_requests
 

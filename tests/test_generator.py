@@ -20,6 +20,10 @@ import pytest
 from click.testing import CliRunner
 from kafka.errors import KafkaTimeoutError
 
+from lakehouse_dev import generator
+from lakehouse_dev.generator import Message, ShopSource, WorkloadConfig
+from lakehouse_dev.generator import cli as generator_cli
+from lakehouse_dev.generator import kafka as generator_kafka
 from pipelines.contract import (
     BIGINT_COLUMNS,
     COLUMNS,
@@ -32,10 +36,6 @@ from pipelines.contract import (
     table_of_topic,
     topic,
 )
-from pipelines.devtools import generator
-from pipelines.devtools.generator import Message, ShopSource, WorkloadConfig
-from pipelines.devtools.generator import cli as generator_cli
-from pipelines.devtools.generator import kafka as generator_kafka
 from tests.model import fold, is_malformed, row_event, unwrap
 
 SEEDS = (1, 7, 42, 2026)

@@ -14,8 +14,8 @@ from click.testing import CliRunner
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 from kafka.admin import NewTopic
 
-from pipelines.devtools import kafka_local
-from pipelines.devtools.kafka_local import KafkaBroker, free_port, kafka
+from lakehouse_dev import kafka_local
+from lakehouse_dev.kafka_local import KafkaBroker, free_port, kafka
 
 
 @pytest.fixture(scope="module")
@@ -166,7 +166,7 @@ def test_a_client_bootstrapped_through_the_proxy_stays_on_it(tmp_path: Path) -> 
     """The PROXIED listener advertises the proxy's address: metadata through the proxy names the proxy,
     so that every connection of such a client goes through it, and a blackout of the proxy cuts that
     client and no other (the direct listener still serves); the ports survive a restart."""
-    from pipelines.devtools.toxiproxy import Toxiproxy
+    from lakehouse_dev.toxiproxy import Toxiproxy
 
     toxiproxy = Toxiproxy(tmp_path / "toxiproxy").start()
     broker = KafkaBroker(tmp_path / "kafka", proxy_port=free_port())

@@ -27,12 +27,12 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
+from lakehouse_dev.generator import ShopSource, WorkloadConfig, ensure_topics, produce
+from lakehouse_dev.object_store import BUCKET, ObjectStore
+from lakehouse_dev.supervised import Supervised
+from lakehouse_dev.toxiproxy import Proxy, Toxiproxy
 from pipelines import storage
 from pipelines.contract import TABLES
-from pipelines.devtools.generator import ShopSource, WorkloadConfig, ensure_topics, produce
-from pipelines.devtools.object_store import BUCKET, ObjectStore
-from pipelines.devtools.supervised import Supervised
-from pipelines.devtools.toxiproxy import Proxy, Toxiproxy
 from pipelines.local_process import HOST, free_port
 from pipelines.services.quality import data_docs_index
 from pipelines.settings import changelog_path, gdpr_path, ingest_checkpoint_path, main_path, silver_path

@@ -1,4 +1,4 @@
-"""`lakehouse s3 up/env/down` as `make s3-up`, an operator's shell and `make s3-down` use them (no Spark)."""
+"""`lakehouse dev s3 up/env/down` as `make s3-up`, an operator's shell and `make s3-down` use them (no Spark)."""
 
 from __future__ import annotations
 
@@ -7,16 +7,16 @@ import pytest
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
-from pipelines.devtools.object_store import BUCKET, ObjectStore
+from lakehouse_dev.object_store import BUCKET, ObjectStore
 from tests.lake import run_cli
 
 
 def test_the_store_starts_serves_the_bucket_and_stops(tmp_path) -> None:
     data_dir = str(tmp_path / "s3")
-    up = run_cli("s3", "up", "--port", "0", "--data-dir", data_dir)  # any free port: the one bound is printed
+    up = run_cli("dev", "s3", "up", "--port", "0", "--data-dir", data_dir)  # any free port: the one bound is printed
     try:
         assert up.exit_code == 0, up.output
-        env = run_cli("s3", "env", "--data-dir", data_dir)
+        env = run_cli("dev", "s3", "env", "--data-dir", data_dir)
         assert env.exit_code == 0, env.output
         exports = dict(line.removeprefix("export ").split("=", 1) for line in env.stdout.splitlines())
         assert set(exports) == {"AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION"}
@@ -28,7 +28,7 @@ def test_the_store_starts_serves_the_bucket_and_stops(tmp_path) -> None:
                           aws_secret_access_key=exports["AWS_SECRET_ACCESS_KEY"])
         s3.put_object(Bucket=BUCKET, Key="p/x", Body=b"1")
         # A second `up` finds the running store: same port, the bucket and its objects kept.
-        again = run_cli("s3", "up", "--port", "9", "--data-dir", data_dir)
+        again = run_cli("dev", "s3", "up", "--port", "9", "--data-dir", data_dir)
         assert again.exit_code == 0 and f":{port}," in again.stdout, again.output
         assert s3.get_object(Bucket=BUCKET, Key="p/x")["Body"].read() == b"1"
 
@@ -48,7 +48,7 @@ def test_the_store_starts_serves_the_bucket_and_stops(tmp_path) -> None:
         once.put_object(Bucket=BUCKET, Key="p/y", Body=b"2")  # served again
         assert store.slow_down(0)["slow_down"] == after["slow_down"]
     finally:
-        down = run_cli("s3", "down", "--data-dir", data_dir)
+        down = run_cli("dev", "s3", "down", "--data-dir", data_dir)
     assert down.exit_code == 0, down.output
-    gone = run_cli("s3", "env", "--data-dir", data_dir)
+    gone = run_cli("dev", "s3", "env", "--data-dir", data_dir)
     assert gone.exit_code != 0 and "make s3-up" in gone.output

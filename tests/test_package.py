@@ -27,7 +27,7 @@ print("declared:", decl.path, ",".join(decl.names))
 """
 
 # Run with -S too, with the environment's libraries (click, pyarrow) put back by hand: site's .pth
-# files would install this checkout's editable finder, which finds `pipelines.devtools` beside the zip.
+# files would install this checkout's editable finder, which finds `lakehouse_dev` beside the zip.
 CLI_PROBE = """
 import sys
 sys.path.insert(0, sys.argv[1])
@@ -50,7 +50,7 @@ def test_bundle_loads_from_the_zip_and_pins_what_the_cluster_lacks(tmp_path, mon
     assert set(files) == {"lakehouse.zip", "cli.py", "requirements.txt", "bootstrap.sh"}
     names = zipfile.ZipFile(files["lakehouse.zip"]).namelist()
     assert {"pipelines/cli.py", "hudi_configs/__init__.py", "hudi_configs/bronze.toml"} <= set(names)
-    assert not [n for n in names if "__pycache__" in n or n.startswith(("tests/", "pipelines/devtools/"))]
+    assert not [n for n in names if "__pycache__" in n or n.startswith(("tests/", "dev/lakehouse_dev/"))]
 
     probe = subprocess.run([sys.executable, "-S", "-c", PROBE, str(files["lakehouse.zip"])],
                            capture_output=True, text=True, timeout=60)
@@ -66,7 +66,7 @@ def test_bundle_loads_from_the_zip_and_pins_what_the_cluster_lacks(tmp_path, mon
                          capture_output=True, text=True, timeout=60)
     assert cli.returncode == 0, cli.stderr
     assert set(cli.stdout.split()) >= {"ingest", "etl", "gdpr", "services", "quality", "stream"}, cli.stdout
-    assert not set(cli.stdout.split()) & {"generate", "source", "kafka", "s3", "bench"}, cli.stdout
+    assert not set(cli.stdout.split()) & {"dev", "generate", "source", "kafka", "s3", "bench"}, cli.stdout
 
     pins = files["requirements.txt"].read_text().split()
     assert all("==" in p for p in pins) and not [p for p in pins if p.startswith("pyspark")], pins

@@ -12,8 +12,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import hudi_configs
+from lakehouse_dev.prometheus import Pushgateway
 from pipelines import metric_names as m
-from pipelines.devtools.prometheus import Pushgateway
 from pipelines.ingest.exporter import StreamExporter
 from pipelines.local_process import HOST, free_port
 from pipelines.pushgateway import JobMetrics

@@ -1,7 +1,7 @@
 """The pipeline on the real source: PostgreSQL 15 -> Debezium 2.7.3 in Kafka Connect -> Kafka -> bronze ->
 silver -> gold, checked against the database's own state read with SQL.
 
-The generator's workload is played as SQL transactions (pipelines/devtools/sql_sink.py) in three phases:
+The generator's workload is played as SQL transactions (dev/lakehouse_dev/sql_sink.py) in three phases:
 1. snapshot rows exist before Connect starts (Debezium reads them, op=r), then changes; Connect
    stopped with SIGTERM, which commits its offsets;
 2. Connect again, `ALTER TABLE customers ADD COLUMN` and rows that set it, changes, a TRUNCATE of
@@ -70,14 +70,14 @@ import pytest
 from kafka import KafkaConsumer, TopicPartition
 from pyspark.sql import SparkSession
 
+from lakehouse_dev import sql_sink
+from lakehouse_dev.connect_worker import slot_status
+from lakehouse_dev.generator import Message, ShopSource, WorkloadConfig
+from lakehouse_dev.kafka_local import KafkaBroker, free_port
+from lakehouse_dev.pg_source import RealSource
+from lakehouse_dev.source_state import database_state
+from lakehouse_dev.toxiproxy import Toxiproxy
 from pipelines.contract import COLUMNS, TABLES, topic
-from pipelines.devtools import sql_sink
-from pipelines.devtools.connect_worker import slot_status
-from pipelines.devtools.generator import Message, ShopSource, WorkloadConfig
-from pipelines.devtools.kafka_local import KafkaBroker, free_port
-from pipelines.devtools.pg_source import RealSource
-from pipelines.devtools.source_state import database_state
-from pipelines.devtools.toxiproxy import Toxiproxy
 from pipelines.ingest.bronze import run_ingest
 from pipelines.local_process import HOST
 from pipelines.table_stats import read_table

@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
+from lakehouse_dev.generator import Message, WorkloadConfig
 from pipelines.contract import COLUMNS, topic
 from pipelines.declaration import SHOP
-from pipelines.devtools.generator import Message, WorkloadConfig
 from pipelines.hudi_timeline import latest_meta
 from pipelines.ingest.bronze import run_ingest
 from pipelines.ingest.schema import COLUMNS_META, Shape

@@ -7,9 +7,9 @@ from datetime import UTC
 import pytest
 from pyspark.sql import functions as F
 
+from lakehouse_dev.generator import ShopSource, WorkloadConfig
 from pipelines.contract import COLUMNS, TABLES
 from pipelines.declaration import declared
-from pipelines.devtools.generator import ShopSource, WorkloadConfig
 from pipelines.ingest.parse import row_schema
 from pipelines.transform.silver import clean, silver_columns
 from tests.model import SILVER_RULES

@@ -1,4 +1,4 @@
-"""`lakehouse source sync` on the real source (PostgreSQL 15 + Debezium 2.7.3 in Kafka Connect + Kafka): the
+"""`lakehouse dev source sync` on the real source (PostgreSQL 15 + Debezium 2.7.3 in Kafka Connect + Kafka): the
 publication and the connector follow the declaration (contract section 7).
 
 One source for the whole run (its start is most of the cost): started on the shop, with a
@@ -27,12 +27,12 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
+from lakehouse_dev.connect_config import CONNECTOR, PUBLICATION, SIGNAL_DDL, SIGNAL_TABLE
+from lakehouse_dev.kafka_local import KafkaBroker, free_port
+from lakehouse_dev.pg_source import RealSource
+from lakehouse_dev.pg_source_cli import source
+from lakehouse_dev.source_sync import connector_settings
 from pipelines.declaration import DECLARATION_VARIABLE, SHOP
-from pipelines.devtools.connect_config import CONNECTOR, PUBLICATION, SIGNAL_DDL, SIGNAL_TABLE
-from pipelines.devtools.kafka_local import KafkaBroker, free_port
-from pipelines.devtools.pg_source import RealSource
-from pipelines.devtools.pg_source_cli import source
-from pipelines.devtools.source_sync import connector_settings
 from pipelines.settings import PROJECT_ROOT
 from tests.declared_capture import payload, topic_records, wait_records
 

@@ -4,7 +4,7 @@ lines, its heartbeat, its tables' timelines and the records sent say.
 The real stream (`lakehouse ingest`, its own process and JVM, its exporter on a free port) on a fresh lake
 and broker, a workload with malformed records sent before it starts and read in a few capped batches (so
 that Spark's progress has lag to report), and Prometheus started by the project's own code
-(pipelines/devtools/prometheus.py) with its stream target on that port. Once the stream has read every
+(dev/lakehouse_dev/prometheus.py) with its stream target on that port. Once the stream has read every
 record and nothing waits, the test waits for a scrape after that and compares through Prometheus'
 HTTP API. No Spark in this process: the lake is read from its files.
 """
@@ -21,11 +21,11 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
+from lakehouse_dev.generator import ShopSource, WorkloadConfig, ensure_topics, produce
+from lakehouse_dev.kafka_local import KafkaBroker
+from lakehouse_dev.prometheus import SPARK_JOBS, STREAM_JOB, LocalMetrics, Prometheus
 from pipelines import cli, dashboard, metric_names
 from pipelines.declaration import declared
-from pipelines.devtools.generator import ShopSource, WorkloadConfig, ensure_topics, produce
-from pipelines.devtools.kafka_local import KafkaBroker
-from pipelines.devtools.prometheus import SPARK_JOBS, STREAM_JOB, LocalMetrics, Prometheus
 from pipelines.ingest.batch import BatchReport
 from pipelines.ingest.exporter import TOTAL_PHASE
 from pipelines.ingest.stream import ControlFiles
@@ -173,7 +173,7 @@ def test_the_stream_exports_what_its_batch_lines_say(broker: KafkaBroker, tmp_pa
         (beat,) = prometheus.query(f"{heartbeat} - timestamp({heartbeat})")
         assert -5.0 <= float(beat["value"][1]) <= 0.5, beat
 
-        # The operator's view (`lakehouse metrics show`) reads the same series: every table, as caught up as they
+        # The operator's view (`lakehouse dev metrics show`) reads the same series: every table, as caught up as they
         # are, the worst lag scraped per topic, the stream up, and no alert but the dead letters' (the malformed
         # records; it fires once a scrape saw the count grow, so it may not yet).
         snap = dashboard.read(prometheus.url, "10m")
@@ -188,7 +188,7 @@ def test_the_stream_exports_what_its_batch_lines_say(broker: KafkaBroker, tmp_pa
         assert snap.stream_up == 1.0
         assert {(a["alertname"], a["table"]) for a in snap.alerts} <= {
             ("LakehouseDeadLettersGrowing", t) for t, n in malformed.items() if n}
-        shown = CliRunner().invoke(cli.main, ["metrics", "show", "--url", prometheus.url, "--window", "10m"])
+        shown = CliRunner().invoke(cli.main, ["dev", "metrics", "show", "--url", prometheus.url, "--window", "10m"])
         assert shown.exit_code == 0, shown.output
         assert "stream: up" in shown.output and all(t in shown.output for t in [*declared().names, *tables])
 

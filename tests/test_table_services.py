@@ -15,9 +15,9 @@ from datetime import UTC, datetime
 
 import pytest
 
+from lakehouse_dev.generator import ShopSource, WorkloadConfig, ensure_topics, produce
 from pipelines.catalog import lake_tables
 from pipelines.contract import TABLES
-from pipelines.devtools.generator import ShopSource, WorkloadConfig, ensure_topics, produce
 from pipelines.services.due import table_services_due
 from pipelines.settings import main_path
 from tests.hudi_files import committed_log_files, deltacommits_since, log_files

@@ -1,4 +1,4 @@
-"""Toxiproxy's server from `make toxiproxy`, driven by pipelines/devtools/toxiproxy.py, between a client and
+"""Toxiproxy's server from `make toxiproxy`, driven by dev/lakehouse_dev/toxiproxy.py, between a client and
 an echo server: each fault the fault tests may use does what it says (no JVM, seconds).
 
 The broker side (a client bootstrapped through the proxy stays on it) is tests/test_kafka_local.py's.
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.devtools.toxiproxy import Proxy, Toxiproxy, ToxiproxyError
+from lakehouse_dev.toxiproxy import Proxy, Toxiproxy, ToxiproxyError
 from pipelines.local_process import HOST, free_port
 
 

@@ -3,7 +3,7 @@
 Debezium 2.7's PostgreSQL task restarts itself when it loses the database, 10 s later
 (`retriable.restart.connector.wait.ms`). When the database is still away then, the new task's first
 query (the database's encoding) fails as not retriable and the task stays FAILED whatever happens to
-the database afterwards: seen in `lakehouse bench soak` with a 15-s outage; Debezium made that error
+the database afterwards: seen in `lakehouse dev bench soak` with a 15-s outage; Debezium made that error
 retriable after 2.7 (DBZ-7872). Until someone restarts the task nothing flows, the replication slot
 holds the database's WAL, and the lake's freshness slips.
 
@@ -28,7 +28,7 @@ from typing import Any
 CONNECT_URL_VARIABLE = "LAKEHOUSE_CONNECT_URL"
 CONNECTOR_VARIABLE = "LAKEHOUSE_CONNECTOR"
 DEFAULT_CONNECT_URL = "http://127.0.0.1:8083"
-DEFAULT_CONNECTOR = "shop-source"  # the name `lakehouse source up` gives it (devtools.connect_config.CONNECTOR)
+DEFAULT_CONNECTOR = "shop-source"  # the name `lakehouse dev source up` gives it (devtools.connect_config.CONNECTOR)
 
 
 class ConnectError(RuntimeError):

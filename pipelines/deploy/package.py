@@ -5,7 +5,7 @@ An EMR step runs `spark-submit --deploy-mode cluster --py-files <uri>/lakehouse.
 
 - `lakehouse.zip` (pipelines/code_archive.py): the `pipelines` and `hudi_configs` packages, TOML
   files included (they are read through importlib.resources, which reads them inside the zip), without the dev tools
-  (`pipelines/devtools`: the generator, the local services and the benchmarks; the CLI then
+  (`dev/lakehouse_dev`: the generator, the local services and the benchmarks; the CLI then
   offers the pipeline's commands only);
   and the declaration of tables in force where it is built (`LAKEHOUSE_TABLES`, or the shop's) as
   `pipelines/tables.toml`, which the jobs on the cluster read (`pipelines.declaration`): a

@@ -90,7 +90,7 @@ def run_together(jobs: list[Callable[[], None]], *, parallel: bool = True, at_mo
 
     The change logs, the main tables and the dead letters are independent Hudi tables, and most
     of a commit's time is single-threaded driver work (timeline, metadata table, markers;
-    `lakehouse bench commits`): one table's commit path runs while the other's tasks use the
+    `lakehouse dev bench commits`): one table's commit path runs while the other's tasks use the
     cores. A crash leaves some of them committed and others not, which the re-run handles table
     by table (each commit records the positions it covers). `at_most` bounds the threads when a
     batch commits many tables: each table's commits hold their batch's rows and Spark jobs at once.

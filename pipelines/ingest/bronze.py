@@ -224,7 +224,7 @@ def _run_ingest(once: bool, root: str, bootstrap: str, trigger_seconds: float, m
             stopped = True
             if not follow:
                 break
-            # The declared tables changed (`lakehouse source sync`): the next query subscribes to their topics.
+            # The declared tables changed (`lakehouse dev source sync`): the next query subscribes to their topics.
             # Structured Streaming's checkpoint names the old subscription, so it goes, and the query starts as
             # one whose checkpoint was lost: each table from the position its own commits record, a new table
             # from its topic's start. Nothing is read twice into a table, nothing skipped.

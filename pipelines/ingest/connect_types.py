@@ -42,7 +42,7 @@ SEMANTIC = {
     "org.apache.kafka.connect.data.Timestamp": ("timestamp", "millis"),
 }
 # How Debezium names a column's source type when `column.propagate.source.type` or
-# `datatype.propagate.source.type` is on (pipelines/devtools/connect_config.py sets it for numerics).
+# `datatype.propagate.source.type` is on (dev/lakehouse_dev/connect_config.py sets it for numerics).
 SOURCE_TYPE, SOURCE_LENGTH, SOURCE_SCALE = ("__debezium.source.column.type", "__debezium.source.column.length",
                                             "__debezium.source.column.scale")
 DECIMAL_PRECISION = 38

@@ -161,7 +161,7 @@ def classify(envelopes: DataFrame, tables: dict[str, TableParse], placeholder: s
     r = F.col("_rules")
     e = F.col("_env")
     op = e["op"]
-    # An incremental snapshot's reads (a table added while the stream runs: `lakehouse source sync`) carry no
+    # An incremental snapshot's reads (a table added while the stream runs: `lakehouse dev source sync`) carry no
     # LSN; `source.sequence`'s last element is the stream position the chunk was read at, past every change
     # of the row the read reflects and before every change after it: it orders like an LSN.
     incremental = F.element_at(F.from_json(e["source"]["sequence"], "array<string>"), -1).cast("long")

@@ -235,7 +235,7 @@ class StreamLease:
             if progress.get("batchId") != self.hb.batch:
                 # A batch completed since the last beat: the trigger running now is the next one. Under steady
                 # load the batches run back to back and Spark's trigger never reads inactive between them, so
-                # the trigger's start is the newest batch's, not the run's: `lakehouse bench soak` saw a stream
+                # the trigger's start is the newest batch's, not the run's: `lakehouse dev bench soak` saw a stream
                 # judged stalled ("batch 44 running for 614 s") after ten minutes of batches, and restarted.
                 self.hb.trigger_since = None
             self.hb.read_to = kafka_offsets(progress, "endOffset") or self.hb.read_to

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from hudi_configs import test_profile
-from pipelines.devtools.kafka_local import JAVA_OPTS_VARIABLE, QUICK_START
+from lakehouse_dev.kafka_local import JAVA_OPTS_VARIABLE, QUICK_START
 
 PROJECT = Path(__file__).resolve().parents[2]
 DAGS = PROJECT / "dags"
@@ -39,7 +39,7 @@ os.environ.update({
     "TZ": "UTC",
     # Spark and Hudi sized for test data, for every job the tests start (hudi_configs/test_profile.toml).
     "LAKEHOUSE_HUDI_OVERRIDES": str(test_profile()),
-    # The suite's short-lived Kafka brokers: start on less CPU (pipelines/devtools/kafka_local.py).
+    # The suite's short-lived Kafka brokers: start on less CPU (dev/lakehouse_dev/kafka_local.py).
     JAVA_OPTS_VARIABLE: QUICK_START,
     # The DAGs without their late-run deadline: dag.test() creates runs that were never queued, from which
     # Airflow 3.1.8 cannot compute one (dags/lakehouse_common.py, alerting). The UI test's Airflow has them.
@@ -82,7 +82,7 @@ OVERRIDES = """
 
 def kafka_up(data_dir: Path) -> int:
     """Start a broker from `data_dir` on a port it chooses (chosen again if taken before its bind): that port."""
-    ready = lakehouse("kafka", "up", "--port", "0", "--data-dir", str(data_dir))
+    ready = lakehouse("dev", "kafka", "up", "--port", "0", "--data-dir", str(data_dir))
     return int(re.search(r"ready at [\d.]+:(\d+)", ready)[1])
 
 
@@ -101,12 +101,13 @@ def built_lake(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (where / "overrides.toml").write_text(OVERRIDES)
     env = _lake_env(where, kafka_up(where / "kafka"))
     try:
-        lakehouse("generate", "--seed", "5", "--customers", "150", "--orders", "400", "--changes", "800", env=env)
+        lakehouse("dev", "generate", "--seed", "5", "--customers", "150", "--orders", "400", "--changes", "800",
+                  env=env)
         lakehouse("ingest", "--once", env=env)
-        lakehouse("generate", "--changes", "300", env=env)
+        lakehouse("dev", "generate", "--changes", "300", env=env)
         lakehouse("ingest", "--once", env=env)
     finally:
-        lakehouse("kafka", "down", "--data-dir", str(where / "kafka"), env=env)
+        lakehouse("dev", "kafka", "down", "--data-dir", str(where / "kafka"), env=env)
     return where
 
 
@@ -120,7 +121,7 @@ def lake(built_lake: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     try:
         yield tmp_path / "lake"
     finally:
-        lakehouse("kafka", "down", "--data-dir", str(kafka_dir))
+        lakehouse("dev", "kafka", "down", "--data-dir", str(kafka_dir))
 
 
 def many_tables(n: int) -> str:

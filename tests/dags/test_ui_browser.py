@@ -37,7 +37,7 @@ from urllib.parse import quote, unquote
 import pytest
 from conftest import DAGS, PROJECT, _lake_env, kafka_up, lakehouse, webhook_server
 
-from pipelines.devtools.kafka_local import free_port
+from lakehouse_dev.kafka_local import free_port
 from pipelines.gdpr.airflow_records import AirflowApi
 
 DAG_IDS = ("lakehouse_incremental_etl", "hudi_table_services", "data_quality")
@@ -63,7 +63,7 @@ def ui_lake(built_lake: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
     try:
         yield env
     finally:
-        lakehouse("kafka", "down", "--data-dir", str(where / "kafka"))
+        lakehouse("dev", "kafka", "down", "--data-dir", str(where / "kafka"))
 
 
 @pytest.fixture(scope="module")

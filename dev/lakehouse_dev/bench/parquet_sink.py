@@ -1,0 +1,43 @@
+"""The plain-Parquet limit: the ingest stream's own read and parse, appending rows to Parquet.
+
+No table format, no keys, no merge, no ordering: what is left is reading Kafka, decoding
+the envelopes and writing columnar files, which any table format must also do. Ingest
+throughput is compared against this run of the same backlog (`lakehouse_dev.bench.ingest`).
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from pipelines import contract
+from pipelines.ingest.bronze import kafka_stream
+from pipelines.ingest.parse import dead_letters, parse_events
+from pipelines.ingest.plan import change_rows
+
+
+def append_batch(root: str):
+    """The `foreachBatch` function: per topic, parse; rows and dead letters appended as Parquet."""
+
+    def write(batch: DataFrame, batch_id: int) -> None:
+        batch = batch.persist()
+        try:
+            for table in contract.TABLES:
+                events = parse_events(batch.filter(F.col("topic") == contract.topic(table)), table).persist()
+                try:
+                    change_rows(events, table).write.mode("append").parquet(f"{root}/{table}")
+                    dead_letters(events, batch_id).write.mode("append").parquet(f"{root}/_dead_letters")
+                finally:
+                    events.unpersist()
+        finally:
+            batch.unpersist()
+
+    return write
+
+
+def run_parquet_sink(spark: SparkSession, root: str, bootstrap: str) -> None:
+    """Consume what is on the topics now (availableNow), like `lakehouse ingest --once`."""
+    query = (kafka_stream(spark, bootstrap).load().writeStream.queryName("parquet_sink")
+             .foreachBatch(append_batch(root)).option("checkpointLocation", f"{root}/_checkpoint")
+             .trigger(availableNow=True).start())
+    query.awaitTermination()

@@ -1,0 +1,280 @@
+"""The real source: a throwaway PostgreSQL 15 cluster with the contract's `shop` database, captured by
+the Debezium PostgreSQL connector in Kafka Connect, publishing to the local Kafka.
+
+The generator plays database and connector at once, so parser and generator share one reading of
+the contract; this module runs the real thing instead, without Docker: PostgreSQL from Debian's
+package (`postgresql-15`, installed by `make setup` when missing) and Kafka Connect plus Debezium from
+the jars `make setup` resolves (jvm/pom.xml, profile `connect`). Everything a run keeps (the cluster,
+Connect's configs, offsets and log, the ports) lives in one folder, so `source status` and `source
+down` find a running source again, and the offsets file stays beside the replication slot it
+belongs to (a stale offsets file against a new slot resumes from an LSN that no longer exists).
+
+The captured tables are the declaration's (contract section 7, `LAKEHOUSE_TABLES`): `up` checks it
+against the database before Connect starts and creates the connector with the declared tables;
+`sync` makes a running source follow a changed declaration (dev/lakehouse_dev/source_sync.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lakehouse_dev import source_sync
+from lakehouse_dev.connect_config import DATABASE, PG_USER, SIGNAL_DDL, connector_config
+from lakehouse_dev.connect_worker import ConnectWorker, SourceError
+from pipelines.declaration import Declaration, declared
+from pipelines.local_process import HOST, LocalProcess, require_kafka
+from pipelines.settings import PROJECT_ROOT, kafka_bootstrap
+
+# Debian's PostgreSQL 15 binaries, not on PATH (LAKEHOUSE_PG_BIN points elsewhere).
+PG_BIN_DEFAULT = "/usr/lib/postgresql/15/bin"
+# The contract's section 1, one file for `source up` and for docker/compose.yaml's postgres.
+SHOP_DDL_FILE = PROJECT_ROOT / "docker" / "shop.sql"
+
+
+def pg_bin() -> Path:
+    return Path(os.environ.get("LAKEHOUSE_PG_BIN") or PG_BIN_DEFAULT)
+
+
+def postgres_available() -> bool:
+    """Whether this machine has the real source's database (`make demo` asks the same of the Makefile's PG_BIN)."""
+    return (pg_bin() / "initdb").is_file() and (pg_bin() / "postgres").is_file()
+
+
+def _as_postgres_user() -> dict[str, Any]:
+    """`initdb` and `postgres` refuse to run as root: as root, run them as the `postgres` user."""
+    if os.geteuid() != 0:
+        return {}
+    try:
+        pwd.getpwnam(PG_USER)
+    except KeyError as exc:
+        raise SourceError(f"running as root but there is no `{PG_USER}` user to run PostgreSQL as; "
+                          "install Debian's postgresql-15 (make setup does)") from exc
+    return {"user": PG_USER, "group": PG_USER}
+
+
+@dataclass
+class PostgresCluster(LocalProcess):
+    """A PostgreSQL cluster of its own in `data_dir`, on 127.0.0.1:`port` only (no Unix socket), trust auth.
+
+    The postmaster runs detached, found again through the postmaster.pid it writes itself.
+    """
+
+    label = "PostgreSQL"
+    writes_pid_file = False
+    # The fast shutdown `pg_ctl stop -m fast` asks for, to the postmaster alone: it ends its backends itself.
+    stop_signal = signal.SIGINT
+    stop_group = False
+    error = SourceError
+    stop_timeout = 60.0
+
+    data_dir: Path
+    port: int = 5433
+
+    def __post_init__(self) -> None:
+        self.data_dir = Path(self.data_dir).resolve()
+
+    @property
+    def dsn(self) -> str:
+        return f"postgresql://{PG_USER}@{HOST}:{self.port}/{DATABASE}"
+
+    @property
+    def log_path(self) -> Path:
+        return self.data_dir.parent / "postgres.log"
+
+    @property
+    def pid_path(self) -> Path:
+        return self.data_dir / "postmaster.pid"
+
+    @property
+    def marker(self) -> str:
+        return f"-D {self.data_dir} "
+
+    def command(self) -> list[str]:
+        # TCP on 127.0.0.1 only (no socket folder to own); a throwaway cluster trades durability
+        # for speed (fsync, synchronous commit off): a crashed machine means a new source.
+        return [str(pg_bin() / "postgres"), "-D", str(self.data_dir), "-c", "wal_level=logical",
+                "-c", f"listen_addresses={HOST}", "-p", str(self.port), "-c", "unix_socket_directories=",
+                "-c", "fsync=off", "-c", "synchronous_commit=off"]
+
+    def popen_options(self) -> dict[str, Any]:
+        return {"cwd": self.data_dir, **_as_postgres_user()}
+
+    def start(self, timeout: float | None = None) -> PostgresCluster:
+        """initdb on first use, start with `wal_level=logical`, create `shop` and its tables if missing."""
+        if not postgres_available():
+            raise SourceError(f"no PostgreSQL 15 binaries in {pg_bin()} (LAKEHOUSE_PG_BIN); "
+                              "`make setup` installs Debian's postgresql-15")
+        if not (self.data_dir / "PG_VERSION").exists():
+            self._init(_as_postgres_user())
+        super().start(timeout)
+        self._create_database()
+        return self
+
+    def unready(self, pid: int, deadline: float) -> str | None:
+        """`pg_ctl start -w`'s test: the postmaster says "ready" in its postmaster.pid (8th line)."""
+        try:
+            lines = self.pid_path.read_text().splitlines()
+        except OSError:
+            lines = []
+        if len(lines) >= 8 and lines[0].strip() == str(pid) and lines[7].strip() == "ready":
+            return None
+        return f"not accepting connections on {HOST}:{self.port} yet"
+
+    def _forget(self) -> None:
+        # postmaster.pid is PostgreSQL's own: a clean shutdown removes it, and a crash (`kill`) leaves it
+        # for the next start to find and see through, as after a real crash.
+        self._process = None
+
+    def wait_wal_written(self, timeout: float = 30.0) -> None:
+        """Wait until every commit so far is in the WAL files, which a crash of the server keeps.
+
+        This throwaway cluster commits asynchronously (`command`): a commit returns before its WAL
+        is written, and a SIGKILL in the next 600 ms loses it. Production's `synchronous_commit=on`
+        makes every commit that returned durable; this makes it so before a crash a test stages.
+        """
+        with self.connect() as conn:
+            target = conn.execute("SELECT pg_current_wal_insert_lsn()").fetchone()[0]
+            deadline = time.monotonic() + timeout
+            while not conn.execute("SELECT pg_current_wal_flush_lsn() >= %s::pg_lsn", (target,)).fetchone()[0]:
+                if time.monotonic() > deadline:
+                    raise SourceError(f"PostgreSQL on {HOST}:{self.port} wrote no WAL up to {target} "
+                                      f"in {timeout:.0f} s")
+                time.sleep(0.05)
+
+    def connect(self, dbname: str = DATABASE) -> Any:
+        import psycopg
+
+        return psycopg.connect(host=HOST, port=self.port, user=PG_USER, dbname=dbname, autocommit=True)
+
+    def _init(self, as_pg: dict[str, Any]) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.data_dir, 0o700)
+        if as_pg:
+            shutil.chown(self.data_dir, PG_USER, PG_USER)
+            os.chmod(self.data_dir.parent, 0o755)  # our own folder, beside the server's log
+            blocked = [p for p in self.data_dir.parents if not os.stat(p).st_mode & 0o001]
+            if blocked:
+                raise SourceError(f"the `{PG_USER}` user cannot reach {self.data_dir}: {blocked[0]} is not "
+                                  "traversable by others; put the source's folder elsewhere")
+        initdb = subprocess.run([str(pg_bin() / "initdb"), "-D", str(self.data_dir), "--auth=trust",
+                                 f"--username={PG_USER}", "--encoding=UTF8", "--no-locale"],
+                                check=False, capture_output=True, text=True, **as_pg)
+        if initdb.returncode != 0:
+            raise SourceError(f"initdb of {self.data_dir} failed (exit {initdb.returncode}): "
+                              f"{(initdb.stderr or initdb.stdout).strip()}")
+
+    def _create_database(self) -> None:
+        with self.connect("postgres") as conn:
+            if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE,)).fetchone():
+                conn.execute(f"CREATE DATABASE {DATABASE}")
+        with self.connect() as conn:
+            conn.execute(SHOP_DDL_FILE.read_text())
+            conn.execute(SIGNAL_DDL)
+
+
+@dataclass
+class RealSource:
+    """PostgreSQL plus Connect, their state and ports in `home` (`source.json` remembers the ports)."""
+
+    home: Path
+    pg_port: int = 5433
+    rest_port: int = 8083
+    bootstrap: str = field(default_factory=kafka_bootstrap)
+    schemas_enable: bool = True
+    offset_flush_ms: int = 1000
+    # Where Debezium reaches PostgreSQL when not at pg_port: a proxy in front of it (the fault tests' Toxiproxy).
+    debezium_port: int | None = None
+
+    def __post_init__(self) -> None:
+        self.home = Path(self.home).resolve()
+        saved = self.home / "source.json"
+        if saved.exists():
+            # A source that ran from this folder keeps its ports and settings: its offsets, slot and
+            # topics belong together.
+            doc = json.loads(saved.read_text())
+            self.pg_port, self.rest_port, self.bootstrap = doc["pg_port"], doc["rest_port"], doc["bootstrap"]
+            self.schemas_enable, self.debezium_port = doc["schemas_enable"], doc.get("debezium_port")
+
+    @property
+    def postgres(self) -> PostgresCluster:
+        return PostgresCluster(self.home / "postgres" / "data", self.pg_port)
+
+    @property
+    def connect(self) -> ConnectWorker:
+        return ConnectWorker(self.home / "connect", self.bootstrap, self.pg_port, self.rest_port,
+                             self.schemas_enable, self.offset_flush_ms, debezium_port=self.debezium_port)
+
+    def up(self, declaration: Declaration | None = None) -> tuple[PostgresCluster, ConnectWorker]:
+        """Start (or adopt) PostgreSQL and Connect, capturing the declared tables (`declaration`, else
+        the one in force): checked against the database first (source_sync.DeclarationMismatch),
+        the connector created with them; an adopted connector, or tables declared since the last
+        run, are brought in line as `sync` does (new tables' rows by an incremental snapshot)."""
+        declaration = declaration or declared()
+        require_kafka(self.bootstrap, SourceError)  # Connect would only log (and retry) while Kafka is away
+        self.home.mkdir(parents=True, exist_ok=True)
+        if os.geteuid() == 0:
+            os.chmod(self.home, 0o755)  # the `postgres` user runs the cluster below it
+        (self.home / "source.json").write_text(json.dumps(
+            {"pg_port": self.pg_port, "rest_port": self.rest_port, "bootstrap": self.bootstrap,
+             "schemas_enable": self.schemas_enable, "debezium_port": self.debezium_port}))
+        postgres = self.postgres.start()
+        with postgres.connect() as conn:
+            source_sync.check(conn, declaration, schemas_enable=self.schemas_enable)
+            source_sync.prepare(conn, declaration)
+            before = source_sync.published(conn)  # Debezium sets it to its own tables when its task starts
+        worker = self.connect
+        worker.declaration = declaration
+        try:
+            worker.start()
+        except BaseException:
+            worker.stop()
+            raise
+        self._apply(declaration, before)
+        return postgres, worker
+
+    def sync(self, declaration: Declaration | None = None, timeout: float = 120.0) -> source_sync.SyncReport:
+        """Make the running source capture exactly the declared tables (dev/lakehouse_dev/source_sync.py)."""
+        declaration = declaration or declared()
+        postgres, worker = self.postgres, self.connect
+        if not postgres.is_running():
+            raise SourceError(f"PostgreSQL is not running (data {postgres.data_dir}); `lakehouse dev source up` first")
+        if worker.status() is None:
+            raise SourceError(f"Kafka Connect does not answer at {worker.url} (log {worker.log_path}); "
+                              "`lakehouse dev source up` first")
+        with postgres.connect() as conn:
+            source_sync.check(conn, declaration, schemas_enable=self.schemas_enable)
+            notes = source_sync.prepare(conn, declaration)
+            before = source_sync.published(conn)
+        report = self._apply(declaration, before, timeout)
+        report.notes[:0] = notes
+        return report
+
+    def _apply(self, declaration: Declaration, before: set[str] | None,
+               timeout: float = 120.0) -> source_sync.SyncReport:
+        worker = self.connect
+        with self.postgres.connect() as conn:
+            return source_sync.apply(conn, worker.url, connector_config(worker.database_port, declaration=declaration),
+                                     declaration, before, connector_file=worker.work_dir / "connector.json",
+                                     timeout=timeout)
+
+    def down(self) -> None:
+        self.connect.stop()
+        self.postgres.stop()
+
+
+DEFAULT_HOME = PROJECT_ROOT / ".pg-source"
+
+
+def default_dsn() -> str | None:
+    """The DSN of the source `make source-up` runs, None if there is none."""
+    return RealSource(DEFAULT_HOME).postgres.dsn if (DEFAULT_HOME / "source.json").exists() else None
+
