@@ -22,11 +22,11 @@ from airflow.providers.standard.operators.bash import BashOperator
 from airflow.sdk import Asset, TaskGroup
 from airflow.sdk.definitions.deadline import AsyncCallback, DeadlineAlert, DeadlineReference
 
-from pipelines.catalog import change_feed_tables, lake_table, names
 from pipelines.deploy.alerts import LakehouseNotifier
 from pipelines.deploy.jobs import JOB_ENV, SparkJob
-from pipelines.settings import PROJECT_ROOT, lake_root
-from pipelines.spark_conf import PARENT_VARIABLE, ROOT_PARENT_VARIABLE
+from pipelines.lake.catalog import change_feed_tables, lake_table, names
+from pipelines.runtime.settings import PROJECT_ROOT, lake_root
+from pipelines.runtime.spark_conf import PARENT_VARIABLE, ROOT_PARENT_VARIABLE
 
 if TYPE_CHECKING:
     from airflow.sdk.definitions.mappedoperator import MappedOperator
@@ -115,7 +115,7 @@ def _macro(name: str) -> str:
     return f"{{{{ {plugin}.{name}(task_instance) if macros is defined and {plugin} is defined else '' }}}}"
 
 
-# What a task tells its Spark job of itself (pipelines/spark_conf.py turns them into the listener's
+# What a task tells its Spark job of itself (pipelines/runtime/spark_conf.py turns them into the listener's
 # spark.openlineage.parent*/rootParent* options): the job's events then name the task's run as their parent
 # and the DAG run as their root, the ids the provider gives the task's own events.
 LINEAGE_ENV = {PARENT_VARIABLE: _macro("lineage_parent_id"), ROOT_PARENT_VARIABLE: _macro("lineage_root_parent_id")}

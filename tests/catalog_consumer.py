@@ -14,7 +14,7 @@ import sys
 
 from pyspark.sql import SparkSession
 
-from pipelines.query import QueryError, run_sql
+from pipelines.metastore.query import QueryError, run_sql
 
 
 def main(spec_path: str) -> None:

@@ -53,7 +53,7 @@ SESSION_JIT = ("-XX:Tier4InvocationThreshold=50000 -XX:Tier4MinInvocationThresho
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
-    from pipelines.spark import get_spark
+    from pipelines.runtime.spark import get_spark
 
     # This JVM runs the whole suite, so C2's faster code repays its compile time here (with the
     # profile's C1-only flag, the erasure tests ran 19-40% longer); that flag is for the

@@ -22,7 +22,7 @@ from kafka import KafkaConsumer, TopicPartition
 from lakehouse_dev import sql_sink
 from lakehouse_dev.kafka_local import KafkaBroker, free_port
 from lakehouse_dev.pg_source import RealSource
-from pipelines.contract import TABLES, topic
+from pipelines.lake.contract import TABLES, topic
 
 FIXTURES = Path(__file__).with_name("fixtures") / "debezium"
 FORMATS = {"schemas_true": True, "schemas_false": False}

@@ -43,7 +43,7 @@ from kafka import KafkaConsumer, TopicPartition
 
 from lakehouse_dev.kafka_local import KafkaBroker, free_port
 from lakehouse_dev.pg_source import RealSource
-from pipelines.declaration import load
+from pipelines.lake.declaration import load
 
 FIXTURES = Path(__file__).with_name("fixtures") / "declared"
 PREFIX = "shop"

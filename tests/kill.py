@@ -119,7 +119,7 @@ def wait_while_running(condition: Callable[[], bool], job: subprocess.Popen, log
 
 def bronze_as_model(root: str) -> dict:
     """bronze's live rows in the model's shape (contract columns only), read with hudi-rs."""
-    from pipelines.contract import COLUMNS, TABLES
+    from pipelines.lake.contract import COLUMNS, TABLES
     from tests.lake import bronze_hudi_rs
 
     return {t: {k: {c: v[c] for c in COLUMNS[t]} for k, v in bronze_hudi_rs(root, t).items()} for t in TABLES}
@@ -142,7 +142,7 @@ def running_ingest(env: dict[str, str], log_path: Path, trigger_seconds: float =
     Leaving the block stops it the way a scheduler does (SIGTERM) and expects a clean exit;
     a failure inside the block kills its whole process group instead.
     """
-    from pipelines.contract import TABLES
+    from pipelines.lake.contract import TABLES
     from tests.lake import bronze_hudi_rs
 
     with log_path.open("w") as log_file:

@@ -14,10 +14,17 @@ from pyspark.sql import SparkSession
 from hudi_configs import test_profile
 from lakehouse_dev.generator import Message, ShopSource, WorkloadConfig, ensure_topics, produce
 from lakehouse_dev.kafka_local import KafkaBroker
-from pipelines.contract import COLUMNS, TABLES
 from pipelines.ingest.bronze import run_ingest
-from pipelines.settings import changelog_path, dead_letter_path, ledger_path, main_path, quarantine_path, silver_path
-from pipelines.table_stats import has_completed_commit, read_table
+from pipelines.lake.contract import COLUMNS, TABLES
+from pipelines.lake.table_stats import has_completed_commit, read_table
+from pipelines.runtime.settings import (
+    changelog_path,
+    dead_letter_path,
+    ledger_path,
+    main_path,
+    quarantine_path,
+    silver_path,
+)
 from pipelines.transform.etl import run_etl
 from tests.model import Rows, expected_silver
 
@@ -91,7 +98,7 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> Result:
     For tests of what a command does; a test of the process itself (a kill, a signal, a
     second writer) runs `python -m pipelines.cli` instead.
     """
-    from pipelines.cli import main
+    from pipelines.cli.app import main
 
     return CliRunner().invoke(main, list(args), env=env, catch_exceptions=False)
 

@@ -16,7 +16,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from lakehouse_dev.generator import Message
-from pipelines.contract import CURRENCIES, ORDER_STATUSES, OTHER_OPS, ROW_OPS, TABLES, table_of_topic
+from pipelines.lake.contract import CURRENCIES, ORDER_STATUSES, OTHER_OPS, ROW_OPS, TABLES, table_of_topic
 
 Rows = dict[str, dict[int, dict[str, Any]]]
 # Debezium's default `unavailable.value.placeholder` (the pipeline reads it from its settings).

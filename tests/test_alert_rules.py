@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from lakehouse_dev.prometheus import CONFIG_DIR, PUSHGATEWAY_JOB, SPARK_JOBS, STREAM_JOB, TEMPLATE
-from pipelines import metric_names
+from pipelines.monitoring import metric_names
 
 RULES = CONFIG_DIR / "alerts.yml"
 RULE_TESTS = CONFIG_DIR / "alerts_test.yml"
@@ -57,7 +57,7 @@ def test_the_rules_name_only_defined_metrics_and_jobs() -> None:
     used = {name for rule in alerting_rules() for name in METRIC.findall(LABEL_VALUE.sub("", rule["expr"]))}
     assert used, "no lakehouse_ metric in the rules: the pattern no longer matches them"
     undefined = used - metric_names.series_names()
-    assert not undefined, f"not in pipelines/metric_names.py: {sorted(undefined)}"
+    assert not undefined, f"not in pipelines/monitoring/metric_names.py: {sorted(undefined)}"
     jobs = {job for rule in alerting_rules() for job in re.findall(r'job="([^"]+)"', rule["expr"])}
     scraped = {job["job_name"] for job in yaml.safe_load(TEMPLATE.read_text())["scrape_configs"]}
     assert scraped == {STREAM_JOB, PUSHGATEWAY_JOB, *SPARK_JOBS}

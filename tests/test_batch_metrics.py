@@ -22,11 +22,11 @@ import pytest
 from pyspark.sql import SparkSession
 
 from lakehouse_dev.prometheus import LocalMetrics, Prometheus
-from pipelines import metric_names as m
-from pipelines.declaration import declared
-from pipelines.settings import quarantine_path, silver_path
-from pipelines.table_stats import read_table
-from pipelines.timeline_files import timeline
+from pipelines.lake.declaration import declared
+from pipelines.lake.table_stats import read_table
+from pipelines.lake.timeline_files import timeline
+from pipelines.monitoring import metric_names as m
+from pipelines.runtime.settings import quarantine_path, silver_path
 from tests.lake import LakeCopy, run_cli
 from tests.model import is_malformed
 

@@ -13,9 +13,9 @@ import pytest
 
 from lakehouse_dev.bench import freshness
 from lakehouse_dev.bench.visibility import visibility
-from pipelines.contract import TABLES, topic
-from pipelines.settings import changelog_path, main_path
-from pipelines.table_stats import has_completed_commit, read_table
+from pipelines.lake.contract import TABLES, topic
+from pipelines.lake.table_stats import has_completed_commit, read_table
+from pipelines.runtime.settings import changelog_path, main_path
 
 
 @pytest.mark.slow

@@ -34,8 +34,8 @@ from pyspark.sql import SparkSession
 import hudi_configs
 from lakehouse_dev.generator import Message, ShopSource, WorkloadConfig, ensure_topics, produce
 from lakehouse_dev.kafka_local import KafkaBroker
-from pipelines.contract import COLUMNS, TABLES, table_of_topic
-from pipelines.table_stats import read_table, table_stats
+from pipelines.lake.contract import COLUMNS, TABLES, table_of_topic
+from pipelines.lake.table_stats import read_table, table_stats
 from tests.model import Rows, fold_with_lsn, row_event, unwrap
 
 META = ["_op", "_lsn", "_source_ts", "_tx_id", "_kafka_partition", "_kafka_offset", "_kafka_ts", "_ingested_at"]

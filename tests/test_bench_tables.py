@@ -31,7 +31,7 @@ from lakehouse_dev.bench.table_mix import (
     zipf_shares,
 )
 from lakehouse_dev.bench.visibility import Visibility
-from pipelines.declaration import DEFAULT_FRESHNESS_SECONDS, load, parse
+from pipelines.lake.declaration import DEFAULT_FRESHNESS_SECONDS, load, parse
 
 
 def test_zipf_shares_put_nine_tenths_on_the_busiest_five_of_fifty() -> None:

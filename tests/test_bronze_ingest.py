@@ -18,9 +18,9 @@ from collections import Counter
 from pathlib import Path
 
 from lakehouse_dev.generator import Message, ShopSource, WorkloadConfig, ensure_topics, produce
-from pipelines.contract import TABLES
 from pipelines.ingest.bronze import run_ingest
-from pipelines.settings import changelog_path, dead_letter_path, main_path
+from pipelines.lake.contract import TABLES
+from pipelines.runtime.settings import changelog_path, dead_letter_path, main_path
 from tests.kill import bronze_as_model, pending_instants, wait_caught_up
 from tests.lake import LakeCopy, assert_bronze_equals_model, dead_letters
 from tests.model import fold_with_lsn, is_malformed
@@ -88,7 +88,7 @@ def test_bronze_equals_model_across_ingest_runs(spark, broker, tmp_path, monkeyp
 
 def _operations(spark, path: str) -> list[str]:
     """The write operation of each completed delta commit of `path`, oldest first."""
-    from pipelines.hudi_timeline import meta_client
+    from pipelines.lake.hudi_timeline import meta_client
 
     timeline = meta_client(spark, path).getActiveTimeline().getDeltaCommitTimeline().filterCompletedInstants()
     instants = timeline.getInstants().iterator()
@@ -102,10 +102,10 @@ def test_lost_checkpoint_resumes_from_the_commits_and_applies_nothing_twice(spar
     """The stream's position lives in bronze's own commits: without its checkpoint it resumes there."""
     import shutil
 
-    from pipelines.contract import TABLES
-    from pipelines.settings import changelog_path
-    from pipelines.settings import ingest_checkpoint_path as checkpoint_path
-    from pipelines.table_stats import read_table
+    from pipelines.lake.contract import TABLES
+    from pipelines.lake.table_stats import read_table
+    from pipelines.runtime.settings import changelog_path
+    from pipelines.runtime.settings import ingest_checkpoint_path as checkpoint_path
 
     def logged() -> list[tuple[str, int, int]]:
         return sorted((t, r["_kafka_partition"], r["_kafka_offset"]) for t in TABLES for r in read_table(
@@ -143,8 +143,8 @@ def _crash_after_main_commits(spark, root: str) -> list[str]:
     log's completed: each change log's commit of that batch back to in flight (its completed instant file
     gone; its files and its metadata-table commit stay, for the next writer to roll back). Returns the
     tables so cut."""
-    from pipelines.hudi_timeline import instant_of_batch, latest_meta
-    from pipelines.ingest.state import BATCH_ID_META
+    from pipelines.lake.hudi_timeline import instant_of_batch, latest_meta
+    from pipelines.lake.layout import BATCH_ID_META
 
     batch = max(int(latest_meta(spark, main_path(t, root), BATCH_ID_META) or -1) for t in TABLES)
     cut = []
@@ -313,9 +313,10 @@ def test_held_dead_letters_lost_with_their_writer_are_read_again_from_kafka(spar
     """A batch's dead letters wait in the writer for a later commit (held_letters). A writer killed while
     it holds some, after its batches committed, leaves the store behind the stream: the next writer reads
     the records since the store's position again, and the store ends with every dead letter once."""
-    from pipelines.hudi_timeline import latest_extra
-    from pipelines.ingest.state import DEAD_LETTERS_META, POSITIONS_META, positions_of
+    from pipelines.ingest.state import positions_of
     from pipelines.ingest.writer import BronzeBatchWriter
+    from pipelines.lake.hudi_timeline import latest_extra
+    from pipelines.lake.layout import DEAD_LETTERS_META, POSITIONS_META
 
     def store_commits() -> int:
         return len(list(Path(dead_letter_path(lake.root), ".hoodie", "timeline").glob("*_*.commit")))

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import random
 
-from pipelines import hudi_timeline
-from pipelines.hudi_timeline import is_torn
 from pipelines.ingest.state import KnownRows, known_rows
+from pipelines.lake import hudi_timeline
+from pipelines.lake.hudi_timeline import is_torn
 
 
 def test_known_rows_follow_upserts_deletes_and_reinserts_across_many_pieces(spark, monkeypatch) -> None:

@@ -23,7 +23,7 @@ from lakehouse_dev.generator import WorkloadConfig
 from pipelines.ingest.bronze import run_ingest
 from pipelines.ingest.state import positions_of
 from pipelines.ingest.stream import ControlFiles
-from pipelines.settings import changelog_path, main_path
+from pipelines.runtime.settings import changelog_path, main_path
 from tests.kill import torn_read
 from tests.lake import LakeCopy, assert_bronze_equals_model, dead_letters, with_overrides
 from tests.model import fold_with_lsn, is_malformed
@@ -33,7 +33,7 @@ TARGETS = {"customers": 600, "orders": 1}
 
 def _declaration(path) -> str:
     """The shop's declaration with a freshness target on each table."""
-    text = resources.files("pipelines").joinpath("shop_tables.toml").read_text()
+    text = resources.files("pipelines.lake").joinpath("shop_tables.toml").read_text()
     for table, seconds in TARGETS.items():
         text = text.replace(f"[tables.{table}]\n", f"[tables.{table}]\nfreshness_seconds = {seconds}\n", 1)
     path.write_text(text)
@@ -51,7 +51,7 @@ def _kafka_end(bootstrap: str, topic: str) -> dict[str, int]:
 
 def test_a_quiet_table_waits_and_a_sigkill_loses_nothing_it_waited_with(spark, lake: LakeCopy, tmp_path,
                                                                          monkeypatch) -> None:
-    from pipelines.declaration import declared
+    from pipelines.lake.declaration import declared
 
     tables = _declaration(tmp_path / "tables.toml")
     monkeypatch.setenv("LAKEHOUSE_TABLES", tables)

@@ -24,14 +24,14 @@ import pytest
 from pyspark.sql import SparkSession
 
 from lakehouse_dev.metastore import Metastore
-from pipelines import catalog_sync
-from pipelines.catalog import lake_tables
-from pipelines.contract import TABLES
 from pipelines.gdpr.erase import erase
 from pipelines.gdpr.request import parse_request
-from pipelines.hudi_timeline import latest_completion
 from pipelines.ingest.bronze import run_ingest
-from pipelines.settings import jvm_dir
+from pipelines.lake.catalog import lake_tables
+from pipelines.lake.contract import TABLES
+from pipelines.lake.hudi_timeline import latest_completion
+from pipelines.metastore import catalog_sync
+from pipelines.runtime.settings import jvm_dir
 from pipelines.transform.etl import run_etl
 from tests.lake import LakeCopy, assert_lake_equals_model, run_cli
 

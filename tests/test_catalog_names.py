@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from pipelines.catalog import lake_catalog, writer_options
-from pipelines.catalog_sync import catalog_kind, catalog_name, catalog_session_conf, in_lake, sync_properties
 from pipelines.deploy.jobs import SparkJob
-from pipelines.query import QueryError, as_of_instant, lake_name, referenced_tables, with_as_of
+from pipelines.lake.catalog import lake_catalog, writer_options
+from pipelines.metastore.catalog_sync import catalog_kind, catalog_name, catalog_session_conf, in_lake, sync_properties
+from pipelines.metastore.query import QueryError, as_of_instant, lake_name, referenced_tables, with_as_of
 
 URI = "thrift://127.0.0.1:9083"
 

@@ -15,12 +15,12 @@ import pytest
 from pyspark.sql import functions as F
 
 from lakehouse_dev.generator import ShopSource, WorkloadConfig, ensure_topics, produce
-from pipelines.contract import TABLES
-from pipelines.hudi_timeline import checkpoint, consumed, earliest_checkpoint
 from pipelines.ingest.bronze import run_ingest
+from pipelines.lake.contract import TABLES
+from pipelines.lake.hudi_timeline import checkpoint, consumed, earliest_checkpoint
+from pipelines.runtime.settings import changelog_path, dead_letter_path, main_path, silver_path
 from pipelines.services.due import live_files, services_due
 from pipelines.services.table_services import run_services
-from pipelines.settings import changelog_path, dead_letter_path, main_path, silver_path
 from pipelines.transform.changes import read_changes
 from pipelines.transform.etl import run_etl
 from tests.lake import assert_lake_equals_model, with_overrides

@@ -27,8 +27,8 @@ import pytest
 
 from lakehouse_dev.generator import ShopSource, WorkloadConfig, ensure_topics, produce
 from lakehouse_dev.spark_cluster import AppTasks, LocalCluster, Worker, fetch_json
-from pipelines.local_process import process_started
-from pipelines.spark_conf import event_log_dir
+from pipelines.runtime.local_process import process_started
+from pipelines.runtime.spark_conf import event_log_dir
 from tests.kill import inflight, pending_instants, wait_caught_up
 from tests.lake import assert_bronze_equals_model, assert_lake_equals_model
 from tests.model import fold_with_lsn
@@ -213,11 +213,11 @@ def test_cluster_status_names_the_master_its_ui_and_the_workers(cluster: LocalCl
 
 PROBE = """
 import json, sys
-from pipelines.spark import get_spark
+from pipelines.runtime.spark import get_spark
 
 def where(_):
-    import pipelines.declaration
-    yield sys.executable, pipelines.declaration.__file__
+    import pipelines.lake.declaration
+    yield sys.executable, pipelines.lake.declaration.__file__
 
 print(json.dumps(get_spark("lakehouse-probe").sparkContext.parallelize(range(4), 4).mapPartitions(where).collect()))
 """

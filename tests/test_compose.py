@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from lakehouse_dev.pg_source import SHOP_DDL_FILE, connector_config
-from pipelines.settings import PROJECT_ROOT
+from pipelines.runtime.settings import PROJECT_ROOT
 
 COMPOSE = PROJECT_ROOT / "docker" / "compose.yaml"
 SCHEMA = PROJECT_ROOT / ".tools" / "compose-spec.json"

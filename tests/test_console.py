@@ -1,4 +1,4 @@
-"""Operator output (pipelines/console.py): the summary on the console, the rest in the log file.
+"""Operator output (pipelines/runtime/console.py): the summary on the console, the rest in the log file.
 
 No Spark and no lake: a child process stands in for the driver JVM (what it prints must reach
 the file, not the console), and loggers named like the libraries' stand in for them.
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import console
+from pipelines.runtime import console
 
 
 @pytest.fixture

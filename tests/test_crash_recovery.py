@@ -28,10 +28,10 @@ from pathlib import Path
 import pytest
 
 from lakehouse_dev.generator import ShopSource, WorkloadConfig, ensure_topics, produce
-from pipelines.contract import TABLES
 from pipelines.ingest.bronze import run_ingest
-from pipelines.settings import changelog_path, main_path
-from pipelines.table_stats import has_completed_commit
+from pipelines.lake.contract import TABLES
+from pipelines.lake.table_stats import has_completed_commit
+from pipelines.runtime.settings import changelog_path, main_path
 from pipelines.transform.etl import run_etl
 from tests.hudi_files import pending_compactions
 from tests.kill import beside_job, pending_instants, run_until

@@ -18,9 +18,9 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
 from lakehouse_dev.generator import Message
-from pipelines.contract import COLUMNS, TABLES, topic
 from pipelines.ingest.parse import TableParse, image_columns, parse_events, parse_topics
 from pipelines.ingest.schema import Shape
+from pipelines.lake.contract import COLUMNS, TABLES, topic
 from tests.model import row_event, unwrap
 
 FIXTURES = Path(__file__).with_name("fixtures") / "debezium"

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from pipelines import contract
-from pipelines.catalog import change_feed_tables, erasure_uncovered, gold_declared, names
-from pipelines.cli import main
-from pipelines.declaration import DeclarationError, declared, load
+from pipelines.cli.app import main
+from pipelines.lake import contract
+from pipelines.lake.catalog import change_feed_tables, erasure_uncovered, gold_declared, names
+from pipelines.lake.declaration import DeclarationError, declared, load
 
 GOOD = """
 [source]

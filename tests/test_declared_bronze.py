@@ -28,8 +28,8 @@ from pyspark.sql import functions as F
 
 from lakehouse_dev.generator import Message, produce
 from pipelines.ingest.bronze import run_ingest
-from pipelines.settings import main_path, quarantine_path, silver_path
-from pipelines.table_stats import read_table
+from pipelines.lake.table_stats import read_table
+from pipelines.runtime.settings import main_path, quarantine_path, silver_path
 from pipelines.transform.etl import run_etl
 from tests.declared_tables import DECLARATION, EVERY_TYPE, LINES, DeclaredSource, DeclaredTable, silver_model
 from tests.lake import run_cli
@@ -192,8 +192,8 @@ def test_an_incremental_snapshot_of_a_table_added_by_sync_lands_in_bronze(spark:
     position, they land with the change that followed, typed, and none is a dead letter."""
     import json
 
-    from pipelines.settings import dead_letter_path
-    from pipelines.table_stats import has_completed_commit
+    from pipelines.lake.table_stats import has_completed_commit
+    from pipelines.runtime.settings import dead_letter_path
 
     fixture = json.loads((Path(__file__).with_name("fixtures") / "declared" / "incremental_snapshot.json").read_text())
     declaration = tmp_path / "tables.toml"
@@ -276,7 +276,7 @@ def _write(path: Path, text: str) -> Path:
 
 def _is_caught_up(spark: SparkSession, root: str, source: DeclaredSource,
                   tables: tuple[DeclaredTable, ...] = (EVERY_TYPE, LINES)) -> bool:
-    from pipelines.table_stats import has_completed_commit
+    from pipelines.lake.table_stats import has_completed_commit
 
     return all(has_completed_commit(main_path(t.name, root)) and _spark_rows(spark, root, t) == _expected(t, source)
                for t in tables)
@@ -335,8 +335,8 @@ def test_the_real_connectors_records_of_every_type_land_typed(spark: SparkSessio
     import json
     from datetime import date as day
 
-    from pipelines.settings import dead_letter_path
-    from pipelines.table_stats import has_completed_commit
+    from pipelines.lake.table_stats import has_completed_commit
+    from pipelines.runtime.settings import dead_letter_path
 
     declaration = tmp_path / "tables.toml"
     declaration.write_text(FIXTURE_TABLES)

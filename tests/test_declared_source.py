@@ -37,10 +37,10 @@ from lakehouse_dev.generator.declared import DeclaredWorkload, source_rows
 from lakehouse_dev.kafka_local import KafkaBroker, free_port
 from lakehouse_dev.pg_source import RealSource
 from lakehouse_dev.pg_source_cli import source
-from pipelines.declaration import DECLARATION_VARIABLE, load
 from pipelines.ingest.stream import ControlFiles
-from pipelines.settings import main_path, quarantine_path, silver_path
-from pipelines.table_stats import has_completed_commit, read_table
+from pipelines.lake.declaration import DECLARATION_VARIABLE, load
+from pipelines.lake.table_stats import has_completed_commit, read_table
+from pipelines.runtime.settings import main_path, quarantine_path, silver_path
 from pipelines.transform.etl import run_etl
 
 pytestmark = pytest.mark.slow

@@ -12,7 +12,7 @@ import pytest
 from moto import mock_aws
 
 from pipelines.deploy.jobs import JOB_ENV, SparkJob
-from pipelines.erasure_registry import erasure_key
+from pipelines.lake.erasure_registry import erasure_key
 
 KEY = "9f" * 32
 

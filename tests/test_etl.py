@@ -21,13 +21,13 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from pipelines import lineage
-from pipelines.catalog import change_feed_tables, hudi_table_name, lake_catalog
-from pipelines.contract import TABLES
-from pipelines.hudi_timeline import checkpoint
 from pipelines.ingest.bronze import run_ingest
-from pipelines.settings import quarantine_path, silver_path
-from pipelines.table_stats import has_completed_commit, table_stats
+from pipelines.lake.catalog import change_feed_tables, hudi_table_name, lake_catalog
+from pipelines.lake.contract import TABLES
+from pipelines.lake.hudi_timeline import checkpoint
+from pipelines.lake.table_stats import has_completed_commit, table_stats
+from pipelines.monitoring import lineage
+from pipelines.runtime.settings import quarantine_path, silver_path
 from pipelines.transform.changes import read_changes
 from pipelines.transform.etl import run_etl
 from tests.kill import inflight, run_until
@@ -100,7 +100,7 @@ def _etl_with_lineage(spark: SparkSession, root: str, tmp_path: Path) -> None:
     for name, run in writes.items():
         assert run.events[0] == "START" and run.state == "COMPLETE", (name, run.events)
         assert len(run.outputs) == 1, (name, run.outputs)
-        # Each write's job is named after its table (pipelines.lineage.JOB_NAME_OPTION), not after some option.
+        # Each write's job is named after its table (lineage.JOB_NAME_OPTION), not after some option.
         assert run.job == f"lakehouse_etl.execute_save_into_data_source_command.{hudi_table_name(name)}", run.job
         # The output's schema facet: the columns the table has after the commit, Hudi's meta columns included
         # (a partitioned table's partition column last, as a file-based relation orders them).

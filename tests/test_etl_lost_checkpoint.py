@@ -12,10 +12,10 @@ from __future__ import annotations
 import logging
 
 from lakehouse_dev.generator import ShopSource, WorkloadConfig, ensure_topics, produce
-from pipelines.contract import TABLES
-from pipelines.hudi_timeline import checkpoint, consumed, earliest_checkpoint
 from pipelines.ingest.bronze import run_ingest
-from pipelines.settings import changelog_path, gold_path, silver_path
+from pipelines.lake.contract import TABLES
+from pipelines.lake.hudi_timeline import checkpoint, consumed, earliest_checkpoint
+from pipelines.runtime.settings import changelog_path, gold_path, silver_path
 from pipelines.transform.changes import read_changes
 from pipelines.transform.etl import run_etl, silver_cycle
 from tests.lake import assert_lake_equals_model, with_overrides

@@ -2,7 +2,7 @@
 
 Two lakes are built from generated databases of 50 and 500 customers (3 orders each), then
 both receive the same change: the same kinds of change on the same keys. What each step of
-the cycle reads is taken from Spark's own metrics (pipelines.metrics). Files are capped at
+the cycle reads is taken from Spark's own metrics (pipelines.monitoring.metrics). Files are capped at
 16 KiB so that the small tables span many more files than the change touches: in production
 the cap is 120 MiB and the argument is the same at that scale, a changed key costs the files
 that hold it.
@@ -19,10 +19,10 @@ import pytest
 
 from lakehouse_dev.generator import COUNTRIES, ShopSource, WorkloadConfig, ensure_topics, produce
 from lakehouse_dev.kafka_local import KafkaBroker
-from pipelines.contract import CURRENCIES
 from pipelines.ingest.bronze import run_ingest
-from pipelines.metrics import ReadMeter, Reads
-from pipelines.settings import silver_path
+from pipelines.lake.contract import CURRENCIES
+from pipelines.monitoring.metrics import ReadMeter, Reads
+from pipelines.runtime.settings import silver_path
 from pipelines.transform import gold
 from pipelines.transform.etl import silver_cycle
 from tests.lake import assert_gold_equals_model, with_overrides

@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from lakehouse_dev.generator import WorkloadConfig
-from pipelines.table_stats import read_table
+from pipelines.lake.table_stats import read_table
 from tests.kill import pending_instants
 from tests.lake import LakeCopy, assert_bronze_equals_model, assert_lake_equals_model, dead_letters, run_cli
 from tests.model import fold_with_lsn, is_malformed

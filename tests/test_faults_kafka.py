@@ -43,7 +43,7 @@ from lakehouse_dev.generator import Message, ShopSource, WorkloadConfig, ensure_
 from lakehouse_dev.kafka_local import KafkaBroker
 from lakehouse_dev.supervised import Supervised
 from lakehouse_dev.toxiproxy import Proxy, Toxiproxy
-from pipelines.local_process import free_port
+from pipelines.runtime.local_process import free_port
 from tests.kill import pending_instants, wait_caught_up
 from tests.lake import assert_bronze_equals_model, dead_letters
 from tests.model import fold_with_lsn, is_malformed

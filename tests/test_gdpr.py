@@ -21,13 +21,13 @@ from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient
 from pyspark.sql import SparkSession
 
 from lakehouse_dev.generator import Message, WorkloadConfig
-from pipelines.catalog import lake_tables
-from pipelines.contract import TABLES, topic
 from pipelines.gdpr.erase import erase, erase_all
 from pipelines.gdpr.request import parse_request
 from pipelines.gdpr.scan import Subject, scan_lake
 from pipelines.ingest.bronze import run_ingest
-from pipelines.table_stats import has_completed_commit, read_table
+from pipelines.lake.catalog import lake_tables
+from pipelines.lake.contract import TABLES, topic
+from pipelines.lake.table_stats import has_completed_commit, read_table
 from pipelines.transform.etl import run_etl
 from tests.kill import bronze_as_model, running_ingest, wait_while_running
 from tests.lake import LakeCopy, assert_bronze_equals_model, assert_lake_equals_model, run_cli
@@ -300,7 +300,7 @@ def test_erasure_leaves_nothing_and_changes_nobody_else(spark, lake: LakeCopy, t
 
 
 def _client(spark: SparkSession, root: str, name: str):
-    from pipelines.hudi_client import WriteClient
+    from pipelines.runtime.hudi_client import WriteClient
 
     return WriteClient(spark, {t.name: t for t in lake_tables(root)}[name])
 
@@ -314,7 +314,7 @@ def test_erasure_with_a_savepoint_and_a_pending_compaction(spark, lake: LakeCopy
     still keeps the old row as a change-feed before-image. That file group is written once
     more (pipelines.gdpr.purge.change_feed_holders): before, this erasure did not verify.
     """
-    from pipelines.hudi_timeline import earliest_retained
+    from pipelines.lake.hudi_timeline import earliest_retained
     from tests.hudi_files import log_files, pending_compactions
 
     monkeypatch.setenv("LAKEHOUSE_ERASURE_KEY_FILE", str(tmp_path / "erasure.key"))

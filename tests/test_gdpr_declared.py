@@ -24,15 +24,15 @@ from kafka.admin import KafkaAdminClient, NewTopic
 from pyspark.sql import SparkSession
 
 from lakehouse_dev.generator import Message, ShopSource, WorkloadConfig, produce
-from pipelines.catalog import erasure_uncovered, lake_tables
-from pipelines.contract import TABLES, topic
 from pipelines.gdpr.erase import erase_all
 from pipelines.gdpr.request import parse_request
 from pipelines.gdpr.scan import Subject, scan_lake
-from pipelines.hudi_timeline import retained_instants
 from pipelines.ingest.bronze import run_ingest
-from pipelines.settings import main_path, silver_path
-from pipelines.table_stats import has_completed_commit, open_table, read_table
+from pipelines.lake.catalog import erasure_uncovered, lake_tables
+from pipelines.lake.contract import TABLES, topic
+from pipelines.lake.hudi_timeline import retained_instants
+from pipelines.lake.table_stats import has_completed_commit, open_table, read_table
+from pipelines.runtime.settings import main_path, silver_path
 from pipelines.transform.etl import run_etl
 from tests.declared_tables import DeclaredSource, DeclaredTable
 from tests.lake import assert_bronze_equals_model, assert_lake_equals_model
@@ -57,7 +57,7 @@ PAYMENTS = ShopTopic("payments", ("region", "payment_no"),
                      [("region", {"type": "string"}, _same), ("payment_no", {"type": "int64"}, _same),
                       ("customer_id", {"type": "int64"}, _same), ("card_holder", {"type": "string"}, _same),
                       ("amount", {"type": "int32"}, _same)], lambda rng, row: {})
-DECLARATION = resources.files("pipelines").joinpath("shop_tables.toml").read_text() + """
+DECLARATION = resources.files("pipelines.lake").joinpath("shop_tables.toml").read_text() + """
 [tables.payments]
 source = "public.payments"
 key = ["region", "payment_no"]

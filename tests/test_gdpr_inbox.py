@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from lakehouse_dev.object_store import BUCKET, ObjectStore
-from pipelines.cli import main
+from pipelines.cli.app import main
 from pipelines.gdpr import inbox
 from pipelines.gdpr.request import InvalidRequest, parse_request, parse_requests
 

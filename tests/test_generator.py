@@ -24,7 +24,7 @@ from lakehouse_dev import generator
 from lakehouse_dev.generator import Message, ShopSource, WorkloadConfig
 from lakehouse_dev.generator import cli as generator_cli
 from lakehouse_dev.generator import kafka as generator_kafka
-from pipelines.contract import (
+from pipelines.lake.contract import (
     BIGINT_COLUMNS,
     COLUMNS,
     COUNTRY_PATTERN,

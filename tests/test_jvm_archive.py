@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import subprocess
 
-from pipelines.spark_conf import archive_path
+from pipelines.runtime.spark_conf import archive_path
 
 
 def test_the_session_jvm_maps_the_archive(spark) -> None:

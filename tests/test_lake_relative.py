@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
-from pipelines.hudi_timeline import consumed
-from pipelines.settings import changelog_path, dead_letter_path, gold_path, lake_relative, quarantine_path, silver_path
+from pipelines.lake.hudi_timeline import consumed
+from pipelines.runtime.settings import (
+    changelog_path,
+    dead_letter_path,
+    gold_path,
+    lake_relative,
+    quarantine_path,
+    silver_path,
+)
 
 
 def test_a_table_keeps_its_name_under_any_root() -> None:

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
-from pipelines.catalog import bronze_options, gold_options, keyed_options, silver_options
 from pipelines.gdpr.scan import Finding, ScanReport, Subject, scan_lake
 from pipelines.gdpr.scan.model import Chunk
+from pipelines.lake.catalog import bronze_options, gold_options, keyed_options, silver_options
 from pipelines.transform import gold
 
 SUBJECT = Subject(customer_ids=frozenset({42}), order_ids=frozenset({4200}),

@@ -10,8 +10,8 @@ import time
 from prometheus_client import CollectorRegistry, Gauge, push_to_gateway
 
 from lakehouse_dev.prometheus import PUSHGATEWAY_JOB, SPARK_JOBS, STREAM_JOB, LocalMetrics, Prometheus
-from pipelines import metric_names
-from pipelines.local_process import HOST, free_port, port_open
+from pipelines.monitoring import metric_names
+from pipelines.runtime.local_process import HOST, free_port, port_open
 from tests.lake import run_cli
 
 # Two scrape intervals (prometheus.yml: 5 s) and Prometheus' start, with room for a busy machine.

@@ -31,11 +31,11 @@ from lakehouse_dev.generator import ShopSource, WorkloadConfig, ensure_topics, p
 from lakehouse_dev.object_store import BUCKET, ObjectStore
 from lakehouse_dev.supervised import Supervised
 from lakehouse_dev.toxiproxy import Proxy, Toxiproxy
-from pipelines import storage
-from pipelines.contract import TABLES
-from pipelines.local_process import HOST, free_port
+from pipelines.lake import storage
+from pipelines.lake.contract import TABLES
+from pipelines.runtime.local_process import HOST, free_port
+from pipelines.runtime.settings import changelog_path, gdpr_path, ingest_checkpoint_path, main_path, silver_path
 from pipelines.services.quality import data_docs_index
-from pipelines.settings import changelog_path, gdpr_path, ingest_checkpoint_path, main_path, silver_path
 from tests.hudi_files import not_completed
 from tests.kill import run_until, wait_caught_up
 from tests.lake import assert_bronze_equals_model, assert_lake_equals_model, dead_letters, run_cli

@@ -21,8 +21,8 @@ options = hudi_configs.writer("bronze", "changelog")
 assert options["hoodie.clean.policy"] == "KEEP_LATEST_BY_HOURS"
 step = pipelines.deploy.jobs.SparkJob("etl", ("etl",), {"LAKEHOUSE_TABLES": "/here/t.toml"}).emr_step("s3://code/lakehouse")
 print(" ".join(step["HadoopJarStep"]["Args"]))
-import pipelines.declaration
-decl = pipelines.declaration.declared()
+import pipelines.lake.declaration
+decl = pipelines.lake.declaration.declared()
 print("declared:", decl.path, ",".join(decl.names))
 """
 
@@ -32,16 +32,16 @@ CLI_PROBE = """
 import sys
 sys.path.insert(0, sys.argv[1])
 sys.path.extend(sys.argv[2:])
-import pipelines.cli
-assert pipelines.cli.__file__.startswith(sys.argv[1]), pipelines.cli.__file__
-print(" ".join(pipelines.cli.main.commands))
+import pipelines.cli.app
+assert pipelines.cli.app.__file__.startswith(sys.argv[1]), pipelines.cli.app.__file__
+print(" ".join(pipelines.cli.app.main.commands))
 """
 
 
 def test_bundle_loads_from_the_zip_and_pins_what_the_cluster_lacks(tmp_path, monkeypatch) -> None:
     # The declaration in force where the bundle is built travels inside it: the cluster has no such file.
     declaration = tmp_path / "ours.toml"
-    shop = (Path(pipelines.__file__).parent / "shop_tables.toml").read_text()
+    shop = (Path(pipelines.__file__).parent / "lake" / "shop_tables.toml").read_text()
     declaration.write_text(shop.replace("[tables.orders]", "[tables.purchases]")
                            .replace("tables.orders.", "tables.purchases."))
     monkeypatch.setenv("LAKEHOUSE_TABLES", str(declaration))
@@ -49,7 +49,7 @@ def test_bundle_loads_from_the_zip_and_pins_what_the_cluster_lacks(tmp_path, mon
     monkeypatch.delenv("LAKEHOUSE_TABLES")
     assert set(files) == {"lakehouse.zip", "cli.py", "requirements.txt", "bootstrap.sh"}
     names = zipfile.ZipFile(files["lakehouse.zip"]).namelist()
-    assert {"pipelines/cli.py", "hudi_configs/__init__.py", "hudi_configs/bronze.toml"} <= set(names)
+    assert {"pipelines/cli/app.py", "hudi_configs/__init__.py", "hudi_configs/bronze.toml"} <= set(names)
     assert not [n for n in names if "__pycache__" in n or n.startswith(("tests/", "dev/lakehouse_dev/"))]
 
     probe = subprocess.run([sys.executable, "-S", "-c", PROBE, str(files["lakehouse.zip"])],

@@ -13,10 +13,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import hudi_configs
 from lakehouse_dev.prometheus import Pushgateway
-from pipelines import metric_names as m
 from pipelines.ingest.exporter import StreamExporter
-from pipelines.local_process import HOST, free_port
-from pipelines.pushgateway import JobMetrics
+from pipelines.monitoring import metric_names as m
+from pipelines.monitoring.pushgateway import JobMetrics
+from pipelines.runtime.local_process import HOST, free_port
 
 LAKE = "s3://bucket/lake one"  # a slash and a space: the grouping key's value is encoded
 
@@ -86,7 +86,7 @@ def test_no_gateway_no_push_and_a_dead_one_is_a_warning(monkeypatch: pytest.Monk
     assert _etl_run({"orders": 1}) and hudi_configs.metrics() == {}
     port = free_port()  # nothing listens there
     monkeypatch.setenv("LAKEHOUSE_PUSHGATEWAY", f"{HOST}:{port}")
-    with caplog.at_level(logging.WARNING, logger="pipelines.pushgateway"):
+    with caplog.at_level(logging.WARNING, logger="pipelines.monitoring.pushgateway"):
         assert not _etl_run({"orders": 1})
     (warning,) = caplog.records
     assert f"not pushed to the Pushgateway {HOST}:{port}" in warning.getMessage()

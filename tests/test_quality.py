@@ -6,8 +6,8 @@ from datetime import timedelta
 
 import pytest
 
-from pipelines import storage
 from pipelines.ingest.bronze import run_ingest
+from pipelines.lake import storage
 from pipelines.services.quality import ERASED, data_docs_index, quality_root, redact_subject, run_quality
 from pipelines.services.quality_due import quality_due
 from tests.lake import LakeCopy

@@ -8,7 +8,7 @@ from datetime import timedelta
 
 import pytest
 
-from pipelines.declaration import declared, parse
+from pipelines.lake.declaration import declared, parse
 from pipelines.services.quality import silver_expectations, suites
 from pipelines.services.quality_due import quality_suites, quality_work
 

@@ -77,10 +77,10 @@ from lakehouse_dev.kafka_local import KafkaBroker, free_port
 from lakehouse_dev.pg_source import RealSource
 from lakehouse_dev.source_state import database_state
 from lakehouse_dev.toxiproxy import Toxiproxy
-from pipelines.contract import COLUMNS, TABLES, topic
 from pipelines.ingest.bronze import run_ingest
-from pipelines.local_process import HOST
-from pipelines.table_stats import read_table
+from pipelines.lake.contract import COLUMNS, TABLES, topic
+from pipelines.lake.table_stats import read_table
+from pipelines.runtime.local_process import HOST
 from pipelines.transform.etl import run_etl
 from tests.lake import assert_bronze_equals_model, assert_lake_equals_model, dead_letters, run_cli
 from tests.model import UNAVAILABLE, fold_with_lsn, unwrap

@@ -22,13 +22,13 @@ import pytest
 from pyspark.sql import SparkSession
 
 from lakehouse_dev.generator import Message, WorkloadConfig
-from pipelines.contract import COLUMNS, topic
-from pipelines.declaration import SHOP
-from pipelines.hudi_timeline import latest_meta
 from pipelines.ingest.bronze import run_ingest
 from pipelines.ingest.schema import COLUMNS_META, Shape
-from pipelines.settings import main_path, quarantine_path, silver_path
-from pipelines.table_stats import read_table
+from pipelines.lake.contract import COLUMNS, topic
+from pipelines.lake.declaration import SHOP
+from pipelines.lake.hudi_timeline import latest_meta
+from pipelines.lake.table_stats import read_table
+from pipelines.runtime.settings import main_path, quarantine_path, silver_path
 from pipelines.transform.changes import read_changes
 from pipelines.transform.etl import run_etl
 from tests.lake import (

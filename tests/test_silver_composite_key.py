@@ -13,8 +13,8 @@ from pathlib import Path
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from pipelines.declaration import parse
-from pipelines.settings import quarantine_path, silver_path
+from pipelines.lake.declaration import parse
+from pipelines.runtime.settings import quarantine_path, silver_path
 from pipelines.transform.changes import Window
 from pipelines.transform.etl import SilverStep, write_silver
 from pipelines.transform.silver import silver_columns

@@ -8,9 +8,9 @@ import pytest
 from pyspark.sql import functions as F
 
 from lakehouse_dev.generator import ShopSource, WorkloadConfig
-from pipelines.contract import COLUMNS, TABLES
-from pipelines.declaration import declared
 from pipelines.ingest.parse import row_schema
+from pipelines.lake.contract import COLUMNS, TABLES
+from pipelines.lake.declaration import declared
 from pipelines.transform.silver import clean, silver_columns
 from tests.model import SILVER_RULES
 

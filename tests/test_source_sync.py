@@ -32,8 +32,8 @@ from lakehouse_dev.kafka_local import KafkaBroker, free_port
 from lakehouse_dev.pg_source import RealSource
 from lakehouse_dev.pg_source_cli import source
 from lakehouse_dev.source_sync import connector_settings
-from pipelines.declaration import DECLARATION_VARIABLE, SHOP
-from pipelines.settings import PROJECT_ROOT
+from pipelines.lake.declaration import DECLARATION_VARIABLE, SHOP
+from pipelines.runtime.settings import PROJECT_ROOT
 from tests.declared_capture import payload, topic_records, wait_records
 
 CUSTOMERS, PAYMENTS = "shop.public.customers", "shop.public.payments"
@@ -56,7 +56,7 @@ pii = ["method"]
 
 
 def shop_toml() -> str:
-    return (PROJECT_ROOT / "pipelines" / SHOP).read_text()
+    return (PROJECT_ROOT / "pipelines" / "lake" / SHOP).read_text()
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,8 @@ import pytest
 
 from hudi_configs import test_profile
 from pipelines.deploy.jobs import SparkJob
-from pipelines.settings import PROJECT_ROOT
-from pipelines.spark_conf import PARENT_VARIABLE, ROOT_PARENT_VARIABLE, spark_conf
+from pipelines.runtime.settings import PROJECT_ROOT
+from pipelines.runtime.spark_conf import PARENT_VARIABLE, ROOT_PARENT_VARIABLE, spark_conf
 from tests.lake import LINEAGE_ON, with_overrides
 
 MASTER = "spark://127.0.0.1:7077"

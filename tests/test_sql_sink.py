@@ -8,7 +8,7 @@ from typing import Any
 
 from lakehouse_dev.generator import ShopSource, WorkloadConfig
 from lakehouse_dev.sql_sink import Statement, statements
-from pipelines.contract import COLUMNS, TABLES
+from pipelines.lake.contract import COLUMNS, TABLES
 
 CFG = WorkloadConfig(seed=23, customers=30, orders=60, changes=400, replay_runs=3, malformed_fraction=0.05,
                      delete_fraction=0.1)

@@ -10,10 +10,10 @@ import urllib.request
 
 import pytest
 
-from pipelines import metric_names as m
 from pipelines.ingest.batch import BatchReport, TableRead
 from pipelines.ingest.exporter import TOTAL_PHASE, StreamExporter, kafka_lag
-from pipelines.local_process import HOST, free_port, port_open
+from pipelines.monitoring import metric_names as m
+from pipelines.runtime.local_process import HOST, free_port, port_open
 
 # The Kafka source's part of a StreamingQueryProgress as PySpark 3.5.7's `query.lastProgress` gave it after the
 # first batch of tests/test_stream_metrics.py (96 of 209 records read): offsets parsed from their JSON, Spark's

@@ -22,7 +22,7 @@ from pipelines.ingest.stream import (
     kafka_offsets,
     not_caught_up,
 )
-from pipelines.local_process import process_started
+from pipelines.runtime.local_process import process_started
 
 LIM = Limits(heartbeat_seconds=1, dead_after_seconds=60, stalled_after_seconds=300, start_timeout_seconds=10,
              stop_timeout_seconds=10, kill_timeout_seconds=5)
@@ -90,7 +90,7 @@ def test_batches_back_to_back_are_not_one_stalled_batch(tmp_path) -> None:
 def test_the_kafka_probe_needs_an_answer_not_a_listener() -> None:
     """A port that refuses, and one that accepts and says nothing (a proxy in a blackout, a silent
     network), are both no Kafka; the reason names the server."""
-    from pipelines.local_process import free_port, kafka_unanswered
+    from pipelines.runtime.local_process import free_port, kafka_unanswered
 
     refused = f"127.0.0.1:{free_port()}"
     assert "refused" in kafka_unanswered(refused, 1.0)

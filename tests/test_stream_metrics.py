@@ -24,14 +24,15 @@ from click.testing import CliRunner
 from lakehouse_dev.generator import ShopSource, WorkloadConfig, ensure_topics, produce
 from lakehouse_dev.kafka_local import KafkaBroker
 from lakehouse_dev.prometheus import SPARK_JOBS, STREAM_JOB, LocalMetrics, Prometheus
-from pipelines import cli, dashboard, metric_names
-from pipelines.declaration import declared
+from pipelines import cli
 from pipelines.ingest.batch import BatchReport
 from pipelines.ingest.exporter import TOTAL_PHASE
 from pipelines.ingest.stream import ControlFiles
-from pipelines.local_process import HOST, free_port
-from pipelines.settings import changelog_path, main_path
-from pipelines.timeline_files import timeline
+from pipelines.lake.declaration import declared
+from pipelines.lake.timeline_files import timeline
+from pipelines.monitoring import dashboard, metric_names
+from pipelines.runtime.local_process import HOST, free_port
+from pipelines.runtime.settings import changelog_path, main_path
 from tests.kill import beside_job
 from tests.lake import with_overrides
 from tests.model import is_malformed

@@ -16,10 +16,10 @@ from datetime import UTC, datetime
 import pytest
 
 from lakehouse_dev.generator import ShopSource, WorkloadConfig, ensure_topics, produce
-from pipelines.catalog import lake_tables
-from pipelines.contract import TABLES
+from pipelines.lake.catalog import lake_tables
+from pipelines.lake.contract import TABLES
+from pipelines.runtime.settings import main_path
 from pipelines.services.due import table_services_due
-from pipelines.settings import main_path
 from tests.hudi_files import committed_log_files, deltacommits_since, log_files
 from tests.kill import bronze_as_model, running_ingest, wait_while_running
 from tests.lake import assert_bronze_equals_model, run_cli, with_overrides

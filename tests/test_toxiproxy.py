@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from lakehouse_dev.toxiproxy import Proxy, Toxiproxy, ToxiproxyError
-from pipelines.local_process import HOST, free_port
+from pipelines.runtime.local_process import HOST, free_port
 
 
 class _Echo(socketserver.BaseRequestHandler):

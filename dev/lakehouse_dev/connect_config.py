@@ -2,7 +2,7 @@
 standalone worker that runs it, and the names both share with PostgreSQL (database, slot, publication,
 signal table).
 
-The captured tables are the declaration's (`pipelines.declaration.declared()`, contract section 7):
+The captured tables are the declaration's (`pipelines.lake.declaration.declared()`, contract section 7):
 `lakehouse dev source up` creates the connector with them, `lakehouse dev source sync` changes them while it runs
 (dev/lakehouse_dev/source_sync.py).
 
@@ -15,10 +15,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from pipelines.declaration import Declaration, declared
 from pipelines.deploy.connector import DEFAULT_CONNECTOR
-from pipelines.local_process import HOST
-from pipelines.settings import unavailable_placeholder
+from pipelines.lake.declaration import Declaration, declared
+from pipelines.runtime.local_process import HOST
+from pipelines.runtime.settings import unavailable_placeholder
 
 DATABASE = "shop"
 PG_USER = "postgres"

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import click
 
-from pipelines.local_process import HOST, LocalProcess, free_port, java_command, port_open
-from pipelines.settings import PROJECT_ROOT, jvm_dir
+from pipelines.runtime.local_process import HOST, LocalProcess, free_port, java_command, port_open
+from pipelines.runtime.settings import PROJECT_ROOT, jvm_dir
 
 # Kafka's own scripts default to 1G; half of it is plenty for test traffic and leaves room for Spark.
 JVM_HEAP = ("-Xmx512m", "-Xms256m")

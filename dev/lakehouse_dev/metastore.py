@@ -3,7 +3,7 @@
 It is the metastore of the Hive jars pip's pyspark already ships (Hive 2.3.9, the version Spark's
 own Hive client speaks), serving thrift on 127.0.0.1, with its database (embedded Derby) and
 warehouse in a folder of its own (`.metastore/` for `make catalog-up`). The writers register the
-tables there when `LAKEHOUSE_METASTORE_URI` names it (pipelines/catalog_sync.py); consumers read
+tables there when `LAKEHOUSE_METASTORE_URI` names it (pipelines/metastore/catalog_sync.py); consumers read
 them by name (`lakehouse sql`). On EMR the same role is the Glue Data Catalog's.
 
 Two settings are not Hive's defaults: `hive.async.log.enabled=false` (the asynchronous logger needs
@@ -21,8 +21,8 @@ from typing import Any, Self
 
 import click
 
-from pipelines.local_process import HOST, LocalProcess, free_port, java_command, port_open, saved_state
-from pipelines.settings import PROJECT_ROOT, spark_home
+from pipelines.runtime.local_process import HOST, LocalProcess, free_port, java_command, port_open, saved_state
+from pipelines.runtime.settings import PROJECT_ROOT, spark_home
 
 DEFAULT_DIR = PROJECT_ROOT / ".metastore"
 DEFAULT_PORT = 9083

@@ -10,7 +10,7 @@ pid, port and log sit in its folder (`.s3/` for `make s3-up`, git-ignored).
 
 Clients reach it through the standard AWS variables (`lakehouse dev s3 env` prints them):
 Spark through S3A (hudi_configs/spark.toml [local]), hudi-rs and pyarrow.fs through the
-same variables (pipelines/storage.py).
+same variables (pipelines/lake/storage.py).
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from urllib.parse import parse_qs
 
 import click
 
-from pipelines.local_process import HOST, LocalProcess
-from pipelines.settings import PROJECT_ROOT
+from pipelines.runtime.local_process import HOST, LocalProcess
+from pipelines.runtime.settings import PROJECT_ROOT
 
 DEFAULT_PORT = 9000
 BUCKET = "lake"

@@ -30,9 +30,9 @@ from typing import Any
 from lakehouse_dev import source_sync
 from lakehouse_dev.connect_config import DATABASE, PG_USER, SIGNAL_DDL, connector_config
 from lakehouse_dev.connect_worker import ConnectWorker, SourceError
-from pipelines.declaration import Declaration, declared
-from pipelines.local_process import HOST, LocalProcess, require_kafka
-from pipelines.settings import PROJECT_ROOT, kafka_bootstrap
+from pipelines.lake.declaration import Declaration, declared
+from pipelines.runtime.local_process import HOST, LocalProcess, require_kafka
+from pipelines.runtime.settings import PROJECT_ROOT, kafka_bootstrap
 
 # Debian's PostgreSQL 15 binaries, not on PATH (LAKEHOUSE_PG_BIN points elsewhere).
 PG_BIN_DEFAULT = "/usr/lib/postgresql/15/bin"

@@ -13,8 +13,8 @@ from lakehouse_dev.connect_config import CONNECTOR, PUBLICATION, SLOT
 from lakehouse_dev.connect_worker import SourceError, slot_status
 from lakehouse_dev.pg_source import DEFAULT_HOME, RealSource
 from lakehouse_dev.source_sync import SyncError, published
-from pipelines.declaration import DeclarationError, declared
-from pipelines.settings import kafka_bootstrap
+from pipelines.lake.declaration import DeclarationError, declared
+from pipelines.runtime.settings import kafka_bootstrap
 
 HOME_OPTION = click.option(
     "--home", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_HOME,

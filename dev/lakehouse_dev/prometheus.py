@@ -28,9 +28,9 @@ from typing import Any, ClassVar, Self
 
 import click
 
-from pipelines.dashboard import PrometheusError, prometheus_api, read, render
-from pipelines.local_process import HOST, LocalProcess, free_port, port_open, saved_state
-from pipelines.settings import PROJECT_ROOT
+from pipelines.monitoring.dashboard import PrometheusError, prometheus_api, read, render
+from pipelines.runtime.local_process import HOST, LocalProcess, free_port, port_open, saved_state
+from pipelines.runtime.settings import PROJECT_ROOT
 
 DEFAULT_DIR = PROJECT_ROOT / ".metrics"
 CONFIG_DIR = PROJECT_ROOT / "docker" / "prometheus"
@@ -330,7 +330,7 @@ def _print_status(found: LocalMetrics) -> None:
 def show(window: str, watch: float | None, url: str | None, home: Path) -> None:
     """Each table's freshness, the stream's Kafka lag, its batches and the alerts firing, as Prometheus recorded them.
 
-    The operator's dashboard (pipelines/dashboard.py says why a terminal one): the series the alert
+    The operator's dashboard (pipelines/monitoring/dashboard.py says why a terminal one): the series the alert
     rules read, so what it shows and what fires agree. Exit 1 if Prometheus does not answer.
     """
     url = url or LocalMetrics(home).prometheus.url

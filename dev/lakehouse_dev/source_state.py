@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from lakehouse_dev.pg_source import PostgresCluster
-from pipelines.contract import COLUMNS, TABLES
+from pipelines.lake.contract import COLUMNS, TABLES
 
 # Debezium's rendering of timestamptz (ZonedTimestamp: UTC, always six decimals) and numeric
 # (decimal.handling.mode=string: the column's scale), computed by PostgreSQL from its own values.

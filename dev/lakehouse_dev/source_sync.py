@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from lakehouse_dev.connect_config import CONNECTOR, PUBLICATION, SIGNAL_DDL, SIGNAL_TABLE, SLOT
-from pipelines.declaration import Declaration, missing_columns
+from pipelines.lake.declaration import Declaration, missing_columns
 
 
 class SyncError(RuntimeError):

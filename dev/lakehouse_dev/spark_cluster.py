@@ -3,7 +3,7 @@
 What `local[2]` never shows, this does: the driver and the executors are separate JVMs, so the
 Hudi bundle, the project's code and every file an executor reads must reach them, Hudi's timeline
 server on the driver is called over HTTP, and an executor can die under a batch (`make cluster-up`,
-then `LAKEHOUSE_SPARK_MASTER=spark://127.0.0.1:7077` for every job; pipelines/spark_conf.py).
+then `LAKEHOUSE_SPARK_MASTER=spark://127.0.0.1:7077` for every job; pipelines/runtime/spark_conf.py).
 
 The daemons are the pip pyspark's own (`bin/spark-class org.apache.spark.deploy.master.Master`,
 `...worker.Worker`; the wheel has no sbin/ scripts), each a `LocalProcess`: pid file and log in
@@ -26,8 +26,16 @@ from typing import Any, Self
 
 import click
 
-from pipelines.local_process import HOST, LocalProcess, StartFailed, command_line, free_port, port_open, saved_state
-from pipelines.settings import PROJECT_ROOT, spark_home
+from pipelines.runtime.local_process import (
+    HOST,
+    LocalProcess,
+    StartFailed,
+    command_line,
+    free_port,
+    port_open,
+    saved_state,
+)
+from pipelines.runtime.settings import PROJECT_ROOT, spark_home
 
 DEFAULT_DIR = PROJECT_ROOT / ".cluster"
 DEFAULT_PORT = 7077

@@ -25,8 +25,8 @@ from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError
 
 from lakehouse_dev.generator.values import Message
-from pipelines.contract import PRIMARY_KEY, TABLES, table_of_topic, topic
-from pipelines.settings import unavailable_placeholder
+from pipelines.lake.contract import PRIMARY_KEY, TABLES, table_of_topic, topic
+from pipelines.runtime.settings import unavailable_placeholder
 
 if TYPE_CHECKING:
     from psycopg import Connection

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipelines.local_process import process_started
+from pipelines.runtime.local_process import process_started
 
 OVERRIDES_VARIABLE = "LAKEHOUSE_HUDI_OVERRIDES"
 

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pipelines.local_process import HOST, LocalProcess, command_line, free_port, port_open
-from pipelines.settings import PROJECT_ROOT
+from pipelines.runtime.local_process import HOST, LocalProcess, command_line, free_port, port_open
+from pipelines.runtime.settings import PROJECT_ROOT
 
 SERVER_VARIABLE = "LAKEHOUSE_TOXIPROXY_SERVER"
 # Where `make toxiproxy` installs the server (Toxiproxy's own `go install` names it `server`).

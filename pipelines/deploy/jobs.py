@@ -14,8 +14,8 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, field
 
-from pipelines.settings import PROJECT_ROOT, spark_home
-from pipelines.spark_conf import spark_conf
+from pipelines.runtime.settings import PROJECT_ROOT, spark_home
+from pipelines.runtime.spark_conf import spark_conf
 
 # Environment variables every job receives (on EMR as YARN application-master and executor env).
 # The erasure key travels as a file path or a secret's name only, never itself: step arguments
@@ -59,7 +59,7 @@ class SparkJob:
         """The command line that runs this job on the local target."""
         submit = PROJECT_ROOT / ".venv" / "bin" / "spark-submit"
         return [str(submit), "--name", f"lakehouse-{self.name}", *self._conf("local"),
-                str(PROJECT_ROOT / "pipelines" / "cli.py"), *self.args]
+                str(PROJECT_ROOT / "pipelines" / "cli" / "__main__.py"), *self.args]
 
     def local_env(self) -> dict[str, str]:
         """The job's environment on the local target: its own, plus where .venv's Spark is.

@@ -6,7 +6,7 @@ Hudi classes before its first commit. The JDK can keep them parsed and verified 
 memory-mapped file: `-XX:ArchiveClassesAtExit` writes it when a JVM that ran the usual work
 exits, `-XX:SharedArchiveFile` maps it at the next start. `make setup` writes it once
 (`python -m pipelines.deploy.jvm_archive`) from a short Hudi write and read with the project's own
-options, and `pipelines.spark_conf.spark_conf` adds it to every local session once it exists.
+options, and `pipelines.runtime.spark_conf.spark_conf` adds it to every local session once it exists.
 
 The archive is only an optimisation. A JVM of another JDK build, or with another class
 path (the jars of `.jvm/spark` changed), cannot map it and starts without it, as it would
@@ -22,9 +22,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from pipelines.catalog import bronze_options, keyed_options, silver_options
-from pipelines.spark import get_spark
-from pipelines.spark_conf import QUIET_CDS, archive_path, spark_conf
+from pipelines.lake.catalog import bronze_options, keyed_options, silver_options
+from pipelines.runtime.spark import get_spark
+from pipelines.runtime.spark_conf import QUIET_CDS, archive_path, spark_conf
 
 
 def _warm_up(where: Path, dump: Path) -> None:

@@ -3,14 +3,14 @@
 An EMR step runs `spark-submit --deploy-mode cluster --py-files <uri>/lakehouse.zip <uri>/cli.py`
 (pipelines/deploy/jobs.py). The cluster brings Spark and the Hudi bundle; the bundle brings the rest:
 
-- `lakehouse.zip` (pipelines/code_archive.py): the `pipelines` and `hudi_configs` packages, TOML
+- `lakehouse.zip` (pipelines/runtime/code_archive.py): the `pipelines` and `hudi_configs` packages, TOML
   files included (they are read through importlib.resources, which reads them inside the zip), without the dev tools
   (`dev/lakehouse_dev`: the generator, the local services and the benchmarks; the CLI then
   offers the pipeline's commands only);
   and the declaration of tables in force where it is built (`LAKEHOUSE_TABLES`, or the shop's) as
-  `pipelines/tables.toml`, which the jobs on the cluster read (`pipelines.declaration`): a
+  `pipelines/lake/tables.toml`, which the jobs on the cluster read (`pipelines.lake.declaration`): a
   declaration changed here reaches EMR with the next `lakehouse package` and upload;
-- `cli.py`: the entry point, pipelines/cli.py as is;
+- `cli.py`: the entry point, pipelines/cli/__main__.py as is;
 - `requirements.txt`: the project's pure-Python dependencies, pinned as installed here,
   without pyspark (the cluster's own Spark is used);
 - `bootstrap.sh`: the cluster's bootstrap action (argument: the code URI). The code needs
@@ -26,8 +26,8 @@ from __future__ import annotations
 from importlib import metadata
 from pathlib import Path
 
-from pipelines.code_archive import write_archive
-from pipelines.settings import PROJECT_ROOT
+from pipelines.runtime.code_archive import write_archive
+from pipelines.runtime.settings import PROJECT_ROOT
 
 DISTRIBUTION = "lakehouse-cdc"
 # Provided by the cluster.
@@ -65,7 +65,7 @@ def build(out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     archive = write_archive(out / "lakehouse.zip")
     cli = out / "cli.py"
-    cli.write_text((PROJECT_ROOT / "pipelines" / "cli.py").read_text())
+    cli.write_text((PROJECT_ROOT / "pipelines" / "cli" / "__main__.py").read_text())
     reqs = out / "requirements.txt"
     reqs.write_text("\n".join(requirements()) + "\n")
     bootstrap = out / "bootstrap.sh"

@@ -13,7 +13,7 @@ end while its driver lives on in YARN, which is why a stop first writes the stre
 request to S3 (pipelines.ingest.stream), which the driver itself polls between batches.
 
 Pure Python (the EMR client passed in): Airflow's environment imports it. The heartbeat and
-the stop request are read and written with the worker's own AWS credentials (pipelines.storage).
+the stop request are read and written with the worker's own AWS credentials (pipelines.lake.storage).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 from pipelines.deploy.jobs import JOB_ENV, SparkJob
 from pipelines.deploy.stream_target import StreamError, StreamTarget
 from pipelines.ingest.stream import ControlFiles, Limits, judge, limits
-from pipelines.settings import INGEST_TRIGGER_SECONDS
+from pipelines.runtime.settings import INGEST_TRIGGER_SECONDS
 
 log = logging.getLogger(__name__)
 

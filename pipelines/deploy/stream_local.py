@@ -23,12 +23,12 @@ from typing import Any
 
 import click
 
-from pipelines.declaration import declared
 from pipelines.deploy.jobs import JOB_ENV
 from pipelines.deploy.stream_target import ACTIONS, StreamError, StreamTarget
 from pipelines.ingest.stream import ControlFiles, Health, Limits, judge, kafka_ends, limits, not_caught_up
-from pipelines.local_process import LocalProcess
-from pipelines.settings import INGEST_TRIGGER_SECONDS, PROJECT_ROOT, kafka_bootstrap, lake_root
+from pipelines.lake.declaration import declared
+from pipelines.runtime.local_process import LocalProcess
+from pipelines.runtime.settings import INGEST_TRIGGER_SECONDS, PROJECT_ROOT, kafka_bootstrap, lake_root
 
 
 def default_run_dir() -> Path:

@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 
-from pipelines import storage
-from pipelines.settings import gdpr_path
+from pipelines.lake import storage
+from pipelines.runtime.settings import gdpr_path
 
 
 def certificate_path(root: str, reference: str) -> str:

@@ -10,7 +10,7 @@ from typing import TextIO
 
 import click
 
-from pipelines import console, settings
+from pipelines.runtime import console, settings
 
 
 @click.group()
@@ -83,9 +83,9 @@ def erase(customer_id: tuple[str, ...], customer_ids: str | None, customer_ids_f
     except InvalidRequest as exc:
         click.echo(f"Error: {exc}", err=True)
         sys.exit(2)
-    from pipelines import job_metrics, metric_names
     from pipelines.gdpr.erase import erase_all
-    from pipelines.pushgateway import JobMetrics
+    from pipelines.monitoring import job_metrics, metric_names
+    from pipelines.monitoring.pushgateway import JobMetrics
 
     references = ", ".join(r.reference for r in requests)
     run = JobMetrics(metric_names.ERASE, settings.lake_root())
@@ -140,9 +140,9 @@ def request(customer_id: tuple[str, ...], customer_ids: str | None, reference: s
 def _push_inbox() -> None:
     """Push what waits in the erasure inbox (after a request is filed, and after each erasure run): the
     erasure-overdue alert watches the oldest request's filing time, so it needs no further push to fire."""
-    from pipelines import job_metrics, metric_names, pushgateway
     from pipelines.gdpr import inbox
-    from pipelines.pushgateway import JobMetrics
+    from pipelines.monitoring import job_metrics, metric_names, pushgateway
+    from pipelines.monitoring.pushgateway import JobMetrics
 
     if pushgateway.gateway() is None:
         return

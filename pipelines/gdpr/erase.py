@@ -8,7 +8,7 @@ names one of them; a row the source has given to another customer since stays (i
 version is that customer's), and only its versions naming the subject go. One run does, in
 order (each step timed for the certificate):
 
-1. register: the customers' and their rows' pseudonyms (keyed hashes, pipelines.erasure_registry)
+1. register: the customers' and their rows' pseudonyms (keyed hashes, pipelines.lake.erasure_registry)
    go into the registry `_gdpr/erased`. From then on ingest drops their events (a replayed
    insert cannot bring them back) and silver drops their changes;
 2. wait for the bronze writes that were in flight when the registry changed (they may
@@ -59,20 +59,20 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 import hudi_configs
-from pipelines.catalog import erasure_uncovered, lake_catalog, lake_tables
-from pipelines.declaration import declared
-from pipelines.erasure_registry import erasure_key, read_registry, registry_path, row_pseudonym, subject_hash
 from pipelines.gdpr.certificate import write_certificate
 from pipelines.gdpr.find import Target, find_subject, subject_tables
 from pipelines.gdpr.purge import change_feed_holders, purge, sweep
 from pipelines.gdpr.request import ErasureRequest
 from pipelines.gdpr.verify import verify
-from pipelines.hudi_timeline import extra_meta_after, latest_completion, pending_writes, repair_torn_timeline
-from pipelines.ingest.state import BATCH_ID_META, REGISTRY_META
+from pipelines.lake.catalog import erasure_uncovered, lake_catalog, lake_tables
+from pipelines.lake.declaration import declared
+from pipelines.lake.erasure_registry import erasure_key, read_registry, registry_path, row_pseudonym, subject_hash
+from pipelines.lake.hudi_timeline import extra_meta_after, latest_completion, pending_writes, repair_torn_timeline
+from pipelines.lake.layout import BATCH_ID_META, REGISTRY_META
+from pipelines.lake.table_stats import has_completed_commit
+from pipelines.runtime.settings import kafka_bootstrap, lake_root
+from pipelines.runtime.spark import get_spark
 from pipelines.services.quality import redact_subject
-from pipelines.settings import kafka_bootstrap, lake_root
-from pipelines.spark import get_spark
-from pipelines.table_stats import has_completed_commit
 
 log = logging.getLogger(__name__)
 
@@ -224,7 +224,7 @@ def erase_all(requests: list[ErasureRequest], spark: SparkSession | None = None,
     """
     if not requests:
         raise ValueError("no erasure request given")
-    if uncovered := erasure_uncovered():  # none today: every layout is covered (pipelines.catalog)
+    if uncovered := erasure_uncovered():  # none today: every layout is covered (pipelines.lake.catalog)
         # Claiming "verified" while a declared table may still hold the subject's rows would be false.
         raise ValueError(f"the erasure does not cover declared table(s) {', '.join(uncovered)} ({declared().path})")
     references = [r.reference for r in requests]

@@ -24,11 +24,11 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 import hudi_configs
-from pipelines.catalog import erasure_kind, lake_catalog, lake_tables, names
-from pipelines.declaration import TableDecl, declared
-from pipelines.erasure_registry import key_in, key_text, subject_in
 from pipelines.gdpr.scan import Subject
-from pipelines.table_stats import has_completed_commit
+from pipelines.lake.catalog import erasure_kind, lake_catalog, lake_tables, names
+from pipelines.lake.declaration import TableDecl, declared
+from pipelines.lake.erasure_registry import key_in, key_text, subject_in
+from pipelines.lake.table_stats import has_completed_commit
 
 # Texts shorter than this are not searched: they would be found everywhere.
 MIN_TEXT = 4

@@ -9,7 +9,7 @@ Runs must not overlap (the DAG's tasks share one pool slot): two would take the 
 
 The inbox holds customer ids, so it lives outside the lake root (LAKEHOUSE_GDPR_INBOX:
 a folder, by default `.gdpr/requests` of the checkout, or an `s3://` prefix that Airflow's
-workers and the EMR cluster both reach; read and written through pipelines.storage), and a
+workers and the EMR cluster both reach; read and written through pipelines.lake.storage), and a
 request file is deleted, not kept, once erased: the certificate under `_gdpr/` is the lasting
 record, with pseudonyms only.
 """
@@ -22,8 +22,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from pipelines import storage
 from pipelines.gdpr.request import ErasureRequest, InvalidRequest, parse_request
+from pipelines.lake import storage
 
 SUFFIX = ".json"
 
@@ -40,7 +40,7 @@ class Filed:
 
 def inbox() -> str:
     """LAKEHOUSE_GDPR_INBOX, or `.gdpr/requests` of the checkout (outside the lake, like the source state)."""
-    from pipelines.settings import PROJECT_ROOT
+    from pipelines.runtime.settings import PROJECT_ROOT
 
     return (os.environ.get("LAKEHOUSE_GDPR_INBOX") or str(PROJECT_ROOT / ".gdpr" / "requests")).rstrip("/")
 
@@ -68,7 +68,7 @@ def file_request(request: ErasureRequest, where: str | None = None) -> str:
     if not storage.is_remote(where):  # ids: a local inbox is for its owner's eyes only
         os.makedirs(where, mode=0o700, exist_ok=True)
     location = f"{where}/{_name(request.reference)}"
-    storage.write_text(location, _document(request, _filed_at(location)))  # whole or not at all (pipelines.storage)
+    storage.write_text(location, _document(request, _filed_at(location)))  # whole or not at all
     return location
 
 

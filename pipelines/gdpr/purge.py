@@ -13,16 +13,17 @@ from typing import ClassVar
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from pipelines import catalog_sync
-from pipelines.catalog import LakeTable, gold_declared, lake_tables
-from pipelines.erasure_registry import dead_letters_of_erased, key_in
 from pipelines.gdpr.find import Target, each_table, read_rows, source_of
 from pipelines.gdpr.scan import Subject, scan_lake
-from pipelines.hudi_client import WriteClient
-from pipelines.hudi_timeline import READABLE_FROM_META, earliest_retained, latest_completion, pending_writes
-from pipelines.ingest.state import DELETED_FLAG, materialized
-from pipelines.settings import dead_letter_path, gold_path, silver_path
-from pipelines.table_stats import has_completed_commit
+from pipelines.lake.catalog import LakeTable, gold_declared, lake_tables
+from pipelines.lake.erasure_registry import dead_letters_of_erased, key_in
+from pipelines.lake.frames import materialized
+from pipelines.lake.hudi_timeline import READABLE_FROM_META, earliest_retained, latest_completion, pending_writes
+from pipelines.lake.layout import DELETED_FLAG
+from pipelines.lake.table_stats import has_completed_commit
+from pipelines.metastore import catalog_sync
+from pipelines.runtime.hudi_client import WriteClient
+from pipelines.runtime.settings import dead_letter_path, gold_path, silver_path
 from pipelines.transform import gold
 
 log = logging.getLogger(__name__)

@@ -15,17 +15,17 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 import hudi_configs
-from pipelines.catalog import LakeTable, lake_tables
-from pipelines.erasure_registry import dead_letters_of_erased, read_registry
 from pipelines.gdpr.find import Target, read_rows, shared_texts, source_of, subject_reads
 from pipelines.gdpr.scan import ScanReport, scan_lake
-from pipelines.hudi_timeline import (
+from pipelines.lake.catalog import LakeTable, lake_tables
+from pipelines.lake.erasure_registry import dead_letters_of_erased, read_registry
+from pipelines.lake.hudi_timeline import (
     earliest_checkpoint,
     latest_completion,
     meta_client,
     retained_instants,
 )
-from pipelines.table_stats import has_completed_commit
+from pipelines.lake.table_stats import has_completed_commit
 from pipelines.transform import gold
 
 log = logging.getLogger(__name__)

@@ -15,8 +15,8 @@ from typing import NamedTuple
 from pyspark import SparkContext
 from pyspark.sql import DataFrame
 
-from pipelines import catalog_sync
-from pipelines.lineage import named_for_lineage
+from pipelines.metastore import catalog_sync
+from pipelines.monitoring.lineage import named_for_lineage
 
 _BATCH_LINE = re.compile(r"batch (\d+): (\d+) records in ([\d.]+)s")
 

@@ -79,22 +79,24 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 import hudi_configs
-from pipelines import console, metric_names, pushgateway, storage
-from pipelines.declaration import DeclarationError, current, declared, pinned
 from pipelines.ingest.compactor import Compactor, compactions_run_here
 from pipelines.ingest.exporter import StreamExporter, spark_metrics_conf
 from pipelines.ingest.held_letters import EARLIEST
 from pipelines.ingest.stream import STOP_REQUEST, KafkaWait, StreamLease, kafka_wait
 from pipelines.ingest.writer import BronzeBatchWriter
-from pipelines.local_process import kafka_unanswered
-from pipelines.pushgateway import JobMetrics
-from pipelines.settings import (
+from pipelines.lake import storage
+from pipelines.lake.declaration import DeclarationError, current, declared, pinned
+from pipelines.monitoring import metric_names, pushgateway
+from pipelines.monitoring.pushgateway import JobMetrics
+from pipelines.runtime import console
+from pipelines.runtime.local_process import kafka_unanswered
+from pipelines.runtime.settings import (
     INGEST_TRIGGER_SECONDS,
     ingest_checkpoint_path,
     kafka_bootstrap,
     lake_root,
 )
-from pipelines.spark import get_spark
+from pipelines.runtime.spark import get_spark
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +159,7 @@ def run_ingest(*, once: bool, root: str | None = None, bootstrap: str | None = N
     The stream's heartbeat beside its checkpoint keeps a second copy from starting. `metrics_port`: where
     its Prometheus exporter listens on 127.0.0.1 (`exporter`; 0, none: the CLI's default is stream.toml's).
     A run `once` is a batch job: with a Pushgateway (LAKEHOUSE_PUSHGATEWAY) it pushes the exporter's
-    per-table figures at its end (pipelines/pushgateway.py), as the job `lakehouse_ingest`. `spark_ui_port`:
+    per-table figures at its end (pipelines/monitoring/pushgateway.py), as the job `lakehouse_ingest`. `spark_ui_port`:
     where the driver it starts serves Spark's own metrics (spark.toml [driver_metrics]; 0, none).
     """
     root = root or lake_root()

@@ -44,9 +44,9 @@ from dataclasses import dataclass, field
 from pyspark.sql import DataFrame
 
 import hudi_configs
-from pipelines.declaration import declared
-from pipelines.ingest.state import release, union_all
 from pipelines.ingest.survey import Survey
+from pipelines.lake.declaration import declared
+from pipelines.lake.frames import release, union_all
 
 
 @dataclass(frozen=True)

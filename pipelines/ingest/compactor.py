@@ -32,13 +32,13 @@ from collections.abc import Sequence
 from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
-from pipelines import catalog_sync
-from pipelines.catalog import LakeTable, bronze_options, keyed_options
-from pipelines.declaration import declared
-from pipelines.hudi_client import WriteClient
-from pipelines.hudi_timeline import meta_client
-from pipelines.settings import main_path
-from pipelines.table_stats import has_completed_commit
+from pipelines.lake.catalog import LakeTable, bronze_options, keyed_options
+from pipelines.lake.declaration import declared
+from pipelines.lake.hudi_timeline import meta_client
+from pipelines.lake.table_stats import has_completed_commit
+from pipelines.metastore import catalog_sync
+from pipelines.runtime.hudi_client import WriteClient
+from pipelines.runtime.settings import main_path
 
 log = logging.getLogger(__name__)
 

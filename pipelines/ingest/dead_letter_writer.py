@@ -13,20 +13,15 @@ from dataclasses import dataclass, field
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from pipelines.catalog import bronze_options
 from pipelines.ingest.batch import BatchReport, append
 from pipelines.ingest.erasures import Erased
 from pipelines.ingest.held_letters import HeldLetters, hold_limits
 from pipelines.ingest.parse import dead_letters
 from pipelines.ingest.positions import PositionLedger
-from pipelines.ingest.state import (
-    BATCH_ID_META,
-    DEAD_LETTERS_META,
-    POSITIONS_META,
-    materialized,
-    union_all,
-)
-from pipelines.settings import dead_letter_path
+from pipelines.lake.catalog import bronze_options
+from pipelines.lake.frames import materialized, union_all
+from pipelines.lake.layout import BATCH_ID_META, DEAD_LETTERS_META, POSITIONS_META
+from pipelines.runtime.settings import dead_letter_path
 
 log = logging.getLogger(__name__)
 

@@ -8,16 +8,16 @@ from dataclasses import dataclass
 
 from pyspark.sql import DataFrame, SparkSession
 
-from pipelines.erasure_registry import (
+from pipelines.lake.erasure_registry import (
     dead_letters_without_erased,
     erasure_key,
     read_registry,
     registry_path,
     without_erased,
 )
-from pipelines.hudi_timeline import latest_completion
-from pipelines.ingest.state import materialized
-from pipelines.table_stats import has_completed_commit
+from pipelines.lake.frames import materialized
+from pipelines.lake.hudi_timeline import latest_completion
+from pipelines.lake.table_stats import has_completed_commit
 
 
 @dataclass(frozen=True)

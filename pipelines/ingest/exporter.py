@@ -15,7 +15,7 @@ So the gauges are as fresh as the heartbeat (`[health] heartbeat_seconds`, 10 s,
 5-s scrapes), and a hung driver, which writes no heartbeat, shows as a heartbeat that ages
 (`LakehouseStreamHeartbeatStale`) rather than as figures that keep looking current.
 
-Names, kinds and labels are pipelines.metric_names'; the types are prometheus_client's. A `table` label
+Names, kinds and labels are pipelines.monitoring.metric_names'; the types are prometheus_client's. A `table` label
 is the declared table's name (`orders`), as in the batch lines and `lakehouse status`. Counters count from
 the process's start: a restart resets them, which `rate()` and `increase()` take in their stride.
 Port: hudi_configs/stream.toml `[metrics] port` (`lakehouse ingest --metrics-port`); 0, none.
@@ -29,10 +29,10 @@ import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 import hudi_configs
-from pipelines import metric_names
 from pipelines.ingest.batch import BatchReport
 from pipelines.ingest.stream import kafka_offsets
-from pipelines.local_process import HOST
+from pipelines.monitoring import metric_names
+from pipelines.runtime.local_process import HOST
 
 # Seconds of a phase, from a registry lookup to a catch-up batch (about 45 s on 2 cores, BENCHMARKS.md)
 # and the stall limit (`[health] stalled_after_seconds`, 600): the library's default buckets end at 10 s.

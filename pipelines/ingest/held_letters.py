@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from pyspark.sql import DataFrame
 
 import hudi_configs
-from pipelines.ingest.state import DEAD_LETTERS_META, POSITIONS_META, release
+from pipelines.lake.frames import release
+from pipelines.lake.layout import DEAD_LETTERS_META, POSITIONS_META
 
 
 @dataclass(frozen=True)

@@ -12,12 +12,12 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from pipelines import contract
-from pipelines.declaration import declared
 from pipelines.ingest.connect_types import convert
 from pipelines.ingest.schema import Column as ShapeColumn
 from pipelines.ingest.schema import Shape
-from pipelines.settings import unavailable_placeholder
+from pipelines.lake import contract
+from pipelines.lake.declaration import declared
+from pipelines.runtime.settings import unavailable_placeholder
 
 # --------------------------------------------------------------------------- parsing
 

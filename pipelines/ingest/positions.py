@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from pyspark.sql import Row
 
-from pipelines.declaration import declared
 from pipelines.ingest.held_letters import stored_through
-from pipelines.ingest.state import BATCH_ID_META, positions_in
-from pipelines.settings import changelog_path, dead_letter_path, main_path
+from pipelines.ingest.state import positions_in
+from pipelines.lake.declaration import declared
+from pipelines.lake.layout import BATCH_ID_META
+from pipelines.runtime.settings import changelog_path, dead_letter_path, main_path
 
 
 def _reaches(applied: dict[str, int], ends: dict[str, int]) -> bool:

@@ -28,9 +28,9 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from pipelines import storage
-from pipelines.declaration import declared
 from pipelines.ingest.connect_types import PHYSICAL
+from pipelines.lake import storage
+from pipelines.lake.declaration import declared
 
 COLUMNS_META = "_lakehouse.columns"
 SCHEMA_REASON = "schema: "

@@ -7,16 +7,16 @@ import json
 
 import click
 
-from pipelines import settings
-from pipelines.declaration import declared
 from pipelines.ingest.schema import COLUMNS_META, Shape, accept, held_column, read_accepted
+from pipelines.lake.declaration import declared
+from pipelines.runtime import settings
 
 BATCH_ID_META = "_lakehouse.batch_id"  # as pipelines.ingest.bronze writes it (not imported: that pulls in Spark)
 
 
 def _commits(path: str) -> list[tuple[str, dict[str, str]]]:
     """(instant, extra metadata) of the table's completed delta commits in the active timeline, oldest first."""
-    from pipelines.table_stats import open_table
+    from pipelines.lake.table_stats import open_table
 
     timeline = open_table(path).get_timeline()
     out = []
@@ -28,7 +28,7 @@ def _commits(path: str) -> list[tuple[str, dict[str, str]]]:
 
 def history(table: str) -> list[dict[str, str]]:
     """The table's columns, oldest first: name, type, and where each came from (commit instant, batch, time)."""
-    from pipelines.table_stats import has_completed_commit
+    from pipelines.lake.table_stats import has_completed_commit
 
     path = settings.main_path(table)
     if not has_completed_commit(path):

@@ -1,11 +1,10 @@
-"""What the bronze tables hold, as the writer needs it: their columns and commit metadata keys, their
-Hudi options, and the `(id, _lsn)` state of main and of the deletes, read once per stream and then
-kept by the writer's own commits (`KnownRows`).
+"""What the bronze tables hold, as the writer needs it: their Hudi options, and the `(id, _lsn)`
+state of main and of the deletes, read once per stream and then kept by the writer's own commits
+(`KnownRows`).
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 from collections.abc import Callable, Sequence
@@ -14,38 +13,14 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 import hudi_configs
-from pipelines import storage
-from pipelines.hudi_timeline import latest_extra
-from pipelines.settings import changelog_path, ledger_path
-from pipelines.table_stats import has_completed_commit
+from pipelines.lake import storage
+from pipelines.lake.frames import materialized, release, union_all
+from pipelines.lake.hudi_timeline import latest_extra
+from pipelines.lake.layout import POSITIONS_META
+from pipelines.lake.table_stats import has_completed_commit
+from pipelines.runtime.settings import changelog_path, ledger_path
 
 log = logging.getLogger(__name__)
-
-
-DELETED_FLAG = "_hoodie_is_deleted"
-# CDC metadata kept on every bronze row (and ledger row).
-META_COLUMNS = ("_op", "_lsn", "_source_ts", "_tx_id", "_kafka_partition", "_kafka_offset", "_kafka_ts",
-                "_ingested_at")
-# A ledger row: the table's key columns, then these.
-LEDGER_COLUMNS = ("_lsn", "_source_ts", "_tx_id", "_kafka_partition", "_kafka_offset", "_kafka_ts",
-                  "_ingested_at")
-DEAD_LETTER_COLUMNS = ("position", "kafka_topic", "kafka_partition", "kafka_offset", "kafka_timestamp", "key",
-                       "value", "reason", "batch_id", "ingested_at")
-# Commit metadata (Hudi adds every write option starting with the commit-metadata prefix, "_").
-BATCH_ID_META = "_lakehouse.batch_id"
-# The stream's Kafka position after the batch, {"topic/partition": next offset}, for every
-# partition the stream has consumed from: where a lost checkpoint resumes.
-POSITIONS_META = "_lakehouse.kafka_positions"
-# The stream's position up to which every dead letter is in the store ({"topic/partition": next
-# offset}): behind POSITIONS_META while the writer holds letters back (pipelines.ingest.held_letters).
-DEAD_LETTERS_META = "_lakehouse.dead_letters_through"
-# The erasure registry's version (completion time of its newest commit) the batch filtered
-# with: an erasure finds the batches that may have read an older one (pipelines.gdpr.erase).
-REGISTRY_META = "_lakehouse.erasure_registry"
-# Hashes of the Kafka Connect schemas (schemas.enable=true; xxhash64 of the schema's JSON text) whose
-# row shapes the table has applied: a record of one of them needs no schema decision (`parse_events`).
-# Hashes written by an older parser match nothing and cost one decision, which changes nothing.
-DECLARED_META = "_lakehouse.declared_shapes"
 
 
 # --------------------------------------------------------------------------- writing
@@ -262,39 +237,3 @@ class KnownRows:
             self._pieces = [(rows, rows.count())]
             self._nothing = self._pieces[0][1] == 0
         return union_all([frame for frame, _ in self._pieces])
-
-
-def materialized(frame: DataFrame) -> DataFrame:
-    """`frame` computed now, as a leaf of every plan built on it; `release` frees it.
-
-    A cached frame keeps its whole plan (the parse's JSON schemas, the plan's joins), and each
-    Dataset built on it has that plan analyzed again, Hudi's analyzer rules walking every node.
-    A leaf costs nothing to analyze: a batch's freshness runs measured its batches about 0.7 s
-    shorter (BENCHMARKS.md, "Leaf plans").
-
-    In one JVM (local mode) the leaf is a local checkpoint, blocks in the block manager. On a
-    cluster those blocks live in an executor, and when it is lost no later job can compute the
-    frame again: an executor SIGKILLed under a batch failed that batch and every later one
-    ("Checkpoint block rdd_628_0 not found", tests/test_cluster.py), the stream's known rows
-    being such frames. There the session has a checkpoint folder (pipelines/spark.py) and the
-    leaf is a reliable checkpoint: files that any executor reads.
-    """
-    if frame.sparkSession.sparkContext.getCheckpointDir() is None:
-        return frame.localCheckpoint()
-    return frame.checkpoint()
-
-
-def release(frame: DataFrame) -> None:
-    """Free a `materialized` frame's blocks (or checkpoint files) now: unreferenced, they would wait for
-    the JVM's garbage collector (Spark's ContextCleaner, up to 30 minutes), a parsed batch each."""
-    rdd = frame._jdf.queryExecution().logical().rdd()
-    rdd.unpersist(False)
-    context = frame.sparkSession.sparkContext
-    if (folder := context.getCheckpointDir()) is not None:
-        path = context._jvm.org.apache.hadoop.fs.Path(f"{folder}/rdd-{rdd.id()}")
-        path.getFileSystem(context._jsc.hadoopConfiguration()).delete(path, True)
-
-
-def union_all(frames: list[DataFrame]) -> DataFrame:
-    """The rows of all `frames`, matched by column name."""
-    return functools.reduce(DataFrame.unionByName, frames)

@@ -23,7 +23,7 @@ since T` and why (what its probe, `local_process.kafka_unanswered`, met). Such a
 not stalled: it is alive and a restart would only wait again, so supervisors leave it running.
 
 Pure Python (no Spark): Airflow's environment imports it. Files are local paths or S3
-objects, through pipelines.storage like every other file beside the tables.
+objects, through pipelines.lake.storage like every other file beside the tables.
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import hudi_configs
-from pipelines import storage
-from pipelines.local_process import process_started
+from pipelines.lake import storage
+from pipelines.runtime.local_process import process_started
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ def limits() -> Limits:
 
 
 class ControlFiles:
-    """The stream's two small files under the lake root, on a local disk or an object store (pipelines.storage)."""
+    """The stream's two small files under the lake root, on a local disk or an object store (pipelines.lake.storage)."""
 
     def __init__(self, root: str) -> None:
         self.root = root.rstrip("/")

@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from pyspark.sql import Column, DataFrame, Row
 from pyspark.sql import functions as F
 
-from pipelines.declaration import declared
 from pipelines.ingest.connect_types import bronze_column
 from pipelines.ingest.parse import TableParse, literal_array
 from pipelines.ingest.schema import COLUMNS_META, SCHEMA_REASON, Shape, decide, infer_type, read_accepted
-from pipelines.ingest.state import DECLARED_META
+from pipelines.lake.declaration import declared
+from pipelines.lake.layout import DECLARED_META
 
 log = logging.getLogger(__name__)
 

@@ -14,27 +14,19 @@ from pyspark.sql import functions as F
 from pyspark.storagelevel import StorageLevel
 
 import hudi_configs
-from pipelines.catalog import bronze_options, keyed_options
-from pipelines.declaration import declared
 from pipelines.ingest.batch import BatchReport, append, run_together
 from pipelines.ingest.erasures import Erased
 from pipelines.ingest.plan import change_rows, newest_per_key, plan, truncate_deletes
 from pipelines.ingest.positions import PositionLedger
 from pipelines.ingest.schema import COLUMNS_META
-from pipelines.ingest.state import (
-    DECLARED_META,
-    DELETED_FLAG,
-    META_COLUMNS,
-    KnownRows,
-    known_rows,
-    materialized,
-    read_deletes,
-    read_state,
-    release,
-)
+from pipelines.ingest.state import KnownRows, known_rows, read_deletes, read_state
 from pipelines.ingest.survey import SchemaSurvey, Survey
-from pipelines.settings import changelog_path, main_path
-from pipelines.table_stats import has_completed_commit
+from pipelines.lake.catalog import bronze_options, keyed_options
+from pipelines.lake.declaration import declared
+from pipelines.lake.frames import materialized, release
+from pipelines.lake.layout import DECLARED_META, DELETED_FLAG, META_COLUMNS
+from pipelines.lake.table_stats import has_completed_commit
+from pipelines.runtime.settings import changelog_path, main_path
 
 log = logging.getLogger(__name__)
 

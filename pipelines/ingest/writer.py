@@ -20,8 +20,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from pipelines.declaration import declared
-from pipelines.hudi_timeline import repair_torn_timeline
 from pipelines.ingest.batch import BatchReport, TableRead, run_together
 from pipelines.ingest.cadence import BatchRecords, Cadence
 from pipelines.ingest.dead_letter_writer import DeadLetterWriter
@@ -30,18 +28,14 @@ from pipelines.ingest.exporter import StreamExporter
 from pipelines.ingest.held_letters import EARLIEST
 from pipelines.ingest.parse import parse_topics
 from pipelines.ingest.positions import PositionLedger, end_offsets
-from pipelines.ingest.state import (
-    BATCH_ID_META,
-    DEAD_LETTERS_META,
-    POSITIONS_META,
-    REGISTRY_META,
-    discard_unborn,
-    ingest_meta,
-    materialized,
-)
+from pipelines.ingest.state import discard_unborn, ingest_meta
 from pipelines.ingest.survey import SchemaSurvey, tally
 from pipelines.ingest.tables import TableWriter
-from pipelines.settings import changelog_path, dead_letter_path, main_path, unavailable_placeholder
+from pipelines.lake.declaration import declared
+from pipelines.lake.frames import materialized
+from pipelines.lake.hudi_timeline import repair_torn_timeline
+from pipelines.lake.layout import BATCH_ID_META, DEAD_LETTERS_META, POSITIONS_META, REGISTRY_META
+from pipelines.runtime.settings import changelog_path, dead_letter_path, main_path, unavailable_placeholder
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@ over (pipelines/services/quality_due.py decides the same for the quality suites)
 
 With tens of declared tables most of them are idle at any hour, and each Spark job costs seconds of
 JVM start before it finds nothing to do. So the Airflow DAGs decide first, in their own worker
-(`pipelines.timeline_files`: file listings and a few small Avro reads, no JVM; on EMR the worker has
+(`pipelines.lake.timeline_files`: file listings and a few small Avro reads, no JVM; on EMR the worker has
 neither Spark nor Hudi), and start a job only for the tables this decides have work. Each job takes up to
 `tables_per_job` of them (hudi_configs/table_services.toml [jobs]): one JVM start for several tables, and
 every job's start and run in the lake pool's one slot, which the ETL shares.
@@ -41,10 +41,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 import hudi_configs
-from pipelines import storage
-from pipelines.catalog import LakeTable, lake_tables
-from pipelines.settings import lake_root
-from pipelines.timeline_files import (
+from pipelines.lake import storage
+from pipelines.lake.catalog import LakeTable, lake_tables
+from pipelines.lake.timeline_files import (
     HEARTBEAT_EXPIRY_MS,
     DataFile,
     Instant,
@@ -54,6 +53,7 @@ from pipelines.timeline_files import (
     instant_time,
     timeline,
 )
+from pipelines.runtime.settings import lake_root
 
 log = logging.getLogger(__name__)
 

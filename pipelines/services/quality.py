@@ -9,7 +9,7 @@ it (`storage.local_copy`), so results and docs live with the lake, not on a driv
 column, the rule and a few of the values that broke it, so that the Airflow task log says
 what is wrong without opening the docs.
 
-Each declared table (`pipelines.declaration`, contract section 7) gets a bronze and a silver suite
+Each declared table (`pipelines.lake.declaration`, contract section 7) gets a bronze and a silver suite
 from its declaration, not from code: the key, and silver's declared rules (`silver_expectations`).
 Gold's suites are the shop's business checks, code like gold itself, and run when gold does.
 
@@ -40,14 +40,15 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 import hudi_configs
-from pipelines import console, contract, storage
-from pipelines.catalog import gold_missing
-from pipelines.declaration import TableDecl, declared
-from pipelines.hudi_timeline import checkpoint, consumed, earliest_retained, instant_of_batch, meta_at
-from pipelines.ingest.state import BATCH_ID_META
+from pipelines.lake import contract, storage
+from pipelines.lake.catalog import gold_missing
+from pipelines.lake.declaration import TableDecl, declared
+from pipelines.lake.hudi_timeline import checkpoint, consumed, earliest_retained, instant_of_batch, meta_at
+from pipelines.lake.layout import BATCH_ID_META
+from pipelines.lake.table_stats import has_completed_commit
+from pipelines.runtime import console
+from pipelines.runtime.settings import changelog_path, gold_path, main_path, quarantine_path, silver_path
 from pipelines.services.quality_due import quality_root, quality_suites, record_checked, suite_versions
-from pipelines.settings import changelog_path, gold_path, main_path, quarantine_path, silver_path
-from pipelines.table_stats import has_completed_commit
 from pipelines.transform.gold import DAILY, DAILY_KEY, LTV
 from pipelines.transform.silver import cast_type
 

@@ -20,12 +20,12 @@ import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from pipelines import storage
-from pipelines.catalog import gold_declared, lake_table
-from pipelines.declaration import Declaration, declared
+from pipelines.lake import storage
+from pipelines.lake.catalog import gold_declared, lake_table
+from pipelines.lake.declaration import Declaration, declared
+from pipelines.lake.timeline_files import instant_datetime, timeline
+from pipelines.runtime.settings import lake_root
 from pipelines.services.due import chunked, log_jobs, tables_per_job, work_item
-from pipelines.settings import lake_root
-from pipelines.timeline_files import instant_datetime, timeline
 
 log = logging.getLogger(__name__)
 

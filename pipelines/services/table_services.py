@@ -37,13 +37,15 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 import hudi_configs
-from pipelines import catalog_sync, console
-from pipelines.catalog import LakeTable, lake_tables
-from pipelines.hudi_client import WriteClient
-from pipelines.hudi_timeline import READABLE_FROM_META, checkpoint, consumed, repair_torn_timeline
-from pipelines.ingest.state import LEDGER_COLUMNS, materialized
+from pipelines.lake.catalog import LakeTable, lake_tables
+from pipelines.lake.frames import materialized
+from pipelines.lake.hudi_timeline import READABLE_FROM_META, checkpoint, consumed, repair_torn_timeline
+from pipelines.lake.layout import LEDGER_COLUMNS
+from pipelines.lake.table_stats import has_completed_commit
+from pipelines.metastore import catalog_sync
+from pipelines.runtime import console
+from pipelines.runtime.hudi_client import WriteClient
 from pipelines.services.due import SERVICES
-from pipelines.table_stats import has_completed_commit
 
 log = logging.getLogger(__name__)
 # Hudi instant times: local time (the timeline time zone, LOCAL by default), to the millisecond.

@@ -22,19 +22,20 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 import hudi_configs
-from pipelines.catalog import change_feed_tables
-from pipelines.declaration import declared
-from pipelines.hudi_timeline import (
+from pipelines.ingest.plan import newest_per_key
+from pipelines.lake.catalog import change_feed_tables
+from pipelines.lake.declaration import declared
+from pipelines.lake.frames import materialized, union_all
+from pipelines.lake.hudi_timeline import (
     earliest_checkpoint,
     instant_as_of,
     instants_between,
     latest_completion,
     partitions_written,
 )
-from pipelines.ingest.plan import newest_per_key
-from pipelines.ingest.state import LEDGER_COLUMNS, META_COLUMNS, materialized, union_all
-from pipelines.settings import changelog_path, lake_root, ledger_path, main_path, table_path
-from pipelines.table_stats import has_completed_commit
+from pipelines.lake.layout import LEDGER_COLUMNS, META_COLUMNS
+from pipelines.lake.table_stats import has_completed_commit
+from pipelines.runtime.settings import changelog_path, lake_root, ledger_path, main_path, table_path
 
 log = logging.getLogger(__name__)
 

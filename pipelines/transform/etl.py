@@ -17,15 +17,16 @@ from functools import partial
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from pipelines import console
-from pipelines.catalog import gold_missing, silver_options
-from pipelines.declaration import TableDecl, declared
-from pipelines.erasure_registry import erasure_key, read_registry, without_erased
-from pipelines.hudi_timeline import checkpoint, consumed, repair_torn_timeline, write_with_checkpoint
-from pipelines.ingest.state import DELETED_FLAG, materialized
-from pipelines.settings import changelog_path, gold_path, lake_root, quarantine_path, silver_path
-from pipelines.spark import get_spark
-from pipelines.table_stats import has_completed_commit
+from pipelines.lake.catalog import gold_missing, silver_options
+from pipelines.lake.declaration import TableDecl, declared
+from pipelines.lake.erasure_registry import erasure_key, read_registry, without_erased
+from pipelines.lake.frames import materialized
+from pipelines.lake.hudi_timeline import checkpoint, consumed, repair_torn_timeline, write_with_checkpoint
+from pipelines.lake.layout import DELETED_FLAG
+from pipelines.lake.table_stats import has_completed_commit
+from pipelines.runtime import console
+from pipelines.runtime.settings import changelog_path, gold_path, lake_root, quarantine_path, silver_path
+from pipelines.runtime.spark import get_spark
 from pipelines.transform.changes import Window, bronze_changes, window
 from pipelines.transform.gold import DAILY, LTV, STATE, gold_cycle
 from pipelines.transform.silver import clean, silver_columns

@@ -27,12 +27,13 @@ import logging
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from pipelines import console
-from pipelines.catalog import gold_options
-from pipelines.hudi_timeline import checkpoint, consumed, write_with_checkpoint
-from pipelines.ingest.state import DELETED_FLAG, materialized
-from pipelines.settings import gold_path
-from pipelines.table_stats import has_completed_commit
+from pipelines.lake.catalog import gold_options
+from pipelines.lake.frames import materialized
+from pipelines.lake.hudi_timeline import checkpoint, consumed, write_with_checkpoint
+from pipelines.lake.layout import DELETED_FLAG
+from pipelines.lake.table_stats import has_completed_commit
+from pipelines.runtime import console
+from pipelines.runtime.settings import gold_path
 from pipelines.transform.changes import Window, cdc_last_ops, cdc_window, keyed_read, window
 
 log = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 
 One pure DataFrame function, `clean`, turns bronze-shaped rows of any declared table into
 silver-shaped rows, so that each rule can be tested on its own and a table is onboarded by
-declaring it (`pipelines.declaration`), never by writing code here; the incremental cycle that
+declaring it (`pipelines.lake.declaration`), never by writing code here; the incremental cycle that
 feeds it is `pipelines.transform.etl`. A row that fails a rule is not dropped: `failed_rule`
 names the first rule it broke, in declared order, and the cycle keeps it in quarantine instead
 of silver.
@@ -34,8 +34,8 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from pipelines.declaration import DeclarationError, Rule, TableDecl, declared, missing_columns
-from pipelines.ingest.state import LEDGER_COLUMNS, META_COLUMNS
+from pipelines.lake.declaration import DeclarationError, Rule, TableDecl, declared, missing_columns
+from pipelines.lake.layout import LEDGER_COLUMNS, META_COLUMNS
 
 # The bronze metadata silver keeps: `_lsn` orders its upserts (a late re-run never moves a row back),
 # `_source_ts` says how fresh a row is.

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import DAGS, LINEAGE, PROJECT, lakehouse
 
-from pipelines import lineage
+from pipelines.monitoring import lineage
 from pipelines.services.due import services_due
 from tests.hudi_files import log_files, pending_compactions
 from tests.plant import BAD_STATUS

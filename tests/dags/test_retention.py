@@ -11,7 +11,7 @@ from datetime import timedelta
 from conftest import DAGS
 
 import hudi_configs
-from pipelines.settings import INGEST_TRIGGER_SECONDS
+from pipelines.runtime.settings import INGEST_TRIGGER_SECONDS
 
 HOUR = timedelta(hours=1)
 

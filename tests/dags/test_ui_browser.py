@@ -338,7 +338,7 @@ def test_etl_triggered_in_the_ui_runs_on_the_lake_and_logs_its_summary(airflow_u
 
 def _hudi_rows(lake: Path, table: str, key: str) -> dict:
     """A table's rows by key, read with hudi-rs in .venv (no JVM; Airflow's environment has no Hudi reader)."""
-    code = ("import json, sys; from pipelines.table_stats import read_table; "
+    code = ("import json, sys; from pipelines.lake.table_stats import read_table; "
             "print(json.dumps(read_table(sys.argv[1]).to_pylist(), default=str))")
     done = subprocess.run([str(PROJECT / ".venv" / "bin" / "python"), "-c", code, str(lake / table)], cwd=PROJECT,
                           capture_output=True, text=True, timeout=300, check=True)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from pipelines import settings
+from pipelines.runtime import settings
 
 # Kept here (not imported from lakehouse_dev.bench.commits) so that `--help` starts no Spark import.
 _COMMIT_VARIANTS = ("project", "timeline_server_off", "timeline_server_markers", "no_auto_clean",
@@ -293,7 +293,7 @@ def run_all(ctx: click.Context, events: int, minutes: float) -> None:
 def parquet_sink(root: str, bootstrap: str) -> None:
     """The Parquet upper bound's writer (run by `bench ingest`): consume the topics once into Parquet appends."""
     from lakehouse_dev.bench.parquet_sink import run_parquet_sink
-    from pipelines.spark import get_spark
+    from pipelines.runtime.spark import get_spark
 
     run_parquet_sink(get_spark("lakehouse-bench-parquet"), root, bootstrap)
 
@@ -308,6 +308,6 @@ def hudi_sink(root: str, bootstrap: str) -> None:
     (`lakehouse_dev.bench.hudi_sink`).
     """
     from lakehouse_dev.bench.hudi_sink import run_hudi_sink
-    from pipelines.spark import get_spark
+    from pipelines.runtime.spark import get_spark
 
     run_hudi_sink(get_spark("lakehouse-bench-hudi-sink"), root, bootstrap)

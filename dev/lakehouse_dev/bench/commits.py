@@ -73,7 +73,7 @@ def run(rows: int, warm_up: int, commits: int, variants: tuple[str, ...]) -> dic
 
     The variants take turns, commit by commit, so that none gains from a JVM the others warmed up.
     """
-    from pipelines.spark import get_spark
+    from pipelines.runtime.spark import get_spark
 
     spark = get_spark("lakehouse-bench-commits")
     shutil.rmtree(bench_dir() / "commits", ignore_errors=True)

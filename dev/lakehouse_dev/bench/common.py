@@ -31,7 +31,7 @@ from lakehouse_dev.generator.values import Message, WorkloadConfig
 from lakehouse_dev.kafka_local import KafkaBroker, free_port
 from lakehouse_dev.pg_source import RealSource
 from lakehouse_dev.spark_cluster import AppTasks, LocalCluster
-from pipelines.spark_conf import MASTER_VARIABLE
+from pipelines.runtime.spark_conf import MASTER_VARIABLE
 
 PARTITIONS = 3
 # The backlog's mix (BENCHMARKS.md, "How each figure is measured"): about 60% snapshot rows,

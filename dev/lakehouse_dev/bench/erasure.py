@@ -39,7 +39,7 @@ from lakehouse_dev.bench.plots import grouped_bars
 from lakehouse_dev.generator.kafka import produce
 from lakehouse_dev.generator.source import ShopSource
 from lakehouse_dev.generator.values import WorkloadConfig
-from pipelines import contract
+from pipelines.lake import contract
 
 SIZES = (100_000, 1_000_000)
 GOAL_S = 600

@@ -2,7 +2,7 @@
 
 A lake is built from a backlog (ingest, first etl), then for each fraction the source
 changes that share of its live rows, ingest catches up and one `etl` cycle runs, metered
-(`pipelines.metrics.ReadMeter`: rows, bytes and files Spark's scans read). The reference
+(`pipelines.monitoring.metrics.ReadMeter`: rows, bytes and files Spark's scans read). The reference
 is a full rebuild in the same process: the same cycle over a copy of bronze with no
 silver or gold, i.e. every change from the start.
 """
@@ -15,13 +15,13 @@ from typing import Any
 
 from lakehouse_dev.bench.common import bench_dir, broker, lakehouse, produce_backlog, save, say, table
 from lakehouse_dev.bench.plots import grouped_bars
-from pipelines import contract
+from pipelines.lake import contract
 
 FRACTIONS = (0.001, 0.01, 0.1)
 
 
 def _metered_cycle(spark, root: str) -> dict[str, Any]:
-    from pipelines.metrics import ReadMeter
+    from pipelines.monitoring.metrics import ReadMeter
     from pipelines.transform.etl import run_etl
 
     started = time.monotonic()
@@ -31,7 +31,7 @@ def _metered_cycle(spark, root: str) -> dict[str, Any]:
 
 
 def run(events: int, seed: int, fractions: tuple[float, ...] = FRACTIONS) -> dict[str, Any]:
-    from pipelines.spark import get_spark
+    from pipelines.runtime.spark import get_spark
 
     work = bench_dir() / "etl"
     shutil.rmtree(work, ignore_errors=True)

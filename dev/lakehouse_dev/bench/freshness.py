@@ -69,10 +69,10 @@ from lakehouse_dev.bench.visibility import (
 from lakehouse_dev.generator.kafka import produce
 from lakehouse_dev.generator.source import ShopSource
 from lakehouse_dev.generator.values import Message, WorkloadConfig
-from pipelines import declaration
-from pipelines.declaration import Declaration
 from pipelines.ingest.batch import BatchReport
 from pipelines.ingest.stream import ControlFiles
+from pipelines.lake import declaration
+from pipelines.lake.declaration import Declaration
 
 NAME = "freshness"
 # Rows of the source's snapshot, loaded before the steady phase: a small lake by default, which the

@@ -11,7 +11,7 @@ What it writes: per source table a MERGE_ON_READ table at `<base_path>/<table>` 
 the columns of bronze main (the source columns as delivered, `_op`, `_lsn`, `_source_ts`,
 `_tx_id`, `_kafka_partition`, `_kafka_offset`, `_kafka_ts`, `_ingested_at`, and the delete
 flag `_hoodie_is_deleted`) and every option bronze main is written with
-(`pipelines.catalog.bronze_options("table", ...)`: key `id`, precombine `_lsn` with event-time
+(`pipelines.lake.catalog.bronze_options("table", ...)`: key `id`, precombine `_lsn` with event-time
 ordering, bucket index, compaction plans, cleaning...). The envelopes are decoded by the
 ingest job's own parser (`parse_events`, `change_rows`), so decoding costs the same.
 
@@ -45,12 +45,12 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from pipelines import contract
-from pipelines.catalog import bronze_options, keyed_options
 from pipelines.ingest.bronze import kafka_stream
 from pipelines.ingest.parse import parse_events
 from pipelines.ingest.plan import change_rows
-from pipelines.ingest.state import DELETED_FLAG, META_COLUMNS
+from pipelines.lake import contract
+from pipelines.lake.catalog import bronze_options, keyed_options
+from pipelines.lake.layout import DELETED_FLAG, META_COLUMNS
 
 # What the streaming sink needs on top of bronze main's options. Main's writer plans compactions
 # for the job's own thread to run (pipelines/ingest/compactor.py), which the sink does not have;

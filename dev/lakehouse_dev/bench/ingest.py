@@ -43,9 +43,9 @@ from lakehouse_dev.bench.common import (
     table,
 )
 from lakehouse_dev.bench.plots import bar_chart
-from pipelines import contract
 from pipelines.ingest.batch import BatchReport
-from pipelines.table_stats import table_stats
+from pipelines.lake import contract
+from pipelines.lake.table_stats import table_stats
 
 CONTENDERS = ("lakehouse", "lakehouse_before_tuning", "lakehouse_cluster", "hudi_sink", "parquet")
 

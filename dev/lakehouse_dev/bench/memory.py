@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lakehouse_dev.bench.common import process_tree
-from pipelines.local_process import java
+from pipelines.runtime.local_process import java
 
 _MAGIC = b"\xca\xfe\xc0\xc0"
 _PROLOGUE = 32  # magic, byte order, versions, accessible, used, overflow, mod time, entry offset, entries

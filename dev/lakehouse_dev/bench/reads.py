@@ -16,8 +16,8 @@ from typing import Any
 
 from lakehouse_dev.bench.common import bench_dir, broker, lakehouse, produce_backlog, save, say, table
 from lakehouse_dev.bench.plots import grouped_bars
-from pipelines import contract
-from pipelines.table_stats import read_table, table_stats
+from pipelines.lake import contract
+from pipelines.lake.table_stats import read_table, table_stats
 
 REPEATS = 3
 
@@ -45,7 +45,7 @@ def _timed(spark, path: str) -> dict[str, Any]:
 
 
 def run(events: int, batches: int, seed: int) -> dict[str, Any]:
-    from pipelines.spark import get_spark
+    from pipelines.runtime.spark import get_spark
 
     work = bench_dir() / "reads"
     shutil.rmtree(work, ignore_errors=True)

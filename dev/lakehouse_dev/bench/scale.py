@@ -43,11 +43,11 @@ from lakehouse_dev.bench.plots import grouped_bars
 from lakehouse_dev.generator.kafka import produce
 from lakehouse_dev.generator.source import ShopSource
 from lakehouse_dev.generator.values import WorkloadConfig
-from pipelines import contract
 from pipelines.ingest.batch import BatchReport
 from pipelines.ingest.writer import BronzeBatchWriter
-from pipelines.settings import INGEST_TRIGGER_SECONDS
-from pipelines.table_stats import table_stats
+from pipelines.lake import contract
+from pipelines.lake.table_stats import table_stats
+from pipelines.runtime.settings import INGEST_TRIGGER_SECONDS
 
 SIZES = (100_000, 2_000_000)
 WARM_UP = 1_000
@@ -144,7 +144,7 @@ def _one_size(spark, rows: int, changes: int, seed: int, reports: _Reports) -> d
 
 def run(sizes: tuple[int, ...], changes: int, seed: int) -> dict[str, Any]:
     """Build each size of lake, time the same size of batch on each; the ratio of the largest to the smallest."""
-    from pipelines.spark import get_spark
+    from pipelines.runtime.spark import get_spark
 
     spark = get_spark("lakehouse-bench-scale")
     reports = _Reports()

@@ -54,9 +54,9 @@ from lakehouse_dev.bench.visibility import LagProbe, topics_of, visibility
 from lakehouse_dev.generator import ShopSource, WorkloadConfig
 from lakehouse_dev.source_state import database_state
 from lakehouse_dev.supervised import SupervisorError
-from pipelines.contract import COLUMNS, PRIMARY_KEY, TABLES
-from pipelines.settings import INGEST_TRIGGER_SECONDS, gold_path, main_path, quarantine_path, silver_path
-from pipelines.table_stats import has_completed_commit, read_table
+from pipelines.lake.contract import COLUMNS, PRIMARY_KEY, TABLES
+from pipelines.lake.table_stats import has_completed_commit, read_table
+from pipelines.runtime.settings import INGEST_TRIGGER_SECONDS, gold_path, main_path, quarantine_path, silver_path
 
 NAME = "soak"
 _SETTLE_TIMEOUT = 900.0

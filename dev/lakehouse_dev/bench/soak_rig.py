@@ -35,9 +35,9 @@ from lakehouse_dev.kafka_local import KafkaBroker
 from lakehouse_dev.pg_source import RealSource
 from lakehouse_dev.supervised import Supervised
 from lakehouse_dev.toxiproxy import Proxy, Toxiproxy
-from pipelines.declaration import Declaration
 from pipelines.deploy.connector import restart_failed
-from pipelines.local_process import HOST, free_port
+from pipelines.lake.declaration import Declaration
+from pipelines.runtime.local_process import HOST, free_port
 
 # The toxics' strength: a slow link, a thin one, and one that resets every connection as data flows.
 LATENCY_MS, JITTER_MS = 1000, 250

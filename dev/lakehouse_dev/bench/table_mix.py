@@ -32,7 +32,7 @@ from lakehouse_dev.generator.declared_envelopes import (
     unchanged,
 )
 from lakehouse_dev.generator.values import Message
-from pipelines.declaration import DEFAULT_FRESHNESS_SECONDS
+from pipelines.lake.declaration import DEFAULT_FRESHNESS_SECONDS
 
 _REGIONS = ("eu", "us", "apac", "latam")
 # Key columns by kind: named apart from TYPES' columns, which a table's values are drawn from.

@@ -46,7 +46,7 @@ from lakehouse_dev.bench.table_mix import (
     write_declaration,
 )
 from lakehouse_dev.generator.kafka import produce
-from pipelines.declaration import DECLARATION_VARIABLE, DEFAULT_FRESHNESS_SECONDS, load
+from pipelines.lake.declaration import DECLARATION_VARIABLE, DEFAULT_FRESHNESS_SECONDS, load
 
 NAME = "tables"
 # The issue's goals (BENCHMARKS.md): the hot tables' p95 at most this times the shop's, and a batch

@@ -40,10 +40,10 @@ import click
 from hudi import HudiTableBuilder
 from kafka import KafkaConsumer, TopicPartition
 
-from pipelines.declaration import Declaration, declared
-from pipelines.ingest.state import BATCH_ID_META, POSITIONS_META
-from pipelines.settings import changelog_path, ingest_checkpoint_path, main_path
-from pipelines.table_stats import read_table
+from pipelines.lake.declaration import Declaration, declared
+from pipelines.lake.layout import BATCH_ID_META, POSITIONS_META
+from pipelines.lake.table_stats import read_table
+from pipelines.runtime.settings import changelog_path, ingest_checkpoint_path, main_path
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from lakehouse_dev.generator.kafka import KafkaUnavailableError, ensure_topics, 
 from lakehouse_dev.generator.source import STAT_KEYS, ShopSource
 from lakehouse_dev.generator.values import Message, WorkloadConfig
 from lakehouse_dev.sql_sink import play
-from pipelines import settings
+from pipelines.runtime import settings
 
 
 def summary_of(stats: Counter[str]) -> str:
@@ -157,7 +157,7 @@ def play_declared(dsn: str | None, changes: int, seed: int) -> str:
     import psycopg
 
     from lakehouse_dev.generator.declared import DeclaredWorkload
-    from pipelines.declaration import declared
+    from pipelines.lake.declaration import declared
 
     dsn = _source_dsn(dsn)
     with psycopg.connect(dsn, autocommit=True) as conn:

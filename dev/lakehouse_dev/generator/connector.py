@@ -22,7 +22,7 @@ from lakehouse_dev.generator.values import (
     rejected,
     sequence,
 )
-from pipelines.contract import PRIMARY_KEY, SCHEMA, TOPIC_PREFIX, topic
+from pipelines.lake.contract import PRIMARY_KEY, SCHEMA, TOPIC_PREFIX, topic
 
 
 class Connector:

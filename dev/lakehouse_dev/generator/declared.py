@@ -24,7 +24,7 @@ from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from pipelines.declaration import Declaration, TableDecl
+from pipelines.lake.declaration import Declaration, TableDecl
 
 log = logging.getLogger(__name__)
 

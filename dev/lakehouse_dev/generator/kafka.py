@@ -11,7 +11,7 @@ from kafka import KafkaAdminClient, KafkaProducer
 from kafka.errors import KafkaError, TopicAlreadyExistsError
 
 from lakehouse_dev.generator.values import ACK_EVERY, PROGRESS_EVERY, Message
-from pipelines.contract import TABLES, topic
+from pipelines.lake.contract import TABLES, topic
 
 # --- Kafka ---------------------------------------------------------------------------------------------
 

@@ -6,7 +6,7 @@ import functools
 from typing import Any
 
 from lakehouse_dev.generator.values import SNAPSHOT_MARKERS, TIMESTAMP_COLUMNS, dumps
-from pipelines.contract import BIGINT_COLUMNS, COLUMNS, TABLES, topic
+from pipelines.lake.contract import BIGINT_COLUMNS, COLUMNS, TABLES, topic
 
 # --- Kafka Connect schemas (schemas.enable=true), built once per table ------------------------------
 

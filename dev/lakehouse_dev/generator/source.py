@@ -34,8 +34,8 @@ from lakehouse_dev.generator.values import (
     key_of,
     sequence,
 )
-from pipelines import settings
-from pipelines.contract import COLUMNS, PRIMARY_KEY, TABLES, topic
+from pipelines.lake.contract import COLUMNS, PRIMARY_KEY, TABLES, topic
+from pipelines.runtime import settings
 
 STAT_KEYS = (
     "r", "c", "u", "d", "t", "m", "tombstone", "replayed", "malformed",

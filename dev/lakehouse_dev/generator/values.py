@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from pipelines.contract import COLUMNS, COUNTRY_PATTERN, CURRENCIES, EMAIL_PATTERN, ORDER_STATUSES, PRIMARY_KEY
+from pipelines.lake.contract import COLUMNS, COUNTRY_PATTERN, CURRENCIES, EMAIL_PATTERN, ORDER_STATUSES, PRIMARY_KEY
 
 DEBEZIUM_VERSION = "2.7.3.Final"
 DATABASE = "shop"

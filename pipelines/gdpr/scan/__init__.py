@@ -32,7 +32,7 @@ never the personal data itself, because they go into the erasure's audit certifi
 
 Hudi's readers open log files and HFiles through Hudi's storage API in the driver's JVM;
 files are listed and read (for the byte scan and pyarrow) through pyarrow.fs
-(`pipelines.storage`), on a local root or an object store alike: Hadoop's local listing
+(`pipelines.lake.storage`), on a local root or an object store alike: Hadoop's local listing
 forks a process per file to read its permissions (about 5 ms a file) and hides `.crc`
 files, which are scanned too. py4j calls are batched per block or file: records are
 collected in the JVM (method handles stand in for lambdas) and rendered as one JSON text

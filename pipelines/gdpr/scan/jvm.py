@@ -11,8 +11,8 @@ from py4j.java_gateway import JavaObject
 from py4j.protocol import Py4JJavaError
 from pyspark.sql import SparkSession
 
-from pipelines import storage
 from pipelines.gdpr.scan.model import CHUNK, DATA_BLOCKS, LOG_MAGIC, Chunk
+from pipelines.lake import storage
 
 # ----------------------------------------------------------------------------- the JVM side
 
@@ -32,7 +32,7 @@ class Jvm:
             raise FileNotFoundError(f"lake root {root} does not exist")
         self.root = fs.makeQualified(path).toString().rstrip("/")
         parsed = urlparse(self.root)
-        # What pipelines.storage lists and reads: the local path, or the store's URI.
+        # What pipelines.lake.storage lists and reads: the local path, or the store's URI.
         self._files = parsed.path.rstrip("/") if parsed.scheme == "file" else self.root
         self.storage = hudi.storage.hadoop.HoodieHadoopStorage(
             hudi.storage.StoragePath(self.root), hudi.storage.hadoop.HadoopStorageConfiguration(hconf))

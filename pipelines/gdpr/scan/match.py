@@ -14,7 +14,6 @@ import re
 from dataclasses import replace
 from typing import Any
 
-from pipelines.declaration import declared
 from pipelines.gdpr.scan.model import (
     CUSTOMER,
     DIGITS,
@@ -28,6 +27,7 @@ from pipelines.gdpr.scan.model import (
     Subject,
 )
 from pipelines.gdpr.scan.tables import Table, as_int, id_kinds, key_parts, secondary_index_record_key
+from pipelines.lake.declaration import declared
 
 
 class Matcher:
@@ -289,7 +289,7 @@ class Matcher:
 
 
 def key_value_text(value: object) -> str | None:
-    """A key value as Spark casts it to text (pipelines.erasure_registry.key_text): how the subject's rows are named."""
+    """A key value as Spark casts it to text (`erasure_registry.key_text`): how the subject's rows are named."""
     if value is None or isinstance(value, str):
         return value
     if isinstance(value, bool):

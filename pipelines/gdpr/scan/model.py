@@ -39,7 +39,7 @@ class Subject:
     order_ids: frozenset[int]  # the shop's orders (gold's state lists them)
     texts: frozenset[str]  # pii values (e-mails, names, ...); matched case-insensitively as substrings
     # Per declared table (the lake's name), the keys of the subject's rows: each key column's value as
-    # text, in the declared order (pipelines.erasure_registry.key_text). A table keyed by its subject
+    # text, in the declared order (pipelines.lake.erasure_registry.key_text). A table keyed by its subject
     # alone needs none: its key is a customer id.
     rows: dict[str, frozenset[tuple[str | None, ...]]] = field(default_factory=dict)
 

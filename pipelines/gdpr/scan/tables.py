@@ -8,10 +8,10 @@ import re
 from dataclasses import dataclass, replace
 from functools import cached_property
 
-from pipelines.catalog import lake_catalog, lake_tables
-from pipelines.declaration import declared
 from pipelines.gdpr.scan.jvm import Jvm
 from pipelines.gdpr.scan.model import CUSTOMER, FIELD_NAME, INTEGER, LOG_NAME, ORDER
+from pipelines.lake.catalog import lake_catalog, lake_tables
+from pipelines.lake.declaration import declared
 
 # ----------------------------------------------------------------------------- tables
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import hudi_configs
-from pipelines.settings import jvm_dir, lineage_dir, log_dir
+from pipelines.runtime.settings import jvm_dir, lineage_dir, log_dir
 
 MASTER_VARIABLE = "LAKEHOUSE_SPARK_MASTER"
 # What executors must see of the driver's environment: S3A resolves the store's endpoint, region
@@ -89,7 +89,7 @@ def cluster_conf(master: str, jars: list[Path]) -> dict[str, str]:
     (Avro's class loader, above); they are read where `make setup` put them, which on one
     machine is where every worker finds them, as EMR's nodes find the cluster's Hudi bundle in
     /usr/lib/hudi. The project's code reaches the executors' Python as the bundle of `lakehouse
-    package` (pipelines/spark.py ships it), run by the interpreter pinned here: the driver's own,
+    package` (pipelines/runtime/spark.py ships it), run by the interpreter pinned here: the driver's own,
     so both sides import the same versions of everything.
     """
     conf = {"spark.master": master,

@@ -33,9 +33,9 @@ from pathlib import Path
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from pipelines.declaration import declared
-from pipelines.settings import erasure_key_file, gdpr_path
-from pipelines.table_stats import has_completed_commit
+from pipelines.lake.declaration import declared
+from pipelines.runtime.settings import erasure_key_file, gdpr_path
+from pipelines.lake.table_stats import has_completed_commit
 
 KINDS = ("customer", "order", "row")
 # The pseudonyms of the shop's orders (`order:<id>`), from before any table's rows were registered.

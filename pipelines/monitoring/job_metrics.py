@@ -1,8 +1,8 @@
 """What each batch job pushes at the end of a run: its result turned into metric_names' metrics (no Spark here).
 
-One function per job, called by its command (pipelines/cli.py, pipelines/gdpr/cli.py) with what the
+One function per job, called by its command (pipelines/cli/app.py, pipelines/gdpr/cli.py) with what the
 run returned, so the figures pushed are the ones its summary line prints. Pushing, and how counters
-add up over runs, is pipelines/pushgateway.py's.
+add up over runs, is pipelines/monitoring/pushgateway.py's.
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from pipelines import metric_names as m
-from pipelines.pushgateway import JobMetrics
-from pipelines.timeline_files import instant_metadata, timeline
+from pipelines.lake.timeline_files import instant_metadata, timeline
+from pipelines.monitoring import metric_names as m
+from pipelines.monitoring.pushgateway import JobMetrics
 
 
 def commits(path: str) -> set[str]:

@@ -14,16 +14,17 @@ from pathlib import Path
 
 import click
 
-from pipelines import catalog_sync, console, settings
-from pipelines.catalog import change_feed_tables
-from pipelines.catalog_cli import catalog, sql
-from pipelines.declaration import DeclarationError, declared
+from pipelines.cli.catalog import catalog, sql
+from pipelines.cli.lake import dead_letters, show, status
 from pipelines.deploy.connector_cli import connector
 from pipelines.deploy.stream_local import stream
 from pipelines.gdpr.cli import gdpr
 from pipelines.ingest.schema_cli import schema
-from pipelines.lake_cli import dead_letters, show, status
-from pipelines.local_process import require_kafka
+from pipelines.lake.catalog import change_feed_tables
+from pipelines.lake.declaration import DeclarationError, declared
+from pipelines.metastore import catalog_sync
+from pipelines.runtime import console, settings
+from pipelines.runtime.local_process import require_kafka
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -115,8 +116,8 @@ def ingest(once: bool, trigger_seconds: float, max_offsets_per_trigger: int | No
 @main.command()
 def etl() -> None:
     """One incremental cycle: bronze changes -> silver (+ quarantine) -> gold, each since its checkpoint."""
-    from pipelines import job_metrics, metric_names
-    from pipelines.pushgateway import JobMetrics
+    from pipelines.monitoring import job_metrics, metric_names
+    from pipelines.monitoring.pushgateway import JobMetrics
     from pipelines.transform.etl import output_paths, run_etl
 
     root = settings.lake_root()
@@ -146,7 +147,7 @@ def etl() -> None:
 def lineage(files: tuple[Path, ...], job: str, run_id: str | None) -> None:
     """The lineage of one Spark run, from the local OpenLineage events: its Airflow task, then each write as
     `inputs -> job -> outputs` (lake tables by their catalog names; README.md, "Lineage")."""
-    from pipelines import lineage as ol
+    from pipelines.monitoring import lineage as ol
 
     paths = list(files) or ol.default_files()
     if not paths:
@@ -196,11 +197,11 @@ def services(tables: tuple[str, ...], only: tuple[str, ...]) -> None:
     """
     import json
 
-    from pipelines import job_metrics, metric_names
-    from pipelines.pushgateway import JobMetrics
+    from pipelines.monitoring import job_metrics, metric_names
+    from pipelines.monitoring.pushgateway import JobMetrics
+    from pipelines.runtime.spark import get_spark
     from pipelines.services.due import SERVICES
     from pipelines.services.table_services import run_services
-    from pipelines.spark import get_spark
 
     names, own = _table_services(tables)
     run = JobMetrics(metric_names.SERVICES, settings.lake_root())
@@ -240,16 +241,16 @@ def quality(layers: tuple[str, ...], suites: tuple[str, ...], max_age_hours: flo
     """
     from datetime import timedelta
 
+    from pipelines.runtime.spark import get_spark
     from pipelines.services.quality import LAYERS, data_docs_index, run_quality
     from pipelines.services.quality_due import quality_suites
-    from pipelines.spark import get_spark
 
     known = [spec.name for spec in quality_suites()]
     if unknown := [s for s in suites if s not in known]:
         raise click.BadParameter(f"{', '.join(map(repr, unknown))}: the suites are {', '.join(known)}",
                                  param_hint="--suite")
-    from pipelines import job_metrics, metric_names
-    from pipelines.pushgateway import JobMetrics
+    from pipelines.monitoring import job_metrics, metric_names
+    from pipelines.monitoring.pushgateway import JobMetrics
 
     root = settings.lake_root()
     run = JobMetrics(metric_names.QUALITY, root)
@@ -285,7 +286,7 @@ def changes(table: str, since: str | None, checkpoint_file: Path | None) -> None
     also says `snapshot: ...`.
     """
     if "/" not in table:  # a catalog name (`silver.orders`, `bronze.orders_rt`)
-        from pipelines.query import lake_name
+        from pipelines.metastore.query import lake_name
 
         try:
             table = lake_name(table)
@@ -294,7 +295,7 @@ def changes(table: str, since: str | None, checkpoint_file: Path | None) -> None
     if table not in (feeds := change_feed_tables()):
         raise click.BadParameter(f"{table!r} is not a table with a change feed (tables: {', '.join(feeds)})",
                                  param_hint="TABLE")
-    from pipelines.spark import get_spark
+    from pipelines.runtime.spark import get_spark
     from pipelines.transform.changes import read_changes
 
     if since is None and checkpoint_file is not None and checkpoint_file.exists():
@@ -324,6 +325,3 @@ def package(out: Path) -> None:
     for path in build(out):
         click.echo(f"{path} ({path.stat().st_size:,} bytes)")
 
-
-if __name__ == "__main__":
-    main()

@@ -23,7 +23,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipelines import metric_names as m
+from pipelines.monitoring import metric_names as m
 
 
 class PrometheusError(RuntimeError):
@@ -50,7 +50,7 @@ def query(url: str, expr: str) -> list[dict[str, Any]]:
     return prometheus_api(url, "/api/v1/query", query=expr)["result"]
 
 
-# Each figure's query; `{w}` is the window. The names come from pipelines.metric_names, as the alerts'.
+# Each figure's query; `{w}` is the window. The names come from pipelines.monitoring.metric_names, as the alerts'.
 _BATCHES = f'{m.BATCH_DURATION.name}_bucket{{{{phase="total"}}}}[{{w}}]'
 QUERIES: dict[str, str] = {
     "freshness_last": f"max by (table) (last_over_time({m.TABLE_FRESHNESS.name}[{{w}}]))",

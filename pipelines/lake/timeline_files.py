@@ -26,7 +26,7 @@ from typing import Any
 
 from pyarrow import fs as pafs
 
-from pipelines import storage
+from pipelines.lake import storage
 
 INSTANT_FILE = re.compile(r"^(?P<requested>\d+)(?:_(?P<completed>\d+)\.(?P<done>[a-z]+)"
                           r"|\.(?:(?P<action>[a-z]+)\.)?(?P<state>requested|inflight))$")

@@ -10,7 +10,7 @@ import os
 import re
 from pathlib import Path
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 # The ingest stream's micro-batch interval: with the etl schedule, it sets how many commits a
 # retention window holds (hudi_configs/table_services.toml, "Retention"). A batch longer than it
 # starts the next at once, so under load the stream runs back to back, and a change waits for

@@ -4,7 +4,7 @@ A batch job lives for minutes: nothing would be there for Prometheus to scrape, 
 figures to the Pushgateway (LAKEHOUSE_PUSHGATEWAY, `host:port`; unset: no push), which Prometheus scrapes
 as the job `pushgateway` keeping the pushed labels (docker/prometheus/prometheus.yml, `honor_labels`).
 Following Prometheus' advice for batch jobs, every run pushes its duration and, when it succeeded, the
-time of its success; the figures of its work are its own (pipelines/metric_names.py names them all).
+time of its success; the figures of its work are its own (pipelines/monitoring/metric_names.py names them all).
 
 One group per job and lake: the grouping key is `job` (the command, `lakehouse_etl`) and `lake` (the
 lake root), so two lakes' runs do not overwrite each other. A push (POST) replaces the metrics it
@@ -43,8 +43,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 import hudi_configs
-from pipelines import metric_names
-from pipelines.metric_names import Metric
+from pipelines.monitoring import metric_names
+from pipelines.monitoring.metric_names import Metric
 
 log = logging.getLogger(__name__)
 

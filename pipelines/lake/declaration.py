@@ -1,7 +1,7 @@
 """The declared tables (contract section 7): which source tables the lake captures and what it does with them.
 
 A team onboards a table by declaring it in a TOML file named by `LAKEHOUSE_TABLES`, never by writing
-code; unset, the project's own declaration of the shop (`pipelines/shop_tables.toml`), which spells
+code; unset, the project's own declaration of the shop (`pipelines/lake/shop_tables.toml`), which spells
 the contract's sections 1 and 3 the same way. Every command, DAG and the source tooling read it
 through `declared()`.
 

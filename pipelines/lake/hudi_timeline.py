@@ -11,10 +11,12 @@ from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
 
-from pipelines import catalog_sync, storage
-from pipelines.lineage import named_for_lineage
-from pipelines.settings import lake_relative
-from pipelines.timeline_files import HEARTBEAT_EXPIRY_MS, INSTANT_FILE, avro_long
+from pipelines.metastore import catalog_sync
+
+from pipelines.lake import storage
+from pipelines.monitoring.lineage import named_for_lineage
+from pipelines.runtime.settings import lake_relative
+from pipelines.lake.timeline_files import HEARTBEAT_EXPIRY_MS, INSTANT_FILE, avro_long
 
 log = logging.getLogger(__name__)
 

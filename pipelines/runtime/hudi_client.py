@@ -6,8 +6,8 @@ from __future__ import annotations
 from pyspark.sql import SparkSession
 
 import hudi_configs
-from pipelines.catalog import LakeTable
-from pipelines.hudi_timeline import meta_client
+from pipelines.lake.catalog import LakeTable
+from pipelines.lake.hudi_timeline import meta_client
 
 
 class WriteClient:

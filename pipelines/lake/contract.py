@@ -1,8 +1,8 @@
 """The contract's `shop` database (shared/contracts/cdc-source.md, sections 1 to 3), as the shop's generator, its
 benchmarks and the tests' model know it, and Debezium's `op` codes.
 
-The pipeline itself reads no table from here: it captures the declared tables (pipelines.declaration),
-and the shop is one declaration (pipelines/shop_tables.toml) that tests/test_declaration.py holds to
+The pipeline itself reads no table from here: it captures the declared tables (pipelines.lake.declaration),
+and the shop is one declaration (pipelines/lake/shop_tables.toml) that tests/test_declaration.py holds to
 these facts, so the two cannot drift apart.
 """
 

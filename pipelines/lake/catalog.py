@@ -1,7 +1,7 @@
 """The table catalog: every table of the lake, where it lives, its key and how it is written. `lakehouse status`
 and `changes`, the DAGs' Assets and task lists, the table services and the erasure all read it.
 
-Its source tables are the declared ones (`pipelines.declaration`, contract section 7): each gives a
+Its source tables are the declared ones (`pipelines.lake.declaration`, contract section 7): each gives a
 bronze table, its change log and delete ledger, a silver table and its quarantine, keyed by the
 declared key. Gold's tables are the project's business job over the shop's customers and orders:
 they are in the catalog when those two are declared (`gold_declared`).
@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import hudi_configs
-from pipelines.declaration import Declaration, TableDecl, declared
-from pipelines.settings import quarantine_path, silver_path, table_path
+from pipelines.lake.declaration import Declaration, TableDecl, declared
+from pipelines.runtime.settings import quarantine_path, silver_path, table_path
 
 # What gold reads: the declared tables (and their columns) its aggregates need.
 GOLD_INPUTS = {"customers": ("id", "country"),

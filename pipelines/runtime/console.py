@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import hudi_configs
-from pipelines.settings import log_dir
+from pipelines.runtime.settings import log_dir
 
 T = TypeVar("T")
 
@@ -247,7 +247,7 @@ def disks(root: str) -> list[tuple[str, str, Path, int, int]]:
     """The local file systems a job writes to, as (what, path, mount point, free bytes, size): the lake's
     (unless it is on an object store), then Spark's scratch space (shuffle and cache spills) when that is
     another file system."""
-    from pipelines import storage
+    from pipelines.lake import storage
 
     places = [] if storage.is_remote(root) else [("the lake", root.removeprefix("file://").removeprefix("file:"))]
     places.append(("Spark's scratch space",
@@ -294,6 +294,6 @@ def failure(command: str, exc: BaseException) -> str:
     logging.getLogger("lakehouse.failure").error("%s failed", command, exc_info=exc)  # the log file only
     if not out_of_space(exc):
         return f"{command} failed: {first_line(exc)}{see_log()}"
-    from pipelines.settings import lake_root
+    from pipelines.runtime.settings import lake_root
 
     return _no_space(command, lake_root()) + see_log()

@@ -1,6 +1,6 @@
 """The lake's tables by name: Spark SQL on the catalog, time travel, and whether the catalog is in step.
 
-The catalog is the one the writers sync to (pipelines/catalog_sync.py): the Hive Metastore of
+The catalog is the one the writers sync to (pipelines/metastore/catalog_sync.py): the Hive Metastore of
 `LAKEHOUSE_METASTORE_URI`, or Glue on EMR. Reading `silver.orders` there is a Hudi read of the
 table's path (its provider and schema are in the catalog's entry), so a read by name sees every
 commit, synced or not; the catalog only has to know the table, its columns and its partitions.
@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING
 import sqlglot
 from sqlglot import exp
 
-from pipelines.catalog import lake_catalog
-from pipelines.catalog_sync import catalog_name
+from pipelines.lake.catalog import lake_catalog
+from pipelines.metastore.catalog_sync import catalog_name
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -107,7 +107,7 @@ def locations(spark: SparkSession, names: list[str]) -> dict[str, str]:
 
 def check_retained(spark: SparkSession, tables: dict[str, str], instant: str) -> None:
     """QueryError when a table holds no version as of `instant`: before its oldest retained commit."""
-    from pipelines.hudi_timeline import retained_instants
+    from pipelines.lake.hudi_timeline import retained_instants
 
     for name, path in tables.items():
         retained = retained_instants(spark, path)
@@ -164,8 +164,8 @@ class SyncState:
 
 def sync_states(spark: SparkSession, root: str) -> list[SyncState]:
     """Every lake table's newest commit against what the catalog last synced of it."""
-    from pipelines.hudi_timeline import latest_instant
-    from pipelines.table_stats import has_completed_commit
+    from pipelines.lake.hudi_timeline import latest_instant
+    from pipelines.lake.table_stats import has_completed_commit
 
     states = []
     for table in lake_catalog():

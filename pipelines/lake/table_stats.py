@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 from hudi import HudiReadOptions, HudiTable, HudiTableBuilder
 
-from pipelines import storage
+from pipelines.lake import storage
 
 
 @dataclass(frozen=True)

@@ -17,10 +17,10 @@ from pathlib import Path
 from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
-from pipelines import console
-from pipelines.code_archive import write_archive
-from pipelines.local_process import process_started
-from pipelines.spark_conf import cluster_master, event_log_dir, spark_conf
+from pipelines.runtime import console
+from pipelines.runtime.code_archive import write_archive
+from pipelines.runtime.local_process import process_started
+from pipelines.runtime.spark_conf import cluster_master, event_log_dir, spark_conf
 
 log = logging.getLogger(__name__)
 

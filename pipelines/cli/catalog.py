@@ -1,4 +1,4 @@
-"""`lakehouse catalog status|sync` and `lakehouse sql`: the lake's tables by name (pipelines/query.py).
+"""`lakehouse catalog status|sync` and `lakehouse sql`: the lake's tables by name (pipelines/metastore/query.py).
 
 `catalog up|down` (a local Hive Metastore) are the dev tools' (dev/lakehouse_dev/metastore.py).
 """
@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import click
 
-from pipelines import catalog_sync, console, settings
+from pipelines.metastore import catalog_sync
+from pipelines.runtime import console, settings
 
 
 def _require_catalog() -> str:
@@ -28,7 +29,7 @@ def _require_catalog() -> str:
 
 
 def _catalog_spark(app: str):  # -> SparkSession
-    from pipelines.spark import get_spark
+    from pipelines.runtime.spark import get_spark
 
     return get_spark(app, catalog_sync.catalog_session_conf())
 
@@ -42,7 +43,7 @@ def catalog() -> None:
 def status() -> None:
     """Each lake table's newest commit against what the catalog last synced of it; exit 1 if any is behind
     or not registered (the writers sync after each commit and retry while the metastore is down)."""
-    from pipelines.query import sync_states
+    from pipelines.metastore.query import sync_states
 
     kind = _require_catalog()
     where = catalog_sync.metastore_uri() if kind == "hms" else "the Glue Data Catalog"
@@ -65,8 +66,8 @@ def sync() -> None:
     catalog existed, a table behind); prints each table and how long its sync took."""
     import time
 
-    from pipelines.catalog import lake_tables
-    from pipelines.table_stats import has_completed_commit
+    from pipelines.lake.catalog import lake_tables
+    from pipelines.lake.table_stats import has_completed_commit
 
     _require_catalog()
     spark = _catalog_spark("lakehouse-catalog")
@@ -95,7 +96,7 @@ def sql(statement: str, as_of: str | None, as_json: bool, limit: int) -> None:
 
     Example: lakehouse sql "SELECT country, ltv FROM gold.customer_ltv ORDER BY ltv DESC LIMIT 5"
     """
-    from pipelines.query import QueryError, run_sql
+    from pipelines.metastore.query import QueryError, run_sql
 
     _require_catalog()
     spark = _catalog_spark("lakehouse-sql")

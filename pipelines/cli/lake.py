@@ -1,6 +1,6 @@
 """`lakehouse status`, `show` and `dead-letters`: what operators look at in the lake, read with hudi-rs, no Spark.
 
-Apart from pipelines/cli.py, whose commands write the lake: these only read it (`dead-letters replay`
+Apart from pipelines/cli/app.py, whose commands write the lake: these only read it (`dead-letters replay`
 sends records back to Kafka), and they answer in a second even while a job holds the lake.
 """
 
@@ -10,16 +10,16 @@ import time
 
 import click
 
-from pipelines import settings
-from pipelines.declaration import declared
-from pipelines.local_process import require_kafka
+from pipelines.lake.declaration import declared
+from pipelines.runtime import settings
+from pipelines.runtime.local_process import require_kafka
 
 
 def _deleted_keys(table: str, key: tuple[str, ...]) -> int:
     """Keys whose newest recorded change is a delete (change log and delete ledger against main), by the
     table's own key: a declared table's may be composite, or named otherwise than `id`."""
-    from pipelines.settings import changelog_path, ledger_path, main_path
-    from pipelines.table_stats import has_completed_commit, read_table
+    from pipelines.lake.table_stats import has_completed_commit, read_table
+    from pipelines.runtime.settings import changelog_path, ledger_path, main_path
 
     newest: dict[tuple, tuple[int, bool]] = {}
     sources = [(main_path(table), False), (changelog_path(table), None), (ledger_path(table), True)]
@@ -52,9 +52,9 @@ def status() -> None:
 
     Read with hudi-rs: no Spark needed.
     """
-    from pipelines.catalog import lake_catalog, lake_table
-    from pipelines.settings import dead_letter_path
-    from pipelines.table_stats import has_completed_commit, read_table, table_stats
+    from pipelines.lake.catalog import lake_catalog, lake_table
+    from pipelines.lake.table_stats import has_completed_commit, read_table, table_stats
+    from pipelines.runtime.settings import dead_letter_path
 
     dead = {}
     reasons: list[tuple[str, str]] = []
@@ -107,7 +107,7 @@ def status() -> None:
 @click.option("--limit", type=click.IntRange(min=1), default=10, show_default=True)
 def show(table: str, limit: int) -> None:
     """Print the first rows of a lake table (e.g. gold/daily_revenue), by key order; read with hudi-rs."""
-    from pipelines.table_stats import has_completed_commit, read_table
+    from pipelines.lake.table_stats import has_completed_commit, read_table
 
     path = settings.table_path(*table.split("/", 1))
     if not has_completed_commit(path):
@@ -131,8 +131,8 @@ def dead_letters() -> None:
 @click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True)
 def dead_letters_list(limit: int) -> None:
     """Print the newest dead letters: Kafka position, reason and the start of the raw value."""
-    from pipelines.settings import dead_letter_path
-    from pipelines.table_stats import has_completed_commit, read_table
+    from pipelines.lake.table_stats import has_completed_commit, read_table
+    from pipelines.runtime.settings import dead_letter_path
 
     if not has_completed_commit(dead_letter_path()):
         click.echo("no dead letters")
@@ -159,8 +159,8 @@ def dead_letters_replay(positions: tuple[str, ...], replay_all: bool, reason: st
     """
     from kafka import KafkaProducer
 
-    from pipelines.settings import dead_letter_path
-    from pipelines.table_stats import has_completed_commit, read_table
+    from pipelines.lake.table_stats import has_completed_commit, read_table
+    from pipelines.runtime.settings import dead_letter_path
 
     if not positions and not replay_all and not reason:
         raise click.UsageError("name --position ..., --reason or --all")

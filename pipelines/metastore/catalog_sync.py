@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
 import hudi_configs
-from pipelines import console
-from pipelines.local_process import port_open
-from pipelines.settings import lake_relative
+from pipelines.runtime import console
+from pipelines.runtime.local_process import port_open
+from pipelines.runtime.settings import lake_relative
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

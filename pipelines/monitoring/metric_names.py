@@ -10,7 +10,7 @@ A counter counts from the start of the process that exports it; `rate()` and `in
 restart (a reset to 0) in their stride. A batch job that pushes one to the Pushgateway pushes what
 it has counted over all its runs, not one run's count: a push replaces the last, and two runs
 that counted the same would look like no increase. So each push adds the run's count to the value
-its group held (pipelines/pushgateway.py reads it back first); a gateway that lost it starts again
+its group held (pipelines/monitoring/pushgateway.py reads it back first); a gateway that lost it starts again
 from one run's count, a reset like a process's restart. A gauge pushed by a batch job is as of its
 last push: a value that must age between runs (how long an erasure request has waited) is pushed
 as the time it started, and the rule subtracts it from `time()`.

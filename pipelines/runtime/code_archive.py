@@ -1,7 +1,7 @@
 """`lakehouse.zip`: the project's code as a cluster's Python imports it.
 
 EMR's steps get it with `--py-files` (pipelines/deploy/package.py, `lakehouse package`); a job on
-a local standalone cluster sends it to its executors (pipelines/spark.py, `ship_code`). Pure Python.
+a local standalone cluster sends it to its executors (pipelines/runtime/spark.py, `ship_code`). Pure Python.
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from __future__ import annotations
 import zipfile
 from pathlib import Path
 
-from pipelines.declaration import BUNDLED, SHOP, declared
-from pipelines.settings import PROJECT_ROOT
+from pipelines.lake.declaration import BUNDLED, SHOP, declared
+from pipelines.runtime.settings import PROJECT_ROOT
 
 PACKAGES = ("pipelines", "hudi_configs")
 
@@ -18,7 +18,7 @@ PACKAGES = ("pipelines", "hudi_configs")
 def write_archive(archive: Path) -> Path:
     """The packages the jobs import, TOML files included (read through importlib.resources, which
     reads them inside the zip); and the declaration of tables in force here
-    (`LAKEHOUSE_TABLES`, or the shop's) as `pipelines/tables.toml`, which jobs on a cluster read."""
+    (`LAKEHOUSE_TABLES`, or the shop's) as `pipelines/lake/tables.toml`, which jobs on a cluster read."""
     with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zf:
         for package in PACKAGES:
             for path in sorted((PROJECT_ROOT / package).rglob("*")):
@@ -26,6 +26,6 @@ def write_archive(archive: Path) -> Path:
                 if path.is_file() and path.suffix in (".py", ".toml", ".properties"):
                     zf.write(path, name)
         decl = declared()  # checked whole before it ships
-        zf.writestr(f"pipelines/{BUNDLED}", Path(decl.path).read_text() if Path(decl.path).is_file()
-                    else (PROJECT_ROOT / "pipelines" / SHOP).read_text())
+        zf.writestr(f"pipelines/lake/{BUNDLED}", Path(decl.path).read_text() if Path(decl.path).is_file()
+                    else (PROJECT_ROOT / "pipelines" / "lake" / SHOP).read_text())
     return archive

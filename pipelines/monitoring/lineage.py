@@ -1,6 +1,6 @@
 """OpenLineage events of the pipeline's runs, read back from the local file transports (pure Python, no Spark).
 
-Two producers append JSON lines to the lineage folder (`pipelines.settings.lineage_dir`; README.md,
+Two producers append JSON lines to the lineage folder (`pipelines.runtime.settings.lineage_dir`; README.md,
 "Lineage"): openlineage-spark's listener in every Spark job (`spark.jsonl`, hudi_configs/spark.toml
 [lineage]) and Airflow's OpenLineage provider in every task (`airflow.jsonl`). A Spark application is
 one run (job `lakehouse_etl`); each of its SQL executions that writes is a child run whose parent is the
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from pipelines.settings import lake_relative, lineage_dir
+from pipelines.runtime.settings import lake_relative, lineage_dir
 
 # openlineage-spark names the job of a datasource write after its `table` option, and without one after the
 # value of any option whose key contains "table" (SaveIntoDataSourceCommandVisitor.jobNameSuffix, 1.53.0): for
