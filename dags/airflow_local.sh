@@ -17,7 +17,7 @@ passwords="${AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE:-$AIRFLOW_HOME/si
 # What the DAGs' Spark tasks receive (see dags/lakehouse_common.py).
 export LAKEHOUSE_ROOT="${LAKEHOUSE_ROOT:-$project/lake}"
 export LAKEHOUSE_TARGET="${LAKEHOUSE_TARGET:-local}"
-# OpenLineage (README.md, "Lineage"): the provider's events of every task, and those of the Spark jobs the tasks
+# OpenLineage (docs/deploying.md, "Lineage"): the provider's events of every task, and those of the Spark jobs the tasks
 # start (hudi_configs/spark.toml [lineage]), appended to one folder that `lakehouse lineage` reads. A real
 # backend instead (Marquez): set AIRFLOW__OPENLINEAGE__TRANSPORT yourself, e.g. '{"type": "http", "url": "..."}'.
 export LAKEHOUSE_LINEAGE_DIR="${LAKEHOUSE_LINEAGE_DIR:-${LAKEHOUSE_LOG_DIR:-$project/.logs}/lineage}"

@@ -28,7 +28,7 @@ keeps a second writer off the checkpoint, whoever starts it.
   Variable `lakehouse_emr_cluster_id`, code from Variable `lakehouse_code_uri`, found by name
   with `list_steps`, stopped with `cancel_steps` (`SEND_INTERRUPT`, then `TERMINATE_PROCESS`)
   after the stop request. The cluster needs `StepConcurrencyLevel` > 1, or the batch DAGs'
-  steps wait behind the stream forever. README: "Deploying the stream".
+  steps wait behind the stream forever. docs/deploying.md: "The ingest stream".
 
 **Watch** it here (each run's log names the stream's state and why) and with
 `lakehouse stream status`; **stop** it with `action=stop`.

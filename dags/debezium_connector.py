@@ -18,7 +18,7 @@ resumes where it stopped, and what it sends again is a replay, harmless to the l
 **Configure** with the Airflow Variables `lakehouse_connect_url` (Kafka Connect's REST API,
 e.g. `http://connect.internal:8083`) and `lakehouse_connector` (the connector's name); without
 them, the worker's `LAKEHOUSE_CONNECT_URL` and `LAKEHOUSE_CONNECTOR`, else the local source's
-(`lakehouse dev source up`: http://127.0.0.1:8083, `shop-source`). The same from a shell:
+(`lakehouse dev source start`: http://127.0.0.1:8083, `shop-source`). The same from a shell:
 `lakehouse connector status` and `lakehouse connector ensure`.
 """
 

@@ -104,7 +104,7 @@ def etl_outputs() -> list[Asset]:
 
 def etl_inputs() -> list[Asset]:
     """What every etl cycle reads: bronze's change logs (a first or a rebuilding cycle reads bronze's main
-    tables and delete ledgers too; README.md, "Lineage"). The task's OpenLineage inputs."""
+    tables and delete ledgers too). The task's OpenLineage inputs."""
     return [table_asset(name) for name in names(writer="changelog")]
 
 

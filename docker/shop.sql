@@ -1,4 +1,4 @@
--- The contract's `shop` database (section 1). Created by `lakehouse dev source up` (dev/lakehouse_dev/pg_source.py)
+-- The contract's `shop` database (section 1). Created by `lakehouse dev source start` (dev/lakehouse_dev/pg_source.py)
 -- and, in docker/compose.yaml, by the postgres image's init scripts.
 CREATE TABLE IF NOT EXISTS customers (
   id          bigint PRIMARY KEY,

@@ -1,5 +1,5 @@
-"""A consumer's own PySpark job on the catalog, with the session settings the README gives and nothing of the
-project's session code: `python -m tests.catalog_consumer SPEC.json` prints one JSON document.
+"""A consumer's own PySpark job on the catalog, with the session settings docs/reading.md gives and nothing of
+the project's session code: `python -m tests.catalog_consumer SPEC.json` prints one JSON document.
 
 SPEC: {"metastore": uri, "bundle": jar, "queries": {label: sql}, "as_of": {label: [sql, when]},
 "describe": [table], "bad": {label: [sql, when or null]}}. The answer holds each database's tables,
@@ -20,7 +20,7 @@ from pipelines.metastore.query import QueryError, run_sql
 def main(spec_path: str) -> None:
     with open(spec_path) as fh:
         spec = json.load(fh)
-    # The README's "Tables by name" settings, word for word.
+    # The settings of docs/reading.md ("Tables by name"), word for word.
     spark = (SparkSession.builder.appName("a-consumer")
              .config("spark.driver.extraClassPath", spec["bundle"])
              .config("spark.serializer", "org.apache.spark.serializer.KryoSerializer")

@@ -1,8 +1,8 @@
 """Shared fixtures: one real Spark session per test run, a real Kafka broker per test, and a lake
 built once per run (ingest and etl of a generated workload) that tests copy, broker data included.
 
-A Hudi commit costs seconds of CPU on this machine whatever its size, so building the same
-lake again in every test that starts from "a lake with some history" was most of the suite's
+A Hudi commit costs seconds of CPU on 2 cores whatever its size, so building the same
+lake again in every test that starts from "a lake with some history" would be most of the suite's
 time; `lake` hands each such test its own copy instead (see tests/lake.py, LakeCopy). The
 pytest-xdist processes of `make test` share that one build.
 
@@ -17,7 +17,7 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from importlib.util import find_spec
 from pathlib import Path
 
@@ -28,6 +28,7 @@ from pyspark.sql import SparkSession
 from hudi_configs import test_profile
 from lakehouse_dev.kafka_local import JAVA_OPTS_VARIABLE, QUICK_START, KafkaBroker
 from tests.lake import BASE_WORKLOAD, LakeCopy, base_workload, build_base_lake
+from tests.tiers import check_tiers
 
 # tests/dags run in Airflow's environment (`make test` runs them there, apart from these).
 collect_ignore = ["dags"] if find_spec("airflow") is None else []
@@ -42,11 +43,9 @@ os.environ["LAKEHOUSE_HUDI_OVERRIDES"] = str(test_profile())
 os.environ[JAVA_OPTS_VARIABLE] = QUICK_START
 
 # The session JVM's C2 thresholds, ten times the JDK's (5,000 calls, 40,000 loop iterations): at the
-# JDK's, its C2 compiler used 73 CPU-seconds in tests/test_gdpr.py, a third of the session's, and 36
-# at these; the file's three tests took 386.5 and 389.8 CPU-seconds instead of 413.3 (every process
-# of a run, two runs side by side on the 2-core machine, 2026-11-28), tests/test_etl_lost_checkpoint.py
-# 145 instead of 167. Thirty times saved no more on the gdpr tests (387.4); C1 alone (a code cache
-# big enough not to thrash) ran their work 24% slower, for 4% less CPU.
+# JDK's, its C2 compiler spends a third of the session's CPU in tests/test_gdpr.py, at these half
+# that, and the suite's long tests take 5 to 13% less CPU. Higher thresholds save no more; C1 alone
+# (a code cache big enough not to thrash) runs their work about a quarter slower, for 4% less CPU.
 SESSION_JIT = ("-XX:Tier4InvocationThreshold=50000 -XX:Tier4MinInvocationThreshold=10000 "
                "-XX:Tier4CompileThreshold=60000 -XX:Tier4BackEdgeThreshold=400000")
 
@@ -56,7 +55,7 @@ def spark() -> Iterator[SparkSession]:
     from pipelines.runtime.spark import get_spark
 
     # This JVM runs the whole suite, so C2's faster code repays its compile time here (with the
-    # profile's C1-only flag, the erasure tests ran 19-40% longer); that flag is for the
+    # profile's C1-only flag, the erasure tests run 19-40% longer); that flag is for the
     # short-lived JVMs of the jobs the tests start. C2 only for code that stays hot, though
     # (SESSION_JIT): each query's generated classes and Hudi's many short phases keep making new
     # code warm.
@@ -108,6 +107,16 @@ def lake(base_lake: LakeCopy, tmp_path: Path) -> Iterator[LakeCopy]:
         yield LakeCopy(tmp_path, broker, copy.deepcopy(base_lake.source), list(base_lake.sent), BASE_WORKLOAD)
     finally:
         broker.stop()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(
+    collector: pytest.Collector,
+) -> Generator[None, pytest.CollectReport, pytest.CollectReport]:
+    """Each test's tier, checked as its module is collected (tests/tiers.py)."""
+    report = yield
+    check_tiers(report)
+    return report
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -10,7 +10,7 @@ PostgreSQL and Connect on free ports (about a minute):
 The session, with `schemas.enable=true` (section 7's tables arrive with their Connect schema):
 - `public.all_types`: one column of every type of section 7's table (smallint ... integer[]), key
   `id`; `sales.regional_orders`: a composite primary key `(region, order_no)` in another schema.
-  Both declared in a TOML (LAKEHOUSE_TABLES) and captured by `lakehouse dev source up`.
+  Both declared in a TOML (LAKEHOUSE_TABLES) and captured by `lakehouse dev source start`.
 - Rows present before Connect starts: its initial snapshot (`snapshot.json`, op=r).
 - Then one transaction per scenario: an insert, an update, NULLs in every nullable column, unicode
   text, pre-1970 and far-future dates and timestamps, bytea with zero bytes, arrays with a NULL

@@ -18,6 +18,8 @@ import yaml
 from lakehouse_dev.prometheus import CONFIG_DIR, PUSHGATEWAY_JOB, SPARK_JOBS, STREAM_JOB, TEMPLATE
 from pipelines.monitoring import metric_names
 
+pytestmark = pytest.mark.integration
+
 RULES = CONFIG_DIR / "alerts.yml"
 RULE_TESTS = CONFIG_DIR / "alerts_test.yml"
 STREAM_TOML = Path(__file__).resolve().parent.parent / "hudi_configs" / "stream.toml"

@@ -30,6 +30,8 @@ from pipelines.runtime.settings import quarantine_path, silver_path
 from tests.lake import LakeCopy, run_cli
 from tests.model import is_malformed
 
+pytestmark = pytest.mark.integration
+
 SCRAPED_WITHIN = 40.0  # Prometheus scrapes every 5 s; Hudi's reporter pushes as it shuts down
 
 

@@ -17,6 +17,8 @@ from pipelines.lake.contract import TABLES, topic
 from pipelines.lake.table_stats import has_completed_commit, read_table
 from pipelines.runtime.settings import changelog_path, main_path
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.mark.slow
 def test_freshness_figures_add_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

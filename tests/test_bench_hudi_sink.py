@@ -95,6 +95,7 @@ def _keyed(rows: list[dict[str, Any]], where: str) -> dict[int, dict[str, Any]]:
     return {r["id"]: r for r in rows}
 
 
+@pytest.mark.integration
 def test_hudi_sink_holds_the_model_plus_what_plain_hudi_resurrects(broker, spark: SparkSession, tmp_path) -> None:
     root = tmp_path / "hudi_sink"
     source = ShopSource(3)
@@ -158,6 +159,7 @@ def test_hudi_sink_holds_the_model_plus_what_plain_hudi_resurrects(broker, spark
             assert all(v["_ingested_at"] is not None for v in got.values())
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("events", [[1, 2], [2, 1]])
 def test_fold_plain_hudi_forgets_deletes_between_batches(events: list[int]) -> None:
     """The model's one rule, on two hand-made events: insert at LSN 10, delete at LSN 20, both orders."""

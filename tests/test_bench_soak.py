@@ -26,6 +26,8 @@ from lakehouse_dev.bench.soak_plan import (
 from lakehouse_dev.generator import ShopSource, WorkloadConfig
 from lakehouse_dev.sql_sink import statements
 
+pytestmark = pytest.mark.unit
+
 
 def test_the_schedule_is_the_seeds() -> None:
     assert schedule(7, 30, 4) == schedule(7, 30, 4)

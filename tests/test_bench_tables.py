@@ -33,6 +33,8 @@ from lakehouse_dev.bench.table_mix import (
 from lakehouse_dev.bench.visibility import Visibility
 from pipelines.lake.declaration import DEFAULT_FRESHNESS_SECONDS, load, parse
 
+pytestmark = pytest.mark.unit
+
 
 def test_zipf_shares_put_nine_tenths_on_the_busiest_five_of_fifty() -> None:
     shares = zipf_shares(50, 2.0)

@@ -17,8 +17,10 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 from lakehouse_dev.generator import Message, ShopSource, WorkloadConfig, ensure_topics, produce
-from pipelines.ingest.bronze import run_ingest
+from pipelines.ingest.bronze import IngestOptions, run_ingest
 from pipelines.lake.contract import TABLES
 from pipelines.runtime.settings import changelog_path, dead_letter_path, main_path
 from tests.kill import bronze_as_model, pending_instants, wait_caught_up
@@ -38,6 +40,7 @@ def _ingest_and_check(spark, bootstrap: str, root: str, source: ShopSource, sent
     assert all(d["reason"] and "@" in d["reason"] for d in letters), "reasons name the Kafka position"
 
 
+@pytest.mark.integration
 def test_bronze_equals_model_across_ingest_runs(spark, broker, tmp_path, monkeypatch, caplog) -> None:
     from pipelines.ingest.writer import BronzeBatchWriter
 
@@ -70,7 +73,7 @@ def test_bronze_equals_model_across_ingest_runs(spark, broker, tmp_path, monkeyp
         # Phase 1 splits the backlog into several micro-batches; the others take it in one.
         with caplog.at_level("WARNING", logger="pipelines.ingest.writer"):
             _ingest_and_check(spark, broker.bootstrap, root, source, sent,
-                              max_offsets_per_trigger=500 if phase == 1 else None)
+                              options=IngestOptions(max_offsets_per_trigger=500 if phase == 1 else None))
         assert ("reading the records since" in caplog.text) == (phase == 1), caplog.text
         caplog.clear()
     # Nothing new on the topics: a further run changes nothing.
@@ -98,6 +101,7 @@ def _operations(spark, path: str) -> list[str]:
     return found
 
 
+@pytest.mark.integration
 def test_lost_checkpoint_resumes_from_the_commits_and_applies_nothing_twice(spark, lake: LakeCopy) -> None:
     """The stream's position lives in bronze's own commits: without its checkpoint it resumes there."""
     import shutil
@@ -122,6 +126,7 @@ def test_lost_checkpoint_resumes_from_the_commits_and_applies_nothing_twice(spar
     assert len(after) > len(before)
 
 
+@pytest.mark.integration
 def test_properties_cut_while_hudi_rewrote_them_are_restored_from_the_backup(spark, lake: LakeCopy) -> None:
     """A SIGKILL while Hudi rewrites hoodie.properties: an empty file beside the whole backup (as
     the cluster test's kill once left it); Hudi alone fails every later write on it."""
@@ -163,6 +168,7 @@ def _crash_after_main_commits(spark, root: str) -> list[str]:
     return cut
 
 
+@pytest.mark.integration
 def test_a_crash_between_main_and_its_change_log_is_logged_again(spark, lake: LakeCopy) -> None:
     """Main and the change log commit side by side, so a crash can leave a batch in main and not in the
     change log, where silver reads it from. The next stream starts from the change log's position (the
@@ -198,6 +204,7 @@ kill_timeout_seconds = 30
 """
 
 
+@pytest.mark.integration
 def test_supervised_stream_restarts_upgrades_and_stops_exactly_once(spark, broker, tmp_path) -> None:
     """The bronze stream as the `bronze_ingest_stream` DAG runs it on the local target (`lakehouse
     stream ACTION`): two `ensure` start one stream; a second writer is refused; `upgrade` (a
@@ -297,6 +304,7 @@ def test_supervised_stream_restarts_upgrades_and_stops_exactly_once(spark, broke
     assert "bronze/customers" in status and "bronze/orders" in status
 
 
+@pytest.mark.unit
 def test_cli_ingest_names_an_unreachable_broker(tmp_path) -> None:
     from lakehouse_dev.kafka_local import free_port
 
@@ -308,6 +316,7 @@ def test_cli_ingest_names_an_unreachable_broker(tmp_path) -> None:
     assert "cannot reach Kafka at 127.0.0.1:" in done.stderr
 
 
+@pytest.mark.integration
 def test_held_dead_letters_lost_with_their_writer_are_read_again_from_kafka(spark, lake: LakeCopy, monkeypatch,
                                                                             caplog) -> None:
     """A batch's dead letters wait in the writer for a later commit (held_letters). A writer killed while
@@ -325,7 +334,8 @@ def test_held_dead_letters_lost_with_their_writer_are_read_again_from_kafka(spar
     before = store_commits()
     # A SIGKILL after the last batch: its writer never writes what it holds.
     monkeypatch.setattr(BronzeBatchWriter, "flush", lambda self: None)
-    run_ingest(once=True, root=lake.root, bootstrap=lake.bootstrap, spark=spark, max_offsets_per_trigger=400)
+    run_ingest(once=True, root=lake.root, bootstrap=lake.bootstrap, spark=spark,
+               options=IngestOptions(max_offsets_per_trigger=400))
     assert store_commits() == before, "the batches held their dead letters back"
     expected, lsns = fold_with_lsn(lake.sent)
     assert_bronze_equals_model(spark, lake.root, expected, lsns)

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from pipelines.ingest.state import KnownRows, known_rows
 from pipelines.lake import hudi_timeline
 from pipelines.lake.hudi_timeline import is_torn
 
 
+@pytest.mark.integration
 def test_known_rows_follow_upserts_deletes_and_reinserts_across_many_pieces(spark, monkeypatch) -> None:
     """Each piece is one batch's commits (change-log deletes, main); a lookup must say what main holds and
     the newest delete applied, per key, as a plain-Python fold of the same writes does, while the pieces
@@ -59,6 +62,7 @@ def test_known_rows_follow_upserts_deletes_and_reinserts_across_many_pieces(spar
     assert len(loads) == 1, "the tables are read once per writer"
 
 
+@pytest.mark.integration
 def test_known_rows_of_empty_tables_answer_without_a_join_until_a_batch_adds_rows(spark) -> None:
     """A new lake's first batch looks its keys up in nothing: an empty relation the optimizer folds
     away (no broadcast of the batch's keys); rows added afterwards are found."""
@@ -88,6 +92,7 @@ def _avro_container(blocks: list[bytes], sync: bytes = bytes(range(16))) -> byte
     return header + sync + b"".join(long(1) + long(len(b)) + b + sync for b in blocks)
 
 
+@pytest.mark.unit
 def test_a_commit_file_cut_short_is_torn_and_a_whole_one_is_not() -> None:
     """`is_torn`, which decides which timeline file a restart removes (hudi_timeline.repair_torn_timeline)."""
     whole = _avro_container([b"x" * 300])
@@ -97,6 +102,7 @@ def test_a_commit_file_cut_short_is_torn_and_a_whole_one_is_not() -> None:
     assert not is_torn(b'{"not": "avro"}')
 
 
+@pytest.mark.unit
 def test_repair_steps_back_each_instant_whose_newest_file_a_crash_cut(tmp_path, monkeypatch) -> None:
     """`repair_torn_timeline` on a local table: a cut completed file, plan or inflight goes; whole and empty stay."""
     monkeypatch.setattr(hudi_timeline.time, "sleep", lambda _s: None)  # no live writer here
@@ -129,6 +135,7 @@ def test_repair_steps_back_each_instant_whose_newest_file_a_crash_cut(tmp_path, 
     assert {str(p.relative_to(table / ".hoodie")) for p in (table / ".hoodie").rglob("*") if p.is_file()} == left
 
 
+@pytest.mark.integration
 def test_reads_by_path_leave_no_file_listing_in_the_drivers_shared_cache(spark, tmp_path) -> None:
     """Spark's shared FileStatusCache keeps every read's listing under that read's own key, never read again: in the
     stream's driver it grew by ~10,000 FileStatus objects a minute (hudi_configs/spark.toml). The project's

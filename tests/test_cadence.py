@@ -17,6 +17,7 @@ import sys
 import time
 from importlib import resources
 
+import pytest
 from kafka import KafkaConsumer, TopicPartition
 
 from lakehouse_dev.generator import WorkloadConfig
@@ -27,6 +28,8 @@ from pipelines.runtime.settings import changelog_path, main_path
 from tests.kill import torn_read
 from tests.lake import LakeCopy, assert_bronze_equals_model, dead_letters, with_overrides
 from tests.model import fold_with_lsn, is_malformed
+
+pytestmark = pytest.mark.integration
 
 TARGETS = {"customers": 600, "orders": 1}
 

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from pipelines.ingest.cadence import BatchRecords, Cadence, CadenceLimits, QuietBudget
 from pipelines.ingest.schema import Shape
 from pipelines.ingest.stream import Heartbeat, Limits, judge
 from pipelines.ingest.survey import Survey
 from pipelines.lake.declaration import declared
+
+pytestmark = pytest.mark.unit
 
 LIMITS = CadenceLimits(busy_changes_per_second=50, parallel_tables=4, budget_seconds=4, recent_batches=3)
 

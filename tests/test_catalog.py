@@ -149,7 +149,7 @@ def test_tables_by_name_follow_the_lake(spark: SparkSession, lake: LakeCopy, met
     person = src.state["customers"][victim]
     certificate = erase(parse_request([victim], "REQ-CATALOG-1", "dpo"), spark=spark, root=root,
                         bootstrap=lake.bootstrap)
-    assert certificate["verified"], certificate["verification"]["failures"]
+    assert certificate.verified, certificate.verification.failures
     assert not catalog_sync.flush()
     where = {"bronze.customers_rt": "id", "bronze.customers_ro": "id", "silver.customers": "id",
              "bronze.orders_rt": "customer_id", "silver.orders": "customer_id", "gold.customer_ltv": "customer_id"}

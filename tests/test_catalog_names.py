@@ -9,9 +9,11 @@ from __future__ import annotations
 import pytest
 
 from pipelines.deploy.jobs import SparkJob
-from pipelines.lake.catalog import lake_catalog, writer_options
+from pipelines.lake.catalog import lake_catalog, table_name, writer_options
 from pipelines.metastore.catalog_sync import catalog_kind, catalog_name, catalog_session_conf, in_lake, sync_properties
-from pipelines.metastore.query import QueryError, as_of_instant, lake_name, referenced_tables, with_as_of
+from pipelines.metastore.query import QueryError, as_of_instant, referenced_tables, with_as_of
+
+pytestmark = pytest.mark.unit
 
 URI = "thrift://127.0.0.1:9083"
 
@@ -22,10 +24,10 @@ def test_every_lake_table_has_one_name_in_its_layer_database() -> None:
     assert {"bronze.customers", "bronze._changelog_orders", "bronze._deletes_orders", "bronze._dead_letters",
             "silver.orders", "silver._quarantine_customers", "gold.customer_ltv"} <= names
     for table in lake_catalog():
-        assert lake_name(catalog_name(table.name)) == table.name
-    assert lake_name("bronze.orders_rt") == lake_name("BRONZE.ORDERS_RO") == "bronze/orders"
+        assert table_name(catalog_name(table.name)) == table.name
+    assert table_name("bronze.orders_rt") == table_name("BRONZE.ORDERS_RO") == "bronze/orders"
     with pytest.raises(KeyError, match=r"no lake table is registered as 'silver\.nope'"):
-        lake_name("silver.nope")
+        table_name("silver.nope")
 
 
 def test_sync_is_off_without_a_metastore_and_refuses_a_wrong_uri(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -15,15 +15,17 @@ import pytest
 from pyspark.sql import functions as F
 
 from lakehouse_dev.generator import ShopSource, WorkloadConfig, ensure_topics, produce
-from pipelines.ingest.bronze import run_ingest
+from pipelines.ingest.bronze import IngestOptions, run_ingest
 from pipelines.lake.contract import TABLES
 from pipelines.lake.hudi_timeline import checkpoint, consumed, earliest_checkpoint
 from pipelines.runtime.settings import changelog_path, dead_letter_path, main_path, silver_path
 from pipelines.services.due import live_files, services_due
-from pipelines.services.table_services import run_services
+from pipelines.services.table_services import ServicesPlan, run_services
 from pipelines.transform.changes import read_changes
 from pipelines.transform.etl import run_etl
 from tests.lake import assert_lake_equals_model, with_overrides
+
+pytestmark = pytest.mark.integration
 
 OVERRIDES = """
 [bronze.changelog]
@@ -80,13 +82,15 @@ def test_changelog_days_are_clustered_and_expired_without_losing_a_change(
     # of bronze's changes takes a checkpoint and then stays away.
     day_one_records = source.snapshot(cfg) + source.changes(cfg)
     produce(day_one_records, broker.bootstrap)
-    _ingest_on_day(spark, "Etc/GMT+12", root=root, bootstrap=broker.bootstrap, max_offsets_per_trigger=300)
+    _ingest_on_day(spark, "Etc/GMT+12", root=root, bootstrap=broker.bootstrap,
+                   options=IngestOptions(max_offsets_per_trigger=300))
     run_etl(spark, root)
     stale = read_changes(spark, "bronze/orders", None, root).checkpoint
 
     # Day two, also in small batches; silver has not read it yet.
     produce(source.changes(cfg), broker.bootstrap)
-    _ingest_on_day(spark, "Etc/GMT-14", root=root, bootstrap=broker.bootstrap, max_offsets_per_trigger=150)
+    _ingest_on_day(spark, "Etc/GMT-14", root=root, bootstrap=broker.bootstrap,
+                   options=IngestOptions(max_offsets_per_trigger=150))
     orders_log = changelog_path("orders", root)
     day_one, day_two = sorted(_disk_files(orders_log))
     before = _live_files(spark, orders_log)
@@ -103,7 +107,7 @@ def test_changelog_days_are_clustered_and_expired_without_losing_a_change(
     assert all({"expire", "cluster"} <= set(due[name]) for name in CHANGELOGS), due
     assert "cluster" in due[DEAD_LETTERS], due
 
-    report = run_services(spark, root, [*CHANGELOGS, DEAD_LETTERS], ("expire", "cluster", "clean"))
+    report = run_services(spark, root, ServicesPlan([*CHANGELOGS, DEAD_LETTERS], ("expire", "cluster", "clean")))
     assert report[DEAD_LETTERS]["cluster"]["executed"], report[DEAD_LETTERS]
     assert _file_count(spark, dead) == 1 and _positions(spark, dead) == letters
     for name in CHANGELOGS:
@@ -131,7 +135,7 @@ def test_changelog_days_are_clustered_and_expired_without_losing_a_change(
     assert upserts == live
 
     # A second run finds nothing to do; ingest and etl go on, exact.
-    again = run_services(spark, root, [*CHANGELOGS, DEAD_LETTERS], ("expire", "cluster"))
+    again = run_services(spark, root, ServicesPlan([*CHANGELOGS, DEAD_LETTERS], ("expire", "cluster")))
     assert all(not again[n]["cluster"]["executed"] and not again[n]["expire"]["expired"]
                for n in [*CHANGELOGS, DEAD_LETTERS]), again
     # ... and so does the DAG's decision, the replaced files still on disk or not.

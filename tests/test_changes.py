@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.lake import LakeCopy, run_cli
+
+pytestmark = pytest.mark.integration
 
 
 def test_cli_changes_with_a_checkpoint_file(spark, lake: LakeCopy, tmp_path) -> None:

@@ -39,6 +39,7 @@ def _compose() -> dict[str, Any]:
     return yaml.safe_load(COMPOSE.read_text())
 
 
+@pytest.mark.integration
 def test_compose_file_follows_the_specification(validator: jsonschema.protocols.Validator) -> None:
     doc = _compose()
     errors = [f"{'/'.join(map(str, e.absolute_path)) or '(top)'}: {e.message}" for e in validator.iter_errors(doc)]
@@ -48,6 +49,7 @@ def test_compose_file_follows_the_specification(validator: jsonschema.protocols.
     assert any("imgae" in e.message for e in validator.iter_errors(broken))
 
 
+@pytest.mark.unit
 def test_compose_pins_the_versions_and_settings_of_the_project() -> None:
     services = _compose()["services"]
     images = {name: s.get("image") for name, s in services.items()}
@@ -58,7 +60,7 @@ def test_compose_pins_the_versions_and_settings_of_the_project() -> None:
     assert "wal_level=logical" in services["postgres"]["command"]
     assert {"ingest", "etl", "airflow"} <= services.keys()
     assert all(services[s]["build"]["dockerfile"] == "docker/Dockerfile" for s in ("ingest", "etl", "airflow"))
-    # The connector and the schema it registers are those of `lakehouse dev source up`.
+    # The connector and the schema it registers are those of `lakehouse dev source start`.
     registered = json.loads((COMPOSE.parent / "connector.json").read_text())
     local = connector_config(5432) | {"database.hostname": "postgres", "database.password": "shop"}
     assert {"name": registered["name"], **registered["config"]} == local

@@ -15,6 +15,8 @@ import pytest
 
 from pipelines.runtime import console
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.fixture
 def log_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:

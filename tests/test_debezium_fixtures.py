@@ -23,6 +23,8 @@ from pipelines.ingest.schema import Shape
 from pipelines.lake.contract import COLUMNS, TABLES, topic
 from tests.model import row_event, unwrap
 
+pytestmark = pytest.mark.integration
+
 FIXTURES = Path(__file__).with_name("fixtures") / "debezium"
 KAFKA_SCHEMA = T.StructType([
     T.StructField("topic", T.StringType()), T.StructField("partition", T.IntegerType()),

@@ -14,6 +14,8 @@ from pipelines.lake import contract
 from pipelines.lake.catalog import change_feed_tables, erasure_uncovered, gold_declared, names
 from pipelines.lake.declaration import DeclarationError, declared, load
 
+pytestmark = pytest.mark.unit
+
 GOOD = """
 [source]
 topic_prefix = "erp"

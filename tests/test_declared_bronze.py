@@ -27,7 +27,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from lakehouse_dev.generator import Message, produce
-from pipelines.ingest.bronze import run_ingest
+from pipelines.ingest.bronze import IngestOptions, run_ingest
 from pipelines.lake.table_stats import read_table
 from pipelines.runtime.settings import main_path, quarantine_path, silver_path
 from pipelines.transform.etl import run_etl
@@ -112,6 +112,7 @@ def _assert_silver(spark: SparkSession, root: str, source: DeclaredSource) -> No
         assert len(set(quarantine.values())) >= (3 if t is EVERY_TYPE else 1), "the workload exercises the rules"
 
 
+@pytest.mark.integration
 def test_declared_tables_of_every_type_and_a_composite_key(spark: SparkSession, broker, tmp_path: Path,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     declaration = tmp_path / "tables.toml"
@@ -185,6 +186,7 @@ def test_declared_tables_of_every_type_and_a_composite_key(spark: SparkSession, 
     assert all(isinstance(r["price"], Decimal | None) for r in every)
 
 
+@pytest.mark.integration
 def test_an_incremental_snapshot_of_a_table_added_by_sync_lands_in_bronze(spark: SparkSession, broker, tmp_path: Path,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """The real connector's records of a table declared while it ran (tests/fixtures/declared, captured by
@@ -217,6 +219,7 @@ def test_an_incremental_snapshot_of_a_table_added_by_sync_lands_in_bronze(spark:
     assert rows[1]["_lsn"] < rows[4]["_lsn"], "the snapshot's reads order before the change that followed"
 
 
+@pytest.mark.integration
 def test_a_table_declared_while_the_stream_runs_is_followed_exactly(spark: SparkSession, broker, tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """The stream reads the declared tables' topics; a table added to the declaration while it runs (what
@@ -253,7 +256,8 @@ def test_a_table_declared_while_the_stream_runs_is_followed_exactly(spark: Spark
 
     def stream() -> None:
         try:
-            run_ingest(once=False, root=root, bootstrap=broker.bootstrap, spark=spark, trigger_seconds=1)
+            run_ingest(once=False, root=root, bootstrap=broker.bootstrap, spark=spark,
+                       options=IngestOptions(trigger_seconds=1))
         except BaseException as exc:
             failure.append(exc)
 
@@ -292,6 +296,7 @@ def _wait(done, failure: list[BaseException], timeout: float = 180) -> None:
         time.sleep(1)
 
 
+@pytest.mark.unit
 def test_a_changed_encoding_of_one_type_holds_the_table_until_accepted(tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """timestamp(3) altered to timestamp(6): Debezium's milliseconds become microseconds, the column stays a
@@ -325,6 +330,7 @@ key = ["region", "order_no"]
 """
 
 
+@pytest.mark.integration
 def test_the_real_connectors_records_of_every_type_land_typed(spark: SparkSession, broker, tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """Every record Debezium 2.7.3 gave for section 7's types (tests/fixtures/declared, captured by

@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+pytestmark = pytest.mark.unit
+
 FIXTURES = Path(__file__).with_name("fixtures") / "declared"
 SCENARIOS = ("snapshot", "insert", "update", "nulls", "unicode", "dates", "bytea", "arrays", "numerics", "delete",
              "composite_insert", "composite_update", "composite_key_update", "composite_delete",

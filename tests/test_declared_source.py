@@ -43,7 +43,7 @@ from pipelines.lake.table_stats import has_completed_commit, read_table
 from pipelines.runtime.settings import main_path, quarantine_path, silver_path
 from pipelines.transform.etl import run_etl
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 SETUP_SQL = """
 CREATE TYPE mood AS ENUM ('happy', 'sad', 'ok');

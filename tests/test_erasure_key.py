@@ -14,6 +14,8 @@ from moto import mock_aws
 from pipelines.deploy.jobs import JOB_ENV, SparkJob
 from pipelines.lake.erasure_registry import erasure_key
 
+pytestmark = pytest.mark.unit
+
 KEY = "9f" * 32
 
 

@@ -9,7 +9,7 @@ One of the cycles runs as `lakehouse etl` with OpenLineage's listener on (the su
 for its cost: hudi_configs/test_profile.toml) and the file transport in the test's folder. What its events
 must say is taken from what the cycle did, read back from the tables: which tables got a commit, what each
 silver commit's checkpoint says it consumed, the columns each written table has now. What the listener gets
-wrong or misses for Hudi (README.md, "Lineage") is not asserted here.
+wrong or misses for Hudi (docs/deploying.md, "Lineage") is not asserted here.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from pyspark.sql import SparkSession
 
 from pipelines.ingest.bronze import run_ingest
@@ -32,6 +33,8 @@ from pipelines.transform.changes import read_changes
 from pipelines.transform.etl import run_etl
 from tests.kill import inflight, run_until
 from tests.lake import LINEAGE_ON, LakeCopy, assert_lake_equals_model, run_cli, with_overrides
+
+pytestmark = pytest.mark.integration
 
 FEEDS = tuple(change_feed_tables())
 

@@ -11,14 +11,18 @@ from __future__ import annotations
 
 import logging
 
+import pytest
+
 from lakehouse_dev.generator import ShopSource, WorkloadConfig, ensure_topics, produce
-from pipelines.ingest.bronze import run_ingest
+from pipelines.ingest.bronze import IngestOptions, run_ingest
 from pipelines.lake.contract import TABLES
 from pipelines.lake.hudi_timeline import checkpoint, consumed, earliest_checkpoint
 from pipelines.runtime.settings import changelog_path, gold_path, silver_path
 from pipelines.transform.changes import read_changes
 from pipelines.transform.etl import run_etl, silver_cycle
 from tests.lake import assert_lake_equals_model, with_overrides
+
+pytestmark = pytest.mark.integration
 
 SHORT_RETENTION = """
 "hoodie.clean.policy" = "KEEP_LATEST_COMMITS"
@@ -49,7 +53,8 @@ def test_cycles_rebuild_exactly_when_their_checkpoint_is_gone(spark, broker, tmp
             silver_cycle(spark, table, root)
     # Then bronze runs ahead of silver by many small batches (and its change log is archived).
     produce(source.changes(cfg), broker.bootstrap)
-    run_ingest(once=True, root=root, bootstrap=broker.bootstrap, spark=spark, max_offsets_per_trigger=100)
+    run_ingest(once=True, root=root, bootstrap=broker.bootstrap, spark=spark,
+               options=IngestOptions(max_offsets_per_trigger=100))
     for table in TABLES:
         readable = earliest_checkpoint(spark, silver_path(table, root))
         assert readable and readable > consumed(gold_marks, silver_path(table, root)), f"silver/{table} was not cleaned"

@@ -27,6 +27,8 @@ from pipelines.transform import gold
 from pipelines.transform.etl import silver_cycle
 from tests.lake import assert_gold_equals_model, with_overrides
 
+pytestmark = pytest.mark.integration
+
 DAILY = "gold/daily_revenue"
 
 CAP = """

@@ -1,4 +1,4 @@
-"""The lake's local disk full in the middle of a bronze commit (issue 53, "the world around it fails").
+"""The lake's local disk full in the middle of a bronze commit.
 
 The lake sits on a small tmpfs of its own, a real file system that really fills: a copy of the
 shared lake, then new changes on Kafka, then `lakehouse ingest --once` in its own process. The
@@ -33,7 +33,7 @@ from tests.kill import pending_instants
 from tests.lake import LakeCopy, assert_bronze_equals_model, assert_lake_equals_model, dead_letters, run_cli
 from tests.model import fold_with_lsn, is_malformed
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 # The shared lake is about 25 MB; the disk leaves room for the new changes' commits, which the ballast then takes.
 DISK_MB = 96

@@ -1,4 +1,4 @@
-"""The world around the stream fails (issue 53): Kafka goes away under the supervised stream, and comes back.
+"""The world around the stream fails: Kafka goes away under the supervised stream, and comes back.
 
 Two faults, one after the other, on one real broker, one real supervised stream (`lakehouse stream
 start`, as the DAG runs it) and real Hudi tables; the stream reaches the broker through Toxiproxy
@@ -21,10 +21,10 @@ requests after three tries of `kafka.default.api.timeout.ms`), and the stream mu
 start the query again itself, from the positions in bronze's commits. The stream here has those
 timeouts shortened to 5 s, so that the blackout fails the query: the log must show the query started
 again after it. (The broker's pause may fail it too, or be ridden through; the count is printed.
-The two faults shared one stream to save the suite a broker, a stream JVM and a first batch; the
-ride-through at Spark's default timeouts is no longer exercised here.)
-How long the stream took to catch up once Kafka was back is printed (`-s`), not asserted: it depends
-on the machine's load. The pauses are shorter than the issue's (30 s, 60 s) to keep the suite's
+The two faults share one stream to save the suite a broker, a stream JVM and a first batch, so the
+ride-through at Spark's default timeouts is not exercised here.)
+How long the stream takes to catch up once Kafka is back is printed (`-s`), not asserted: it depends
+on the machine's load. The pauses are shorter than the soak's (30 s, 60 s) to keep the suite's
 budget; LAKEHOUSE_FAULT_PAUSE and LAKEHOUSE_FAULT_BLACKOUT set them.
 """
 
@@ -48,7 +48,7 @@ from tests.kill import pending_instants, wait_caught_up
 from tests.lake import assert_bronze_equals_model, dead_letters
 from tests.model import fold_with_lsn, is_malformed
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 PAUSE = float(os.environ.get("LAKEHOUSE_FAULT_PAUSE", "15"))
 BLACKOUT = float(os.environ.get("LAKEHOUSE_FAULT_BLACKOUT", "20"))

@@ -16,6 +16,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import pytest
 from kafka import KafkaConsumer
 from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient
 from pyspark.sql import SparkSession
@@ -32,6 +33,8 @@ from pipelines.transform.etl import run_etl
 from tests.kill import bronze_as_model, running_ingest, wait_while_running
 from tests.lake import LakeCopy, assert_bronze_equals_model, assert_lake_equals_model, run_cli
 from tests.model import Rows, expected_silver, fold_with_lsn, row_event, unwrap
+
+pytestmark = pytest.mark.integration
 
 
 def keyed(cfg: WorkloadConfig) -> WorkloadConfig:
@@ -222,16 +225,16 @@ def test_erasure_leaves_nothing_and_changes_nobody_else(spark, lake: LakeCopy, t
     certificates = erase_all([parse_request([victim, quarantined[0], victim], "REQ-2026-001", "dpo@shop.example"),
                               parse_request([quarantined[0]], "REQ-2026-002", "dpo@shop.example")],
                              spark=spark, root=root, bootstrap=lake.bootstrap)
-    assert [c["reference"] for c in certificates] == ["REQ-2026-001", "REQ-2026-002"]
-    assert len({c["certificate"] for c in certificates}) == 2
+    assert [c.reference for c in certificates] == ["REQ-2026-001", "REQ-2026-002"]
+    assert len({c.path for c in certificates}) == 2
     certificate = certificates[0]
     for done in certificates:
-        assert done["verified"], done["verification"]["failures"]
-        assert done["status"] == "erased" and done["run"]["references"] == ["REQ-2026-001", "REQ-2026-002"]
-    assert certificate["subjects"]["duplicates_in_request"] == 1 and len(certificate["subjects"]["customers"]) == 2
-    assert certificate["run"]["orders_moved_to_other_customers"] == len(moved)
-    assert certificate["verification"]["scan"]["findings"] == 0
-    assert not certificate["further_sweeps"], "the targeted purge left something behind"
+        assert done.verified, done.verification.failures
+        assert done.status == "erased" and done.run.references == ["REQ-2026-001", "REQ-2026-002"]
+    assert certificate.subjects.duplicates_in_request == 1 and len(certificate.subjects.customers) == 2
+    assert certificate.run.orders_moved_to_other_customers == len(moved)
+    assert certificate.verification.scan["findings"] == 0
+    assert not certificate.further_sweeps, "the targeted purge left something behind"
 
     # Every other row of every table is exactly as before; gold equals the contract without them.
     after = snapshot(spark, root)
@@ -251,11 +254,11 @@ def test_erasure_leaves_nothing_and_changes_nobody_else(spark, lake: LakeCopy, t
 
     # Neither the certificate nor the audit log repeats the personal data.
     gdpr_dir = Path(root) / "_gdpr"
-    for path in (Path(certificate["certificate"]), gdpr_dir / "audit.jsonl"):
+    for path in (Path(str(certificate.path)), gdpr_dir / "audit.jsonl"):
         text = path.read_text()
         assert not [t for t in texts if t.lower() in text.lower()], f"{path.name} holds an e-mail or name"
         assert not re.search(r'"(id|customer_id|customer_ids|email|full_name)"', text)
-    assert all(re.fullmatch(r"[0-9a-f]{64}", h) for h in certificate["subjects"]["customers"])
+    assert all(re.fullmatch(r"[0-9a-f]{64}", h) for h in certificate.subjects.customers)
 
     # Kafka: compacted topics, and a tombstone for each erased key.
     admin = KafkaAdminClient(bootstrap_servers=lake.bootstrap)
@@ -351,9 +354,9 @@ def test_erasure_with_a_savepoint_and_a_pending_compaction(spark, lake: LakeCopy
 
     certificate = erase(parse_request([victim], "REQ-SAVEPOINT", "dpo"), spark=spark, root=root,
                         bootstrap=lake.bootstrap)
-    assert certificate["verified"], certificate["verification"]["failures"]
-    assert not certificate["further_sweeps"], "the targeted purge left something behind"
-    purge = certificate["purge"]
+    assert certificate.verified, certificate.verification.failures
+    assert not certificate.further_sweeps, "the targeted purge left something behind"
+    purge = certificate.purge
     assert purge["bronze/customers"]["savepoints_deleted"] and purge["silver/customers"]["savepoints_deleted"]
     assert len(purge["bronze/customers"]["compactions"]) >= 2  # the pending plan, then one after the sweep
     assert purge["silver/customers"]["rewritten_file_groups"], "silver's newest change feed kept the victim"
@@ -405,7 +408,7 @@ def test_erasure_while_ingest_runs(spark, lake: LakeCopy, tmp_path, monkeypatch)
             with erase_log.open("w") as err:  # a file: a slow or stuck erasure shows how far it got
                 certificate = erase(parse_request([victim], "REQ-LIVE", "operator"), spark=spark, root=root,
                                     bootstrap=lake.bootstrap, progress=lambda line: print(line, file=err, flush=True))
-            assert certificate["verified"], certificate["verification"]["failures"]
+            assert certificate.verified, certificate.verification.failures
             assert ingest.poll() is None, "ingest died beside the erasure: " + log_path.read_text()[-3000:]
             # More changes of the erased customer arrive after the erasure.
             after = rounds[0] + 2

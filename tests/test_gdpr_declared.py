@@ -39,6 +39,8 @@ from tests.lake import assert_bronze_equals_model, assert_lake_equals_model
 from tests.model import fold_with_lsn
 from tests.test_gdpr import erased_model, snapshot, texts_of, theirs_and_moved
 
+pytestmark = pytest.mark.integration
+
 
 @dataclasses.dataclass
 class ShopTopic(DeclaredTable):
@@ -179,12 +181,12 @@ def test_erasure_covers_a_declared_table_with_a_composite_key(spark: SparkSessio
                               parse_request([ONLY_PAYMENTS], "REQ-DECL-2", "dpo@shop.example")],
                              spark=spark, root=root, bootstrap=broker.bootstrap)
     for done in certificates:
-        assert done["verified"], done["verification"]["failures"]
-        assert done["status"] == "erased", done["reference"]  # the payments-only customer's request too
-    run = certificates[0]["run"]
-    assert run["rows_of_theirs"]["payments"] == len(erased_payments)
-    assert run["rows_moved_to_other_customers"]["payments"] == 1
-    assert not certificates[0]["further_sweeps"], "the targeted purge left something behind"
+        assert done.verified, done.verification.failures
+        assert done.status == "erased", done.reference  # the payments-only customer's request too
+    run = certificates[0].run
+    assert run.rows_of_theirs["payments"] == len(erased_payments)
+    assert run.rows_moved_to_other_customers["payments"] == 1
+    assert not certificates[0].further_sweeps, "the targeted purge left something behind"
 
     # Every other row of every table is as before (the moved payment's current row included).
     after = snapshot(spark, root)
@@ -242,8 +244,8 @@ def test_erasure_covers_a_declared_table_with_a_composite_key(spark: SparkSessio
 
     # The certificates say what was done, without their ids, keys or card holders.
     for done in certificates:
-        text = Path(done["certificate"]).read_text() + (Path(root) / "_gdpr" / "audit.jsonl").read_text()
+        text = Path(str(done.path)).read_text() + (Path(root) / "_gdpr" / "audit.jsonl").read_text()
         assert not [t for t in texts if t.lower() in text.lower()]
         assert not re.search(r'"(id|customer_id|region|payment_no|card_holder)"', text)
         assert not re.search(rf"\b{ONLY_PAYMENTS}\b", text)
-        assert json.loads(Path(done["certificate"]).read_text())["run"]["references"] == ["REQ-DECL-1", "REQ-DECL-2"]
+        assert json.loads(Path(str(done.path)).read_text())["run"]["references"] == ["REQ-DECL-1", "REQ-DECL-2"]

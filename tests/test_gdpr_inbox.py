@@ -14,6 +14,8 @@ from pipelines.cli.app import main
 from pipelines.gdpr import inbox
 from pipelines.gdpr.request import InvalidRequest, parse_request, parse_requests
 
+pytestmark = pytest.mark.unit
+
 
 def test_a_batch_is_refused_whole_naming_each_bad_request() -> None:
     good = {"customer_ids": [3, 3, 5], "reference": "REQ-1", "requested_by": "dpo"}

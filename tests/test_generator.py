@@ -38,6 +38,8 @@ from pipelines.lake.contract import (
 )
 from tests.model import fold, is_malformed, row_event, unwrap
 
+pytestmark = pytest.mark.unit
+
 SEEDS = (1, 7, 42, 2026)
 ENVELOPE_KEYS = {"before", "after", "source", "op", "ts_ms", "transaction"}
 SOURCE_KEYS = {

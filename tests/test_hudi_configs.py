@@ -6,6 +6,8 @@ import pytest
 
 import hudi_configs
 
+pytestmark = pytest.mark.unit
+
 WRITERS = [("bronze", "table"), ("bronze", "changelog"), ("silver", "table"), ("gold", "common")]
 
 

@@ -10,7 +10,11 @@ from __future__ import annotations
 import re
 import subprocess
 
+import pytest
+
 from pipelines.runtime.spark_conf import archive_path
+
+pytestmark = pytest.mark.integration
 
 
 def test_the_session_jvm_maps_the_archive(spark) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -16,6 +17,8 @@ from kafka.admin import NewTopic
 
 from lakehouse_dev import kafka_local
 from lakehouse_dev.kafka_local import KafkaBroker, free_port, kafka
+
+pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +61,8 @@ def broker_processes(config_path: Path) -> str:
 def test_produce_and_consume_on_a_three_partition_topic(broker: KafkaBroker) -> None:
     admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
     try:
-        # Until the broker's metadata has the new topic, a describe may see no partitions (seen
-        # under the full suite's load): wait for it, as the generator's ensure_topics does.
+        # Until the broker's metadata has the new topic, a describe may see no partitions (under
+        # load): wait for it, as the generator's ensure_topics does.
         admin.create_topics([NewTopic("roundtrip", num_partitions=3, replication_factor=1)], wait_for_metadata=True)
         [description] = admin.describe_topics(["roundtrip"])
     finally:
@@ -75,7 +78,7 @@ def test_start_is_idempotent(broker: KafkaBroker) -> None:
     pid = broker.pid()
 
     assert broker.start() is broker
-    # A second handle on the same data dir (as `kafka up` run twice) adopts the running broker.
+    # A second handle on the same data dir (as `kafka start` run twice) adopts the running broker.
     adopted = KafkaBroker(broker.data_dir, port=broker.port).start()
 
     assert pid is not None and broker.pid() == pid and adopted.pid() == pid
@@ -139,26 +142,30 @@ def test_a_chosen_port_taken_before_the_bind_is_chosen_again(tmp_path: Path,
             assert b"served" in consume_until(started.bootstrap, "chosen-again", b"served")
 
 
-# `up` drops its handle on a broker it leaves running on purpose; Python flags that as a resource leak.
+# `start` drops its handle on a broker it leaves running on purpose; Python flags that as a resource leak.
 @pytest.mark.filterwarnings("ignore:subprocess .* is still running:ResourceWarning")
-def test_cli_up_status_down(tmp_path: Path) -> None:
+def test_cli_start_status_stop(tmp_path: Path) -> None:
     data_dir = tmp_path / "cli"
     port = free_port()
     runner = CliRunner()
     try:
-        up = runner.invoke(kafka, ["up", "--port", str(port), "--data-dir", str(data_dir)])
+        up = runner.invoke(kafka, ["start", "--port", str(port), "--data-dir", str(data_dir)])
         assert up.exit_code == 0, up.output
         assert f"127.0.0.1:{port}" in up.output and str(data_dir / "server.log") in up.output
 
         status = runner.invoke(kafka, ["status", "--data-dir", str(data_dir)])
         assert status.exit_code == 0 and f"127.0.0.1:{port}" in status.output
+        shown = runner.invoke(kafka, ["status", "--json", "--data-dir", str(data_dir)])
+        assert shown.exit_code == 0 and json.loads(shown.stdout)["bootstrap"] == f"127.0.0.1:{port}", shown.output
 
-        down = runner.invoke(kafka, ["down", "--data-dir", str(data_dir)])
+        down = runner.invoke(kafka, ["stop", "--data-dir", str(data_dir)])
         assert down.exit_code == 0 and "stopped" in down.output
     finally:
         KafkaBroker(data_dir).stop()
 
     assert runner.invoke(kafka, ["status", "--data-dir", str(data_dir)]).exit_code == 1
+    stopped = runner.invoke(kafka, ["status", "--json", "--data-dir", str(data_dir)])
+    assert stopped.exit_code == 1 and json.loads(stopped.stdout)["running"] is False
     assert broker_processes(data_dir / "server.properties") == ""
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from pipelines.lake.hudi_timeline import consumed
 from pipelines.runtime.settings import (
     changelog_path,
@@ -11,6 +13,8 @@ from pipelines.runtime.settings import (
     quarantine_path,
     silver_path,
 )
+
+pytestmark = pytest.mark.unit
 
 
 def test_a_table_keeps_its_name_under_any_root() -> None:

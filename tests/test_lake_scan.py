@@ -107,6 +107,7 @@ def _assert_no_personal_data(findings: list[Finding], subject: Subject) -> None:
         assert not any(int(n) in ids for n in re.findall(r"(?<![\w-])\d+(?![\w-])", f.what)), f
 
 
+@pytest.mark.integration
 def test_scan_finds_the_subject_in_every_kind_of_file(spark: SparkSession, lake: Path) -> None:
     calls: list[tuple[int, int]] = []
     report = scan_lake(spark, str(lake), SUBJECT, progress=lambda done, total: calls.append((done, total)))
@@ -155,12 +156,14 @@ def test_scan_finds_the_subject_in_every_kind_of_file(spark: SparkSession, lake:
     assert _has(report, "", "e-mail/name text in the raw bytes", r"^_checkpoints/ingest/offsets/0$")
 
 
+@pytest.mark.integration
 def test_scan_for_a_subject_never_written_is_clean(spark: SparkSession, lake: Path) -> None:
     report = scan_lake(spark, str(lake), NEVER_WRITTEN)
     assert report.clean, report.findings
     assert report.records > 0
 
 
+@pytest.mark.integration
 def test_data_files_that_do_not_decode_are_findings(spark: SparkSession, lake: Path, tmp_path: Path) -> None:
     root = tmp_path / "lake"
     stray = root / "gold/daily_revenue/order_date=2024-05-01"
@@ -191,12 +194,14 @@ def test_data_files_that_do_not_decode_are_findings(spark: SparkSession, lake: P
     _assert_no_personal_data(report.findings, SUBJECT)
 
 
+@pytest.mark.integration
 def test_a_missing_root_is_an_error_not_a_clean_lake(spark: SparkSession, tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         scan_lake(spark, str(tmp_path / "no-such-lake"), SUBJECT)
 
 
 
+@pytest.mark.integration
 def test_a_file_deleted_during_the_scan_holds_nothing(spark: SparkSession, tmp_path: Path) -> None:
     """A writer deletes its heartbeat, a clean its slices, while the scan runs: gone is not undecodable."""
     root = tmp_path / "lake"
@@ -214,6 +219,7 @@ def test_a_file_deleted_during_the_scan_holds_nothing(spark: SparkSession, tmp_p
     assert [f.path for f in report.findings] == ["a/1.parquet"], report.findings
 
 
+@pytest.mark.unit
 def test_chunks_that_cannot_hold_the_subject_are_skipped_and_no_other() -> None:
     """The scan's shortcut (FileScan._values) on JSON texts as Avro renders them; no Spark.
 
@@ -252,6 +258,7 @@ def test_chunks_that_cannot_hold_the_subject_are_skipped_and_no_other() -> None:
     assert scan.report.findings == [] and not scan._hits  # a check, not a finding
 
 
+@pytest.mark.unit
 def test_rows_of_a_declared_table_are_found_by_their_own_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A declared table's rows (composite key, string and bigint) as the erasure names them (Subject.rows): in key
     columns, record keys, change-feed images, a dead letter's Kafka key; its subject column names customers. Another

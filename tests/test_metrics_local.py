@@ -1,18 +1,22 @@
-"""`lakehouse dev metrics up/status/down` as `make metrics-up` runs them: a metric pushed the way a batch job will,
+"""`lakehouse dev metrics start/status/stop` as `make metrics-up` runs them: a metric pushed the way a batch job will,
 scraped by the real Prometheus and read back through its HTTP API (no JVM; Debian's binaries, which
 `make setup` installs).
 """
 
 from __future__ import annotations
 
+import json
 import time
 
+import pytest
 from prometheus_client import CollectorRegistry, Gauge, push_to_gateway
 
 from lakehouse_dev.prometheus import PUSHGATEWAY_JOB, SPARK_JOBS, STREAM_JOB, LocalMetrics, Prometheus
 from pipelines.monitoring import metric_names
 from pipelines.runtime.local_process import HOST, free_port, port_open
 from tests.lake import run_cli
+
+pytestmark = pytest.mark.integration
 
 # Two scrape intervals (prometheus.yml: 5 s) and Prometheus' start, with room for a busy machine.
 SCRAPED_WITHIN = 30.0
@@ -30,7 +34,7 @@ def test_a_pushed_metric_is_scraped_and_queried_and_the_alerts_are_loaded(tmp_pa
     home = str(tmp_path / "metrics")
     stream_target = f"{HOST}:{free_port()}"  # nothing serves there: the stream job's target is down
     spark_target = f"{HOST}:{free_port()}"  # nor there: the stream driver's Spark UI
-    up = run_cli("dev", "metrics", "up", "--port", "0", "--pushgateway-port", "0", "--stream-target", stream_target,
+    up = run_cli("dev", "metrics", "start", "--port", "0", "--pushgateway-port", "0", "--stream-target", stream_target,
                  "--spark-target", spark_target, "--home", home)
     running = LocalMetrics(home)
     try:
@@ -63,15 +67,15 @@ def test_a_pushed_metric_is_scraped_and_queried_and_the_alerts_are_loaded(tmp_pa
         assert {rule["name"] for group in groups for rule in group["rules"]} >= {
             "LakehouseStreamDown", "LakehouseErasureOverdue", "LakehouseTableFreshnessOverTarget"}
 
-        # A second `up` keeps what runs, whatever it asks for.
+        # A second `start` keeps what runs, whatever it asks for.
         pids = (running.prometheus.pid(), running.pushgateway.pid())
-        again = run_cli("dev", "metrics", "up", "--port", "9", "--home", home)
+        again = run_cli("dev", "metrics", "start", "--port", "9", "--home", home)
         assert again.exit_code == 0 and running.prometheus.url in again.stdout, again.output
         assert (running.prometheus.pid(), running.pushgateway.pid()) == pids
 
         # Another folder's Prometheus asking for a port in use fails, naming it, and leaves nothing running.
         other = tmp_path / "other"
-        clash = run_cli("dev", "metrics", "up", "--port", "0", "--pushgateway-port", str(running.pushgateway_port),
+        clash = run_cli("dev", "metrics", "start", "--port", "0", "--pushgateway-port", str(running.pushgateway_port),
                         "--home", str(other))
         assert clash.exit_code == 1 and f"{HOST}:{running.pushgateway_port} is taken" in clash.output, clash.output
         assert LocalMetrics(other).prometheus.pid() is None
@@ -80,8 +84,16 @@ def test_a_pushed_metric_is_scraped_and_queried_and_the_alerts_are_loaded(tmp_pa
         assert status.exit_code == 0, status.output
         assert f"target {PUSHGATEWAY_JOB} http://{HOST}:{running.pushgateway_port}/metrics up" in status.stdout
         assert f"target {STREAM_JOB} http://{stream_target}/metrics down" in status.stdout
+        shown = run_cli("dev", "metrics", "status", "--json", "--home", home)
+        assert shown.exit_code == 0, shown.output
+        document = json.loads(shown.stdout)
+        assert document["prometheus"]["url"] == running.prometheus.url
+        assert {t["job"]: t["health"] for t in document["targets"]} == {
+            PUSHGATEWAY_JOB: "up", STREAM_JOB: "down", **dict.fromkeys(SPARK_JOBS, "down")}
+        dashboard = run_cli("dev", "metrics", "show", "--json", "--home", home, "--window", "1m")
+        assert dashboard.exit_code == 0 and json.loads(dashboard.stdout)["window"] == "1m", dashboard.output
     finally:
-        down = run_cli("dev", "metrics", "down", "--home", home)
+        down = run_cli("dev", "metrics", "stop", "--home", home)
     assert down.exit_code == 0, down.output
     assert running.prometheus.pid() is None and running.pushgateway.pid() is None
     assert not port_open(running.port) and not port_open(running.pushgateway_port)

@@ -9,7 +9,7 @@ server that Spark reaches through S3A, hudi-rs and pyarrow through their own S3 
 
 Every client reaches the store through Toxiproxy, and the store fails the requests of etl's
 commits, of the services' compaction and cleaning, and of the erasure as S3 does under load and
-across a flaky network (issue 53): connections reset and stalled (Toxiproxy), `503 SlowDown`
+across a flaky network: connections reset and stalled (Toxiproxy), `503 SlowDown`
 answered by the store itself. The clients' retries must carry every step through, whole.
 """
 
@@ -45,7 +45,7 @@ from tests.test_gdpr import _orders_stayed, erased_model, orders_of, texts_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.environment]
 
-# How long the store is cut off under a batch of the stream (the issue's is 60 s, not measured yet: BENCHMARKS.md).
+# How long the store is cut off under a batch of the stream (LAKEHOUSE_FAULT_STORE_BLACKOUT sets it).
 BLACKOUT = float(os.environ.get("LAKEHOUSE_FAULT_STORE_BLACKOUT", "15"))
 
 
@@ -69,8 +69,8 @@ def store_proxy(object_store: ObjectStore, tmp_path: Path) -> Iterator[tuple[str
 
 # The faults' rates. Each SlowDown costs the client a backoff (S3A's SDK waits 250 to 500 ms before its first
 # retry of a throttled request), each stall its length, and a Hudi commit's requests are mostly one after the
-# other on the driver: at 3% SlowDown, 5% resets and 2% stalls of 3 s etl alone ran over 8 minutes, and at
-# 0.5%, 3% and 1% of 1 s the test took 845 s of a 40-minute suite, 340 more than without faults. At these,
+# other on the driver: at 3% SlowDown, 5% resets and 2% stalls of 3 s etl alone runs over 8 minutes, and at
+# 0.5%, 3% and 1% of 1 s the faults add two thirds to the test's time. At these,
 # etl's 6,267 requests meet about 12 SlowDowns and the erasure's 27,090 about 54 (none in etl: e^-12); the
 # services' 571 requests meet one or none (not asserted there). More faults would take the same retry paths
 # more often, and only add backoffs. A stall of 1 s takes the client down the same path as one of 3 (the
@@ -128,7 +128,7 @@ def _commit_in_flight(root: str) -> Callable[[str], bool]:
     return seen
 
 
-# Every Hudi commit is hundreds of requests to moto: 1,020 s beside the rest of the suite (2026-11-25).
+# Every Hudi commit is hundreds of requests to moto: about 17 minutes beside the rest of the suite.
 @pytest.mark.timeout(2400)
 def test_the_pipeline_on_an_object_store(spark, broker, object_store: ObjectStore, store_proxy: tuple[str, Proxy],
                                          tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -8,8 +8,12 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
 import pipelines
 from pipelines.deploy.package import build
+
+pytestmark = pytest.mark.unit
 
 # Run with -S (no site-packages, so not the checkout's editable install): only the zip is on the path.
 PROBE = """

@@ -18,6 +18,8 @@ from pipelines.monitoring import metric_names as m
 from pipelines.monitoring.pushgateway import JobMetrics
 from pipelines.runtime.local_process import HOST, free_port
 
+pytestmark = pytest.mark.integration
+
 LAKE = "s3://bucket/lake one"  # a slash and a space: the grouping key's value is encoded
 
 

@@ -13,6 +13,8 @@ from pipelines.services.quality_due import quality_due
 from tests.lake import LakeCopy
 from tests.plant import BAD_STATUS, plant_bad_emails, plant_bad_status
 
+pytestmark = pytest.mark.integration
+
 
 def test_suites_pass_on_the_pipeline_and_name_a_planted_violation(spark, lake: LakeCopy,
                                                                   capfd: pytest.CaptureFixture) -> None:

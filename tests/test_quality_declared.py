@@ -12,6 +12,8 @@ from pipelines.lake.declaration import declared, parse
 from pipelines.services.quality import silver_expectations, suites
 from pipelines.services.quality_due import quality_suites, quality_work
 
+pytestmark = pytest.mark.unit
+
 
 def _checks(table) -> set[tuple]:
     """(expectation type, its arguments) of a table's silver suite."""

@@ -9,7 +9,7 @@ The generator's workload is played as SQL transactions (dev/lakehouse_dev/sql_si
    interval, an hour, is longer than the phase), so the next start re-delivers all of phase 2 after
    phase 1;
 3. Connect again (the replays; its offsets now flushed every 15 s), more changes; then PostgreSQL
-   restarted while Debezium streams (issue 53, below), more changes; then the network between
+   restarted while Debezium streams (below), more changes; then the network between
    Debezium and PostgreSQL slow, then cut for 5 s while changes are committed (Debezium reaches
    PostgreSQL through Toxiproxy throughout), more changes; then one `ingest --once` and one `etl`.
 
@@ -17,23 +17,22 @@ The PostgreSQL restart: changes are committed and PostgreSQL crashes (the postma
 SIGKILLed, as the OOM killer leaves it: no shutdown checkpoint, crash recovery from
 the WAL on the next start, the replication slot back at the position its last checkpoint saved)
 before Debezium has necessarily read them all. The soak stops it with a fast shutdown instead, as a
-restart for an upgrade or a failover does (BENCHMARKS.md, "Soak"). Debezium's
+restart for an upgrade or a failover does (`lakehouse dev bench soak`). Debezium's
 task restarts itself 10 s after the lost connection; the database is still away then, and the task
 fails for good (FAILED, "Couldn't obtain encoding for database": Kafka Connect never restarts it).
 PostgreSQL comes back, and `lakehouse connector ensure` (the `debezium_connector` DAG's watchdog)
 restarts the failed task, which streams on from its offsets (the replication slot active again, the
 connector RUNNING); anything it delivers twice (replays) the lake must not mind. An outage shorter
-than those 10 s Debezium rides through by itself (the soak's shorter faults, BENCHMARKS.md). The
-restart comes right after an offset flush, with changes committed since: Debezium 2.7 delivered none
-of them twice in the runs so far (it resumes where its task was, WalPositionLocator skipping what it
-had sent; the count is printed, not asserted). A restart before Connect's *first* flush is another
-matter, found by this restart (then a test of its own) with the flush interval of an hour: the
+than those 10 s Debezium rides through by itself (the soak's shorter faults). The
+restart comes right after an offset flush, with changes committed since: Debezium 2.7 delivers none
+of them twice (it resumes where its task was, WalPositionLocator skipping what it had sent; the count
+is printed, not asserted). A restart before Connect's *first* flush is another matter: the
 restarted task finds no offsets, takes a new snapshot (snapshot.mode=initial), and streams from the
 end of that snapshot. Rows deleted between the two snapshots then never get their delete: the
 topics, and so the lake, keep them live for ever (a source-side loss the lake cannot see: a snapshot
 names the rows that exist, never those that went). Hence `wait_for_offsets` before the restart; in
 production, Connect's first offset flush after a connector's first snapshot must come before
-PostgreSQL may restart (README, "The real source").
+PostgreSQL may restart (docs/operations.md, "Debezium's task FAILED").
 
 Schema changes (contract section 6) run as DDL in the middle of that workload while
 `lakehouse ingest` streams (started after phase 1, SIGKILLed during a batch after the DDL of
@@ -85,7 +84,7 @@ from pipelines.transform.etl import run_etl
 from tests.lake import assert_bronze_equals_model, assert_lake_equals_model, dead_letters, run_cli
 from tests.model import UNAVAILABLE, fold_with_lsn, unwrap
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 # Small: the cost is the JVMs (three Connect starts, Spark's commits), not the rows. Replays come
 # from Connect itself and the database makes no malformed records.
@@ -152,7 +151,7 @@ def wait_for_offsets(real: RealSource, after: float, timeout: float = 60.0) -> f
     while not (offsets.exists() and offsets.stat().st_size and offsets.stat().st_mtime > after):
         assert time.monotonic() < deadline, f"Connect flushed no offsets in {timeout:.0f} s"
         time.sleep(0.1)
-    # One flush can write the file more than once (seen 11 ms apart under load): its time is the last write's.
+    # One flush can write the file more than once (milliseconds apart under load): its time is the last write's.
     flushed = offsets.stat().st_mtime
     while True:
         time.sleep(1.0)
@@ -187,7 +186,7 @@ def _differences(on_topics: dict, state: dict, lsns: dict) -> str:
 def test_real_source_end_to_end(spark: SparkSession, broker: KafkaBroker, tmp_path: Path) -> None:
     home = Path(tempfile.mkdtemp(prefix="lakehouse-pg-"))  # PostgreSQL runs as `postgres`: not under pytest's 0700 tmp
     home.chmod(0o755)
-    # Debezium reaches PostgreSQL through Toxiproxy (issue 53): the network between them fails in phase 3.
+    # Debezium reaches PostgreSQL through Toxiproxy: the network between them fails in phase 3.
     toxiproxy = Toxiproxy(tmp_path / "toxiproxy").start()
     pg_port, via = free_port(), free_port()
     pg_link = toxiproxy.client.create("postgres", f"{HOST}:{via}", f"{HOST}:{pg_port}")

@@ -67,6 +67,7 @@ def _declare_silver_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, extra
     monkeypatch.setenv("LAKEHOUSE_TABLES", str(path))
 
 
+@pytest.mark.integration
 def test_mixed_shapes_in_one_batch_and_old_shape_replays(spark: SparkSession, lake: LakeCopy, tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     # The declaration's line: silver carries one added column from the start.
@@ -153,6 +154,7 @@ def _orders_rows(messages: list[Message]) -> int:
                and not (event[0] == "d" and unwrap(m)[0] is None))
 
 
+@pytest.mark.integration
 def test_incompatible_change_holds_only_that_table(spark: SparkSession, lake: LakeCopy) -> None:
     src = lake.source
     cfg = WorkloadConfig(seed=232, changes=120, replay_runs=0, malformed_fraction=0.0, other_ops=False,
@@ -194,6 +196,7 @@ def test_incompatible_change_holds_only_that_table(spark: SparkSession, lake: La
     assert_lake_equals_model(spark, lake.root, shaped)
 
 
+@pytest.mark.unit
 def test_shape_decisions() -> None:
     """The rules of pipelines.ingest.schema without Spark: add, widen, narrow, contract column gone, accept."""
     from pipelines.ingest.connect_types import bronze_column

@@ -10,6 +10,7 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
+import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -18,6 +19,8 @@ from pipelines.runtime.settings import quarantine_path, silver_path
 from pipelines.transform.changes import Window
 from pipelines.transform.etl import SilverStep, write_silver
 from pipelines.transform.silver import silver_columns
+
+pytestmark = pytest.mark.integration
 
 DECLARATION = '''
 [source]

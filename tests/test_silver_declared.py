@@ -35,6 +35,7 @@ def _bronze(spark: SparkSession, rows: list[tuple], schema: str) -> DataFrame:
         .withColumn("_source_ts", F.current_timestamp()).withColumn("_op", F.lit("u"))
 
 
+@pytest.mark.integration
 def test_a_composite_key_and_each_rule_kind_in_declared_order(spark: SparkSession) -> None:
     table = _table('''
 [tables.t]
@@ -76,6 +77,7 @@ not_null = true
                          ("failed_rule", "string")]
 
 
+@pytest.mark.integration
 def test_a_null_passes_every_rule_but_not_null(spark: SparkSession) -> None:
     table = _table('''
 [tables.t]
@@ -93,6 +95,7 @@ rules = [{ column = "v", one_of = ["a"] }, { column = "v", pattern = "^z$" }, { 
     assert [got[(i,)]["failed_rule"] for i in (2, 3, 4)] == ["w_not_null", "r_int", "v_pattern"]
 
 
+@pytest.mark.integration
 def test_cleaning_trims_any_whitespace_before_the_case_and_comes_before_the_rules(spark: SparkSession) -> None:
     table = _table('''
 [tables.t]
@@ -118,6 +121,7 @@ one_of = ["a@b.c"]
     assert (got[(2,)]["c"], got[(2,)]["e"], got[(2,)]["failed_rule"]) == ("D E", " a@b.c", "c_pattern")
 
 
+@pytest.mark.integration
 def test_a_cast_is_exact_and_later_rules_see_the_converted_value(spark: SparkSession) -> None:
     table = _table('''
 [tables.t]
@@ -155,6 +159,7 @@ rules = [{ column = "s", cast = "decimal(5,2)" }, { column = "s", min = "0.5" },
                                     "failed_rule": "string"}
 
 
+@pytest.mark.integration
 def test_a_derived_date_is_the_utc_date_whatever_the_session_zone(spark: SparkSession) -> None:
     table = _table('''
 [tables.t]
@@ -172,6 +177,7 @@ derive = [{ column = "day", date_of = "at" }]
     assert got[(1,)]["day"] == dt.date(2026, 3, 2) and got[(2,)]["day"] is None
 
 
+@pytest.mark.integration
 def test_a_rule_on_a_column_bronze_lacks_names_the_file_the_table_and_the_field(
         spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "team.toml"
@@ -200,6 +206,7 @@ one_of = ["EUR"]
         clean(_bronze(spark, [(1, 2, "EUR")], "id long, method int, currency string"), table, ["id"])
 
 
+@pytest.mark.unit
 def test_gold_runs_only_with_its_inputs_declared() -> None:
     assert gold_missing(declared()) == []
     team = parse(tomllib.loads('[source]\ntopic_prefix = "x"\n[tables.customers]\nsource = "a.customers"\n'
@@ -223,7 +230,7 @@ def _first_failed(checks: list[tuple[str, Column]]) -> Column:
 
 
 def _hand_written_customers(bronze: DataFrame) -> DataFrame:
-    """pipelines/transform/silver.py's clean_customers before the declaration (commit c430316), verbatim."""
+    """pipelines/transform/silver.py's hand-written clean_customers from before tables were declared, verbatim."""
     df = bronze.select(
         "id", F.lower(_trim("email")).alias("email"), F.col("full_name"), F.upper(_trim("country")).alias("country"),
         F.to_timestamp(F.col("created_at")).alias("created_at"),
@@ -236,7 +243,7 @@ def _hand_written_customers(bronze: DataFrame) -> DataFrame:
 
 
 def _hand_written_orders(bronze: DataFrame) -> DataFrame:
-    """pipelines/transform/silver.py's clean_orders before the declaration (commit c430316), verbatim."""
+    """pipelines/transform/silver.py's hand-written clean_orders from before tables were declared, verbatim."""
     amount_text = _trim("amount")
     df = bronze.select(
         "id", "customer_id", "status", "currency",
@@ -255,6 +262,7 @@ def _hand_written_orders(bronze: DataFrame) -> DataFrame:
     return df.withColumn("failed_rule", _first_failed(checks)).drop("_amount_text")
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("seed", [3, 11])
 def test_the_shop_declaration_gives_the_hand_written_silver(spark: SparkSession, seed: int) -> None:
     source = ShopSource(seed)
@@ -288,6 +296,7 @@ def test_the_shop_declaration_gives_the_hand_written_silver(spark: SparkSession,
         assert None in failed and len(failed) >= 3, (name, failed)
 
 
+@pytest.mark.integration
 def test_the_etl_skips_gold_in_one_line_without_its_inputs(spark: SparkSession, tmp_path: Path,
                                                            monkeypatch: pytest.MonkeyPatch,
                                                            caplog: pytest.LogCaptureFixture) -> None:

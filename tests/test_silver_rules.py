@@ -14,6 +14,8 @@ from pipelines.lake.declaration import declared
 from pipelines.transform.silver import clean, silver_columns
 from tests.model import SILVER_RULES
 
+pytestmark = pytest.mark.integration
+
 
 def _bronze_df(spark, table, rows):
     schema = row_schema(table)

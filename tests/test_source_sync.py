@@ -103,6 +103,7 @@ def ops(records: list[dict[str, Any]], topic: str) -> list[tuple[str, Any, str]]
     return out
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_sync_follows_the_declaration(real: RealSource, tmp_path: Path) -> None:
     bootstrap = real.bootstrap
@@ -196,6 +197,7 @@ def test_sync_follows_the_declaration(real: RealSource, tmp_path: Path) -> None:
     assert ("c", 7, "false") not in late and ("u", 2, "false") not in late, late
 
 
+@pytest.mark.unit
 def test_compose_creates_the_signal_table_as_source_up_does() -> None:
     services = yaml.safe_load((PROJECT_ROOT / "docker" / "compose.yaml").read_text())["services"]
     assert services["signal-table"]["command"][-1] == SIGNAL_DDL

@@ -16,6 +16,8 @@ from pipelines.runtime.settings import PROJECT_ROOT
 from pipelines.runtime.spark_conf import PARENT_VARIABLE, ROOT_PARENT_VARIABLE, spark_conf
 from tests.lake import LINEAGE_ON, with_overrides
 
+pytestmark = pytest.mark.unit
+
 MASTER = "spark://127.0.0.1:7077"
 
 

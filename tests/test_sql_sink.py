@@ -6,9 +6,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from lakehouse_dev.generator import ShopSource, WorkloadConfig
 from lakehouse_dev.sql_sink import Statement, statements
 from pipelines.lake.contract import COLUMNS, TABLES
+
+pytestmark = pytest.mark.unit
 
 CFG = WorkloadConfig(seed=23, customers=30, orders=60, changes=400, replay_runs=3, malformed_fraction=0.05,
                      delete_fraction=0.1)

@@ -15,6 +15,8 @@ from pipelines.ingest.exporter import TOTAL_PHASE, StreamExporter, kafka_lag
 from pipelines.monitoring import metric_names as m
 from pipelines.runtime.local_process import HOST, free_port, port_open
 
+pytestmark = pytest.mark.unit
+
 # The Kafka source's part of a StreamingQueryProgress as PySpark 3.5.7's `query.lastProgress` gave it after the
 # first batch of tests/test_stream_metrics.py (96 of 209 records read): offsets parsed from their JSON, Spark's
 # own lag figures as strings, over the 6 partitions of both topics at once (18.83 * 6 = 113 records).

@@ -24,6 +24,8 @@ from pipelines.ingest.stream import (
 )
 from pipelines.runtime.local_process import process_started
 
+pytestmark = pytest.mark.unit
+
 LIM = Limits(heartbeat_seconds=1, dead_after_seconds=60, stalled_after_seconds=300, start_timeout_seconds=10,
              stop_timeout_seconds=10, kill_timeout_seconds=5)
 NOW = 1_800_000_000.0

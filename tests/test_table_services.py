@@ -25,6 +25,8 @@ from tests.kill import bronze_as_model, running_ingest, wait_while_running
 from tests.lake import assert_bronze_equals_model, run_cli, with_overrides
 from tests.model import fold_with_lsn
 
+pytestmark = pytest.mark.integration
+
 # Short retention, so that the services' cleaning really deletes file slices during the test.
 OVERRIDES = """
 [bronze.table]
@@ -94,7 +96,7 @@ def test_services_compact_and_clean_while_ingest_runs(broker, spark, tmp_path, m
         assert not before[t] & log_files(main_path(t, root)), f"bronze/{t}: compacted log files still there"
         # What the second run's clean deleted, the decision foresaw: slices the retention had freed by then
         # ("rewrites"), or those of the run's own compaction, which the stream's commits push out of the window
-        # while the run goes on ("with compact": seen when the machine was loaded, 2026-11-29).
+        # while the run goes on ("with compact", on a loaded machine).
         if reports[1][f"bronze/{t}"]["clean"]["files_deleted"]:
             reason = decided[t].get("clean", "")
             assert "rewrites" in reason or reason.startswith("with compact"), (t, decided[t])

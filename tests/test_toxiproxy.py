@@ -18,6 +18,8 @@ import pytest
 from lakehouse_dev.toxiproxy import Proxy, Toxiproxy, ToxiproxyError
 from pipelines.runtime.local_process import HOST, free_port
 
+pytestmark = pytest.mark.integration
+
 
 class _Echo(socketserver.BaseRequestHandler):
     def handle(self) -> None:

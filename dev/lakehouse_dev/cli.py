@@ -9,16 +9,17 @@ from __future__ import annotations
 import click
 
 from lakehouse_dev.bench.cli import bench
+from lakehouse_dev.demo import demo
 from lakehouse_dev.generator.cli import generate
 from lakehouse_dev.kafka_local import kafka
-from lakehouse_dev.metastore import down, up
+from lakehouse_dev.metastore import catalog
 from lakehouse_dev.object_store import s3
 from lakehouse_dev.pg_source_cli import source
 from lakehouse_dev.prometheus import metrics
 from lakehouse_dev.spark_cluster import cluster
 
 
-@click.group()
+@click.group(hidden=True)
 def dev() -> None:
     """Local services, the contract's generator and benchmarks, for development and tests only.
 
@@ -26,12 +27,5 @@ def dev() -> None:
     """
 
 
-@dev.group()
-def catalog() -> None:
-    """A local Hive Metastore (`lakehouse catalog status|sync` are the operator's side)."""
-
-
-catalog.add_command(up)
-catalog.add_command(down)
-for command in (generate, source, kafka, s3, cluster, metrics, bench):
+for command in (demo, generate, source, kafka, s3, cluster, catalog, metrics, bench):
     dev.add_command(command)

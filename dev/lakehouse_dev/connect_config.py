@@ -3,8 +3,8 @@ standalone worker that runs it, and the names both share with PostgreSQL (databa
 signal table).
 
 The captured tables are the declaration's (`pipelines.lake.declaration.declared()`, contract section 7):
-`lakehouse dev source up` creates the connector with them, `lakehouse dev source sync` changes them while it runs
-(dev/lakehouse_dev/source_sync.py).
+`lakehouse dev source start` creates the connector with them, `lakehouse dev source sync` changes them while it
+runs (dev/lakehouse_dev/source_sync.py).
 
 Plain data, apart from the processes (dev/lakehouse_dev/pg_source.py), so that docker/compose.yaml's
 connector can be checked against the same settings (tests/test_compose.py).

@@ -40,7 +40,7 @@ class SourceError(RuntimeError):
 class ConnectWorker(LocalProcess):
     """A standalone Kafka Connect worker running the Debezium connector, its state in `work_dir`.
 
-    Detached (own session), so it outlives `source up`; found again through its pid file. `stop`
+    Detached (own session), so it outlives `source start`; found again through its pid file. `stop`
     (SIGTERM) lets Connect commit the offsets of what it delivered, so a restart replays nothing;
     `kill` (SIGKILL) delivers again what it delivered since its last offset flush.
     """

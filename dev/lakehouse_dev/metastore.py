@@ -34,7 +34,7 @@ PORT_TRIES = 3
 
 @dataclass
 class Metastore(LocalProcess):
-    """The metastore daemon, its port kept in `<home>/metastore.json` for `down` and `status`."""
+    """The metastore daemon, its port kept in `<home>/metastore.json` for `stop` and later starts."""
 
     label = "Hive Metastore"
     # First start creates Derby's schema (about 15 s here); later starts take a few seconds.
@@ -101,7 +101,7 @@ class Metastore(LocalProcess):
         """Start it unless it runs (a first start chooses the port: `port` 0 is any free one).
 
         Hive 2.3.9 cannot bind port 0 itself, so a free port is chosen first, and another process can
-        take it before the metastore binds it (seen in `make test`: "Address already in use"): a port
+        take it before the metastore binds it ("Address already in use"): a port
         chosen so is chosen again, up to PORT_TRIES times.
         """
         self.home.mkdir(parents=True, exist_ok=True)
@@ -122,7 +122,7 @@ class Metastore(LocalProcess):
         return self.start(self.start_timeout)
 
     def down(self) -> None:
-        """Stop it; the folder keeps the catalog, found again by the next `up`."""
+        """Stop it; the folder keeps the catalog, found again by the next start."""
         self.stop()
 
     def __enter__(self) -> Self:
@@ -136,11 +136,16 @@ _HOME = click.option("--home", type=click.Path(file_okay=False, path_type=Path),
                      show_default=True, help="Folder of the metastore's database, warehouse, pid file and log.")
 
 
-@click.command()
+@click.group("catalog")
+def catalog() -> None:
+    """A local Hive Metastore (`lakehouse catalog status|sync` are the operator's side)."""
+
+
+@catalog.command()
 @click.option("--port", type=click.IntRange(0, 65535), default=DEFAULT_PORT, show_default=True,
               help="The thrift port (0: any free one); a folder that ran before keeps its port.")
 @_HOME
-def up(port: int, home: Path) -> None:
+def start(port: int, home: Path) -> None:
     """Start the metastore (kept if it runs) and wait until it accepts connections."""
     try:
         running = Metastore(home, port).up()
@@ -150,9 +155,9 @@ def up(port: int, home: Path) -> None:
     click.echo(f"writers register the lake's tables there with: export LAKEHOUSE_METASTORE_URI={running.uri}")
 
 
-@click.command()
+@catalog.command()
 @_HOME
-def down(home: Path) -> None:
+def stop(home: Path) -> None:
     """Stop the metastore (its database stays in the folder)."""
     Metastore(home).down()
     click.echo("Hive Metastore stopped")

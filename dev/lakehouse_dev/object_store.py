@@ -150,7 +150,7 @@ def s3() -> None:
 @click.option("--port", type=click.IntRange(0, 65535), default=DEFAULT_PORT, show_default=True,
               help="Port on 127.0.0.1 (0: any free port, printed).")
 @_DATA_DIR
-def up(port: int, data_dir: Path) -> None:
+def start(port: int, data_dir: Path) -> None:
     """Start the store (if not running) and create the bucket `lake`."""
     store = ObjectStore(data_dir, port).start()
     click.echo(f"object store on {store.endpoint}, bucket {BUCKET}; `eval \"$(.venv/bin/lakehouse dev s3 env)\"`, "
@@ -159,17 +159,24 @@ def up(port: int, data_dir: Path) -> None:
 
 @s3.command()
 @_DATA_DIR
-def down(data_dir: Path) -> None:
+def stop(data_dir: Path) -> None:
     """Stop the store; what it held is gone."""
     ObjectStore(data_dir).stop()
 
 
 @s3.command()
 @_DATA_DIR
-def env(data_dir: Path) -> None:
-    """Print `export` lines of the AWS variables that point every client at the store (for `eval`)."""
+@click.option("--json", "as_json", is_flag=True, help="The variables as one JSON object instead of `export` lines.")
+def env(data_dir: Path, as_json: bool) -> None:
+    """Print `export` lines of the AWS variables that point every client at the store (for `eval`).
+
+    Exit 1 if no store runs from --data-dir.
+    """
     if (store := running(data_dir)) is None:
         raise click.ClickException(f"no object store runs from {data_dir}: `make s3-up` starts one")
+    if as_json:
+        click.echo(json.dumps(store.env(), indent=2))
+        return
     for key, value in store.env().items():
         click.echo(f"export {key}={value}")
 
@@ -215,8 +222,8 @@ def serve(host: str, port: int, port_file: Path) -> None:
     """Serve moto's S3 API alone, the way `python -m moto.server` serves all of AWS.
 
     moto's all-services dispatcher finds the service of every request among some 180 by its
-    host and signature, about 6 ms a request on this machine; a Hudi commit through S3A makes
-    hundreds of requests, so that overhead was a third of the object-store test's time
+    host and signature, about 6 ms a request; a Hudi commit through S3A makes hundreds of
+    requests, so that overhead would be a third of the object-store test's time
     (tests/test_object_store.py). The S3 application alone answers the same requests.
     `port` 0 binds any free port; the port bound is written to `port_file` (whole or not at all)
     once the socket listens, which is what `ObjectStore.start` waits for.

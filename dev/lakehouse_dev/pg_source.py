@@ -6,10 +6,10 @@ the contract; this module runs the real thing instead, without Docker: PostgreSQ
 package (`postgresql-15`, installed by `make setup` when missing) and Kafka Connect plus Debezium from
 the jars `make setup` resolves (jvm/pom.xml, profile `connect`). Everything a run keeps (the cluster,
 Connect's configs, offsets and log, the ports) lives in one folder, so `source status` and `source
-down` find a running source again, and the offsets file stays beside the replication slot it
+stop` find a running source again, and the offsets file stays beside the replication slot it
 belongs to (a stale offsets file against a new slot resumes from an LSN that no longer exists).
 
-The captured tables are the declaration's (contract section 7, `LAKEHOUSE_TABLES`): `up` checks it
+The captured tables are the declaration's (contract section 7, `LAKEHOUSE_TABLES`): `source start` checks it
 against the database before Connect starts and creates the connector with the declared tables;
 `sync` makes a running source follow a changed declaration (dev/lakehouse_dev/source_sync.py).
 """
@@ -36,7 +36,7 @@ from pipelines.runtime.settings import PROJECT_ROOT, kafka_bootstrap
 
 # Debian's PostgreSQL 15 binaries, not on PATH (LAKEHOUSE_PG_BIN points elsewhere).
 PG_BIN_DEFAULT = "/usr/lib/postgresql/15/bin"
-# The contract's section 1, one file for `source up` and for docker/compose.yaml's postgres.
+# The contract's section 1, one file for `source start` and for docker/compose.yaml's postgres.
 SHOP_DDL_FILE = PROJECT_ROOT / "docker" / "shop.sql"
 
 
@@ -45,7 +45,7 @@ def pg_bin() -> Path:
 
 
 def postgres_available() -> bool:
-    """Whether this machine has the real source's database (`make demo` asks the same of the Makefile's PG_BIN)."""
+    """Whether this machine has the real source's database (`lakehouse dev demo` chooses its source by it)."""
     return (pg_bin() / "initdb").is_file() and (pg_bin() / "postgres").is_file()
 
 
@@ -246,10 +246,11 @@ class RealSource:
         declaration = declaration or declared()
         postgres, worker = self.postgres, self.connect
         if not postgres.is_running():
-            raise SourceError(f"PostgreSQL is not running (data {postgres.data_dir}); `lakehouse dev source up` first")
+            raise SourceError(f"PostgreSQL is not running (data {postgres.data_dir}); "
+                              "`lakehouse dev source start` first")
         if worker.status() is None:
             raise SourceError(f"Kafka Connect does not answer at {worker.url} (log {worker.log_path}); "
-                              "`lakehouse dev source up` first")
+                              "`lakehouse dev source start` first")
         with postgres.connect() as conn:
             source_sync.check(conn, declaration, schemas_enable=self.schemas_enable)
             notes = source_sync.prepare(conn, declaration)

@@ -1,11 +1,13 @@
-"""`lakehouse dev source up/down/status/sync` (`make source-up`): the real source (lakehouse_dev.pg_source) as
+"""`lakehouse dev source start/stop/status/sync` (`make source-up`): the real source (lakehouse_dev.pg_source) as
 operators start it, with its state in one folder, capturing the declared tables (`LAKEHOUSE_TABLES`).
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -33,7 +35,7 @@ def source() -> None:
 @click.option("--bootstrap", default=None, help="Kafka brokers  [default: $KAFKA_BOOTSTRAP_SERVERS]")
 @click.option("--schemas/--no-schemas", "schemas_enable", default=True, show_default=True,
               help="Values with the Connect schema (schemas.enable=true) or the bare envelope.")
-def up(home: Path, pg_port: int, rest_port: int, bootstrap: str | None, schemas_enable: bool) -> None:
+def start(home: Path, pg_port: int, rest_port: int, bootstrap: str | None, schemas_enable: bool) -> None:
     """Start PostgreSQL and Connect in the background (no-op if they run) and wait until the connector streams.
 
     The connector captures the declared tables (LAKEHOUSE_TABLES, else the shop), checked against
@@ -67,7 +69,7 @@ def sync(home: Path, timeout: float) -> None:
     being captured; its topic stays.
     """
     if not (home / "source.json").exists():
-        raise click.ClickException(f"no source in {home}; `lakehouse dev source up` starts one")
+        raise click.ClickException(f"no source in {home}; `lakehouse dev source start` starts one")
     try:
         declaration = declared()
         report = RealSource(home).sync(declaration, timeout)
@@ -82,8 +84,8 @@ def sync(home: Path, timeout: float) -> None:
 @source.command()
 @HOME_OPTION
 @click.option("--purge", is_flag=True, help="Also delete the folder: the cluster, offsets and logs.")
-def down(home: Path, purge: bool) -> None:
-    """Stop Connect (offsets committed), then PostgreSQL; their data stays for the next `up` unless --purge."""
+def stop(home: Path, purge: bool) -> None:
+    """Stop Connect (offsets committed), then PostgreSQL; their data stays for the next `start` unless --purge."""
     if not (home / "source.json").exists():
         click.echo(f"no source in {home}")
         return
@@ -98,44 +100,81 @@ def down(home: Path, purge: bool) -> None:
 
 @source.command()
 @HOME_OPTION
-def status(home: Path) -> None:
+@click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout instead of lines.")
+def status(home: Path, as_json: bool) -> None:
     """The DSN for psql, the connector's state and the replication slot's lag; exit 1 unless it streams."""
     if not (home / "source.json").exists():
-        click.echo(f"no source in {home}; `make source-up` starts one")
+        if as_json:
+            click.echo(json.dumps({"streaming": False, "home": str(home)}, indent=2))
+        else:
+            click.echo(f"no source in {home}; `make source-up` starts one")
         raise SystemExit(1)
-    real = RealSource(home)
-    postgres, worker = real.postgres, real.connect
-    click.echo(f"dsn: {postgres.dsn}")
-    click.echo(f"postgres: {'running' if postgres.is_running() else 'stopped'} (data {postgres.data_dir})")
-    state = worker.status()
-    if state is None:
-        click.echo(f"connector {CONNECTOR}: Connect not answering at {worker.url} (log {worker.log_path})")
+    state = source_status(RealSource(home))
+    if as_json:
+        click.echo(json.dumps(state, indent=2))
     else:
-        tasks = ", ".join(f"task {t['id']} {t['state']}" for t in state.get("tasks", []))
-        click.echo(f"connector {CONNECTOR}: {state['connector']['state']} ({tasks or 'no tasks'}), "
-                   f"schemas.enable={str(real.schemas_enable).lower()}, Kafka {real.bootstrap}")
-    slot = None
-    if postgres.is_running():
+        for line in status_lines(state):
+            click.echo(line)
+    if not state["streaming"]:
+        raise SystemExit(1)
+
+
+def source_status(real: RealSource) -> dict[str, Any]:
+    """PostgreSQL, the connector, the publication and the replication slot, each as far as it can be read.
+
+    What cannot be read says why in its `error` and leaves the rest: status reports a source half up.
+    """
+    postgres, worker = real.postgres, real.connect
+    running = postgres.is_running()
+    state = worker.status()
+    connector = {"name": CONNECTOR, "url": worker.url, "log": str(worker.log_path), "kafka": real.bootstrap,
+                 "schemas_enable": real.schemas_enable, "state": None, "tasks": []}
+    if state is not None:
+        connector |= {"state": state["connector"]["state"],
+                      "tasks": [{"id": t["id"], "state": t["state"]} for t in state.get("tasks", [])]}
+    publication: dict[str, Any] = {"name": PUBLICATION, "tables": None, "error": None}
+    slot: dict[str, Any] = {"name": SLOT, "exists": None, "error": None}
+    if running:
         try:
-            slot = slot_status(real.pg_port)
+            found = slot_status(real.pg_port) or {}
+            slot |= {"exists": bool(found), **{key: value for key, value in found.items() if key != "slot"}}
         except SourceError as exc:
-            click.echo(str(exc))
-    if postgres.is_running():
+            slot["error"] = str(exc)
         try:
             with postgres.connect() as conn:
                 captured = published(conn)
-        except Exception as exc:  # psycopg's errors: the line says so, status goes on
-            click.echo(f"publication {PUBLICATION}: cannot be read ({exc})")
-        else:
-            click.echo(f"publication {PUBLICATION}: " + (", ".join(sorted(captured)) if captured is not None
-                                                          else "none yet (the connector creates it)"))
-    if not postgres.is_running():
-        click.echo(f"replication slot {SLOT}: unknown (PostgreSQL not running)")
-    elif slot is None:
-        click.echo(f"replication slot {SLOT}: none")
+            publication["tables"] = sorted(captured) if captured is not None else None
+        except Exception as exc:  # psycopg's errors: reported, status goes on
+            publication["error"] = f"cannot be read ({exc})"
+    streaming = connector["state"] == "RUNNING" and bool(slot.get("active"))
+    return {"streaming": streaming, "home": str(real.home), "dsn": postgres.dsn,
+            "postgres": {"running": running, "data_dir": str(postgres.data_dir)},
+            "connector": connector, "publication": publication, "slot": slot}
+
+
+def status_lines(state: dict[str, Any]) -> list[str]:
+    """`source status` for a person: one line each for the DSN, PostgreSQL, the connector, publication and slot."""
+    postgres, connector, publication, slot = state["postgres"], state["connector"], state["publication"], state["slot"]
+    lines = [f"dsn: {state['dsn']}",
+             f"postgres: {'running' if postgres['running'] else 'stopped'} (data {postgres['data_dir']})"]
+    if connector["state"] is None:
+        lines.append(f"connector {CONNECTOR}: Connect not answering at {connector['url']} (log {connector['log']})")
     else:
-        click.echo(f"replication slot {SLOT}: {'active' if slot['active'] else 'inactive'}, "
-                   f"lag {slot['lag_bytes']} bytes (confirmed flush {slot['confirmed_flush_lsn']})")
-    streaming = state is not None and state["connector"]["state"] == "RUNNING" and bool(slot and slot["active"])
-    if not streaming:
-        raise SystemExit(1)
+        tasks = ", ".join(f"task {t['id']} {t['state']}" for t in connector["tasks"])
+        lines.append(f"connector {CONNECTOR}: {connector['state']} ({tasks or 'no tasks'}), "
+                     f"schemas.enable={str(connector['schemas_enable']).lower()}, Kafka {connector['kafka']}")
+    if slot["error"]:
+        lines.append(slot["error"])
+    if publication["error"]:
+        lines.append(f"publication {PUBLICATION}: {publication['error']}")
+    elif postgres["running"]:
+        lines.append(f"publication {PUBLICATION}: " + (", ".join(publication["tables"]) if publication["tables"]
+                                                        is not None else "none yet (the connector creates it)"))
+    if not postgres["running"]:
+        lines.append(f"replication slot {SLOT}: unknown (PostgreSQL not running)")
+    elif not slot.get("exists"):
+        lines.append(f"replication slot {SLOT}: none")
+    else:
+        lines.append(f"replication slot {SLOT}: {'active' if slot['active'] else 'inactive'}, "
+                     f"lag {slot['lag_bytes']} bytes (confirmed flush {slot['confirmed_flush_lsn']})")
+    return lines

@@ -15,6 +15,7 @@ on (no Alertmanager): Prometheus shows them on /alerts.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shutil
@@ -28,7 +29,8 @@ from typing import Any, ClassVar, Self
 
 import click
 
-from pipelines.monitoring.dashboard import PrometheusError, prometheus_api, read, render
+from pipelines.errors import PrometheusError
+from pipelines.monitoring.dashboard import Snapshot, prometheus_api, read, render
 from pipelines.runtime.local_process import HOST, LocalProcess, free_port, port_open, saved_state
 from pipelines.runtime.settings import PROJECT_ROOT
 
@@ -66,7 +68,7 @@ def render_config(template: Path, targets: dict[str, str]) -> str:
         raise MetricsError(f"{template} has no scrape job {', '.join(missing)}")
     for name, target in targets.items():
         jobs[name]["static_configs"] = [{"targets": [target]}]
-    header = f"# Made from {template} by `lakehouse dev metrics up`: edit that one.\n"
+    header = f"# Made from {template} by `lakehouse dev metrics start`: edit that one.\n"
     return header + yaml.safe_dump(config, sort_keys=False)
 
 
@@ -194,7 +196,7 @@ class LocalMetrics:
     """The Pushgateway and the Prometheus that scrapes it, their settings kept in `<home>/metrics.json`.
 
     While they run (or after a crash left the file), that file's settings win over those asked
-    for, so `down` and `status` need only the folder. Port 0: a free one, chosen at `start`.
+    for, so `stop` and `status` need only the folder. Port 0: a free one, chosen at `start`.
     """
 
     home: Path
@@ -266,6 +268,9 @@ def metrics() -> None:
     """Prometheus and its Pushgateway on 127.0.0.1, with the pipeline's alerting rules (docker/prometheus/)."""
 
 
+_JSON = click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout instead of lines.")
+
+
 @metrics.command()
 @click.option("--port", type=click.IntRange(0, 65535), default=DEFAULT_PORT, show_default=True,
               help="Prometheus' port: its UI, HTTP API and /alerts (0: any free one).")
@@ -278,17 +283,17 @@ def metrics() -> None:
                    "the jobs lakehouse_spark and lakehouse_spark_executors.")
 @click.option("--timeout", default=60.0, show_default=True, help="Seconds to wait until both are ready.")
 @_HOME
-def up(port: int, pushgateway_port: int, stream_target: str, spark_target: str, timeout: float, home: Path) -> None:
+def start(port: int, pushgateway_port: int, stream_target: str, spark_target: str, timeout: float, home: Path) -> None:
     """Start the Pushgateway and Prometheus (what runs is kept, with its settings) and wait until both are ready."""
     try:
-        _print_status(LocalMetrics(home, port, pushgateway_port, stream_target, spark_target).start(timeout))
+        _print_status(_status(LocalMetrics(home, port, pushgateway_port, stream_target, spark_target).start(timeout)))
     except RuntimeError as error:
         raise click.ClickException(str(error)) from error
 
 
 @metrics.command()
 @_HOME
-def down(home: Path) -> None:
+def stop(home: Path) -> None:
     """Stop Prometheus and the Pushgateway (the series and pushed metrics stay in the folder)."""
     LocalMetrics(home).stop()
     click.echo("Prometheus and the Pushgateway stopped")
@@ -296,25 +301,53 @@ def down(home: Path) -> None:
 
 @metrics.command()
 @_HOME
-def status(home: Path) -> None:
+@_JSON
+def status(home: Path, as_json: bool) -> None:
     """Where they serve and each scrape target's health; exit 1 if either is down."""
     found = LocalMetrics(home)
     if found.prometheus.pid() is None or found.pushgateway.pid() is None:
-        click.echo(f"Prometheus or the Pushgateway does not run from {found.home}: `make metrics-up` starts them")
+        if as_json:
+            click.echo(json.dumps({"running": False, "home": str(found.home)}, indent=2))
+        else:
+            click.echo(f"Prometheus or the Pushgateway does not run from {found.home}: `make metrics-up` starts them")
         raise SystemExit(1)
     try:
-        _print_status(found)
+        state = _status(found)
     except MetricsError as error:
         raise click.ClickException(str(error)) from error
+    if as_json:
+        click.echo(json.dumps(state, indent=2))
+    else:
+        _print_status(state)
 
 
-def _print_status(found: LocalMetrics) -> None:
-    click.echo(f"Prometheus {found.prometheus.url} (pid {found.prometheus.pid()}; alerts: "
-               f"{found.prometheus.url}/alerts), log {found.prometheus.log_path}")
-    click.echo(f"Pushgateway {found.pushgateway.url} (pid {found.pushgateway.pid()}), log {found.pushgateway.log_path}")
-    for target in found.prometheus.api("/api/v1/targets", state="active")["activeTargets"]:
-        error = f": {target['lastError']}" if target.get("lastError") else ""
-        click.echo(f"target {target['labels']['job']} {target['scrapeUrl']} {target['health']}{error}")
+def _status(found: LocalMetrics) -> dict[str, Any]:
+    """Both servers (url, pid, log) and Prometheus' active scrape targets with their health."""
+    targets = found.prometheus.api("/api/v1/targets", state="active")["activeTargets"]
+    return {"running": True, "home": str(found.home),
+            "prometheus": {"url": found.prometheus.url, "pid": found.prometheus.pid(),
+                           "alerts": f"{found.prometheus.url}/alerts", "log": str(found.prometheus.log_path)},
+            "pushgateway": {"url": found.pushgateway.url, "pid": found.pushgateway.pid(),
+                            "log": str(found.pushgateway.log_path)},
+            "targets": [{"job": t["labels"]["job"], "url": t["scrapeUrl"], "health": t["health"],
+                         "last_error": t.get("lastError") or None} for t in targets]}
+
+
+def _print_status(state: dict[str, Any]) -> None:
+    prometheus, pushgateway = state["prometheus"], state["pushgateway"]
+    click.echo(f"Prometheus {prometheus['url']} (pid {prometheus['pid']}; alerts: {prometheus['alerts']}), "
+               f"log {prometheus['log']}")
+    click.echo(f"Pushgateway {pushgateway['url']} (pid {pushgateway['pid']}), log {pushgateway['log']}")
+    for target in state["targets"]:
+        error = f": {target['last_error']}" if target["last_error"] else ""
+        click.echo(f"target {target['job']} {target['url']} {target['health']}{error}")
+
+
+def snapshot_document(snap: Snapshot) -> dict[str, Any]:
+    """`metrics show --json`: the snapshot's figures, each topic's lag as {"last", "max"}; None where no series."""
+    document = dataclasses.asdict(snap)
+    document["lag"] = {topic: {"last": last, "max": worst} for topic, (last, worst) in snap.lag.items()}
+    return document
 
 
 @metrics.command()
@@ -324,24 +357,30 @@ def _print_status(found: LocalMetrics) -> None:
                    "extrapolated to the window's edges).")
 @click.option("--watch", type=click.FloatRange(min=1), default=None, metavar="SECONDS",
               help="Draw it again every SECONDS until Ctrl-C.")
-@click.option("--url", default=None, help="Prometheus to ask (e.g. http://prometheus:9090)  [default: the one `up` "
+@click.option("--url", default=None, help="Prometheus to ask (e.g. http://prometheus:9090)  [default: the one `start` "
                                           "started from --home]")
 @_HOME
-def show(window: str, watch: float | None, url: str | None, home: Path) -> None:
+@_JSON
+def show(window: str, watch: float | None, url: str | None, home: Path, as_json: bool) -> None:
     """Each table's freshness, the stream's Kafka lag, its batches and the alerts firing, as Prometheus recorded them.
 
     The operator's dashboard (pipelines/monitoring/dashboard.py says why a terminal one): the series the alert
     rules read, so what it shows and what fires agree. Exit 1 if Prometheus does not answer.
     """
+    if as_json and watch is not None:
+        raise click.UsageError("--json prints one reading: leave out --watch")
     url = url or LocalMetrics(home).prometheus.url
     while True:
         try:
-            text = render(read(url, window))
+            snap = read(url, window)
         except PrometheusError as error:
             raise click.ClickException(str(error)) from error
+        if as_json:
+            click.echo(json.dumps(snapshot_document(snap), indent=2))
+            return
         if watch is None:
-            click.echo(text)
+            click.echo(render(snap))
             return
         click.clear()
-        click.echo(text + f"\n(every {watch:g} s; Ctrl-C ends)")
+        click.echo(render(snap) + f"\n(every {watch:g} s; Ctrl-C ends)")
         time.sleep(watch)

@@ -1,5 +1,5 @@
-"""The real source follows the declaration (contract section 7): `lakehouse dev source up` and `lakehouse
-source sync` make PostgreSQL's publication and the Debezium connector capture exactly the declared tables.
+"""The real source follows the declaration (contract section 7): `lakehouse dev source start` and `lakehouse
+dev source sync` make PostgreSQL's publication and the Debezium connector capture exactly the declared tables.
 
 What a sync does, in this order:
 1. Checks the declaration against PostgreSQL's catalog, before changing anything: every declared
@@ -14,7 +14,7 @@ What a sync does, in this order:
    offset (Connect commits it when it stops the old task): changes of tables already captured go
    on, none lost. The sync waits until the new task streams (the replication slot active again,
    under a new walsender). Connect standalone keeps a PUT in memory only: the next launch reads
-   `connector.json`, which `source up` writes from the declaration.
+   `connector.json`, which `source start` writes from the declaration.
 4. The publication holds exactly the declared tables plus the signal table (`ALTER PUBLICATION ...
    SET TABLE`). Debezium's `publication.autocreate.mode=filtered` sets the same list itself when its
    task starts; the sync does not rely on it.
@@ -151,8 +151,8 @@ def mismatches(conn: Any, declaration: Declaration, *, schemas_enable: bool | No
             problems.append(f"{at}.{where}: column {column!r} does not exist in {t.source} "
                             f"(its columns: {', '.join(found.columns)})")
         if schemas_enable is False and t.typed:
-            problems.append(f"{at}.typed: a typed table needs values with their Connect schema, and the source "
-                            "runs with schemas.enable=false (`lakehouse dev source up --schemas`, or `typed = false`)")
+            problems.append(f"{at}.typed: a typed table needs values with their Connect schema, and the source runs "
+                            "with schemas.enable=false (`lakehouse dev source start --schemas`, or `typed = false`)")
     return problems
 
 

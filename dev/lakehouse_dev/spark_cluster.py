@@ -7,7 +7,7 @@ then `LAKEHOUSE_SPARK_MASTER=spark://127.0.0.1:7077` for every job; pipelines/ru
 
 The daemons are the pip pyspark's own (`bin/spark-class org.apache.spark.deploy.master.Master`,
 `...worker.Worker`; the wheel has no sbin/ scripts), each a `LocalProcess`: pid file and log in
-the cluster's folder (`.cluster/` for `make cluster-up`), found again by `down` and `status`.
+the cluster's folder (`.cluster/` for `make cluster-up`), found again by `stop` and `status`.
 An executor is a child of its worker, in the worker's session: stopping or killing a worker ends
 its executors with it, as losing a host would.
 """
@@ -182,7 +182,7 @@ def _read(path: Path) -> str:
 
 @dataclass
 class LocalCluster:
-    """The master and its workers, their ports kept in `<home>/cluster.json` for `down` and `status`.
+    """The master and its workers, their ports kept in `<home>/cluster.json` for `stop` and `status`.
 
     `port` or `ui_port` 0: free ports, chosen at `start`.
     """
@@ -329,19 +329,19 @@ def cluster() -> None:
 @click.option("--ui-port", type=click.IntRange(0, 65535), default=DEFAULT_UI_PORT, show_default=True,
               help="The master's web UI; the workers' are the next ports (0: any free ones).")
 @_HOME
-def up(port: int, ui_port: int, home: Path) -> None:
+def start(port: int, ui_port: int, home: Path) -> None:
     """Start the master and the workers (what already runs is kept) and wait until all are registered."""
     try:
         running = LocalCluster(home, port, ui_port).start()
     except RuntimeError as error:
         raise click.ClickException(str(error)) from error
-    _print_status(running)
+    _print_status(_status(running))
     click.echo(f"jobs run there with: export LAKEHOUSE_SPARK_MASTER={running.url}")
 
 
 @cluster.command()
 @_HOME
-def down(home: Path) -> None:
+def stop(home: Path) -> None:
     """Stop the workers, their executors and the master."""
     LocalCluster(home).stop()
     click.echo("Spark cluster stopped")
@@ -349,23 +349,40 @@ def down(home: Path) -> None:
 
 @cluster.command()
 @_HOME
-def status(home: Path) -> None:
+@click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout instead of lines.")
+def status(home: Path, as_json: bool) -> None:
     """The master URL, its web UI, the workers and the applications; exit 1 if the master is down."""
     found = LocalCluster(home)
     if found.master.pid() is None:
-        click.echo(f"no Spark master runs from {found.home}: `make cluster-up` starts one")
+        if as_json:
+            click.echo(json.dumps({"running": False, "home": str(found.home)}, indent=2))
+        else:
+            click.echo(f"no Spark master runs from {found.home}: `make cluster-up` starts one")
         raise SystemExit(1)
-    _print_status(found)
+    state = _status(found)
+    if as_json:
+        click.echo(json.dumps(state, indent=2))
+    else:
+        _print_status(state)
 
 
-def _print_status(found: LocalCluster) -> None:
+def _status(found: LocalCluster) -> dict[str, Any]:
+    """The master, its workers and its applications, from the master's `/json/` page."""
     state = found.state()
-    click.echo(f"master {found.url} ({state.get('status')}), web UI {found.master.ui_url} "
-               f"(applications: {found.master.ui_url}/json/)")
-    for w in state.get("workers", []):
-        click.echo(f"worker {w['id']} {w['state']}: {w['cores']} core(s), {w['memory']} MB, "
-                   f"{w['coresused']} in use, UI {w['webuiaddress']}")
-    for kind in ("activeapps", "completedapps"):
-        for app in state.get(kind, []):
-            click.echo(f"application {app['id']} {app['name']} {app['state']} ({kind[:-4]})")
-    click.echo(f"logs: {found.home}/*.log; executors' logs under {found.home}/worker*-work/")
+    return {"running": True, "home": str(found.home), "master": found.url, "status": state.get("status"),
+            "web_ui": found.master.ui_url,
+            "workers": [{"id": w["id"], "state": w["state"], "cores": w["cores"], "memory_mb": w["memory"],
+                         "cores_used": w["coresused"], "web_ui": w["webuiaddress"]} for w in state.get("workers", [])],
+            "applications": [{"id": app["id"], "name": app["name"], "state": app["state"], "kind": kind[:-4]}
+                             for kind in ("activeapps", "completedapps") for app in state.get(kind, [])]}
+
+
+def _print_status(state: dict[str, Any]) -> None:
+    click.echo(f"master {state['master']} ({state['status']}), web UI {state['web_ui']} "
+               f"(applications: {state['web_ui']}/json/)")
+    for w in state["workers"]:
+        click.echo(f"worker {w['id']} {w['state']}: {w['cores']} core(s), {w['memory_mb']} MB, "
+                   f"{w['cores_used']} in use, UI {w['web_ui']}")
+    for app in state["applications"]:
+        click.echo(f"application {app['id']} {app['name']} {app['state']} ({app['kind']})")
+    click.echo(f"logs: {state['home']}/*.log; executors' logs under {state['home']}/worker*-work/")

@@ -21,7 +21,8 @@ from pipelines.deploy.stream_local import stream
 from pipelines.gdpr.cli import gdpr
 from pipelines.ingest.schema_cli import schema
 from pipelines.lake.catalog import change_feed_tables
-from pipelines.lake.declaration import DeclarationError, declared
+from pipelines.errors import DeclarationError
+from pipelines.lake.declaration import declared
 from pipelines.metastore import catalog_sync
 from pipelines.runtime import console, settings
 from pipelines.runtime.local_process import require_kafka
@@ -90,7 +91,7 @@ def ingest(once: bool, trigger_seconds: float, max_offsets_per_trigger: int | No
            metrics_port: int | None, spark_ui_port: int | None) -> None:
     """Stream the declared tables' topics (LAKEHOUSE_TABLES) into bronze (until stopped, or --once); a changed
     declaration is followed between batches."""
-    from pipelines.ingest.bronze import run_ingest
+    from pipelines.ingest.bronze import IngestOptions, run_ingest
     from pipelines.ingest.exporter import configured_port, configured_spark_ui_port
 
     brokers = bootstrap or settings.kafka_bootstrap()
@@ -100,10 +101,10 @@ def ingest(once: bool, trigger_seconds: float, max_offsets_per_trigger: int | No
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     started = time.monotonic()
     try:
-        run_ingest(once=once, bootstrap=brokers, trigger_seconds=trigger_seconds,
-                   max_offsets_per_trigger=max_offsets_per_trigger,
-                   metrics_port=configured_port() if metrics_port is None else metrics_port,
-                   spark_ui_port=configured_spark_ui_port() if spark_ui_port is None else spark_ui_port)
+        run_ingest(once=once, bootstrap=brokers, options=IngestOptions(
+            trigger_seconds=trigger_seconds, max_offsets_per_trigger=max_offsets_per_trigger,
+            metrics_port=configured_port() if metrics_port is None else metrics_port,
+            spark_ui_port=configured_spark_ui_port() if spark_ui_port is None else spark_ui_port))
     except KeyboardInterrupt:
         click.echo(f"ingest stopped after {time.monotonic() - started:.0f} s", err=True)
         return
@@ -146,7 +147,7 @@ def etl() -> None:
 @click.option("--run", "run_id", default=None, help="The application's run id  [default: its newest run]")
 def lineage(files: tuple[Path, ...], job: str, run_id: str | None) -> None:
     """The lineage of one Spark run, from the local OpenLineage events: its Airflow task, then each write as
-    `inputs -> job -> outputs` (lake tables by their catalog names; README.md, "Lineage")."""
+    `inputs -> job -> outputs` (lake tables by their catalog names)."""
     from pipelines.monitoring import lineage as ol
 
     paths = list(files) or ol.default_files()
@@ -201,14 +202,14 @@ def services(tables: tuple[str, ...], only: tuple[str, ...]) -> None:
     from pipelines.monitoring.pushgateway import JobMetrics
     from pipelines.runtime.spark import get_spark
     from pipelines.services.due import SERVICES
-    from pipelines.services.table_services import run_services
+    from pipelines.services.table_services import ServicesPlan, run_services
 
     names, own = _table_services(tables)
     run = JobMetrics(metric_names.SERVICES, settings.lake_root())
     timings: dict[str, dict[str, float]] = {}
     try:
-        report = run_services(get_spark("lakehouse-services"), settings.lake_root(), names or None,
-                              tuple(s for s in SERVICES if s in only) if only else SERVICES, own, keep_going=True,
+        plan = ServicesPlan(names or None, tuple(s for s in SERVICES if s in only) if only else SERVICES, own)
+        report = run_services(get_spark("lakehouse-services"), settings.lake_root(), plan, keep_going=True,
                               timings=timings)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from exc

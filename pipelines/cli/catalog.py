@@ -1,12 +1,13 @@
 """`lakehouse catalog status|sync` and `lakehouse sql`: the lake's tables by name (pipelines/metastore/query.py).
 
-`catalog up|down` (a local Hive Metastore) are the dev tools' (dev/lakehouse_dev/metastore.py).
+`lakehouse dev catalog start|stop` (a local Hive Metastore) are the dev tools' (dev/lakehouse_dev/metastore.py).
 """
 
 from __future__ import annotations
 
 import click
 
+from pipelines.errors import CatalogUnavailable
 from pipelines.metastore import catalog_sync
 from pipelines.runtime import console, settings
 
@@ -23,7 +24,7 @@ def _require_catalog() -> str:
     if kind == "hms":
         try:
             catalog_sync.require_metastore()
-        except catalog_sync.CatalogDown as exc:
+        except CatalogUnavailable as exc:
             raise click.ClickException(f"{exc}; `make catalog-up` starts the local one") from exc
     return kind
 
@@ -96,7 +97,8 @@ def sql(statement: str, as_of: str | None, as_json: bool, limit: int) -> None:
 
     Example: lakehouse sql "SELECT country, ltv FROM gold.customer_ltv ORDER BY ltv DESC LIMIT 5"
     """
-    from pipelines.metastore.query import QueryError, run_sql
+    from pipelines.errors import QueryError
+    from pipelines.metastore.query import run_sql
 
     _require_catalog()
     spark = _catalog_spark("lakehouse-sql")

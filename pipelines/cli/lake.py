@@ -56,7 +56,7 @@ def status() -> None:
     from pipelines.lake.table_stats import has_completed_commit, read_table, table_stats
     from pipelines.runtime.settings import dead_letter_path
 
-    dead = {}
+    dead: dict[str, int] = {}
     reasons: list[tuple[str, str]] = []
     if has_completed_commit(dead_letter_path()):
         letters = read_table(dead_letter_path(), ["kafka_topic", "reason"])
@@ -86,9 +86,9 @@ def status() -> None:
             continue
         s = table_stats(path)
         line = f"{table.name:<18}{s.rows:>9}{s.commits:>9}{s.file_groups:>13}{s.log_files:>11}"
-        if table.layer == "bronze":
+        if table.layer == "bronze" and table.source is not None:
             line += f"{_deleted_keys(table.source, table.key):>14}{dead.get(topic(table.source), 0):>14}"
-            if (fresh := freshness.get(table.source)) is not None:
+            if beat is not None and (fresh := freshness.get(table.source)) is not None:
                 line += "  " + _freshness(fresh, time.time() - beat.written_at)
         elif table.layer == "silver":
             quarantine = lake_table(f"silver/_quarantine/{table.source}").path()
@@ -97,8 +97,8 @@ def status() -> None:
         click.echo(line)
     from pipelines.ingest.schema_cli import held_tables
 
-    for table, (n, reason) in sorted(held_tables(reasons).items()):
-        click.echo(f"held: {table} ({n} events in the dead-letter store): {reason}; resolve with "
+    for name, (n, reason) in sorted(held_tables(reasons).items()):
+        click.echo(f"held: {name} ({n} events in the dead-letter store): {reason}; resolve with "
                    "`lakehouse schema accept`, then `lakehouse dead-letters replay --reason schema`")
 
 

@@ -123,8 +123,8 @@ class LakehouseNotifier(HttpNotifier):
                      fields["state"])
             return None
         if connection is None:
-            log.warning("no Airflow connection %r (an http connection whose host is a webhook URL, see README "
-                        "'Notices'): not sent: %s", self.http_conn_id, fields["text"])
+            log.warning("no Airflow connection %r (an http connection whose host is a webhook URL, see "
+                        "docs/deploying.md, 'Notices'): not sent: %s", self.http_conn_id, fields["text"])
             return None
         url = connection.host or ""
         host = urlparse(url if "://" in url else f"https://{url}").hostname or ""

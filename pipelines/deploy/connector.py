@@ -1,10 +1,10 @@
 """Debezium's connector kept streaming: Kafka Connect never restarts a FAILED task by itself.
 
 Debezium 2.7's PostgreSQL task restarts itself when it loses the database, 10 s later
-(`retriable.restart.connector.wait.ms`). When the database is still away then, the new task's first
-query (the database's encoding) fails as not retriable and the task stays FAILED whatever happens to
-the database afterwards: seen in `lakehouse dev bench soak` with a 15-s outage; Debezium made that error
-retriable after 2.7 (DBZ-7872). Until someone restarts the task nothing flows, the replication slot
+(`retriable.restart.connector.wait.ms`). When the database is still away then (an outage of more
+than those 10 s), the new task's first query (the database's encoding) fails as not retriable and the
+task stays FAILED whatever happens to the database afterwards; Debezium made that error retriable
+after 2.7 (DBZ-7872). Until someone restarts the task nothing flows, the replication slot
 holds the database's WAL, and the lake's freshness slips.
 
 `ensure_running` is that someone, run every few minutes (the `debezium_connector` DAG, or
@@ -25,14 +25,12 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
+from pipelines.errors import ConnectError
+
 CONNECT_URL_VARIABLE = "LAKEHOUSE_CONNECT_URL"
 CONNECTOR_VARIABLE = "LAKEHOUSE_CONNECTOR"
 DEFAULT_CONNECT_URL = "http://127.0.0.1:8083"
-DEFAULT_CONNECTOR = "shop-source"  # the name `lakehouse dev source up` gives it (devtools.connect_config.CONNECTOR)
-
-
-class ConnectError(RuntimeError):
-    """Kafka Connect did not answer, refused a request, or the connector did not come back."""
+DEFAULT_CONNECTOR = "shop-source"  # the name `lakehouse dev source start` gives it (lakehouse_dev.connect_config)
 
 
 def connect_url() -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import click
 
 from pipelines.deploy import connector as watch
+from pipelines.errors import ConnectError
 
 URL_OPTION = click.option("--connect-url", "url", default=None,
                           help=f"Kafka Connect's REST API  [default: ${watch.CONNECT_URL_VARIABLE}, "
@@ -27,7 +28,7 @@ def status(url: str | None, name: str | None) -> None:
     """The connector's and its tasks' states, with the first line of a failure's trace; exit 1 if one FAILED."""
     try:
         state = watch.connector_state(url or watch.connect_url(), name or watch.connector_name())
-    except watch.ConnectError as exc:
+    except ConnectError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(state.line())
     if state.failed:
@@ -46,6 +47,6 @@ def ensure(url: str | None, name: str | None, wait_seconds: float) -> None:
     try:
         found, after = watch.ensure_running(url or watch.connect_url(), name or watch.connector_name(),
                                             wait_seconds=wait_seconds)
-    except watch.ConnectError as exc:
+    except ConnectError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(found.line() if after is None else f"{found.line()}\nrestarted: {after.line()}")

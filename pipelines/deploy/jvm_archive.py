@@ -23,6 +23,7 @@ import tempfile
 from pathlib import Path
 
 from pipelines.lake.catalog import bronze_options, keyed_options, silver_options
+from pipelines.runtime.jvm import driver_gateway
 from pipelines.runtime.spark import get_spark
 from pipelines.runtime.spark_conf import QUIET_CDS, archive_path, spark_conf
 
@@ -61,9 +62,7 @@ def build(target: Path) -> None:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     # pyspark's driver JVM exits when its standard input closes, and writes the archive then.
-    from pyspark import SparkContext
-
-    gateway = SparkContext._gateway
+    gateway = driver_gateway()
     gateway.shutdown()
     gateway.proc.stdin.close()
     gateway.proc.wait(timeout=600)

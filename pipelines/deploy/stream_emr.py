@@ -23,7 +23,8 @@ import time
 from typing import Any
 
 from pipelines.deploy.jobs import JOB_ENV, SparkJob
-from pipelines.deploy.stream_target import StreamError, StreamTarget
+from pipelines.deploy.stream_target import StreamTarget
+from pipelines.errors import StreamError
 from pipelines.ingest.stream import ControlFiles, Limits, judge, limits
 from pipelines.runtime.settings import INGEST_TRIGGER_SECONDS
 

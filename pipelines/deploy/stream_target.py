@@ -14,11 +14,9 @@ import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 
+from pipelines.errors import StreamError
+
 ACTIONS = ("status", "ensure", "start", "stop", "restart", "upgrade")
-
-
-class StreamError(RuntimeError):
-    """The stream could not be started or stopped, or the action is unknown; the message says why."""
 
 
 class StreamTarget(ABC):

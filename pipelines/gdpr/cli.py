@@ -50,7 +50,8 @@ def erase(customer_id: tuple[str, ...], customer_ids: str | None, customer_ids_f
     import json
 
     from pipelines.gdpr import inbox
-    from pipelines.gdpr.request import MAX_IDS, InvalidRequest, parse_request, parse_requests
+    from pipelines.errors import InvalidRequest
+    from pipelines.gdpr.request import MAX_IDS, parse_request, parse_requests
 
     filed: list[inbox.Filed] = []
     try:
@@ -71,7 +72,7 @@ def erase(customer_id: tuple[str, ...], customer_ids: str | None, customer_ids_f
                     _push_inbox()
                     return
                 requests = [f.request for f in filed]
-            else:
+            elif requests_file is not None:  # the only other way here
                 requests = parse_requests(_json_of(requests_file))
         else:
             ids: list[str] = list(customer_id)
@@ -97,15 +98,11 @@ def erase(customer_id: tuple[str, ...], customer_ids: str | None, customer_ids_f
         _push_inbox()
         raise click.ClickException(f"erasure {references} failed: {console.first_line(exc)}") from exc
     job_metrics.erasure(run, certificates)
-    run.push(succeeded=all(c["verified"] for c in certificates))
-    summaries = []
-    for certificate in certificates:
-        summary = {k: certificate[k] for k in ("reference", "status", "verified", "certificate")}
-        summary["rows_removed"] = sum(int(t.get("rows_removed", 0)) for t in certificate["tables"].values())
-        summaries.append(summary)
+    run.push(succeeded=all(c.verified for c in certificates))
+    summaries = [c.summary() for c in certificates]
     click.echo(json.dumps(summaries[0] if len(summaries) == 1 else summaries))
-    if not certificates[0]["verified"]:
-        failures = certificates[0]["verification"]["failures"]
+    if not certificates[0].verified:
+        failures = certificates[0].verification.failures
         _push_inbox()
         raise click.ClickException(f"erasure {references} NOT verified: {len(failures)} finding(s), e.g. "
                                    + "; ".join(failures[:5]))
@@ -125,7 +122,8 @@ def request(customer_id: tuple[str, ...], customer_ids: str | None, reference: s
     reference again replaces the waiting request.
     """
     from pipelines.gdpr import inbox
-    from pipelines.gdpr.request import InvalidRequest, parse_request
+    from pipelines.errors import InvalidRequest
+    from pipelines.gdpr.request import parse_request
 
     ids = list(customer_id) + ([p.strip() for p in customer_ids.split(",")] if customer_ids is not None else [])
     try:
@@ -163,7 +161,7 @@ def _ids_in(stream: TextIO) -> list[str]:
 def _json_of(stream: TextIO) -> object:
     import json
 
-    from pipelines.gdpr.request import InvalidRequest
+    from pipelines.errors import InvalidRequest
 
     try:
         return json.loads(stream.read())

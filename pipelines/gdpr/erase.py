@@ -50,19 +50,30 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 import hudi_configs
-from pipelines.gdpr.certificate import write_certificate
-from pipelines.gdpr.find import Target, find_subject, subject_tables
-from pipelines.gdpr.purge import change_feed_holders, purge, sweep
+from pipelines.errors import StorageError
+from pipelines.gdpr.certificate import (
+    Certificate,
+    FurtherSweep,
+    Report,
+    RunSummary,
+    Status,
+    Subjects,
+    Verification,
+    write_certificate,
+)
+from pipelines.gdpr.find import Found, Target, find_subject, subject_tables
+from pipelines.gdpr.purge import PurgePlan, change_feed_holders, purge, sweep
 from pipelines.gdpr.request import ErasureRequest
+from pipelines.gdpr.scan import Subject
 from pipelines.gdpr.verify import verify
 from pipelines.lake.catalog import erasure_uncovered, lake_catalog, lake_tables
 from pipelines.lake.declaration import declared
@@ -77,6 +88,9 @@ from pipelines.services.quality import redact_subject
 log = logging.getLogger(__name__)
 
 REGISTRY_OPTIONS = "registry"
+# How long the erasure waits for the bronze writes in flight to end, and how often it looks.
+BRONZE_WRITES_TIMEOUT_S = 180.0
+BRONZE_WRITES_POLL_S = 1.0
 
 
 # ---------------------------------------------------------------- the registry
@@ -113,7 +127,7 @@ def _bronze_paths(root: str) -> list[str]:
     return [t.path for t in lake_tables(root) if t.name.startswith("bronze/") and has_completed_commit(t.path)]
 
 
-def wait_for_bronze_writes(spark: SparkSession, root: str, timeout: float = 180) -> list[str]:
+def wait_for_bronze_writes(spark: SparkSession, root: str, timeout: float = BRONZE_WRITES_TIMEOUT_S) -> list[str]:
     """Wait until the bronze writes in flight now have ended; returns those still pending at the timeout.
 
     A batch in flight may have read the registry before this erasure added to it. Writes
@@ -128,7 +142,7 @@ def wait_for_bronze_writes(spark: SparkSession, root: str, timeout: float = 180)
         left = [f"{p}@{i}" for p, w in waiting.items() for i in sorted(w)]
         if not left or time.monotonic() > deadline:
             return left
-        time.sleep(1)
+        time.sleep(BRONZE_WRITES_POLL_S)
 
 
 def stale_bronze_writes(spark: SparkSession, root: str, since: str, registered: str) -> int:
@@ -169,7 +183,7 @@ def kafka_tombstones(bootstrap: str, target: Target, key_types: dict[str, tuple[
         admin.close()
     keys: list[tuple[str, dict[str, object]]] = []
     for name, table in subject_tables().items():
-        if table.key == (table.subject,):
+        if table.subject is not None and table.key == (table.subject,):
             keys += [(name, {table.subject: c}) for c in target.customers]
             continue
         types = key_types.get(name, ())
@@ -192,13 +206,25 @@ _INTEGERS = ("bigint", "int", "smallint", "tinyint")
 
 # ---------------------------------------------------------------- the run
 
+# Sweeps again before the purge, at most, while ingest batches that filtered with the registry as it
+# was before this run commit after the sweep began: each such sweep is cheap (only their rows).
+RESWEEPS = 3
+# Rounds of sweep, purge and verification, at most, after verification found the subject or an ingest
+# commit raced the sweep; a run still failing after them certifies NOT VERIFIED instead of looping on.
+FURTHER_ROUNDS = 3
+# Findings a further round keeps in the certificate, and names in the log.
+FINDINGS_KEPT = 50
+FINDINGS_LOGGED = 5
+
 
 @dataclass
 class _Clock:
+    """The seconds each step of the run took, by the step's name: the certificate's `timings_s`."""
+
     timings: dict[str, float] = field(default_factory=dict)
 
     @contextmanager
-    def step(self, name: str):
+    def step(self, name: str) -> Iterator[None]:
         started = time.monotonic()
         try:
             yield
@@ -207,14 +233,87 @@ class _Clock:
         log.info("erasure: %s (%.1f s)", name, self.timings[name])
 
 
+@dataclass(frozen=True)
+class _Run:
+    """What every step of one run works with: built once by erase_all, passed to each step."""
+
+    spark: SparkSession
+    root: str
+    key: str
+    requests: tuple[ErasureRequest, ...]
+    progress: Callable[[str], None]
+    clock: _Clock
+
+    @property
+    def references(self) -> list[str]:
+        return [r.reference for r in self.requests]
+
+    @property
+    def customers(self) -> list[int]:
+        return sorted({c for r in self.requests for c in r.customer_ids})
+
+
+@dataclass(frozen=True)
+class _Held:
+    """What the lake holds of the run's customers, found once before anything is written."""
+
+    found: Found
+    target: Target
+    texts: list[str]
+    scan: Subject  # what the file scans look for: ids, their rows' keys, the texts
+
+
+def _counts(rows: dict[str, frozenset[str]]) -> dict[str, int]:
+    """Per declared table, how many rows: the certificate's counts (the keys may be personal data)."""
+    return {t: len(k) for t, k in sorted(rows.items())}
+
+
+@dataclass(frozen=True)
+class _Registered:
+    """The registry once the run's pseudonyms are in: its commit, its rows as read for the sweeps, and the
+    instant before the first sweep (the purge removes what is older)."""
+
+    completed: str
+    registry: DataFrame
+    sweep_started: str
+
+
+@dataclass
+class _Swept:
+    """What the sweeps removed so far, per table, and when the latest one began."""
+
+    tables: dict[str, Report]
+    since: str
+
+    def add(self, more: dict[str, Report]) -> None:
+        """Add a further sweep's report to the first one's: rows removed add up, the newest instant wins."""
+        for name, done in more.items():
+            was = self.tables.get(name, {})
+            removed = int(was.get("rows_removed", 0)) + int(done.get("rows_removed", 0))
+            self.tables[name] = {**was, **done, "rows_removed": removed}
+
+
+@dataclass(frozen=True)
+class _Done:
+    """What the run did for all its requests together: every request's certificate carries it."""
+
+    started: datetime
+    tables: dict[str, dict[str, object]]
+    purge: dict[str, dict[str, object]]
+    kafka: dict[str, object]
+    quality: dict[str, int]
+    verification: Verification
+    further_sweeps: list[FurtherSweep]
+
+
 def erase(request: ErasureRequest, spark: SparkSession | None = None, root: str | None = None,
-          bootstrap: str | None = None, progress: Callable[[str], None] = log.info) -> dict[str, object]:
+          bootstrap: str | None = None, progress: Callable[[str], None] = log.info) -> Certificate:
     """Erase and verify one request; returns the certificate (also written under `_gdpr/`)."""
     return erase_all([request], spark, root, bootstrap, progress)[0]
 
 
 def erase_all(requests: list[ErasureRequest], spark: SparkSession | None = None, root: str | None = None,
-              bootstrap: str | None = None, progress: Callable[[str], None] = log.info) -> list[dict[str, object]]:
+              bootstrap: str | None = None, progress: Callable[[str], None] = log.info) -> list[Certificate]:
     """Erase the customers of every request in one run; returns one certificate per request, in order.
 
     The costly steps (sweep, purge, verification) are paid once for the whole batch, not
@@ -222,6 +321,27 @@ def erase_all(requests: list[ErasureRequest], spark: SparkSession | None = None,
     request keeps its own reference, certificate and audit line; all of them carry the
     same run's tables, purge and checks, and name the references erased with them.
     """
+    _validate(requests)
+    run = _Run(spark or get_spark("lakehouse-gdpr"), root or lake_root(), erasure_key(), tuple(requests), progress,
+               _Clock())
+    started = datetime.now(UTC)
+    held = _find(run)
+    registered = _register_run(run, held)
+    swept = _sweep(run, held, registered)
+    with run.clock.step("kafka"):
+        kafka = _tombstones(bootstrap or kafka_bootstrap(), held)
+    purged = _purge_held(run, held, swept, registered)
+    with run.clock.step("quality results"):
+        quality = redact_subject(run.root, set(held.texts), set(run.customers), set(held.target.orders))
+    with run.clock.step("verify"):
+        result = verify(run.spark, run.root, held.target, held.texts, run.key, progress)
+    result, further = _until_verified(run, held, swept, registered, purged, result)
+    done = _Done(started, swept.tables, purged, kafka, quality, result, further)
+    return [_certify(run, held, done, request) for request in requests]
+
+
+def _validate(requests: list[ErasureRequest]) -> None:
+    """Step: refuse a run that could not be certified truthfully, before anything is read or written."""
     if not requests:
         raise ValueError("no erasure request given")
     if uncovered := erasure_uncovered():  # none today: every layout is covered (pipelines.lake.catalog)
@@ -230,126 +350,136 @@ def erase_all(requests: list[ErasureRequest], spark: SparkSession | None = None,
     references = [r.reference for r in requests]
     if len(set(references)) != len(references):
         raise ValueError(f"references must differ within one run, got {references}: each names its certificate")
-    spark = spark or get_spark("lakehouse-gdpr")
-    root = root or lake_root()
-    key = erasure_key()
-    clock = _Clock()
-    started = datetime.now(UTC)
-    customers = sorted({c for r in requests for c in r.customer_ids})
-    for table in lake_tables(root):  # a crashed writer's cut timeline file fails every reader of it
+
+
+def _find(run: _Run) -> _Held:
+    """Step: what the lake holds of the customers, their rows and the rows that moved, before the registry changes."""
+    for table in lake_tables(run.root):  # a crashed writer's cut timeline file fails every reader of it
         repair_torn_timeline(table.path)
-    with clock.step("find"):
-        found = find_subject(spark, root, tuple(customers))
+    customers = run.customers
+    with run.clock.step("find"):
+        found = find_subject(run.spark, run.root, tuple(customers))
     target = found.target(customers)
-    rows = {t: len(k) for t, k in sorted(target.rows.items())}
-    moved = {t: len(k) for t, k in sorted(target.moved.items())}
-    progress(f"found {len(found.customers | found.named)} of {len(customers)} customer(s) in {len(requests)} "
-             f"request(s), {sum(rows.values())} row(s) of theirs ({rows}) and {sum(moved.values())} row(s) now of "
-             f"other customers ({moved})")
-    with clock.step("register"):
-        _register(spark, root, requests, target, key)
-        registered = latest_completion(spark, registry_path(root)) or ""
-        registry = read_registry(spark, root)
+    texts = sorted(found.texts)
+    held = _Held(found, target, texts, target.subject(texts))
+    rows, moved = _counts(target.rows), _counts(target.moved)
+    run.progress(f"found {len(found.customers | found.named)} of {len(customers)} customer(s) in "
+                 f"{len(run.requests)} request(s), {sum(rows.values())} row(s) of theirs ({rows}) and "
+                 f"{sum(moved.values())} row(s) now of other customers ({moved})")
+    return held
+
+
+def _register_run(run: _Run, held: _Held) -> _Registered:
+    """Step: the pseudonyms into the registry, so that ingest and silver drop the customers from now on."""
+    with run.clock.step("register"):
+        _register(run.spark, run.root, list(run.requests), held.target, run.key)
+        completed = latest_completion(run.spark, registry_path(run.root)) or ""
+        registry = read_registry(run.spark, run.root)
         sweep_started = _now_instant()
-    with clock.step("wait for bronze writes"):
-        wait_for_bronze_writes(spark, root)
-    swept_from = sweep_started
-    with clock.step("sweep"):
-        touched = sweep(spark, root, target, key, registry)
+    if registry is None:  # the commit above made it: only a write that did not land leaves none
+        raise StorageError(f"the erasure registry {registry_path(run.root)} has no commit after this run's")
+    return _Registered(completed, registry, sweep_started)
+
+
+def _sweep(run: _Run, held: _Held, registered: _Registered) -> _Swept:
+    """Step: every row of the subject deleted, again while ingest batches that read the old registry commit."""
+    with run.clock.step("wait for bronze writes"):
+        wait_for_bronze_writes(run.spark, run.root)
+    swept = _Swept({}, registered.sweep_started)
+    with run.clock.step("sweep"):
+        swept.tables = sweep(run.spark, run.root, held.target, run.key, registered.registry)
         # An ingest batch that read the registry before this request may commit after the sweep
         # began: sweep again (cheap: only its rows) until none did, before the costly purge.
-        for _ in range(3):
-            wait_for_bronze_writes(spark, root)
-            if not stale_bronze_writes(spark, root, swept_from, registered):
+        for _ in range(RESWEEPS):
+            wait_for_bronze_writes(run.spark, run.root)
+            if not stale_bronze_writes(run.spark, run.root, swept.since, registered.completed):
                 break
-            swept_from = _now_instant()
-            _merge(touched, sweep(spark, root, target, key, registry))
-    kafka: dict[str, object] = {}
-    with clock.step("kafka"):
-        try:
-            kafka = kafka_tombstones(bootstrap or kafka_bootstrap(), target, found.key_types)
-        except Exception as exc:  # the lake is erased regardless; the certificate says what Kafka still holds
-            kafka = {"error": f"{type(exc).__name__}: {exc}"}
-    texts = sorted(found.texts)
-    # What held the subject keeps older versions of it: purge those tables (gold included,
-    # recomputed from silver), and the tables whose older versions name the subject under rows
-    # that moved; then verify.
-    subject = target.subject(texts)
-    purged: dict[str, dict[str, object]] = {}
-    with clock.step("change feeds"):
-        holders = change_feed_holders(spark, root, subject)
-    with_moved = {t.name for t in lake_catalog() if t.source in target.moved and t.layer in ("bronze", "silver")}
-    to_purge = set(touched) | set(holders) | with_moved
-    if to_purge:
-        with clock.step("purge"):
-            purged = purge(spark, root, to_purge, sweep_started, progress, target.moved, holders)
-    with clock.step("quality results"):
-        quality = redact_subject(root, set(texts), set(customers), set(target.orders))
-    with clock.step("verify"):
-        result = verify(spark, root, target, texts, key, progress)
-    # Anything found now (a run cut short earlier), or an ingest batch that filtered with the
-    # registry as it was before this request and committed after the sweep began, gets another
-    # sweep and a purge of every table.
-    retries: list[dict[str, object]] = []  # why each further sweep ran: for the certificate
-    for attempt in range(1, 4):
-        with clock.step(f"wait for bronze writes {attempt}"):
-            wait_for_bronze_writes(spark, root)
-            stale = stale_bronze_writes(spark, root, swept_from, registered)
-        if result["passed"] and not stale:
+            swept.since = _now_instant()
+            swept.add(sweep(run.spark, run.root, held.target, run.key, registered.registry))
+    return swept
+
+
+def _tombstones(bootstrap: str, held: _Held) -> dict[str, object]:
+    """Step: Kafka's copy of the raw events; a broker that fails is reported, the lake is erased regardless."""
+    try:
+        return kafka_tombstones(bootstrap, held.target, held.found.key_types)
+    except Exception as exc:  # the certificate says what Kafka still holds
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+def _purge_held(run: _Run, held: _Held, swept: _Swept, registered: _Registered) -> dict[str, dict[str, object]]:
+    """Step: the older versions of what held the subject, in a purge of only the tables that need one.
+
+    What held the subject keeps older versions of it: those tables (gold included, recomputed from
+    silver), the tables whose change feeds still name the subject, and those whose older versions
+    name it under rows that moved.
+    """
+    with run.clock.step("change feeds"):
+        holders = change_feed_holders(run.spark, run.root, held.scan)
+    with_moved = {t.name for t in lake_catalog() if t.source in held.target.moved and t.layer in ("bronze", "silver")}
+    names = set(swept.tables) | set(holders) | with_moved
+    if not names:
+        return {}
+    with run.clock.step("purge"):
+        plan = PurgePlan(frozenset(names), registered.sweep_started, held.target.moved, holders)
+        return purge(run.spark, run.root, plan, run.progress)
+
+
+def _until_verified(run: _Run, held: _Held, swept: _Swept, registered: _Registered,
+                    purged: dict[str, dict[str, object]],
+                    result: Verification) -> tuple[Verification, list[FurtherSweep]]:
+    """Step: further rounds of sweep, purge and verification until nothing is found and no ingest commit raced.
+
+    Anything found (a run cut short earlier), or an ingest batch that filtered with the registry as
+    it was before this request and committed after the sweep began, gets another sweep and a purge
+    of every table. `swept` and `purged` take each round's reports; returns the last verification
+    and why each further round ran.
+    """
+    further: list[FurtherSweep] = []
+    for attempt in range(1, FURTHER_ROUNDS + 1):
+        with run.clock.step(f"wait for bronze writes {attempt}"):
+            wait_for_bronze_writes(run.spark, run.root)
+            stale = stale_bronze_writes(run.spark, run.root, swept.since, registered.completed)
+        if result.passed and not stale:
             break
-        retries.append({"stale_ingest_commits": stale, "findings": result["failures"][:50]})
+        further.append(FurtherSweep(stale, result.failures[:FINDINGS_KEPT]))
         log.warning("erasure: %s; sweeping and purging every table again",
                     f"{stale} ingest commit(s) raced the sweep" if stale else
-                    "verification found the subject: " + "; ".join(result["failures"][:5]))
-        swept_from = _now_instant()
+                    "verification found the subject: " + "; ".join(result.failures[:FINDINGS_LOGGED]))
+        swept.since = _now_instant()
         # A stale ingest batch wrote bronze only; anything else found may be anywhere.
-        again = {t.name for t in lake_tables(root)
-                 if not result["passed"] or t.name.startswith("bronze/")}
-        with clock.step(f"sweep again {attempt}"):
-            _merge(touched, sweep(spark, root, target, key, registry))
-        with clock.step(f"purge again {attempt}"):
-            purged |= purge(spark, root, again, sweep_started, progress, target.moved,
-                            change_feed_holders(spark, root, subject))
-        with clock.step(f"verify again {attempt}"):
-            result = verify(spark, root, target, texts, key, progress)
-    certificates = []
-    for request in requests:
-        mine = set(request.customer_ids)
-        # Per request, what the lake held of its own customers; the run's tables are shared.
-        nothing = not ((found.customers | found.named) & mine) and (not touched or len(requests) > 1)
-        certificate = {
-            "reference": request.reference,
-            "requested_by": request.requested_by,
-            "status": ("nothing left to erase" if nothing else "erased") if result["passed"] else "NOT VERIFIED",
-            "verified": result["passed"],
-            "started_at": started.isoformat(),
-            "finished_at": datetime.now(UTC).isoformat(),
-            "subjects": {"customers": [subject_hash("customer", c, key) for c in request.customer_ids],
-                         "duplicates_in_request": request.duplicates,
-                         "found_in_lake": len((found.customers | found.named) & mine)},
-            # What the run did for all its requests together: tables, purge and checks are shared.
-            "run": {"references": references, "customers": len(customers),
-                    "found_in_lake": len(found.customers | found.named),
-                    "orders": len(target.orders), "orders_moved_to_other_customers": len(target.moved_orders),
-                    # Per declared table, counts only: the keys may be personal data.
-                    "rows_of_theirs": rows, "rows_moved_to_other_customers": moved,
-                    "texts_checked": len(found.texts), "texts_shared_with_other_customers": found.shared_texts},
-            "tables": touched,
-            "purge": purged,
-            "kafka": kafka,
-            "quality_results": quality,
-            "verification": result,
-            "further_sweeps": retries,
-            "timings_s": clock.timings,
-        }
-        write_certificate(root, certificate)
-        certificates.append(certificate)
-    return certificates
+        again = frozenset(t.name for t in lake_tables(run.root) if not result.passed or t.name.startswith("bronze/"))
+        with run.clock.step(f"sweep again {attempt}"):
+            swept.add(sweep(run.spark, run.root, held.target, run.key, registered.registry))
+        with run.clock.step(f"purge again {attempt}"):
+            plan = PurgePlan(again, registered.sweep_started, held.target.moved,
+                             change_feed_holders(run.spark, run.root, held.scan))
+            purged.update(purge(run.spark, run.root, plan, run.progress))
+        with run.clock.step(f"verify again {attempt}"):
+            result = verify(run.spark, run.root, held.target, held.texts, run.key, run.progress)
+    return result, further
 
 
-def _merge(touched: dict[str, dict[str, object]], more: dict[str, dict[str, object]]) -> None:
-    """Add a further sweep's report to the first one's: rows removed add up, the newest instant wins."""
-    for name, done in more.items():
-        was = touched.get(name, {})
-        removed = int(was.get("rows_removed", 0)) + int(done.get("rows_removed", 0))
-        touched[name] = {**was, **done, "rows_removed": removed}
+def _certify(run: _Run, held: _Held, done: _Done, request: ErasureRequest) -> Certificate:
+    """Step: one request's certificate and audit line, written beside the lake; returned with its path."""
+    found, target = held.found, held.target
+    mine = set(request.customer_ids)
+    # Per request, what the lake held of its own customers; the run's tables are shared.
+    nothing = not ((found.customers | found.named) & mine) and (not done.tables or len(run.requests) > 1)
+    status: Status = ("nothing left to erase" if nothing else "erased") if done.verification.passed \
+        else "NOT VERIFIED"
+    certificate = Certificate(
+        reference=request.reference, requested_by=request.requested_by, status=status,
+        verified=done.verification.passed, started_at=done.started.isoformat(),
+        finished_at=datetime.now(UTC).isoformat(),
+        subjects=Subjects(customers=[subject_hash("customer", c, run.key) for c in request.customer_ids],
+                          duplicates_in_request=request.duplicates,
+                          found_in_lake=len((found.customers | found.named) & mine)),
+        run=RunSummary(references=run.references, customers=len(run.customers),
+                       found_in_lake=len(found.customers | found.named), orders=len(target.orders),
+                       orders_moved_to_other_customers=len(target.moved_orders),
+                       rows_of_theirs=_counts(target.rows), rows_moved_to_other_customers=_counts(target.moved),
+                       texts_checked=len(found.texts), texts_shared_with_other_customers=found.shared_texts),
+        tables=done.tables, purge=done.purge, kafka=done.kafka, quality_results=done.quality,
+        verification=done.verification, further_sweeps=done.further_sweeps, timings_s=run.clock.timings)
+    return replace(certificate, path=write_certificate(run.root, certificate))

@@ -154,7 +154,7 @@ def read_rows(spark: SparkSession, path: str) -> DataFrame:
 def subject_reads(spark: SparkSession, root: str) -> list[tuple[TableDecl, DataFrame]]:
     """Reads of every lake table that holds rows of a declared table with a subject (those that exist)."""
     decls = subject_tables()
-    sources = {t.name: t.source for t in lake_catalog()}
+    sources = {t.name: t.source for t in lake_catalog() if t.source is not None}
     return [(decls[sources[t.name]], read_rows(spark, t.path)) for t in lake_tables(root)
             if sources.get(t.name) in decls and has_completed_commit(t.path)]
 
@@ -183,7 +183,7 @@ def find_subject(spark: SparkSession, root: str, customer_ids: tuple[int, ...]) 
             customers.add(int(r["_subject"]))
         texts |= {v.strip() for v in r["_pii"] or () if v and len(v.strip()) >= MIN_TEXT}
     shared = shared_texts(reads, target, texts)
-    key_types = {}
+    key_types: dict[str, tuple[str, ...]] = {}
     for decl, df in reads:
         types = dict(df.dtypes)
         if all(c in types for c in decl.key):
@@ -209,7 +209,8 @@ def _rows_of(reads: list[tuple[TableDecl, DataFrame]], ids: list[str]
     versions = [df.select(F.lit(decl.name).alias("_table"), key_text(decl.key).alias("_key"),
                           F.trim(F.col(decl.subject).cast("string")).alias("_subject"),
                           F.col("_lsn").cast("long").alias("_lsn"))
-                for decl, df in reads if {*decl.key, decl.subject, "_lsn"} <= set(df.columns)]
+                for decl, df in reads
+                if decl.subject is not None and {*decl.key, decl.subject, "_lsn"} <= set(df.columns)]
     union = _union(versions)
     if union is None:
         return {}, {}, set()
@@ -243,4 +244,5 @@ def shared_texts(reads: list[tuple[TableDecl, DataFrame]], target: Target, texts
     ordered = sorted(texts)
     hits = union.select(*[F.max(F.col("_values").contains(t.lower()).cast("int")).alias(f"t{i}")
                           for i, t in enumerate(ordered)]).first()
+    assert hits is not None, "an aggregate without grouping has one row"
     return {t for i, t in enumerate(ordered) if hits[f"t{i}"]}

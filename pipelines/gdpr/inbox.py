@@ -22,7 +22,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from pipelines.gdpr.request import ErasureRequest, InvalidRequest, parse_request
+from pipelines.errors import InvalidRequest
+from pipelines.gdpr.request import ErasureRequest, parse_request
 from pipelines.lake import storage
 
 SUFFIX = ".json"

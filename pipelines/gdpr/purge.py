@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 from pyspark.sql import DataFrame, SparkSession
@@ -216,17 +217,28 @@ def change_feed_holders(spark: SparkSession, root: str, subject: Subject) -> dic
     return found
 
 
-def purge(spark: SparkSession, root: str, names: set[str], sweep_started: str,
-          progress: Callable[[str], None], moved: dict[str, frozenset[str]] | None = None,
-          holders: dict[str, set[str]] | None = None) -> dict[str, dict[str, object]]:
-    """Remove every older version of the named tables that may still hold the subject.
+@dataclass(frozen=True)
+class PurgePlan:
+    """What one purge removes, decided by the erasure before it runs.
 
-    `moved`: per declared table, the keys (key_text) of rows now of another customer whose older
-    versions named the subject. The change-feed files of the commit that moved one hold that
-    version as a before-image in the newest slice of its file group, which no clean removes:
-    those file groups are written once more too. `holders`: file groups per table whose newest `.cdc` files hold
-    the subject (change_feed_holders), written once more as well.
+    `names`: the tables purged, their versions older than the sweep (`sweep_started`, an instant)
+    going. `moved`: per declared table, the keys (key_text) of rows now of another customer whose
+    older versions named the subject. The change-feed files of the commit that moved one hold that
+    version as a before-image in the newest slice of its file group, which no clean removes: those
+    file groups are written once more too. `holders`: file groups per table whose newest `.cdc` files
+    hold the subject (change_feed_holders), written once more as well.
     """
+
+    names: frozenset[str]
+    sweep_started: str
+    moved: dict[str, frozenset[str]] = field(default_factory=dict)
+    holders: dict[str, set[str]] = field(default_factory=dict)
+
+
+def purge(spark: SparkSession, root: str, plan: PurgePlan,
+          progress: Callable[[str], None]) -> dict[str, dict[str, object]]:
+    """Remove every older version of the plan's tables that may still hold the subject."""
+    sweep_started, moved, holders = plan.sweep_started, plan.moved, plan.holders
 
     def one(table: LakeTable) -> dict[str, object]:
         progress(f"purging {table.name}")
@@ -246,11 +258,12 @@ def purge(spark: SparkSession, root: str, names: set[str], sweep_started: str,
                 decl = source_of(table.name)
                 if moved and decl is not None and moved.get(decl.name):
                     file_ids |= _file_groups_of(spark, table, decl.key, moved[decl.name])
-                file_ids |= (holders or {}).get(table.name, set())
+                file_ids |= holders.get(table.name, set())
                 done["rewritten_file_groups"] = _rewrite(spark, table, sorted(file_ids))
             readable_from = latest_completion(spark, table.path)
-            done["marker"] = client.marker(readable_from)
-            done["cleans"] = client.clean_up_to(done["marker"])
+            assert readable_from is not None, f"{table.name} has completed commits"
+            done["marker"] = marker = client.marker(readable_from)
+            done["cleans"] = client.clean_up_to(marker)
             if savepoints:
                 client.client.savepoint("lakehouse-gdpr", "re-created after an erasure")
                 done["savepoint_recreated"] = latest_completion(spark, table.path)
@@ -265,7 +278,7 @@ def purge(spark: SparkSession, root: str, names: set[str], sweep_started: str,
         done["seconds"] = round(time.monotonic() - started, 1)
         return done
 
-    tables = [t for t in lake_tables(root) if t.name in names and has_completed_commit(t.path)]
+    tables = [t for t in lake_tables(root) if t.name in plan.names and has_completed_commit(t.path)]
     return {t.name: done for t, done in zip(tables, each_table(tables, one), strict=True)}
 
 

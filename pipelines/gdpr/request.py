@@ -17,14 +17,12 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from pipelines.errors import InvalidRequest
+
 MAX_IDS = 1000
 MAX_ID = 2**63 - 1  # a PostgreSQL bigint
 REFERENCE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$"
 REQUESTER_PATTERN = r"^[\w@.+ -]{1,200}$"
-
-
-class InvalidRequest(ValueError):
-    """The request cannot run as given; the message lists every problem."""
 
 
 @dataclass(frozen=True)

@@ -9,12 +9,14 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from functools import reduce
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 import hudi_configs
+from pipelines.gdpr.certificate import Verification
 from pipelines.gdpr.find import Target, read_rows, shared_texts, source_of, subject_reads
 from pipelines.gdpr.scan import ScanReport, scan_lake
 from pipelines.lake.catalog import LakeTable, lake_tables
@@ -26,6 +28,7 @@ from pipelines.lake.hudi_timeline import (
     retained_instants,
 )
 from pipelines.lake.table_stats import has_completed_commit
+from pipelines.runtime.jvm import jvm_of
 from pipelines.transform import gold
 
 log = logging.getLogger(__name__)
@@ -51,8 +54,20 @@ def _holds(name: str, df: DataFrame, target: Target, texts: list[str]) -> Column
     return out
 
 
+@dataclass(frozen=True)
+class _Sought:
+    """What every read is checked for: the subject's rows (`target`), pii `texts`, and, in the dead letters,
+    the records the registry (pseudonyms under `key`) names. Built once per verification, passed to each table's
+    reads."""
+
+    target: Target
+    texts: list[str]
+    key: str
+    registry: DataFrame | None
+
+
 def verify(spark: SparkSession, root: str, target: Target, texts: list[str], key: str,
-           progress: Callable[[str], None]) -> dict[str, object]:
+           progress: Callable[[str], None]) -> Verification:
     """Every read the lake serves, and every file under its root, checked for the subject.
 
     The tables' reads (Spark jobs) run in a thread beside the file scan (the driver's Python
@@ -62,10 +77,11 @@ def verify(spark: SparkSession, root: str, target: Target, texts: list[str], key
     # A customer created since the subject was found may share a name: it is theirs, not the subject's.
     shared = shared_texts(subject_reads(spark, root), target, set(texts)) if texts else set()
     texts = sorted(set(texts) - shared)
+    sought = _Sought(target, texts, key, registry)
     tables = [t for t in lake_tables(root) if has_completed_commit(t.path)]
 
     def read_all() -> list[tuple[str, list[str], int, int, float]]:
-        return [_check_reads(spark, table, target, texts, key, registry, progress) for table in tables]
+        return [_check_reads(spark, table, sought, progress) for table in tables]
 
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="erasure-reads") as pool:
         checked = pool.submit(read_all)
@@ -76,15 +92,14 @@ def verify(spark: SparkSession, root: str, target: Target, texts: list[str], key
     failures += [f"{f.path} ({f.table}): {f.what}" for f in scan.findings]
     if failures:  # the reason for a further round, in the log too: a run cut short leaves no certificate
         log.warning("verification: %d failure(s), first: %s", len(failures), "; ".join(failures[:5]))
-    return {"passed": not failures, "reads_checked": sum(d[2] for d in done), "failures": failures,
-            "scan": _scan_summary(scan),
-            "reads_seconds": {name: round(spent, 1) for name, *_, spent in sorted(done, key=lambda d: -d[4])},
-            "time_travel_covered_by_a_later_read": sum(d[3] for d in done),
-            "texts_now_shared_with_other_customers": len(shared)}
+    return Verification(
+        passed=not failures, reads_checked=sum(d[2] for d in done), failures=failures, scan=_scan_summary(scan),
+        reads_seconds={name: round(spent, 1) for name, *_, spent in sorted(done, key=lambda d: -d[4])},
+        time_travel_covered_by_a_later_read=sum(d[3] for d in done),
+        texts_now_shared_with_other_customers=len(shared))
 
 
-def _check_reads(spark: SparkSession, table: LakeTable, target: Target, texts: list[str],
-                 key: str, registry: DataFrame | None,
+def _check_reads(spark: SparkSession, table: LakeTable, sought: _Sought,
                  progress: Callable[[str], None]) -> tuple[str, list[str], int, int, float]:
     """Snapshot, time travel, incremental and change-feed reads of one table, checked for the subject.
 
@@ -115,7 +130,7 @@ def _check_reads(spark: SparkSession, table: LakeTable, target: Target, texts: l
     # One Spark job per table: each read keeps the rows of the subject, tagged with the read.
     found = None
     for what, df in jobs:
-        mine = _subject_rows(table.name, what, df, target, texts, key, registry)
+        mine = _subject_rows(table.name, what, df, sought)
         if mine is not None:
             tagged = mine.select(F.lit(what).alias("read_rows"))
             found = tagged if found is None else found.unionAll(tagged)
@@ -126,13 +141,13 @@ def _check_reads(spark: SparkSession, table: LakeTable, target: Target, texts: l
     return table.name, failures, len(jobs), covered, time.monotonic() - started
 
 
-def _subject_rows(name: str, what: str, df: DataFrame, target: Target, texts: list[str],
-                  key: str, registry: DataFrame | None) -> DataFrame | None:
+def _subject_rows(name: str, what: str, df: DataFrame, sought: _Sought) -> DataFrame | None:
     """The rows of one read of table `name` that hold the subject; None when the read cannot hold any."""
+    target, texts = sought.target, sought.texts
     if name == "bronze/_dead_letters":
-        if registry is None:
+        if sought.registry is None:
             return None
-        return dead_letters_of_erased(df, registry, key)
+        return dead_letters_of_erased(df, sought.registry, sought.key)
     if what.startswith("change feed"):
         blob = F.lower(F.concat_ws("\n", F.col("before"), F.col("after")))
         cond = F.lit(False)
@@ -144,8 +159,8 @@ def _subject_rows(name: str, what: str, df: DataFrame, target: Target, texts: li
             if (mine := _image_of_subject(name, F.col(image), target)) is not None:
                 cond = cond | F.coalesce(mine, F.lit(False))
         return df.filter(cond)
-    cond = _holds(name, df, target, texts)
-    return df.filter(cond) if cond is not None else None
+    matching = _holds(name, df, target, texts)
+    return df.filter(matching) if matching is not None else None
 
 
 def _image_patterns(name: str, target: Target) -> list[str]:
@@ -189,7 +204,7 @@ def _time_travel_instants(spark: SparkSession, table: LakeTable) -> tuple[list[s
     instants = retained_instants(spark, table.path)
     if table.options.get("hoodie.datasource.write.table.type") != "COPY_ON_WRITE" or len(instants) < 2:
         return instants, 0
-    hudi = spark.sparkContext._jvm.org.apache.hudi
+    hudi = jvm_of(spark.sparkContext).org.apache.hudi
     meta = meta_client(spark, table.path)
     context = hudi.common.engine.HoodieLocalEngineContext(meta.getStorageConf())
     view = hudi.common.table.view.HoodieTableFileSystemView.fileListingBasedFileSystemView(

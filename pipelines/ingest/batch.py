@@ -29,6 +29,17 @@ class TableRead(NamedTuple):
     dead_letters: int  # those that became dead letters (the surveys' count: malformed, or of a shape not applied)
 
 
+@dataclass(frozen=True)
+class BatchSpan:
+    """Where a batch stands in Kafka, per topic partition ("topic/partition"): the first offset it read (`starts`),
+    the offset after its last (`ends`), and the stream's position once it is committed (`position`)."""
+
+    batch_id: int
+    starts: dict[str, int]
+    ends: dict[str, int]
+    position: dict[str, int]
+
+
 # The outcomes of a table's counts that its commits wrote (`tables.TableWriter.apply`): a table with either
 # had its change log and main committed; `stale`, `waiting`, `dead`, ... alone mean no commit.
 COMMITTED_OUTCOMES = ("upsert", "delete")
@@ -116,8 +127,8 @@ def in_files(rows: DataFrame, n: int, options: dict[str, str]) -> DataFrame:
 
     Hudi 1.0.2's row writer, in sort mode NONE, writes a file per non-empty partition of its input,
     whatever `hoodie.bulkinsert.shuffle.parallelism` says (the datasource does not enforce it): a
-    change log of 4 shuffle partitions got 4 files per commit, the dead-letter store 6 (one per
-    Kafka partition). One file per ROWS_PER_FILE rows, at most that parallelism; no shuffle.
+    change log of 4 shuffle partitions gets 4 files per commit, the dead-letter store one per
+    Kafka partition. One file per ROWS_PER_FILE rows, at most that parallelism; no shuffle.
     """
     files = min(int(options.get("hoodie.bulkinsert.shuffle.parallelism", "1")), -(-n // ROWS_PER_FILE))
     return rows.coalesce(max(1, files))

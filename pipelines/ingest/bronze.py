@@ -73,19 +73,21 @@ import json
 import logging
 import re
 import time
+from dataclasses import dataclass
 
 from pyspark.errors import StreamingQueryException
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.streaming import StreamingQuery
+from pyspark.sql import SparkSession
+from pyspark.sql.streaming import DataStreamReader, StreamingQuery
 
 import hudi_configs
+from pipelines.errors import DeclarationError, KafkaUnavailable
 from pipelines.ingest.compactor import Compactor, compactions_run_here
 from pipelines.ingest.exporter import StreamExporter, spark_metrics_conf
 from pipelines.ingest.held_letters import EARLIEST
 from pipelines.ingest.stream import STOP_REQUEST, KafkaWait, StreamLease, kafka_wait
 from pipelines.ingest.writer import BronzeBatchWriter
 from pipelines.lake import storage
-from pipelines.lake.declaration import DeclarationError, current, declared, pinned
+from pipelines.lake.declaration import current, declared, pinned
 from pipelines.monitoring import metric_names, pushgateway
 from pipelines.monitoring.pushgateway import JobMetrics
 from pipelines.runtime import console
@@ -106,14 +108,46 @@ KAFKA_FAILURE = re.compile(r"org\.apache\.kafka\.common\.errors\.(TimeoutExcepti
                            r"NetworkException)|Cannot fetch record|Failed to get records|KafkaDataConsumer")
 
 
-class KafkaLost(RuntimeError):
-    """Kafka did not answer for longer than the stream waits for it (stream.toml [kafka] wait_seconds)."""
-
-
 # --------------------------------------------------------------------------- the stream
 
-def kafka_stream(spark: SparkSession, bootstrap: str, tables: tuple[str, ...] | None = None) -> DataFrame:
-    """The source topics of `tables` as a stream, with bronze.toml's Kafka options (also the benchmarks' readers)."""
+@dataclass(frozen=True)
+class IngestOptions:
+    """How the ingest stream runs, beside where (root, Kafka) and on what (Spark): built once by its caller.
+
+    `trigger_seconds`: the micro-batch interval of a stream that runs on. `max_offsets_per_trigger`: a cap on the
+    Kafka records of one batch (None: bronze.toml's). `stop_timeout`: how long an interrupt or a stop request lets
+    the batch in progress finish. `metrics_port`: where the stream's Prometheus exporter listens on 127.0.0.1
+    (`exporter`; 0, none: the CLI's default is stream.toml's). `spark_ui_port`: where the driver it starts serves
+    Spark's own metrics (spark.toml [driver_metrics]; 0, none).
+    """
+
+    trigger_seconds: float = INGEST_TRIGGER_SECONDS
+    max_offsets_per_trigger: int | None = None
+    stop_timeout: float = 300.0
+    metrics_port: int = 0
+    spark_ui_port: int = 0
+
+
+@dataclass(frozen=True)
+class _Stream:
+    """One run of the stream: what each query it starts reads, writes and reports to, built once by `_run_ingest`.
+
+    `exporter`: where its figures go (None: none kept). `kafka`: how long it waits for Kafka, and how often it
+    restarts a query Kafka failed.
+    """
+
+    spark: SparkSession
+    root: str
+    bootstrap: str
+    once: bool
+    options: IngestOptions
+    exporter: StreamExporter | None
+    kafka: KafkaWait
+
+
+def kafka_stream(spark: SparkSession, bootstrap: str, tables: tuple[str, ...] | None = None) -> DataStreamReader:
+    """The reader of the source topics of `tables` as a stream, with bronze.toml's Kafka options (also the
+    benchmarks' readers)."""
     return (spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap)
             .option("subscribe", ",".join(declared().topic(t) for t in tables or declared().names))
             .options(**hudi_configs.section("bronze", "kafka")))
@@ -144,38 +178,35 @@ def topic_partitions(bootstrap: str) -> dict[str, list[int]]:
         consumer.close()
 
 
-def run_ingest(*, once: bool, root: str | None = None, bootstrap: str | None = None,
-               trigger_seconds: float = INGEST_TRIGGER_SECONDS, max_offsets_per_trigger: int | None = None,
-               spark: SparkSession | None = None, stop_timeout: float = 300.0, metrics_port: int = 0,
-               spark_ui_port: int = 0) -> None:
+def run_ingest(*, once: bool, root: str | None = None, bootstrap: str | None = None, spark: SparkSession | None = None,
+               options: IngestOptions | None = None) -> None:
     """Run the ingest stream: until caught up with what was on the topics at start (`once`), or forever.
 
     Each Hudi commit records the stream's position, and the stream starts from the tables'
     positions (Structured Streaming's checkpoint under the lake root lasts one run). An
-    interrupt (SIGTERM in the CLI) lets the batch in progress finish, up to `stop_timeout`
+    interrupt (SIGTERM in the CLI) lets the batch in progress finish, up to `options.stop_timeout`
     seconds, then stops the stream: a batch is committed whole, or abandoned and re-run whole
     on the next start; the tables' waiting changes are committed as the stream stops. A stop
     request (`lakehouse stream stop`, pipelines.ingest.stream) does the same and the run returns.
-    The stream's heartbeat beside its checkpoint keeps a second copy from starting. `metrics_port`: where
-    its Prometheus exporter listens on 127.0.0.1 (`exporter`; 0, none: the CLI's default is stream.toml's).
+    The stream's heartbeat beside its checkpoint keeps a second copy from starting.
     A run `once` is a batch job: with a Pushgateway (LAKEHOUSE_PUSHGATEWAY) it pushes the exporter's
-    per-table figures at its end (pipelines/monitoring/pushgateway.py), as the job `lakehouse_ingest`. `spark_ui_port`:
-    where the driver it starts serves Spark's own metrics (spark.toml [driver_metrics]; 0, none).
+    per-table figures at its end (pipelines/monitoring/pushgateway.py), as the job `lakehouse_ingest`.
     """
+    options = options or IngestOptions()
     root = root or lake_root()
     bootstrap = bootstrap or kafka_bootstrap()
     # Before Spark and the lease: a port in use fails the start at once, and holds nothing.
-    exporter = StreamExporter.serve(metrics_port) if metrics_port else None
+    exporter = StreamExporter.serve(options.metrics_port) if options.metrics_port else None
     run = JobMetrics(metric_names.INGEST_ONCE, root, metric_names.INGEST_ONCE_METRICS) \
         if once and pushgateway.gateway() else None
     if run is not None and exporter is None:
         exporter = StreamExporter(run.registry)  # not served: its figures are pushed
-    if spark is None and spark_ui_port:
-        spark = get_spark("lakehouse-ingest", spark_metrics_conf(spark_ui_port))
+    if spark is None and options.spark_ui_port:
+        spark = get_spark("lakehouse-ingest", spark_metrics_conf(options.spark_ui_port))
         log.info("Spark's metrics: %s/metrics/prometheus and %s/metrics/executors/prometheus",
                  spark.sparkContext.uiWebUrl, spark.sparkContext.uiWebUrl)
     try:
-        _run_ingest(once, root, bootstrap, trigger_seconds, max_offsets_per_trigger, spark, stop_timeout, exporter)
+        _run_ingest(once, root, bootstrap, spark, options, exporter)
     except BaseException:
         if run is not None:
             run.push(succeeded=False)
@@ -188,23 +219,23 @@ def run_ingest(*, once: bool, root: str | None = None, bootstrap: str | None = N
         run.push(*([exporter.registry] if exporter.registry is not run.registry else []))
 
 
-def _run_ingest(once: bool, root: str, bootstrap: str, trigger_seconds: float, max_offsets_per_trigger: int | None,
-                spark: SparkSession | None, stop_timeout: float, exporter: StreamExporter | None) -> None:
+def _run_ingest(once: bool, root: str, bootstrap: str, spark: SparkSession | None, options: IngestOptions,
+                exporter: StreamExporter | None) -> None:
     """`run_ingest`'s stream, its figures to `exporter` (None: none kept)."""
     spark = spark or get_spark("lakehouse-ingest")
     # One writer per checkpoint: wait for a previous stream's heartbeat to go stale, or fail.
     lease = StreamLease(root)
     lease.claim()
     # Inline mode: main's compactions run beside the batches (a plan left by a killed process first).
-    compactor = Compactor(spark, root, every=trigger_seconds).start() if compactions_run_here() else None
+    compactor = Compactor(spark, root, every=options.trigger_seconds).start() if compactions_run_here() else None
     stopped = False  # a run to its end, a stop request or an interrupt: not a failure
-    kafka, kafka_failures = kafka_wait(), 0
+    stream = _Stream(spark, root, bootstrap, once, options, exporter, kafka_wait())
+    kafka, kafka_failures = stream.kafka, 0
     try:
         while True:
             with pinned(current()) as decl:
                 try:
-                    follow = _run_query(spark, root, bootstrap, once, trigger_seconds, max_offsets_per_trigger,
-                                        lease, stop_timeout, sorted(decl.topics()), exporter, kafka)
+                    follow = _run_query(stream, lease, sorted(decl.topics()))
                 except KeyboardInterrupt:
                     stopped = True
                     raise
@@ -273,7 +304,7 @@ def _wait_for_kafka(lease: StreamLease, bootstrap: str, kafka: KafkaWait, why: s
 
     The heartbeat says what the stream waits for (`lakehouse stream status`); the exporter's heartbeat
     time follows it (the stream is alive: LakehouseStreamHeartbeatStale must not fire for a wait). Past
-    `kafka.wait_seconds` the stream gives up with `KafkaLost`, and exits naming Kafka.
+    `kafka.wait_seconds` the stream gives up with `KafkaUnavailable`, and exits naming Kafka.
     """
     what = f"Kafka at {bootstrap}"
     started = time.monotonic()
@@ -287,8 +318,8 @@ def _wait_for_kafka(lease: StreamLease, bootstrap: str, kafka: KafkaWait, why: s
             log.info("stop requested (%s) while waiting for %s", STOP_REQUEST, what)
             return False
         if time.monotonic() - started > kafka.wait_seconds:
-            raise KafkaLost(f"{what} did not answer for {time.monotonic() - started:.0f} s "
-                            f"(stream.toml [kafka] wait_seconds {kafka.wait_seconds:.0f}): {why}")
+            raise KafkaUnavailable(f"{what} did not answer for {time.monotonic() - started:.0f} s "
+                                   f"(stream.toml [kafka] wait_seconds {kafka.wait_seconds:.0f}): {why}")
         time.sleep(lease.lim.heartbeat_seconds)
         why = kafka_unanswered(bootstrap, kafka.probe_seconds)
     lease.waiting(what, None)
@@ -297,23 +328,23 @@ def _wait_for_kafka(lease: StreamLease, bootstrap: str, kafka: KafkaWait, why: s
     return True
 
 
-def _run_query(spark: SparkSession, root: str, bootstrap: str, once: bool, trigger_seconds: float,
-               max_offsets_per_trigger: int | None, lease: StreamLease, stop_timeout: float, topics: list[str],
-               exporter: StreamExporter | None = None, kafka: KafkaWait | None = None) -> bool:
+def _run_query(stream: _Stream, lease: StreamLease, topics: list[str]) -> bool:
     """Run one ingest query until it ends, is asked to stop, or the declared tables change (then True).
 
     At every heartbeat Kafka is probed (`kafka`: how long a probe waits): while it does not answer, the
     heartbeat says that the stream waits for it, though Spark's Kafka clients are still retrying inside
     the query and the query has not failed (it may never: a broker back within their timeouts resumes it).
     """
-    kafka = kafka or kafka_wait()
+    bootstrap, once, kafka, exporter = stream.bootstrap, stream.once, stream.kafka, stream.exporter
+    trigger_seconds, stop_timeout = stream.options.trigger_seconds, stream.options.stop_timeout
     what = f"Kafka at {bootstrap}"
-    query, batches = _start_query(spark, root, bootstrap, once, trigger_seconds, max_offsets_per_trigger, exporter)
+    query, batches = _start_query(stream)
     beat_at = 0.0
     try:
         # Every trigger interval, what came due between batches (no batch runs without new records);
         # every heartbeat interval, the heartbeat.
-        while not query.awaitTermination(min(lease.lim.heartbeat_seconds, trigger_seconds)):
+        # PySpark annotates the timeout as int; it takes seconds as int or float (`int(timeout * 1000)`).
+        while not query.awaitTermination(min(lease.lim.heartbeat_seconds, trigger_seconds)):  # type: ignore[arg-type]
             if not once:
                 batches.commit_due()
             if time.monotonic() - beat_at < lease.lim.heartbeat_seconds:
@@ -350,9 +381,7 @@ def _run_query(spark: SparkSession, root: str, bootstrap: str, once: bool, trigg
             exporter.beat(time.time(), batches.freshness(), query.lastProgress)
 
 
-def _start_query(spark: SparkSession, root: str, bootstrap: str, once: bool, trigger_seconds: float,
-                 max_offsets_per_trigger: int | None,
-                 exporter: StreamExporter | None = None) -> tuple[StreamingQuery, BronzeBatchWriter]:
+def _start_query(stream: _Stream) -> tuple[StreamingQuery, BronzeBatchWriter]:
     """The ingest query over the declared tables' topics, from the positions in bronze's commits.
 
     Progress has one truth, the tables' own commits: Structured Streaming's checkpoint would resume
@@ -360,10 +389,12 @@ def _start_query(spark: SparkSession, root: str, bootstrap: str, once: bool, tri
     before its commit holds them nowhere else. So every query starts without a checkpoint, each
     topic partition from the position its table's commits record (`BronzeBatchWriter.start`).
     """
-    batches = BronzeBatchWriter(spark, root, trigger_seconds=trigger_seconds, eager=once, exporter=exporter)
-    reader = kafka_stream(spark, bootstrap)
+    spark, root, once, options = stream.spark, stream.root, stream.once, stream.options
+    trigger_seconds, max_offsets_per_trigger = options.trigger_seconds, options.max_offsets_per_trigger
+    batches = BronzeBatchWriter(spark, root, trigger_seconds=trigger_seconds, eager=once, exporter=stream.exporter)
+    reader = kafka_stream(spark, stream.bootstrap)
     storage.remove_tree(ingest_checkpoint_path(root))
-    if start := starting_offsets(batches.start(), topic_partitions(bootstrap)):
+    if start := starting_offsets(batches.start(), topic_partitions(stream.bootstrap)):
         log.info("the stream starts from the positions in bronze's commits %s", start)
         reader = reader.option("startingOffsets", start)
     if max_offsets_per_trigger:

@@ -1,15 +1,15 @@
 """When the stream commits a table: each table at its own pace, by its freshness target, not every batch.
 
 A commit costs about the same whatever it holds (a dozen Spark jobs, the timeline, the metadata
-table: 1 to 2.5 s of a core, BENCHMARKS.md), so a stream that committed every table each batch
+table: 1 to 2.5 s of a core), so a stream that committed every table each batch
 would spend a batch's time on the commits of tables with a handful of changes. A table's changes
 are therefore held from batch to batch, in the batches' own parsed records (kept while any table
 still needs them), until they are *due*:
 
 - the table is busy: its waiting changes came at `busy_changes_per_second` or faster (its commit's
   fixed cost is small beside its rows' work, and waiting would only add delay). A rate, not a
-  count: counted, every table of a stream whose batches grew long enough had that many waiting,
-  so every table was busy, and the batches grew longer still (BENCHMARKS.md, "Fifty tables"), or
+  count: counted, every table of a stream whose batches grow long enough has that many waiting,
+  so every table would be busy, and the batches would grow longer still, or
 - waiting for the next batch could take its oldest waiting change past the table's target
   (`freshness_seconds` in the declaration): the next batch ends at the earliest a trigger
   interval plus a batch after this one, and a batch is taken to last as long as the longest of the
@@ -111,9 +111,8 @@ class QuietBudget:
     """`seconds` of a batch for the commits of its due tables that could wait, from the first one's start.
 
     Counted from the first quiet commit, not from the batch's first commit: counted from there, busy
-    tables whose own commits took longer than the budget left no time to any other, and 46 of 50
-    tables waited from the first batch to the last (BENCHMARKS.md, "Fifty tables"). So each batch
-    commits some of its quiet tables, the oldest first.
+    tables whose own commits take longer than the budget would leave no time to any other, and most
+    quiet tables would wait for ever. So each batch commits some of its quiet tables, the oldest first.
     """
 
     def __init__(self, cadence: Cadence, seconds: float, clock: Callable[[], float] = time.monotonic) -> None:

@@ -3,12 +3,12 @@
 Main's writer plans a compaction every 6th delta commit (`hoodie.compact.schedule.inline`,
 hudi_configs/bronze.toml), and this thread of the ingest process runs the plans while the next
 batches run. This is Hudi's async compaction, as its own streaming sink and HoodieStreamer's
-continuous mode run it. Compacting inline made the batch that compacted pay for rewriting the
-table's base files, a cost that follows the table's size, not the batch's. On tables of 2M rows
-such batches took 22 to 30 s against 7 (BENCHMARKS.md).
+continuous mode run it. Compacting inline would make the batch that compacts pay for rewriting the
+table's base files, a cost that follows the table's size, not the batch's: on tables of millions of
+rows, several times a batch's own time.
 
-A plan takes one bucket, so its Spark job is one task on one core. A task of a plan of every
-bucket held both cores for 5 to 10 s, and Spark does not preempt a running task. The thread's jobs
+A plan takes one bucket, so its Spark job is one task on one core. A plan of every bucket would hold
+every core for seconds, and Spark does not preempt a running task. The thread's jobs
 run in a scheduler pool of their own (spark.toml: FAIR scheduling), so a batch's tasks get the
 other core.
 

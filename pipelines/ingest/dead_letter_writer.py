@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from pipelines.ingest.batch import BatchReport, append
+from pipelines.ingest.batch import BatchReport, BatchSpan, append
 from pipelines.ingest.erasures import Erased
 from pipelines.ingest.held_letters import HeldLetters, hold_limits
 from pipelines.ingest.parse import dead_letters
@@ -47,17 +47,18 @@ class DeadLetterWriter:
     def holding(self) -> bool:
         return bool(self.held.pieces)
 
-    def stage(self, parsed: dict[str, DataFrame], dead: int, batch_id: int, starts: dict[str, int],
-              ends: dict[str, int], position: dict[str, int], *, meta: dict[str, str],
+    def stage(self, parsed: dict[str, DataFrame], dead: int, span: BatchSpan, *, meta: dict[str, str],
               report: BatchReport, erased: Erased | None) -> StorePart:
-        """What the batch does with its `dead` letters (the surveys' count) and with those held back.
+        """What the batch (where it stands in Kafka: `span`) does with its `dead` letters (the surveys' count) and
+        with those held back.
 
         A batch without any (nearly every batch of a real Debezium source) runs no job for the store,
         and one with a few holds them back. `meta`, the batch's commit metadata, gets what its commits
         say of the store (`DEAD_LETTERS_META`), which holds whatever becomes of the store's own commit.
         """
-        letters, exact = (self._letters(parsed, batch_id, starts) if dead and
-                          not self.ledger.covered(dead_letter_path(self.root), ends) else (None, False))
+        starts = span.starts
+        letters, exact = (self._letters(parsed, span.batch_id, starts) if dead and
+                          not self.ledger.covered(dead_letter_path(self.root), span.ends) else (None, False))
         if letters is not None or self.held.pieces:
             # Letters held: `through` must name every partition they may come from. One the stream reads for the
             # first time (on a new lake, before the store's first commit names any) is stored up to this batch's
@@ -67,15 +68,16 @@ class DeadLetterWriter:
         hold = letters is not None and self.held.keep(dead, report.records)
         flush = (letters is not None and not hold) or (bool(self.held.pieces) and not self.held.keep(0, report.records))
         meta[DEAD_LETTERS_META] = json.dumps(
-            self.ledger.through if letters is not None or self.held.pieces else position, sort_keys=True)
+            self.ledger.through if letters is not None or self.held.pieces else span.position, sort_keys=True)
         part = StorePart()
         if flush:
-            pieces, count = list(self.held.pieces), self.held.rows
+            pieces, held_rows = list(self.held.pieces), self.held.rows
+            count: int | None = held_rows
             if letters is not None:
                 pieces.append(letters)
-                count = count + dead if exact else None
+                count = held_rows + dead if exact else None
             part.job = functools.partial(self.write, union_all(pieces), count, meta, report, erased)
-        elif hold:
+        elif hold and letters is not None:  # holding implies letters
             held, n = letters, dead if exact else None
             part.job = lambda: part.staged.append((materialized(held), n))
         return part

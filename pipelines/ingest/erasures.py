@@ -52,5 +52,7 @@ class ErasureRegistry:
         if version is None:
             return None
         if self._erased is None or self._erased.version != version:
-            self._erased = Erased(materialized(read_registry(self.spark, self.root)), erasure_key(), version)
+            registry = read_registry(self.spark, self.root)
+            assert registry is not None, "a registry with a completed commit reads as a frame"
+            self._erased = Erased(materialized(registry), erasure_key(), version)
         return self._erased

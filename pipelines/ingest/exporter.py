@@ -34,7 +34,7 @@ from pipelines.ingest.stream import kafka_offsets
 from pipelines.monitoring import metric_names
 from pipelines.runtime.local_process import HOST
 
-# Seconds of a phase, from a registry lookup to a catch-up batch (about 45 s on 2 cores, BENCHMARKS.md)
+# Seconds of a phase, from a registry lookup to a catch-up batch (about 45 s on 2 cores)
 # and the stall limit (`[health] stalled_after_seconds`, 600): the library's default buckets end at 10 s.
 PHASE_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 # The phase label of a micro-batch's whole time (the line's "in 8.9s"); a commit between batches has none.

@@ -1,9 +1,9 @@
 """Dead letters held back from the store for a while, so that a batch with a malformed record does not
 make a Hudi commit of its own for it.
 
-A commit costs about the same whatever it holds (a dozen Spark jobs, the metadata table, markers:
-BENCHMARKS.md), and a source that sends malformed records now and then would make every batch pay
-one more commit, beside the tables', for a handful of rows. The writer keeps a batch's dead letters
+A commit costs about the same whatever it holds (a dozen Spark jobs, the metadata table, markers),
+and a source that sends malformed records now and then would make every batch pay one more commit,
+beside the tables', for a handful of rows. The writer keeps a batch's dead letters
 in memory instead, and writes what it holds in one commit when the oldest has waited
 `max_seconds`, when it holds `max_rows`, in a large batch (a catch-up: one commit among much work),
 and when the stream stops (`ingest --once` done, SIGTERM, a stop request).

@@ -69,7 +69,7 @@ def value_schema() -> T.StructType:
         # A Kafka Connect schema (`schemas.enable=true`) as its JSON text: it is the same for every
         # record of a shape, so a batch hashes it and reads `after`'s fields from one record per
         # new hash (`survey.SchemaSurvey`); parsed into arrays for every record, it
-        # was most of the cost of parsing a backlog.
+        # would be most of the cost of parsing a backlog.
         T.StructField("schema", T.StringType()),
         T.StructField("payload", T.StructType(_envelope_fields())),
         *_envelope_fields(),
@@ -135,8 +135,8 @@ def classify(envelopes: DataFrame, tables: dict[str, TableParse], placeholder: s
     The tables' rules are data, not code: each record looks up its topic's `_rules` (`_table_rules`: the
     table's key, its bigint columns, its shape, ...) in a literal map, and one expression reads them, so
     the plan is the same size at 50 tables as at one, and the ingest passes every declared table. An
-    expression or a filtered part per table made a plan that Spark analyzed again every batch: 5 s
-    a batch at 50 tables (BENCHMARKS.md, "Fifty tables").
+    expression or a filtered part per table would make a plan that Spark analyzes again every batch,
+    seconds a batch at 50 tables.
 
     The image is kept as a map (`_image`); `image_columns` types it by the table's shape. Beside
     it, what the schema decision needs (pipelines.ingest.schema), empty for a record of a known
@@ -149,94 +149,141 @@ def classify(envelopes: DataFrame, tables: dict[str, TableParse], placeholder: s
     """
     placeholder = placeholder or unavailable_placeholder()
     kinds = sorted({(c.type, c.convert) for spec in tables.values() for c in _typed_extras(spec.shape)})
+    records = envelopes.withColumn("_rules", _rules_lookup(tables, kinds, all_mine))
+    record = _Record.of_envelope()
+    classified = records.withColumn("_classified", _classification(record)).select(
+        "*", *_shape_findings(record, kinds, placeholder))
+    return _parsed_rows(classified, record)
+
+
+@dataclass(frozen=True)
+class _Record:
+    """The parts of a record that classifying it reads, as expressions over `read_envelopes`' rows and `_rules`."""
+
+    rules: Column  # its table's rules (`_table_rules`); null for a topic of no table
+    envelope: Column
+    op: Column
+    lsn: Column
+    image: Column  # the row image the change carries: `before` for a delete, `after` for the others
+
+    @classmethod
+    def of_envelope(cls) -> _Record:
+        """The record's rules, envelope, op, LSN and image."""
+        envelope = F.col("_env")
+        op = envelope["op"]
+        # An incremental snapshot's reads (a table added while the stream runs: `lakehouse dev source sync`) carry
+        # no LSN; `source.sequence`'s last element is the stream position the chunk was read at, past every change
+        # of the row the read reflects and before every change after it: it orders like an LSN.
+        incremental = F.element_at(F.from_json(envelope["source"]["sequence"], "array<string>"), -1).cast("long")
+        source = envelope["source"]
+        lsn = F.coalesce(source["lsn"], F.when(source["snapshot"] == "incremental", incremental))
+        image = F.when(op == "d", envelope["before"]).otherwise(envelope["after"])
+        return cls(F.col("_rules"), envelope, op, lsn, image)
+
+
+def _rules_lookup(tables: dict[str, TableParse], kinds: list[tuple[str, str]], all_mine: bool) -> Column:
+    """Step: each record's table rules, looked up by its topic in one literal map (one table's: all of them)."""
     rules = {t: _table_rules(t, spec, kinds) for t, spec in tables.items()}
     if all_mine:
         (looked_up,) = rules.values()
-    elif rules:
-        looked_up = F.create_map(*[x for t, r in rules.items() for x in (F.lit(declared().topic(t)), r)])[
+        return looked_up
+    if rules:
+        return F.create_map(*[x for t, r in rules.items() for x in (F.lit(declared().topic(t)), r)])[
             F.col("kafka_topic")]
-    else:
-        looked_up = F.lit(None).cast(_RULES)
-    records = envelopes.withColumn("_rules", looked_up)
-    r = F.col("_rules")
-    e = F.col("_env")
-    op = e["op"]
-    # An incremental snapshot's reads (a table added while the stream runs: `lakehouse dev source sync`) carry no
-    # LSN; `source.sequence`'s last element is the stream position the chunk was read at, past every change
-    # of the row the read reflects and before every change after it: it orders like an LSN.
-    incremental = F.element_at(F.from_json(e["source"]["sequence"], "array<string>"), -1).cast("long")
-    lsn = F.coalesce(e["source"]["lsn"], F.when(e["source"]["snapshot"] == "incremental", incremental))
-    image = F.when(op == "d", e["before"]).otherwise(e["after"])
+    return F.lit(None).cast(_RULES)
 
-    def dead(reason: Column) -> Column:
-        return F.struct(F.lit("dead").alias("kind"), reason.alias("reason"))
 
-    def ok(kind: str) -> Column:
-        return F.struct(F.lit(kind).alias("kind"), F.lit(None).cast("string").alias("reason"))
+def _dead(reason: Column) -> Column:
+    return F.struct(F.lit("dead").alias("kind"), reason.alias("reason"))
 
-    def envelope_of(then: str) -> Column:
-        return F.concat(F.lit("fields do not have the types of the "), r["table"], F.lit(f" envelope ({then}"))
 
+def _usable(kind: str) -> Column:
+    return F.struct(F.lit(kind).alias("kind"), F.lit(None).cast("string").alias("reason"))
+
+
+def _wrong_types(rules: Column, then: str) -> Column:
+    return F.concat(F.lit("fields do not have the types of the "), rules["table"], F.lit(f" envelope ({then}"))
+
+
+def _classification(record: _Record) -> Column:
+    """Step: the record's kind and, for a dead letter, why: the first rule it breaks, in the order they are checked."""
+    rules, envelope, op, image = record.rules, record.envelope, record.op, record.image
     side = F.when(op == "d", F.lit(" without before.")).otherwise(F.lit(" without after."))
-    classified = (
-        F.when(r.isNull(), dead(F.concat(F.lit("topic '"), F.col("kafka_topic"), F.lit("' is no source table's"))))
-        .when(F.col("value").isNull(), ok("tombstone"))
-        .when(F.encode(F.col("_text"), "UTF-8") != F.col("value"), dead(F.lit("value is not valid UTF-8 text")))
-        .when(F.col("_unparsed"), dead(
+    return (
+        F.when(rules.isNull(),
+               _dead(F.concat(F.lit("topic '"), F.col("kafka_topic"), F.lit("' is no source table's"))))
+        .when(F.col("value").isNull(), _usable("tombstone"))
+        .when(F.encode(F.col("_text"), "UTF-8") != F.col("value"), _dead(F.lit("value is not valid UTF-8 text")))
+        .when(F.col("_unparsed"), _dead(
             F.when(F.get_json_object("_text", "$").isNull(), F.lit("value is not valid JSON"))
             .when(~F.ltrim(F.col("_text")).startswith("{"),
                   F.lit("JSON value is not an object, so not a Debezium envelope"))
-            .otherwise(envelope_of("row images must be objects and source.lsn a JSON number)"))))
-        .when(op.isNull(), dead(F.lit("no 'op' field: not a Debezium envelope")))
-        .when(~op.isin(*contract.ROW_OPS, *contract.OTHER_OPS), dead(F.concat(F.lit("unknown op '"), op, F.lit("'"))))
-        .when(op == "m", ok("ignored"))
-        .when(lsn.isNull(), dead(F.concat(F.lit("op="), op, F.lit(" without source.lsn"))))
-        .when(e["source"]["table"].isNotNull() & (e["source"]["table"] != r["source_table"]),
-              dead(F.concat(F.lit("event of table '"), e["source"]["table"], F.lit("' on topic "), r["topic"])))
-        .when(op == "t", ok("truncate"))
-        .when(image.isNull(), dead(F.concat(F.lit("op="), op, F.when(op == "d", F.lit(" without 'before'"))
-                                            .otherwise(F.lit(" without 'after'")))))
-        .when(F.exists(r["key"], lambda k: image[k].isNull()), dead(F.concat(F.lit("op="), op, side, r["key_text"])))
-        .when(F.exists(r["numbers"], lambda c: image[c].isNotNull() & image[c].cast("bigint").isNull()),
-              dead(F.concat(envelope_of(""), r["numbers_text"], F.lit(" must be JSON integers)"))))
-        .otherwise(ok("row"))
+            .otherwise(_wrong_types(rules, "row images must be objects and source.lsn a JSON number)"))))
+        .when(op.isNull(), _dead(F.lit("no 'op' field: not a Debezium envelope")))
+        .when(~op.isin(*contract.ROW_OPS, *contract.OTHER_OPS),
+              _dead(F.concat(F.lit("unknown op '"), op, F.lit("'"))))
+        .when(op == "m", _usable("ignored"))
+        .when(record.lsn.isNull(), _dead(F.concat(F.lit("op="), op, F.lit(" without source.lsn"))))
+        .when(envelope["source"]["table"].isNotNull() & (envelope["source"]["table"] != rules["source_table"]),
+              _dead(F.concat(F.lit("event of table '"), envelope["source"]["table"], F.lit("' on topic "),
+                             rules["topic"])))
+        .when(op == "t", _usable("truncate"))
+        .when(image.isNull(), _dead(F.concat(F.lit("op="), op, F.when(op == "d", F.lit(" without 'before'"))
+                                             .otherwise(F.lit(" without 'after'")))))
+        .when(F.exists(rules["key"], lambda k: image[k].isNull()),
+              _dead(F.concat(F.lit("op="), op, side, rules["key_text"])))
+        .when(F.exists(rules["numbers"], lambda c: image[c].isNotNull() & image[c].cast("bigint").isNull()),
+              _dead(F.concat(_wrong_types(rules, ""), rules["numbers_text"], F.lit(" must be JSON integers)"))))
+        .otherwise(_usable("row"))
     )
-    is_row = F.col("_c.kind") == "row"
-    upsert = is_row & (op != "d")
+
+
+def _shape_findings(record: _Record, kinds: list[tuple[str, str]], placeholder: str) -> list[Column]:
+    """Step: what the schema decision needs of a row's shape, empty for a record of a known shape (`classify`)."""
+    rules, image = record.rules, record.image
+    is_row = F.col("_classified.kind") == "row"
+    upsert = is_row & (record.op != "d")
     connect_schema = F.col("_schema")  # its JSON text; null for a bare envelope
     decl_hash = F.xxhash64(connect_schema)
     empty = F.array().cast("array<string>")
     # An image whose columns are the shape's, in its order (nearly every record), has nothing new and
     # lacks nothing: one array comparison instead of two set differences per record.
-    as_shape = F.map_keys(image) == r["shape"]
+    as_shape = F.map_keys(image) == rules["shape"]
 
-    def misfit(spark_type: str, conversion: str) -> Callable[[Column], Column]:
+    def does_not_fit(spark_type: str, conversion: str) -> Callable[[Column], Column]:
         return lambda c: image[c].isNotNull() & convert(image[c], spark_type, conversion).isNull()
 
-    bad = [F.filter(r[f"typed{i}"], misfit(*kind)) for i, kind in enumerate(kinds)]
+    unfit = [F.filter(rules[f"typed{i}"], does_not_fit(*kind)) for i, kind in enumerate(kinds)]
     toast = F.when(upsert & F.col("_text").contains(placeholder),
                    F.map_keys(F.map_filter(image, lambda _, x: x == placeholder))).otherwise(empty)
-    df = records.withColumn("_c", classified).select(
-        "*",
-        F.when(is_row & connect_schema.isNotNull() & ~F.array_contains(r["known"], decl_hash),
+    return [
+        F.when(is_row & connect_schema.isNotNull() & ~F.array_contains(rules["known"], decl_hash),
                F.lit(True)).alias("_decl_new"),
         F.when(is_row & connect_schema.isNotNull(), decl_hash).alias("_decl_hash"),
-        F.when(is_row & ~as_shape, F.array_except(F.map_keys(image), r["shape"])).otherwise(empty).alias("_new_keys"),
-        F.when(upsert & connect_schema.isNull() & ~as_shape, F.array_except(r["declared"], F.map_keys(image)))
+        F.when(is_row & ~as_shape, F.array_except(F.map_keys(image), rules["shape"])).otherwise(empty)
+        .alias("_new_keys"),
+        F.when(upsert & connect_schema.isNull() & ~as_shape, F.array_except(rules["declared"], F.map_keys(image)))
         .otherwise(empty).alias("_missing"),
-        (F.when(is_row & connect_schema.isNull(), F.concat(*bad)).otherwise(empty) if bad else empty).alias("_badcast"),
-        toast.alias("_toast"))
-    odd = F.col("_decl_new").isNotNull() | (F.size("_new_keys") > 0) | (F.size("_missing") > 0) | \
+        (F.when(is_row & connect_schema.isNull(), F.concat(*unfit)).otherwise(empty) if unfit else empty)
+        .alias("_badcast"),
+        toast.alias("_toast")]
+
+
+def _parsed_rows(classified: DataFrame, record: _Record) -> DataFrame:
+    """Step: the rows `classify` returns, the raw value kept only where it may be needed."""
+    unknown_shape = F.col("_decl_new").isNotNull() | (F.size("_new_keys") > 0) | (F.size("_missing") > 0) | \
         (F.size("_badcast") > 0)
+    envelope = record.envelope
     # The raw value is kept for dead letters (and records that may become one) only: the batch's
     # parsed rows stay cached while every table is written, and a wrapped envelope's value is
     # mostly its schema (kilobytes).
-    return df.select(
+    return classified.select(
         "kafka_topic", "kafka_partition", "kafka_offset", "kafka_timestamp", "key",
-        F.when((F.col("_c.kind") == "dead") | odd, F.col("value")).alias("value"),
-        F.col("_c.kind").alias("kind"), F.col("_c.reason").alias("reason"),
-        op.alias("_op"), lsn.alias("_lsn"), F.timestamp_millis(e["source"]["ts_ms"]).alias("_source_ts"),
-        e["source"]["txId"].alias("_tx_id"), image.alias("_image"),
+        F.when((F.col("_classified.kind") == "dead") | unknown_shape, F.col("value")).alias("value"),
+        F.col("_classified.kind").alias("kind"), F.col("_classified.reason").alias("reason"),
+        record.op.alias("_op"), record.lsn.alias("_lsn"),
+        F.timestamp_millis(envelope["source"]["ts_ms"]).alias("_source_ts"),
+        envelope["source"]["txId"].alias("_tx_id"), record.image.alias("_image"),
         "_decl_new", "_decl_hash", "_new_keys", "_missing", "_badcast", "_toast",
         # What the record's value weighs, the raw one's (the stream exports bytes read per table).
         F.coalesce(F.length(F.col("value")), F.lit(0)).alias("_bytes"))

@@ -136,8 +136,8 @@ class Decision:
 
     shape: Shape
     changed: bool = False
-    # Declared shapes (tuple of (field, type)) and missing-column sets that are held, with the reason.
-    held_declared: dict[tuple[tuple[str, str], ...], str] = field(default_factory=dict)
+    # Declared shapes (tuple of (field, type, conversion)) and missing-column sets that are held, with the reason.
+    held_declared: dict[tuple[tuple[str, str, str], ...], str] = field(default_factory=dict)
     held_missing: dict[tuple[str, ...], str] = field(default_factory=dict)
 
 
@@ -148,6 +148,20 @@ def _narrowing(table: str, column: str, stored: str, declared: str) -> str:
 def _missing(table: str, columns: tuple[str, ...]) -> str:
     return (f"{SCHEMA_REASON}{table}.{','.join(columns)}: declared column missing from the source "
             "(dropped or renamed)")
+
+
+@dataclass(frozen=True)
+class _Applying:
+    """What applying a batch's shapes to one table needs beside its columns: built once by `decide`."""
+
+    table: str
+    fixed: tuple[str, ...]  # the columns its declaration fixes (`declared_columns`)
+    accepted: set[str]  # `table.column`s whose incompatible change an operator accepted
+    batch_id: int
+    at: str  # when, for the columns added or widened
+
+    def ok(self, column: str) -> bool:
+        return f"{self.table}.{column}" in self.accepted
 
 
 def decide(shape: Shape, declared_shapes: list[list[tuple[str, str, str]]], missing_sets: list[list[str]],
@@ -166,42 +180,12 @@ def decide(shape: Shape, declared_shapes: list[list[tuple[str, str, str]]], miss
     columns = dict(shape.columns)
     at = datetime.now(UTC).isoformat(timespec="seconds")
     decision = Decision(shape)
-
-    def ok(column: str) -> bool:
-        return f"{table}.{column}" in accepted
-
-    fixed = declared_columns(table)
+    applying = _Applying(table, declared_columns(table), accepted, batch_id, at)
     for fields in sorted(declared_shapes):
-        names = {n for n, _, _ in fields}
-        reasons = []
-        gone = tuple(c for c in fixed if c not in names and not ok(c))
-        if gone:
-            reasons.append(_missing(table, gone))
-        for name, want, conversion in fields:
-            have = columns.get(name)
-            if have is None:
-                columns[name] = Column(name, want, True, batch_id, at, convert=conversion)
-            elif have.type == want:
-                if have.convert and conversion and have.convert != conversion:
-                    # Same type, another encoding (timestamp(3) altered to timestamp(6): Debezium's milliseconds
-                    # become microseconds): a value cannot say which it is, and a wrong guess corrupts it silently.
-                    if ok(name):
-                        columns[name] = replace(have, convert=conversion)
-                    else:
-                        reasons.append(f"{SCHEMA_REASON}{table}.{name}: the source's encoding of {want} changed "
-                                       f"({have.convert} -> {conversion}): accept it to read new values that way")
-                continue
-            elif (have.type, want) in WIDENINGS and name not in fixed:
-                columns[name] = replace(have, type=want, declared=True,
-                                        widened=(*have.widened, (have.type, batch_id, at)))
-            elif (want, have.type) in WIDENINGS and (not have.declared or ok(name)):
-                continue  # the column is already wider: values fit
-            elif not ok(name):
-                reasons.append(_narrowing(table, name, have.type, want))
-        if reasons:
+        if reasons := _apply_declared(fields, columns, applying):
             decision.held_declared[tuple(fields)] = "; ".join(reasons)
     for missing in sorted(missing_sets):
-        gone = tuple(c for c in missing if not ok(c))
+        gone = tuple(c for c in missing if not applying.ok(c))
         if gone:
             decision.held_missing[tuple(missing)] = _missing(table, gone)
     for name, kind in sorted(new_keys.items()):
@@ -211,6 +195,38 @@ def decide(shape: Shape, declared_shapes: list[list[tuple[str, str, str]]], miss
         decision.shape = Shape(table, columns)
         decision.changed = True
     return decision
+
+
+def _apply_declared(fields: list[tuple[str, str, str]], columns: dict[str, Column], applying: _Applying) -> list[str]:
+    """Step: one declared shape's fields applied to `columns` where they fit; why the shape is held where not."""
+    table, fixed, ok, batch_id, at = applying.table, applying.fixed, applying.ok, applying.batch_id, applying.at
+    names = {n for n, _, _ in fields}
+    reasons = []
+    gone = tuple(c for c in fixed if c not in names and not ok(c))
+    if gone:
+        reasons.append(_missing(table, gone))
+    for name, want, conversion in fields:
+        have = columns.get(name)
+        if have is None:
+            columns[name] = Column(name, want, True, batch_id, at, convert=conversion)
+        elif have.type == want:
+            if have.convert and conversion and have.convert != conversion:
+                # Same type, another encoding (timestamp(3) altered to timestamp(6): Debezium's milliseconds
+                # become microseconds): a value cannot say which it is, and a wrong guess corrupts it silently.
+                if ok(name):
+                    columns[name] = replace(have, convert=conversion)
+                else:
+                    reasons.append(f"{SCHEMA_REASON}{table}.{name}: the source's encoding of {want} changed "
+                                   f"({have.convert} -> {conversion}): accept it to read new values that way")
+            continue
+        elif (have.type, want) in WIDENINGS and name not in fixed:
+            columns[name] = replace(have, type=want, declared=True,
+                                    widened=(*have.widened, (have.type, batch_id, at)))
+        elif (want, have.type) in WIDENINGS and (not have.declared or ok(name)):
+            continue  # the column is already wider: values fit
+        elif not ok(name):
+            reasons.append(_narrowing(table, name, have.type, want))
+    return reasons
 
 
 # --------------------------------------------------------------------------- accepted changes

@@ -28,9 +28,9 @@ log = logging.getLogger(__name__)
 def discard_unborn(path: str) -> None:
     """Remove a table whose creation a crash cut short: `.hoodie/` there, but no `hoodie.properties`
     (nor Hudi's `.backup` of it) naming the table. Hudi creates the folders, then writes the
-    properties file, then the first instant; a SIGKILL in between (both were seen in the suite:
-    the folders without the file, and an empty file) leaves a table Hudi can neither load, nor
-    write to, nor roll back, and every later ingest failed on it. Such a table holds nothing
+    properties file, then the first instant; a SIGKILL in between (the folders without the file,
+    or an empty file) leaves a table Hudi can neither load, nor write to, nor roll back, and every
+    later ingest would fail on it. Such a table holds nothing
     committed. One with a completed commit is never removed: its properties went missing some
     other way, and Hudi's own error says so.
     """
@@ -147,8 +147,8 @@ class KnownRows:
     takes keys away, and those never return: their events are filtered out before planning),
     so what it read at start plus what it wrote since is exact. A batch then looks up only its
     own keys, in cached rows (a broadcast semi-join: no Hudi read, no shuffle of the table),
-    where reading main's `(id, _lsn)` every batch merged every file slice of the table: that
-    plan phase grew from 4.5 s to 9.0 s between 20k and 463k rows. Main's rows and
+    where reading main's `(id, _lsn)` every batch would merge every file slice of the table, a
+    plan phase that grows with the table. Main's rows and
     the deletes are kept together (`known_rows`), so that a lookup is one scan and one fold.
 
     Each batch adds a piece, and the pieces are merged size-tiered, as a log-structured store
@@ -156,9 +156,8 @@ class KnownRows:
     newest piece's tier or below follow each other at the end, they become one. A merge takes the
     rows of the pieces it covers, a row is merged about once per tier (a handful: tier 6 holds 262k
     to 2.1M rows), and a lookup scans at most FAN_IN - 1 pieces per tier. Merging every piece, the
-    table's included, every 32nd batch took that batch 10 to 15 s on tables of 2M rows; merging by
-    the count of batches merged the initial snapshot's 2M rows into the 8th batch's (BENCHMARKS.md,
-    2026-11-28).
+    table's included, every few batches would make those batches pay for the whole table; merging
+    by the count of batches would merge the initial snapshot's rows again into an early batch's.
     """
 
     FAN_IN = 8

@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import hudi_configs
+from pipelines.errors import AnotherStreamRunning
 from pipelines.lake import storage
 from pipelines.runtime.local_process import process_started
 
@@ -191,10 +192,6 @@ def judge(hb: Heartbeat | None, lim: Limits, now: float | None = None) -> Health
     return Health("healthy", f"{who}: {batch}, last trigger {now - last:.0f} s ago{busy}{late}")
 
 
-class AnotherStreamRunning(RuntimeError):
-    pass
-
-
 class StreamLease:
     """The running job's side: claim the checkpoint, beat, obey a stop request, release."""
 
@@ -212,7 +209,7 @@ class StreamLease:
         while True:
             other = self.files.heartbeat()
             health = judge(other, self.lim)
-            if not health.live:
+            if other is None or not health.live:
                 break
             # On this host the owner's process is known to be there: no point waiting.
             if other.host == self.hb.host or time.monotonic() > deadline:
@@ -235,8 +232,8 @@ class StreamLease:
             if progress.get("batchId") != self.hb.batch:
                 # A batch completed since the last beat: the trigger running now is the next one. Under steady
                 # load the batches run back to back and Spark's trigger never reads inactive between them, so
-                # the trigger's start is the newest batch's, not the run's: `lakehouse dev bench soak` saw a stream
-                # judged stalled ("batch 44 running for 614 s") after ten minutes of batches, and restarted.
+                # the trigger's start is the newest batch's, not the run's: counted from the run's, a stream of
+                # healthy batches would be judged stalled once it had run longer than the stall limit.
                 self.hb.trigger_since = None
             self.hb.read_to = kafka_offsets(progress, "endOffset") or self.hb.read_to
             self.hb.batch = progress.get("batchId")

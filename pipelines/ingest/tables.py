@@ -7,9 +7,10 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.storagelevel import StorageLevel
 
@@ -84,11 +85,11 @@ class TableWriter:
         filled = newest.join(known, on, "left").join(state.select(*key, "_m_lsn"), on, "left").select(*[
             F.when(F.col(c) == ph, F.col(f"_batch_{c}")).otherwise(F.col(c)).alias(c) if c in columns else F.col(c)
             for c in newest.columns], *[need(c).alias(f"_need_{c}") for c in columns])
-        need = functools.reduce(lambda a, b: a | b, [F.col(f"_need_{c}") for c in columns]) & (F.col("_op") != "d")
+        any_need = functools.reduce(lambda a, b: a | b, [F.col(f"_need_{c}") for c in columns]) & (F.col("_op") != "d")
         main = main_path(table, self.root)
         stored_columns = [c for c in columns if c in self.shapes.shape(table).columns]
         if has_completed_commit(main) and stored_columns:
-            keys = filled.filter(need).select(*key).distinct()
+            keys = filled.filter(any_need).select(*key).distinct()
             stored = self.spark.read.format("hudi").options(**hudi_configs.section("bronze", "unavailable_read")) \
                 .load(main).join(F.broadcast(keys), on, "left_semi") \
                 .select(*key, *[F.col(c).alias(f"_stored_{c}") for c in stored_columns])
@@ -97,9 +98,9 @@ class TableWriter:
             F.when(F.col(f"_need_{c}"), F.col(f"_stored_{c}") if c in stored_columns else F.lit(None).cast("string"))
             .otherwise(F.col(c)).alias(c) if c in columns else F.col(c) for c in newest.columns])
 
-    def apply(self, table: str, events: DataFrame, survey: Survey, meta: dict[str, str], report: BatchReport,
+    def apply(self, table: str, survey: Survey, meta: dict[str, str], report: BatchReport,
               erased: Erased | None, *, parallel: bool = True) -> None:
-        """The batch's `events` of `table` into its change log and main, each commit with `meta`.
+        """The batch's events of `table` (`survey.events`) into its change log and main, each commit with `meta`.
 
         `parallel`: the two commits side by side (a truncate's never are).
         """
@@ -110,9 +111,27 @@ class TableWriter:
                 counts[kind] = kinds[kind]
         if not kinds.get("row") and not kinds.get("truncate"):
             return
-        shape = survey.shape
+        batch = _TableBatch(table, survey, meta, report)
+        planned, known, truncating = self._plan(batch, erased)
+        try:
+            tally = _tally(batch, planned)
+            # Side by side: main's commit, which makes the changes visible, no longer waits for the
+            # change log's. A crash between them is re-planned from main's rows (`relog`), except
+            # a truncate's: its deletes name keys that only main's rows before it know, so there
+            # the change log commits first, as a write-ahead log.
+            run_together(self._writes(batch, planned, tally), parallel=parallel and not truncating)
+            self._committed(batch, planned, tally, known)
+        finally:
+            release(planned)
+
+    def _plan(self, batch: _TableBatch, erased: Erased | None) -> tuple[DataFrame, KnownRows, bool]:
+        """Step: what each key of the batch still needs, against what main and the deletes hold (materialized).
+
+        Returns the plan, what the writer knows of the table, and whether the batch truncates it.
+        """
+        table, survey, report = batch.table, batch.survey, batch.report
+        events, shape = survey.events, survey.shape
         key = shape.key
-        main = main_path(table, self.root)
         known = self._known_rows(table, {k: shape.columns[k].type if k in shape.columns else "string" for k in key})
         if not known.loaded:  # the stream's first batch of this table: one read of the tables
             with report.phase(f"{table}.load_state"):
@@ -121,7 +140,7 @@ class TableWriter:
         if erased is not None:  # events of erased customers and their orders never reach the lake again
             changes = erased.changes(changes, table)
         # A truncate deletes every key the table holds: the one plan that needs them all.
-        synthetic = truncate_deletes(events, known.main(), shape) if kinds.get("truncate") else None
+        synthetic = truncate_deletes(events, known.main(), shape) if survey.kinds.get("truncate") else None
         if synthetic is not None:
             changes = changes.unionByName(synthetic)
         newest = newest_per_key(changes, key)
@@ -139,60 +158,99 @@ class TableWriter:
                 planned = materialized(plan(newest, known.lookup(keys), key, relog=relog))
         finally:
             newest.unpersist()
-        try:
-            with report.phase(f"{table}.plan"):
-                tally = planned.groupBy("to_main", "to_log", "_op").count().collect()
-            for r in tally:
-                outcome = "stale" if not r["to_log"] else "delete" if r["_op"] == "d" else "upsert"
-                counts[outcome] = counts.get(outcome, 0) + r["count"]
-            # One instant for the batch's writes: a key's change-log row and its bronze row
-            # say the same about when it was ingested.
-            now = F.lit(datetime.now(UTC)).cast("timestamp").alias("_ingested_at")
-            meta_columns = [c for c in META_COLUMNS if c != "_ingested_at"]
-            # Every write carries every column of the shape, the declared ones first and those added
-            # since last, after the metadata (Hudi adds a column at the end only; a table declared
-            # without columns has them all there); a dropped column is written null.
-            fixed, extras = shape.fixed, shape.extras
+        return planned, known, synthetic is not None
 
-            main_meta = meta | {COLUMNS_META: shape.to_meta(), DECLARED_META: self.shapes.declared_meta(table, survey)}
+    def _writes(self, batch: _TableBatch, planned: DataFrame, tally: _Tally) -> list[Callable[[], None]]:
+        """Step: the change log's commit and main's, as jobs to run together (only those with rows to write)."""
+        table, survey, meta, report = batch.table, batch.survey, batch.meta, batch.report
+        shape = survey.shape
+        key = shape.key
+        # One instant for the batch's writes: a key's change-log row and its bronze row
+        # say the same about when it was ingested.
+        now = F.lit(datetime.now(UTC)).cast("timestamp").alias("_ingested_at")
+        meta_columns = [c for c in META_COLUMNS if c != "_ingested_at"]
+        # Every write carries every column of the shape, the declared ones first and those added
+        # since last, after the metadata (Hudi adds a column at the end only; a table declared
+        # without columns has them all there); a dropped column is written null.
+        fixed, extras = shape.fixed, shape.extras
 
-            def save(rows: DataFrame, part: str, name: str, path: str, options: dict[str, str],
-                     n: int | None = None) -> None:
-                with report.phase(f"{table}.{part}"):
-                    append(rows, path, bronze_options(part, name, **options), n)
+        main_meta = meta | {COLUMNS_META: shape.to_meta(), DECLARED_META: self.shapes.declared_meta(table, survey)}
 
-            writes: list[Callable[[], None]] = []
-            if to_log := sum(r["count"] for r in tally if r["to_log"]):
-                writes.append(functools.partial(save, planned.filter("to_log").select(
-                    *fixed, *meta_columns, now, F.date_format(now, "yyyy-MM-dd").alias("_ingest_date"), *extras,
-                ), "changelog", f"bronze_changelog_{table}", changelog_path(table, self.root),
-                    meta | keyed_options(key, "changelog"), to_log))
-            if to_main := any(r["to_main"] for r in tally):
-                if table not in self._born:
-                    # Main has nothing yet, so nothing known says it holds a key: every row planned
-                    # for it is an upsert (a delete reaches main only where main holds a row), one
-                    # per key, and a bulk insert writes exactly what an upsert would.
-                    main_meta |= hudi_configs.section("bronze", "table_first_commit")
-                writes.append(functools.partial(save, planned.filter("to_main").select(
-                    *fixed, *meta_columns, now, (F.col("_op") == "d").alias(DELETED_FLAG), *extras,
-                ), "table", f"bronze_{table}", main, main_meta | keyed_options(key)))
-            # Side by side: main's commit, which makes the changes visible, no longer waits for the
-            # change log's. A crash between them is re-planned from main's rows (`relog`), except
-            # a truncate's: its deletes name keys that only main's rows before it know, so there
-            # the change log commits first, as a write-ahead log.
-            run_together(writes, parallel=parallel and synthetic is None)
-            if to_log:
-                self.ledger.committed(changelog_path(table, self.root), meta)
-            if to_main:
-                self.ledger.committed(main, meta)
-                self._born.add(table)
-            with report.phase(f"{table}.known"):
-                known.add(known_rows(
-                    key, main=planned.filter("to_main").select(*key, "_lsn", (F.col("_op") != "d").alias("_live")),
-                    deletes=planned.filter("to_log AND _op = 'd'").select(*key, "_lsn")),
-                    # A delete main applies is a row of each part.
-                    sum(r["count"] for r in tally if r["to_main"])
-                    + sum(r["count"] for r in tally if r["to_log"] and r["_op"] == "d"))
-            self.shapes.keep(table, shape)
-        finally:
-            release(planned)
+        def save(rows: DataFrame, part: str, name: str, path: str, options: dict[str, str],
+                 n: int | None = None) -> None:
+            with report.phase(f"{table}.{part}"):
+                append(rows, path, bronze_options(part, name, **options), n)
+
+        writes: list[Callable[[], None]] = []
+        if to_log := tally.to_log:
+            writes.append(functools.partial(save, planned.filter("to_log").select(
+                *fixed, *meta_columns, now, F.date_format(now, "yyyy-MM-dd").alias("_ingest_date"), *extras,
+            ), "changelog", f"bronze_changelog_{table}", changelog_path(table, self.root),
+                meta | keyed_options(key, "changelog"), to_log))
+        if tally.to_main:
+            if table not in self._born:
+                # Main has nothing yet, so nothing known says it holds a key: every row planned
+                # for it is an upsert (a delete reaches main only where main holds a row), one
+                # per key, and a bulk insert writes exactly what an upsert would.
+                main_meta |= hudi_configs.section("bronze", "table_first_commit")
+            writes.append(functools.partial(save, planned.filter("to_main").select(
+                *fixed, *meta_columns, now, (F.col("_op") == "d").alias(DELETED_FLAG), *extras,
+            ), "table", f"bronze_{table}", main_path(table, self.root), main_meta | keyed_options(key)))
+        return writes
+
+    def _committed(self, batch: _TableBatch, planned: DataFrame, tally: _Tally, known: KnownRows) -> None:
+        """Step: what the writer knows after the commits: each table's position, main's rows and deletes, the shape."""
+        table, meta, shape = batch.table, batch.meta, batch.survey.shape
+        key = shape.key
+        if tally.to_log:
+            self.ledger.committed(changelog_path(table, self.root), meta)
+        if tally.to_main:
+            self.ledger.committed(main_path(table, self.root), meta)
+            self._born.add(table)
+        with batch.report.phase(f"{table}.known"):
+            known.add(known_rows(
+                key, main=planned.filter("to_main").select(*key, "_lsn", (F.col("_op") != "d").alias("_live")),
+                deletes=planned.filter("to_log AND _op = 'd'").select(*key, "_lsn")), tally.known_added)
+        self.shapes.keep(table, shape)
+
+
+@dataclass(frozen=True)
+class _TableBatch:
+    """One table's part of one batch as `TableWriter.apply` writes it: built once per call, passed to its steps."""
+
+    table: str
+    survey: Survey
+    meta: dict[str, str]  # every commit's metadata: the batch's id, the stream's position, the registry's version
+    report: BatchReport
+
+
+@dataclass(frozen=True)
+class _Tally:
+    """The plan's rows counted by where they go (`to_main`, `to_log`) and their op: a handful of rows, collected."""
+
+    rows: list[Row]
+
+    @property
+    def to_log(self) -> int:
+        return sum(r["count"] for r in self.rows if r["to_log"])
+
+    @property
+    def to_main(self) -> bool:
+        return any(r["to_main"] for r in self.rows)
+
+    @property
+    def known_added(self) -> int:
+        """Rows the commits add to what the writer knows: a delete main applies is a row of each part."""
+        return sum(r["count"] for r in self.rows if r["to_main"]) \
+            + sum(r["count"] for r in self.rows if r["to_log"] and r["_op"] == "d")
+
+
+def _tally(batch: _TableBatch, planned: DataFrame) -> _Tally:
+    """Step: the plan counted, and its outcomes (upserts, deletes, stale events) added to the batch's report."""
+    counts = batch.report.counts[batch.table]
+    with batch.report.phase(f"{batch.table}.plan"):
+        tally = _Tally(planned.groupBy("to_main", "to_log", "_op").count().collect())
+    for row in tally.rows:
+        outcome = "stale" if not row["to_log"] else "delete" if row["_op"] == "d" else "upsert"
+        counts[outcome] = counts.get(outcome, 0) + row["count"]
+    return tally

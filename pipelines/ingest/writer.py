@@ -17,10 +17,10 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
-from pipelines.ingest.batch import BatchReport, TableRead, run_together
+from pipelines.ingest.batch import BatchReport, BatchSpan, TableRead, run_together
 from pipelines.ingest.cadence import BatchRecords, Cadence
 from pipelines.ingest.dead_letter_writer import DeadLetterWriter
 from pipelines.ingest.erasures import Erased, ErasureRegistry
@@ -29,7 +29,7 @@ from pipelines.ingest.held_letters import EARLIEST
 from pipelines.ingest.parse import parse_topics
 from pipelines.ingest.positions import PositionLedger, end_offsets
 from pipelines.ingest.state import discard_unborn, ingest_meta
-from pipelines.ingest.survey import SchemaSurvey, tally
+from pipelines.ingest.survey import SchemaSurvey, Survey, tally
 from pipelines.ingest.tables import TableWriter
 from pipelines.lake.declaration import declared
 from pipelines.lake.frames import materialized
@@ -128,12 +128,8 @@ class BronzeBatchWriter:
         try:
             with report.phase("read+parse"):
                 groups = tally(every)
-            offsets = end_offsets(groups)
-            report.records = sum(n for *_, n in offsets)
-            ends = {f"{t}/{p}": o + 1 for t, p, _, o, _ in offsets}
-            starts = {f"{t}/{p}": o for t, p, o, _, _ in offsets}
-            position = self.positions.after(ends)
-            commit_meta = {BATCH_ID_META: str(batch_id), POSITIONS_META: json.dumps(position, sort_keys=True)}
+            span = self._span(batch_id, groups, report)
+            commit_meta = {BATCH_ID_META: str(batch_id), POSITIONS_META: json.dumps(span.position, sort_keys=True)}
             with report.phase("registry"):
                 erased = self.registry.erased()
             if erased:
@@ -143,32 +139,14 @@ class BronzeBatchWriter:
             parsed = {t: survey.events for t, survey in surveys.items()}
             # The surveys counted the dead letters.
             dead = sum(s.kinds.get("dead", 0) for s in surveys.values())
-            store = self.dead_letters.stage(parsed, dead, batch_id, starts, ends, position, meta=commit_meta,
-                                            report=report, erased=erased)
-            for table, survey in surveys.items():
-                topic = declared().topic(table)
-                mine = [g for g in groups if g["kafka_topic"] == topic]
-                if not mine:
-                    continue
-                report.read[table] = TableRead(sum(g["n"] for g in mine), sum(g["bytes"] or 0 for g in mine),
-                                               survey.kinds.get("dead", 0))
-                spans = {tp: o for tp, o in ends.items() if tp.startswith(topic + "/")}
-                if all(self.positions.covered(where(table, self.root), spans) for where in (main_path, changelog_path)):
-                    report.counts[table] = {"already_applied": sum(g["n"] for g in mine)}
-                    continue
-                changes = sum(g["n"] for g in mine if g["kind"] in ("row", "truncate"))
-                if changes or table in self.cadence.waiting:
-                    oldest = min((g["oldest"] for g in mine if g["kind"] in ("row", "truncate")), default=None)
-                    self.cadence.hold(table, survey, records, changes,
-                                      oldest.timestamp() if oldest is not None else None)
-                else:  # tombstones, logical messages, dead letters: nothing for the table to commit
-                    report.counts[table] = {k: n for k, n in survey.kinds.items() if n}
+            store = self.dead_letters.stage(parsed, dead, span, meta=commit_meta, report=report, erased=erased)
+            self._hold(surveys, groups, span, records, report)
             jobs: list[Callable[[], None]] = [store.job] if store.job is not None else []
             self._commit(self.cadence.due(), jobs, commit_meta, report, erased)
             for table, waiting in self.cadence.waiting.items():
                 report.counts[table] = {"waiting": waiting.changes}
-            self.positions.advance(position, batch_id)
-            self.dead_letters.settle(store, position, report)
+            self.positions.advance(span.position, batch_id)
+            self.dead_letters.settle(store, span.position, report)
             self.schema.keep_declared(surveys)
         finally:
             if records.holders == 0:
@@ -179,6 +157,36 @@ class BronzeBatchWriter:
         log.info(report.line())
         if self.exporter is not None:
             self.exporter.batch(report)
+
+    def _span(self, batch_id: int, groups: list[Row], report: BatchReport) -> BatchSpan:
+        """Step: where the batch stands in Kafka, from its tally (`groups`); the report counts its records."""
+        offsets = end_offsets(groups)
+        report.records = sum(n for *_, n in offsets)
+        ends = {f"{t}/{p}": o + 1 for t, p, _, o, _ in offsets}
+        starts = {f"{t}/{p}": o for t, p, o, _, _ in offsets}
+        return BatchSpan(batch_id, starts, ends, self.positions.after(ends))
+
+    def _hold(self, surveys: dict[str, Survey], groups: list[Row], span: BatchSpan, records: BatchRecords,
+              report: BatchReport) -> None:
+        """Step: each table's part of the batch handed to the cadence, which commits it when due; a part already
+        applied, or with nothing to commit, is only counted."""
+        for table, survey in surveys.items():
+            topic = declared().topic(table)
+            mine = [g for g in groups if g["kafka_topic"] == topic]
+            if not mine:
+                continue
+            report.read[table] = TableRead(sum(g["n"] for g in mine), sum(g["bytes"] or 0 for g in mine),
+                                           survey.kinds.get("dead", 0))
+            spans = {tp: o for tp, o in span.ends.items() if tp.startswith(topic + "/")}
+            if all(self.positions.covered(where(table, self.root), spans) for where in (main_path, changelog_path)):
+                report.counts[table] = {"already_applied": sum(g["n"] for g in mine)}
+                continue
+            changes = sum(g["n"] for g in mine if g["kind"] in ("row", "truncate"))
+            if changes or table in self.cadence.waiting:
+                oldest = min((g["oldest"] for g in mine if g["kind"] in ("row", "truncate")), default=None)
+                self.cadence.hold(table, survey, records, changes, oldest.timestamp() if oldest is not None else None)
+            else:  # tombstones, logical messages, dead letters: nothing for the table to commit
+                report.counts[table] = {k: n for k, n in survey.kinds.items() if n}
 
     def _parse(self, batch: DataFrame) -> DataFrame:
         """The batch's records read, decoded and classified in one pass, by each topic's table (`parse.parse_topics`),
@@ -199,7 +207,7 @@ class BronzeBatchWriter:
             if not quiet.allows(table):
                 return  # it waits for the next batch (the budget: `cadence`)
             survey = self.cadence.waiting[table].survey()
-            self.tables.apply(table, survey.events, survey, meta, report, erased, parallel=self.parallel)
+            self.tables.apply(table, survey, meta, report, erased, parallel=self.parallel)
             done.append(table)
 
         # Started in the order `due` gives (urgent, then the oldest waiting), `parallel_tables` at once.

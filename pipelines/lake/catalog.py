@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import hudi_configs
+from pipelines.errors import UnknownTable
 from pipelines.lake.declaration import Declaration, TableDecl, declared
 from pipelines.runtime.settings import quarantine_path, silver_path, table_path
 
@@ -136,6 +137,28 @@ def lake_table(name: str) -> Table:
     raise KeyError(f"no lake table {name!r}; the catalog has {', '.join(t.name for t in lake_catalog())}")
 
 
+def dotted_name(name: str) -> str:
+    """A lake table's name with a dot after its layer and `_` for the rest's slashes (`bronze/_changelog/orders` ->
+    `bronze._changelog_orders`): the name the catalog registers it under, which every command accepts too."""
+    layer, rest = name.split("/", 1)
+    return f"{layer}.{rest.replace('/', '_')}"
+
+
+def table_name(value: str) -> str:
+    """The lake table a command's argument names, in either spelling: its lake name (`silver/orders`) or its dotted
+    name (`silver.orders`; `_rt` and `_ro` too, the views a merge-on-read table is registered as), in any case.
+
+    The one parser of table names on the command line: UnknownTable names the value and every table there is.
+    """
+    wanted = value.lower()
+    tables = [t.name for t in lake_catalog()]
+    for name in tables:
+        dotted = dotted_name(name).lower()
+        if wanted in (name.lower(), dotted, f"{dotted}_rt", f"{dotted}_ro"):
+            return name
+    raise UnknownTable(f"no lake table is registered as {value!r}; the tables: {', '.join(tables)}")
+
+
 def names(layer: str | None = None, *, holds: str | None = None, writer: str | None = None) -> list[str]:
     """Names of the catalog's tables, in its order: of one layer, holding one kind of subject, of one writer."""
     return [t.name for t in lake_catalog() if (layer is None or t.layer == layer)
@@ -228,9 +251,11 @@ def lake_tables(root: str) -> list[LakeTable]:
     for t in lake_catalog():
         path, options = t.path(root), writer_options(t)
         if t.writer == "changelog":  # silver reads it; expiry moves its deletes to the source's ledger
-            ledger = lake_table(f"bronze/_deletes/{t.source}")
+            source = t.source
+            assert source is not None, f"{t.name} follows a source table"
+            ledger = lake_table(f"bronze/_deletes/{source}")
             tables.append(LakeTable(t.name, path, options, t.key,
-                                    readers=(silver_path(t.source, root), quarantine_path(t.source, root)),
+                                    readers=(silver_path(source, root), quarantine_path(source, root)),
                                     ledger=(ledger.name, ledger.path(root), writer_options(ledger))))
         else:
             tables.append(LakeTable(t.name, path, options, t.key))

@@ -12,8 +12,8 @@ can tell (a table or column it lacks, a key that is not its primary key) is chec
 PostgreSQL by `lakehouse dev source sync` (`lakehouse_dev.pg_source`), and against bronze's
 columns by the etl before it writes (`missing_columns`).
 
-Beyond the contract's fields, a table may say (the project's own, all optional; README, "Your own
-tables"): `columns` with wire types (only with `typed = false`: topics without a Connect schema;
+Beyond the contract's fields, a table may say (the project's own, all optional; docs/tables.md):
+`columns` with wire types (only with `typed = false`: topics without a Connect schema;
 silver then carries exactly those), `silver_extra` (bronze columns beyond them that silver carries,
 off by default: an added column is unvalidated and perhaps personal data), `typed = false` (bronze
 keeps the wire form, as the shop's does), rules with `cast = "<Spark type>"` (the value converts
@@ -35,6 +35,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from pipelines.errors import DeclarationError
+
 DECLARATION_VARIABLE = "LAKEHOUSE_TABLES"
 SHOP = "shop_tables.toml"  # the project's own declaration, beside this module
 # The declaration the EMR bundle carries (pipelines/deploy/package.py), inside its zip: there is no
@@ -51,10 +53,6 @@ _TABLE_FIELDS = {"source", "key", "subject", "pii", "rules", "clean", "derive", 
 # How stale bronze/<table> may get behind its source when a table declares no target: the stream
 # commits a table's changes when they are due by it, not every batch (pipelines.ingest.cadence).
 DEFAULT_FRESHNESS_SECONDS = 15.0
-
-
-class DeclarationError(ValueError):
-    """A declaration that cannot be used; the message names the file, the table and the field."""
 
 
 @dataclass(frozen=True)
@@ -245,6 +243,21 @@ def parse(doc: dict[str, Any], where: str = "<declaration>") -> Declaration:
 
 
 def _table(name: str, spec: Any, at: str) -> TableDecl:
+    """One `[tables.<name>]` checked, field by field in the order a reader fixes them; the first wrong one raises."""
+    source, key, columns, typed = _table_fields(name, spec, at)
+    subject, pii = _table_subject(spec, at, key, columns)
+    cleans, rules, derives, extra = _table_silver(spec, at, key, columns)
+    schema, table = source.split(".", 1)
+    freshness = spec.get("freshness_seconds", DEFAULT_FRESHNESS_SECONDS)
+    if isinstance(freshness, bool) or not isinstance(freshness, int | float) or not 1 <= freshness <= 86400:
+        raise DeclarationError(f"{at}.freshness_seconds: must be a number of seconds from 1 to 86400 "
+                               f"(got {freshness!r})")
+    return TableDecl(name, schema, table, key, subject, pii, rules, cleans, derives, dict(columns), typed,
+                     tuple(c for c in extra if c not in columns), float(freshness))
+
+
+def _table_fields(name: str, spec: Any, at: str) -> tuple[str, tuple[str, ...], dict[str, str], bool]:
+    """Step: the table's name and fields, its source, key, columns and typing: what every later check reads."""
     if not _NAME.match(name):
         raise DeclarationError(f"{at}: the lake's name must be lower-case letters, digits and '_', starting "
                                "with a letter (it names bronze/<name>, silver/<name>)")
@@ -269,36 +282,50 @@ def _table(name: str, spec: Any, at: str) -> TableDecl:
         # With a Connect schema, each message says its columns' types; wire types would contradict them.
         raise DeclarationError(f"{at}.columns: wire types are for topics without a Connect schema: add "
                                "`typed = false`, or leave `columns` out (the messages' schema types the columns)")
+    return source, key, columns, typed
+
+
+def _known(columns: dict[str, str], column: str, where: str) -> None:
+    """A column a field names must be a declared one, when the table declares its columns."""
+    if columns and column not in columns:
+        raise DeclarationError(f"{where}: column {column!r} is not among the table's declared columns "
+                               f"({', '.join(columns)})")
+
+
+def _table_subject(spec: dict[str, Any], at: str, key: tuple[str, ...],
+                   columns: dict[str, str]) -> tuple[str | None, tuple[str, ...]]:
+    """Step: whose rows they are (`subject`) and their personal data (`pii`), and that the key's columns exist."""
     subject = spec.get("subject")
     if subject is not None and not isinstance(subject, str):
         raise DeclarationError(f"{at}.subject: must be a column name")
     pii = _names(spec.get("pii", []), f"{at}.pii")
     if pii and subject is None:
         raise DeclarationError(f"{at}.pii: personal data needs a `subject` column saying whose it is")
-
-    def known(column: str, where: str) -> None:
-        if columns and column not in columns:
-            raise DeclarationError(f"{where}: column {column!r} is not among the table's declared columns "
-                                   f"({', '.join(columns)})")
-
     for c in key:
-        known(c, f"{at}.key")
+        _known(columns, c, f"{at}.key")
     if subject:
-        known(subject, f"{at}.subject")
+        _known(columns, subject, f"{at}.subject")
     for c in pii:
-        known(c, f"{at}.pii")
+        _known(columns, c, f"{at}.pii")
         if c in key:
             raise DeclarationError(f"{at}.pii: {c!r} is a key column: an erasure removes the row, it does not blank "
                                    "its key")
+    return subject, pii
+
+
+def _table_silver(spec: dict[str, Any], at: str, key: tuple[str, ...], columns: dict[str, str]
+                  ) -> tuple[tuple[Clean, ...], tuple[Rule, ...], tuple[Derive, ...], tuple[str, ...]]:
+    """Step: what silver does with the table's rows (cleans, rules, derived and extra columns), each on a column the
+    table has."""
     cleans = tuple(_clean(s, f"{at}.clean[{i}]") for i, s in enumerate(_list(spec.get("clean"), f"{at}.clean")))
     rules = tuple(_rule(s, f"{at}.rules[{i}]") for i, s in enumerate(_list(spec.get("rules"), f"{at}.rules")))
     derives = tuple(_derive(s, f"{at}.derive[{i}]") for i, s in enumerate(_list(spec.get("derive"), f"{at}.derive")))
-    for i, c in enumerate(cleans):
-        known(c.column, f"{at}.clean[{i}].column")
+    for i, clean in enumerate(cleans):
+        _known(columns, clean.column, f"{at}.clean[{i}].column")
     for i, r in enumerate(rules):
-        known(r.column, f"{at}.rules[{i}].column")
+        _known(columns, r.column, f"{at}.rules[{i}].column")
     for i, d in enumerate(derives):
-        known(d.date_of, f"{at}.derive[{i}].date_of")
+        _known(columns, d.date_of, f"{at}.derive[{i}].date_of")
         if d.column in columns or d.column in key or d.column.startswith("_"):
             raise DeclarationError(f"{at}.derive[{i}].column: {d.column!r} is a source column or starts with '_'")
     extra = _names(spec.get("silver_extra", []), f"{at}.silver_extra")
@@ -310,13 +337,7 @@ def _table(name: str, spec: Any, at: str) -> TableDecl:
     if len(set(names)) != len(names):
         twice = sorted({n for n in names if names.count(n) > 1})
         raise DeclarationError(f"{at}.rules: two rules share a name ({twice}): quarantine could not say which failed")
-    schema, table = source.split(".", 1)
-    freshness = spec.get("freshness_seconds", DEFAULT_FRESHNESS_SECONDS)
-    if isinstance(freshness, bool) or not isinstance(freshness, int | float) or not 1 <= freshness <= 86400:
-        raise DeclarationError(f"{at}.freshness_seconds: must be a number of seconds from 1 to 86400 "
-                               f"(got {freshness!r})")
-    return TableDecl(name, schema, table, key, subject, pii, rules, cleans, derives, dict(columns), typed,
-                     tuple(c for c in extra if c not in columns), float(freshness))
+    return cleans, rules, derives, extra
 
 
 def _list(value: Any, at: str) -> list[dict[str, Any]]:

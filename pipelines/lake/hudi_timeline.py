@@ -15,6 +15,7 @@ from pipelines.metastore import catalog_sync
 
 from pipelines.lake import storage
 from pipelines.monitoring.lineage import named_for_lineage
+from pipelines.runtime.jvm import jvm_of
 from pipelines.runtime.settings import lake_relative
 from pipelines.lake.timeline_files import HEARTBEAT_EXPIRY_MS, INSTANT_FILE, avro_long
 
@@ -29,7 +30,7 @@ READABLE_FROM_META = "_lakehouse.readable_from"
 
 def meta_client(spark: SparkSession, path: str):  # -> JavaObject (HoodieTableMetaClient)
     """Hudi's handle on the table at `path`, with the session's Hadoop configuration."""
-    hudi = spark.sparkContext._jvm.org.apache.hudi
+    hudi = jvm_of(spark.sparkContext).org.apache.hudi
     conf = hudi.storage.hadoop.HadoopStorageConfiguration(spark.sparkContext._jsc.hadoopConfiguration())
     return hudi.common.table.HoodieTableMetaClient.builder().setConf(conf).setBasePath(path).build()
 
@@ -176,7 +177,7 @@ def pending_writes(spark: SparkSession, path: str) -> list[str]:
     """
     meta = meta_client(spark, path)
     pending = meta.getActiveTimeline().getCommitsTimeline().filterPendingExcludingCompaction().getInstants().iterator()
-    jvm = spark.sparkContext._jvm
+    jvm = jvm_of(spark.sparkContext)
     storage, now = meta.getStorage(), jvm.System.currentTimeMillis()
     folder = jvm.org.apache.hudi.common.table.HoodieTableMetaClient.getHeartbeatFolderPath(path)
     found = []
@@ -268,12 +269,13 @@ def _torn_files(timeline: Path) -> list[Path]:
     """The files of `timeline` that a crash cut short, each the newest state of its instant.
 
     A completed instant's file always holds its metadata, so an empty one is torn too, and so does a
-    table service's requested file, its plan: an empty `compaction.requested` that a SIGKILL left
-    failed every later read of the table ("Not an Avro data file", tests/test_crash_recovery.py,
-    2026-11-29). Any other requested or inflight file may be empty (Hudi writes them so for most
-    writes), and is torn only when it holds part of an Avro container (a workload profile).
+    table service's requested file, its plan: an empty `compaction.requested` that a SIGKILL leaves
+    fails every later read of the table ("Not an Avro data file", tests/test_crash_recovery.py). Any
+    other requested or inflight file may be empty (Hudi writes them so for most writes), and is torn
+    only when it holds part of an Avro container (a workload profile).
     """
-    newest: dict[str, tuple[int, Path]] = {}  # instant -> (its newest state's rank, that state's file)
+    # instant -> (its newest state's rank, that state's file, whether that file is a table service's plan)
+    newest: dict[str, tuple[int, Path, bool]] = {}
     for file in timeline.iterdir():
         if m := INSTANT_FILE.match(file.name):
             rank = _STATE_RANK[m["state"]]
@@ -310,9 +312,9 @@ def _restore_properties(meta: Path) -> None:
 
     Hudi changes the file (the metadata table's partitions, on a table's first commits) by copying
     it to the backup, deleting it, writing the new one, then deleting the backup. A SIGKILL while it
-    wrote left an empty file beside a whole backup (seen on the cluster, tests/test_cluster.py):
+    writes can leave an empty file beside a whole backup (tests/test_cluster.py kills executors so):
     Hudi reads an empty file as an old table's properties without a checksum, and every later
-    write failed with "Hoodie table not found in path Table does not exist". The backup holds the
+    write fails with "Hoodie table not found in path Table does not exist". The backup holds the
     properties before the change, which the next write makes again.
     """
     props, backup = meta / "hoodie.properties", meta / "hoodie.properties.backup"
@@ -332,19 +334,19 @@ def repair_torn_timeline(path: str) -> None:
 
     On a local disk Hudi writes a timeline file in place (on HDFS it writes a temporary file and
     renames it; an object store's PUT is all or nothing, so there is nothing to do there). A
-    SIGKILL while it wrote one left it cut short, and Hudi cannot read such a timeline: an empty
-    completed change-log commit (seen in the suite) left every later read without a schema, and a
-    cut plan (a clean's, a compaction's) fails every writer that reads it. Without the cut file
+    SIGKILL while it writes one leaves it cut short, and Hudi cannot read such a timeline: an empty
+    completed change-log commit leaves every later read without a schema, and a cut plan (a clean's,
+    a compaction's) fails every writer that reads it. Without the cut file
     the instant is one step back, as after a kill a moment earlier: a completed write is inflight
     and the next write rolls it back (its data files and its metadata-table commit), and the
     batch it held, which no commit covers any more, is applied again; an inflight service or
     rollback is requested and runs again from its plan; a cut plan is gone and is planned again.
 
     A full disk (ENOSPC) cuts these files the same way: Hudi creates the file, then its write
-    fails. Filled while a bronze batch completed its commits, a tmpfs under the lake was left with
-    an empty completed delta commit of a main table, a cut completed commit of a change log and a
-    cut metadata-table delta commit (2026-11-29, issue 53); this repair stepped all three back and
-    the next run applied the batch again (an experiment, not a test: where the disk fills is a race).
+    fails. A disk that fills while a bronze batch completes its commits can leave an empty completed
+    delta commit of a main table, a cut completed commit of a change log and a cut metadata-table
+    delta commit at once; this repair steps all three back and the next run applies the batch again
+    (tests/test_faults_disk.py fills a disk under a main table's commit).
     """
     if storage.is_remote(path):
         return

@@ -11,9 +11,9 @@ The sync runs beside the writer, on a thread of its own, not in the write (why: 
 two reasons. A catalog must never stop the lake: when the metastore is down the commits go on, the
 tables stay pending and are tried again every RETRY_SECONDS and when a batch job ends, and
 `lakehouse catalog status` says which are behind. And a stream batch does not wait for the
-catalog: a sync takes 0.1 to 0.3 s a table (BENCHMARKS.md), several tables a batch on its
-critical path. A sync is incremental (Hudi reads the timeline since the table's `last_commit_time_sync`),
-so a table committed twice while its sync waited needs one sync. A process killed with syncs
+catalog: a sync takes 0.1 to 0.3 s a table, several tables a batch on its critical path. A sync
+is incremental (Hudi reads the timeline since the table's `last_commit_time_sync`), so a table
+committed twice while its sync waited needs one sync. A process killed with syncs
 pending leaves those tables behind until their next commit or `lakehouse catalog sync`.
 """
 
@@ -27,7 +27,10 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
 import hudi_configs
+from pipelines.errors import CatalogUnavailable
+from pipelines.lake.catalog import dotted_name
 from pipelines.runtime import console
+from pipelines.runtime.jvm import jvm_of
 from pipelines.runtime.local_process import port_open
 from pipelines.runtime.settings import lake_relative
 
@@ -61,9 +64,8 @@ def catalog_kind() -> str | None:
 
 
 def catalog_name(lake_name: str) -> str:
-    """`database.table` of a lake table (`bronze/_changelog/orders` -> `bronze._changelog_orders`)."""
-    layer, rest = lake_name.split("/", 1)
-    return f"{layer}.{rest.replace('/', '_')}"
+    """`database.table` of a lake table (`bronze/_changelog/orders` -> `bronze._changelog_orders`): its dotted name."""
+    return dotted_name(lake_name)
 
 
 def sync_properties(path: str, options: dict[str, str], kind: str | None = None) -> dict[str, str]:
@@ -84,29 +86,25 @@ def in_lake(path: str) -> bool:
     return lake_relative(path) != path and lake_relative(path).split("/", 1)[0] in LAYERS
 
 
-class CatalogDown(RuntimeError):
-    """The catalog cannot be reached: the sync is left for later, the lake goes on."""
-
-
 def require_metastore(uri: str | None = None) -> None:
-    """CatalogDown unless the Hive Metastore (`uri`, default LAKEHOUSE_METASTORE_URI) accepts a connection.
+    """CatalogUnavailable unless the Hive Metastore (`uri`, default LAKEHOUSE_METASTORE_URI) accepts a connection.
 
     Looked at before Hive's client is used: it retries a refused connection for seconds before it fails.
     """
     parsed = urlparse((uri or metastore_uri() or "").split(",")[0])
     if not port_open(parsed.port or 9083, parsed.hostname or "127.0.0.1"):
-        raise CatalogDown(f"the Hive Metastore at {parsed.geturl()} ({METASTORE_VARIABLE}) does not answer")
+        raise CatalogUnavailable(f"the Hive Metastore at {parsed.geturl()} ({METASTORE_VARIABLE}) does not answer")
 
 
 def sync_now(spark: SparkSession, path: str, options: dict[str, str]) -> None:
-    """Run the catalog's Hudi sync tool on one table now; CatalogDown when the metastore does not answer."""
+    """Run the catalog's Hudi sync tool on one table now; CatalogUnavailable when the metastore does not answer."""
     kind = catalog_kind()
     if kind is None:
         raise ValueError(f"no catalog to sync to: set {METASTORE_VARIABLE} (or LAKEHOUSE_TARGET=emr for Glue)")
     props = sync_properties(path, options, kind)
     if kind == "hms":
         require_metastore(props["hoodie.datasource.hive_sync.metastore.uris"])
-    jvm = spark.sparkContext._jvm
+    jvm = jvm_of(spark.sparkContext)
     typed = jvm.org.apache.hudi.common.config.TypedProperties()
     for key, value in props.items():
         typed.setProperty(key, value)
@@ -167,7 +165,7 @@ class Syncer:
             try:
                 started = time.monotonic()
                 sync_now(self.spark, path, options)
-            except Exception as exc:  # CatalogDown, or the tool's own failure: the table stays pending
+            except Exception as exc:  # CatalogUnavailable, or the tool's own failure: the table stays pending
                 self._failed(path, options, exc)
             else:
                 log.debug("catalog: synced %s in %.2f s", catalog_name(lake_relative(path)), time.monotonic() - started)

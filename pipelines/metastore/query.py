@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import sqlglot
 from sqlglot import exp
 
+from pipelines.errors import QueryError
 from pipelines.lake.catalog import lake_catalog
 from pipelines.metastore.catalog_sync import catalog_name
 
@@ -31,10 +32,6 @@ DIALECT = "spark"
 # Hudi's instant format: yyyyMMddHHmmssSSS (the timeline's own zone, UTC on this project's machines).
 _INSTANT = re.compile(r"^\d{17}$")
 _TIME = re.compile(r"^(\d{4})-(\d{2})-(\d{2})(?:[ T](\d{2}):(\d{2})(?::(\d{2})(?:\.(\d{1,3}))?)?)?$")
-
-
-class QueryError(ValueError):
-    """A statement the catalog cannot answer as asked: an unknown table, a time it no longer holds."""
 
 
 def as_of_instant(value: str) -> str:
@@ -50,7 +47,7 @@ def as_of_instant(value: str) -> str:
                      "(2026-11-28 18:30:00[.123], or a date)")
 
 
-def _parse(sql: str) -> exp.Expression:
+def _parse(sql: str) -> exp.Expr:
     try:
         return sqlglot.parse_one(sql, dialect=DIALECT)
     except sqlglot.errors.ParseError as exc:
@@ -59,7 +56,7 @@ def _parse(sql: str) -> exp.Expression:
         raise QueryError(f"cannot parse the statement: {first.get('description', exc)}{where}") from exc
 
 
-def _read_tables(tree: exp.Expression) -> list[exp.Table]:
+def _read_tables(tree: exp.Expr) -> list[exp.Table]:
     """The table references of a parsed statement, without those that name one of its CTEs."""
     ctes = {c.alias_or_name.lower() for c in tree.find_all(exp.CTE)}
     return [t for t in tree.find_all(exp.Table) if t.name and (t.db or t.name.lower() not in ctes)]
@@ -128,20 +125,6 @@ def run_sql(spark: SparkSession, sql: str, as_of: str | None = None) -> DataFram
     instant = as_of_instant(as_of)
     check_retained(spark, locations(spark, names), instant)
     return spark.sql(with_as_of(sql, instant))
-
-
-def lake_name(name: str) -> str:
-    """The lake table (`silver/orders`) a catalog name (`silver.orders`; a merge-on-read table's `_rt`/`_ro`
-    too) stands for; a lake name as it is. KeyError naming the catalog's names."""
-    if "/" in name:
-        return name
-    wanted = name.lower()
-    for table in lake_catalog():
-        base = catalog_name(table.name)
-        if wanted in (base, f"{base}_rt", f"{base}_ro"):
-            return table.name
-    raise KeyError(f"no lake table is registered as {name!r}; the catalog's names: "
-                   f"{', '.join(catalog_name(t.name) for t in lake_catalog())}")
 
 
 @dataclass(frozen=True)

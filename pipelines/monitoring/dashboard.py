@@ -23,11 +23,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipelines.errors import PrometheusError
 from pipelines.monitoring import metric_names as m
-
-
-class PrometheusError(RuntimeError):
-    """Prometheus did not answer, or refused a query (with its reason)."""
 
 
 def prometheus_api(url: str, path: str, **params: str) -> Any:
@@ -139,7 +136,8 @@ def render(snap: Snapshot) -> str:
         lines.append(f"{'table':<{width}}  {'freshness':>9}  {'worst':>7}  {'target':>6}  {'records':>9}  "
                      f"{'commits':>7}  {'dead letters':>12}")
         for r in snap.tables:
-            late = "  OVER TARGET" if None not in (r.freshness_last, r.target) and r.freshness_last > r.target else ""
+            over = r.freshness_last is not None and r.target is not None and r.freshness_last > r.target
+            late = "  OVER TARGET" if over else ""
             lines.append(f"{r.table:<{width}}  {_num(r.freshness_last, ' s', 1):>9}  "
                          f"{_num(r.freshness_max, ' s', 1):>7}  {_num(r.target, ' s'):>6}  "
                          f"{_num(r.records):>9}  {_num(r.commits):>7}  "

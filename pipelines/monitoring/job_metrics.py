@@ -8,7 +8,7 @@ add up over runs, is pipelines/monitoring/pushgateway.py's.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from pipelines.lake.timeline_files import instant_metadata, timeline
 from pipelines.monitoring import metric_names as m
@@ -85,14 +85,24 @@ def quality(run: JobMetrics, outcomes: Iterable[Any]) -> None:
         passed.labels(outcome.suite).set(1 if outcome.success else 0)
 
 
-def erasure(run: JobMetrics, certificates: Iterable[Mapping[str, Any]]) -> None:
+class ErasureOutcome(Protocol):
+    """What the erasure's metrics read of a certificate (pipelines.gdpr.certificate.Certificate)."""
+
+    @property
+    def verified(self) -> bool: ...
+
+    @property
+    def tables(self) -> Mapping[str, Mapping[str, Any]]: ...
+
+
+def erasure(run: JobMetrics, certificates: Iterable[ErasureOutcome]) -> None:
     """`gdpr erase`'s certificates: requests by outcome, rows removed per table."""
     requests, rows = run.counter(m.ERASURE_REQUESTS), run.counter(m.ERASURE_ROWS)
     for status in ("verified", "not_verified"):
         requests.labels(status)
     for certificate in certificates:
-        requests.labels("verified" if certificate["verified"] else "not_verified").inc()
-        for table, done in certificate["tables"].items():
+        requests.labels("verified" if certificate.verified else "not_verified").inc()
+        for table, done in certificate.tables.items():
             rows.labels(table).inc(int(done.get("rows_removed", 0)))
 
 

@@ -1,12 +1,12 @@
 """OpenLineage events of the pipeline's runs, read back from the local file transports (pure Python, no Spark).
 
-Two producers append JSON lines to the lineage folder (`pipelines.runtime.settings.lineage_dir`; README.md,
-"Lineage"): openlineage-spark's listener in every Spark job (`spark.jsonl`, hudi_configs/spark.toml
-[lineage]) and Airflow's OpenLineage provider in every task (`airflow.jsonl`). A Spark application is
-one run (job `lakehouse_etl`); each of its SQL executions that writes is a child run whose parent is the
-application's; an application started by an Airflow task has that task's run as its parent. Datasets are
-named as the listener names them: namespace `file` (or the object store's `s3://bucket`) and the table's
-path, which `lake_relative` turns into the catalog's name.
+Two producers append JSON lines to the lineage folder (`pipelines.runtime.settings.lineage_dir`;
+docs/deploying.md, "Lineage"): openlineage-spark's listener in every Spark job (`spark.jsonl`,
+hudi_configs/spark.toml [lineage]) and Airflow's OpenLineage provider in every task (`airflow.jsonl`).
+A Spark application is one run (job `lakehouse_etl`); each of its SQL executions that writes is a child
+run whose parent is the application's; an application started by an Airflow task has that task's run as
+its parent. Datasets are named as the listener names them: namespace `file` (or the object store's
+`s3://bucket`) and the table's path, which `lake_relative` turns into the catalog's name.
 
 `lakehouse lineage` prints one application's edges, `inputs -> job -> outputs`, from these files.
 """

@@ -9,9 +9,13 @@ it rewrites, index lookups) do not go through Spark scans and are not in these f
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from pyspark.sql import SparkSession
+
+from pipelines.runtime.jvm import driver_gateway, jvm_of
 
 
 @dataclass
@@ -66,19 +70,20 @@ class ReadMeter:
     def _drain(self) -> None:
         self.spark.sparkContext._jsc.sc().listenerBus().waitUntilEmpty()
 
-    def _stage_items(self):
+    def _stage_items(self) -> Iterator[tuple[tuple[int, int], Any]]:
         sc = self.spark.sparkContext
-        jvm = sc._jvm
+        jvm = jvm_of(sc)
         # AppStatusStore.stageList(statuses, details, withSummaries, quantiles, taskStatus): every stage.
+        quantiles = driver_gateway().new_array(jvm.double, 0)
         stages = sc._jsc.sc().statusStore().stageList(
-            jvm.java.util.ArrayList(), False, False, sc._gateway.new_array(jvm.double, 0), jvm.java.util.ArrayList())
+            jvm.java.util.ArrayList(), False, False, quantiles, jvm.java.util.ArrayList())
         for stage in self._seq(stages):
             yield (stage.stageId(), stage.attemptId()), stage
 
-    def _sql_store(self):
+    def _sql_store(self) -> Any:
         return self.spark._jsparkSession.sharedState().statusStore()
 
     @staticmethod
-    def _seq(seq):
+    def _seq(seq: Any) -> Iterator[Any]:
         for i in range(seq.size()):
             yield seq.apply(i)

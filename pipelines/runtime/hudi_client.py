@@ -3,11 +3,21 @@ clustering, cleaning, archival, and the erasure's rewrites."""
 
 from __future__ import annotations
 
+from typing import Self, TypedDict
+
 from pyspark.sql import SparkSession
 
 import hudi_configs
 from pipelines.lake.catalog import LakeTable
 from pipelines.lake.hudi_timeline import meta_client
+from pipelines.runtime.jvm import jvm_of
+
+
+class Plans(TypedDict):
+    """What a compaction or a clustering did: the instant it planned (None: nothing to plan), the plans it ran."""
+
+    planned: str | None
+    executed: list[str]
 
 
 class WriteClient:
@@ -18,7 +28,7 @@ class WriteClient:
     """
 
     def __init__(self, spark: SparkSession, table: LakeTable, options: dict[str, str] | None = None) -> None:
-        jvm = spark.sparkContext._jvm
+        jvm = jvm_of(spark.sparkContext)
         self.jvm = jvm
         self.spark = spark
         self.table = table
@@ -33,7 +43,7 @@ class WriteClient:
         self.context = hudi.client.common.HoodieSparkEngineContext(spark.sparkContext._jsc)
         self.client = hudi.client.SparkRDDWriteClient(self.context, self.config)
 
-    def __enter__(self) -> WriteClient:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -47,7 +57,7 @@ class WriteClient:
             found.append(pending.next().requestedTime())
         return found
 
-    def compact(self) -> dict[str, object]:
+    def compact(self) -> Plans:
         planned = self.client.scheduleCompaction(self.jvm.org.apache.hudi.common.util.Option.empty())
         return {"planned": planned.get() if planned.isPresent() else None, "executed": self.run_compactions()}
 
@@ -59,7 +69,7 @@ class WriteClient:
             done.append(instant)
         return done
 
-    def cluster(self) -> dict[str, object]:
+    def cluster(self) -> Plans:
         """Plan (days other than the newest, files under the small-file limit) and run every pending plan."""
         planned = self.client.scheduleClustering(self.jvm.org.apache.hudi.common.util.Option.empty())
         done = []

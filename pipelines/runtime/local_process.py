@@ -29,6 +29,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, ClassVar, Self
 
+from pipelines.errors import KafkaUnavailable, ProcessError, SetupError, StartFailed
+
 HOST = "127.0.0.1"
 LOG_TAIL_LINES = 30
 LOG_ERROR_LINES = 10
@@ -61,11 +63,7 @@ def port_open(port: int, host: str = HOST, timeout: float = 1.0) -> bool:
         return False
 
 
-class KafkaUnreachable(RuntimeError):
-    """No broker of the bootstrap list accepts connections."""
-
-
-def require_kafka(bootstrap: str, error: Callable[[str], Exception] = KafkaUnreachable, timeout: float = 5.0) -> None:
+def require_kafka(bootstrap: str, error: Callable[[str], Exception] = KafkaUnavailable, timeout: float = 5.0) -> None:
     """Fail at once with a clear message, raised as `error`, when no broker of `bootstrap` answers.
 
     Spark's Kafka source and Kafka Connect would only log and retry for minutes instead. One
@@ -149,17 +147,13 @@ def java() -> str:
     java_home = os.environ.get("JAVA_HOME")
     found = str(Path(java_home) / "bin" / "java") if java_home else shutil.which("java")
     if not found:
-        raise RuntimeError("no `java` on PATH and JAVA_HOME is unset; the local JVM services need Java 17+")
+        raise SetupError("no `java` on PATH and JAVA_HOME is unset; the local JVM services need Java 17+")
     return found
 
 
 def java_command(main_class: str, *args: str, classpath: str, options: Sequence[str] = ()) -> list[str]:
     """`java OPTIONS -cp CLASSPATH MAIN ARGS`; a `dir/*` classpath is expanded by java itself, not by a shell."""
     return [java(), *options, "-cp", classpath, main_class, *args]
-
-
-class StartFailed(Exception):
-    """Raised by `LocalProcess.unready` when waiting longer cannot help (a failed task, a fatal error)."""
 
 
 class LocalProcess(ABC):
@@ -180,7 +174,7 @@ class LocalProcess(ABC):
     stop_group: ClassVar[bool] = True
     # False when the process writes its pid file itself (PostgreSQL's postmaster.pid).
     writes_pid_file: ClassVar[bool] = True
-    error: ClassVar[type[Exception]] = RuntimeError
+    error: ClassVar[type[Exception]] = ProcessError
     error_line: ClassVar[re.Pattern[str]] = re.compile(r"\b(ERROR|FATAL)\b|^Caused by: ")
     start_timeout: float = 60.0
     stop_timeout: float = 30.0

@@ -14,7 +14,7 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 # The ingest stream's micro-batch interval: with the etl schedule, it sets how many commits a
 # retention window holds (hudi_configs/table_services.toml, "Retention"). A batch longer than it
 # starts the next at once, so under load the stream runs back to back, and a change waits for
-# at most one batch before its own instead of up to a whole interval (freshness, BENCHMARKS.md).
+# at most one batch before its own instead of up to a whole interval.
 # It still bounds the commit rate of a quiet stream, for the timelines' sake
 # (`keep.*.commits`).
 INGEST_TRIGGER_SECONDS = 5.0
@@ -44,7 +44,7 @@ def log_dir() -> Path:
 
 def lineage_dir() -> Path:
     """`LAKEHOUSE_LINEAGE_DIR`: where the local OpenLineage transports append their events (`spark.jsonl`,
-    `airflow.jsonl`; README.md, "Lineage"); default `lineage/` in the log folder."""
+    `airflow.jsonl`; docs/deploying.md, "Lineage"); default `lineage/` in the log folder."""
     return Path(os.environ.get("LAKEHOUSE_LINEAGE_DIR") or log_dir() / "lineage")
 
 

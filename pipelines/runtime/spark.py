@@ -19,6 +19,7 @@ from pyspark.sql import SparkSession
 
 from pipelines.runtime import console
 from pipelines.runtime.code_archive import write_archive
+from pipelines.runtime.jvm import jvm_of
 from pipelines.runtime.local_process import process_started
 from pipelines.runtime.spark_conf import cluster_master, event_log_dir, spark_conf
 
@@ -41,7 +42,7 @@ def get_spark(app_name: str = "lakehouse", conf: dict[str, str] | None = None) -
     if on_cluster:
         # PySpark tells executors which interpreter to run from PYSPARK_PYTHON, not from
         # spark.pyspark.python (spark-submit turns one into the other; a session started from Python
-        # does not): without it the executors ran the workers' `python3`, not the driver's.
+        # does not): without it the executors run the workers' `python3`, not the driver's.
         os.environ["PYSPARK_PYTHON"] = options["spark.pyspark.python"]
     if SparkContext._active_spark_context is not None:  # the session exists: `conf` is set on it
         return builder.getOrCreate()
@@ -107,13 +108,13 @@ def no_local_checksums(spark: SparkSession) -> None:
     Hadoop writes a file on a local disk and its checksum file as two streams flushed apart, and
     refuses to read a file whose checksum file disagrees with it. A SIGKILL between the two
     flushes can leave a whole Hudi commit file beside a short `.crc`, and the table is then
-    unreadable for good: shortening the `.crc` of one completed bronze commit made every read
-    fail ("Failed to fetch HoodieCommitMetadata"), which no repair of cut timeline files can see.
+    unreadable for good: a short `.crc` of one completed bronze commit makes every read fail
+    ("Failed to fetch HoodieCommitMetadata"), which no repair of cut timeline files can see.
     Nothing of the lake relies on these checksums (an object store has none; Hudi's files carry
     their own). Set on the JVM's cached local file system, which Hudi, Spark's writers and the
     local-mode tasks all share (checked: no `.crc` file in a lake after ingest and etl).
     """
-    jvm = spark.sparkContext._jvm
+    jvm = jvm_of(spark.sparkContext)
     local = jvm.org.apache.hadoop.fs.FileSystem.getLocal(spark.sparkContext._jsc.hadoopConfiguration())
     local.setWriteChecksum(False)
     local.setVerifyChecksum(False)

@@ -70,7 +70,7 @@ def spark_conf(for_target: str | None = None) -> dict[str, str]:
             )
         # On the JVM's own class path, not `spark.jars`: Avro resolves Hudi's generated record
         # classes through the application class loader, and with the bundle in Spark's child
-        # loader reading a metadata-table log with a delete block failed with a
+        # loader reading a metadata-table log with a delete block fails with a
         # ClassCastException (GenericData$Record -> HoodieDeleteRecord). Local mode: one JVM.
         conf["spark.driver.extraClassPath"] = os.pathsep.join(str(j) for j in jars)
         log_config = Path(hudi_configs.__file__).with_name("log4j2.properties")

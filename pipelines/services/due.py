@@ -8,9 +8,9 @@ neither Spark nor Hudi), and start a job only for the tables this decides have w
 `tables_per_job` of them (hudi_configs/table_services.toml [jobs]): one JVM start for several tables, and
 every job's start and run in the lake pool's one slot, which the ETL shares.
 
-A decision leans towards work: a table it calls due may turn out to have none (the job checks again,
-as it always did), but a table with work is never left out. Each rule mirrors what the service
-itself does (Hudi 1.0.2's planners, `table_services.ServicesClient`):
+A decision leans towards work: a table it calls due may turn out to have none (the job checks again),
+but a table with work is never left out. Each rule mirrors what the service itself does (Hudi 1.0.2's
+planners, `table_services.ServicesClient`):
 
 - compact (merge-on-read): a compaction plan is pending, or a log file was written by a delta
   commit completed after the newest compaction plan (a table's first commit, bulk-inserted base
@@ -39,6 +39,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import TypedDict
 
 import hudi_configs
 from pipelines.lake import storage
@@ -98,13 +99,20 @@ def chunked(items: Sequence, size: int) -> list[list]:
     return [list(items[at:at + size]) for at in range(0, len(items), size)]
 
 
-def work_item(names: list[str], args: list[str]) -> dict[str, object]:
-    """A work item of the DAGs' mapped tasks: one `lakehouse` job over `names` (dags/lakehouse_common
-    .mapped_spark_tasks); `label` names the task in the UI, `tables` is what it covers."""
+class WorkItem(TypedDict):
+    """A work item of the DAGs' mapped tasks (dags/lakehouse_common.mapped_spark_tasks), a plain dict for XCom."""
+
+    label: str  # names the task in the UI
+    tables: list[str]  # what the job covers
+    args: list[str]  # the `lakehouse` command line of the job
+
+
+def work_item(names: list[str], args: list[str]) -> WorkItem:
+    """The work item of one `lakehouse` job over `names`."""
     return {"label": job_label(names), "tables": names, "args": args}
 
 
-def log_jobs(jobs: list[dict[str, object]], per_job: int) -> None:
+def log_jobs(jobs: list[WorkItem], per_job: int) -> None:
     """Which tables each mapped job covers, by its map index (its label may abbreviate them)."""
     log.info("%d jobs of at most %d tables each%s", len(jobs), per_job, ":" if jobs else ": nothing to run")
     for at, item in enumerate(jobs):
@@ -337,7 +345,7 @@ def services_due(root: str | None = None, now: datetime | None = None) -> list[S
 
 
 def services_work(root: str | None = None, now: datetime | None = None,
-                  per_job: int | None = None) -> list[dict[str, object]]:
+                  per_job: int | None = None) -> list[WorkItem]:
     """The `hudi_table_services` DAG's decision: every table with a due service logged with why, the tables with
     nothing due named too; then the due tables in jobs of at most `per_job` (`tables_per_job()`), the most urgent
     first (`ServicesWork.urgency`; the catalog's order within a rank), each job's tables logged."""

@@ -23,6 +23,7 @@ A suite that passes records the newest change of each table it read, as of befor
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -30,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import great_expectations as gx
 import great_expectations.expectations as gxe
@@ -51,6 +52,9 @@ from pipelines.runtime.settings import changelog_path, gold_path, main_path, qua
 from pipelines.services.quality_due import quality_root, quality_suites, record_checked, suite_versions
 from pipelines.transform.gold import DAILY, DAILY_KEY, LTV
 from pipelines.transform.silver import cast_type
+
+if TYPE_CHECKING:
+    from great_expectations.data_context.store.store import DataDocsSiteConfigTypedDict
 
 log = logging.getLogger(__name__)
 
@@ -149,8 +153,9 @@ def suites(spark: SparkSession, root: str, max_age: timedelta) -> list[Suite]:
                     gxe.ExpectColumnValuesToBeInSet(column="_op", value_set=["r", "c", "u"]),
                     gxe.ExpectTableRowCountToBeBetween(min_value=1),
                     # Freshness: the newest row arrived within max_age.
-                    gxe.ExpectColumnMaxToBeBetween(column="_ingested_at", min_value=fresh_since.isoformat())]
-        out.append(Suite(f"bronze/{name}", "bronze", lambda t=name: _read(spark, main_path(t, root)), bronze_checks))
+                    gxe.ExpectColumnMaxToBeBetween(column="_ingested_at", min_value=fresh_since)]
+        out.append(Suite(f"bronze/{name}", "bronze", functools.partial(_read, spark, main_path(name, root)),
+                         bronze_checks))
 
     def silver_counts(table: str) -> list:
         bronze = _bronze_at_silver_checkpoint(spark, root, table)
@@ -158,9 +163,12 @@ def suites(spark: SparkSession, root: str, max_age: timedelta) -> list[Suite]:
         quarantined = _read(spark, quarantine).count() if has_completed_commit(quarantine) else 0
         return [] if bronze is None else [gxe.ExpectTableRowCountToEqual(value=bronze - quarantined)]
 
+    def silver_checks(table: TableDecl) -> list:
+        return [*silver_expectations(table), *silver_counts(table.name)]
+
     for name, table in decl.tables.items():
-        out.append(Suite(f"silver/{name}", "silver", lambda t=name: _read(spark, silver_path(t, root)),
-                         lambda t=table: [*silver_expectations(t), *silver_counts(t.name)]))
+        out.append(Suite(f"silver/{name}", "silver", functools.partial(_read, spark, silver_path(name, root)),
+                         functools.partial(silver_checks, table)))
     if gold_missing(decl):  # gold does not run (pipelines.transform.etl says why): nothing of it to check
         return out
 
@@ -227,9 +235,10 @@ def _context(base: Path):  # -> FileDataContext
     # GE draws a `Calculating Metrics` bar per validation, into task logs and pipes too; a
     # person at a terminal gets one bar over the suites instead (`_run_quality`).
     context.variables.progress_bars = ProgressBarsConfig(globally=False)
-    config = {"class_name": "SiteBuilder",
-              "store_backend": {"class_name": "TupleFilesystemStoreBackend", "base_directory": str(base / "data_docs")},
-              "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"}}
+    config: DataDocsSiteConfigTypedDict = {
+        "class_name": "SiteBuilder",
+        "store_backend": {"class_name": "TupleFilesystemStoreBackend", "base_directory": str(base / "data_docs")},
+        "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"}}
     # Set on every run: the folder of a local copy differs from one run to the next.
     if _SITE in context.get_site_names():
         context.update_data_docs_site(_SITE, config)

@@ -25,7 +25,7 @@ from pipelines.lake.catalog import gold_declared, lake_table
 from pipelines.lake.declaration import Declaration, declared
 from pipelines.lake.timeline_files import instant_datetime, timeline
 from pipelines.runtime.settings import lake_root
-from pipelines.services.due import chunked, log_jobs, tables_per_job, work_item
+from pipelines.services.due import WorkItem, chunked, log_jobs, tables_per_job, work_item
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +150,7 @@ def quality_due(root: str | None = None, max_age: timedelta = timedelta(hours=24
 
 
 def quality_work(root: str | None = None, max_age: timedelta = timedelta(hours=24), now: datetime | None = None,
-                 per_job: int | None = None) -> list[dict[str, object]]:
+                 per_job: int | None = None) -> list[WorkItem]:
     """The `data_quality` DAG's decision: every suite logged (checked, and why, or not checked again, and since
     when); then the declared tables with due suites (their bronze and silver ones), and gold's, in jobs of at most
     `per_job` of them (`tables_per_job()`), in the declaration's order (gold last: its suites read silver's tables),

@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from pyspark.sql import SparkSession
@@ -141,12 +142,19 @@ class ServicesClient(WriteClient):
 
 
 
-def run_services(spark: SparkSession, root: str, tables: Sequence[str] | None = None,
-                 services: tuple[str, ...] = SERVICES, per_table: Mapping[str, tuple[str, ...]] | None = None,
-                 keep_going: bool = False,
+@dataclass(frozen=True)
+class ServicesPlan:
+    """Which services run where: `services` on the named `tables` (None: every table), and a table in `per_table`
+    its own there instead. Built once by the caller (the CLI's --table and --only)."""
+
+    tables: Sequence[str] | None = None
+    services: tuple[str, ...] = SERVICES
+    per_table: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+
+def run_services(spark: SparkSession, root: str, plan: ServicesPlan | None = None, *, keep_going: bool = False,
                  timings: dict[str, dict[str, float]] | None = None) -> dict[str, dict[str, object]]:
-    """Run `services` (a table in `per_table`: its own there) on the named tables (all by default); returns what
-    each did, per table.
+    """Run the `plan`'s services (all of them on every table by default); returns what each did, per table.
 
     A table that does not exist yet is skipped; compaction applies to merge-on-read tables,
     clustering and expiry to append-only ones (the change logs). With `keep_going`, a table whose
@@ -154,15 +162,16 @@ def run_services(spark: SparkSession, root: str, tables: Sequence[str] | None = 
     of the DAG takes several tables, and one table's failure must not put off the others' work by an
     hour. `timings` gets the seconds each service took, per table (the services job pushes them).
     """
+    plan = plan or ServicesPlan()
     known = {t.name: t for t in lake_tables(root)}
-    names = list(tables) if tables else list(known)
+    names = list(plan.tables) if plan.tables else list(known)
     if unknown := [n for n in names if n not in known]:
         raise ValueError(f"unknown table(s) {', '.join(unknown)}: expected some of {', '.join(known)}")
     report: dict[str, dict[str, object]] = {}
     for name in names:
         done: dict[str, object] = {}
         try:
-            report[name] = _run_table(spark, known[name], (per_table or {}).get(name, services), done,
+            report[name] = _run_table(spark, known[name], plan.per_table.get(name, plan.services), done,
                                       timings.setdefault(name, {}) if timings is not None else {})
         except Exception as exc:
             if not keep_going:

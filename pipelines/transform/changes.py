@@ -60,6 +60,18 @@ class Window:
         """Nothing to read: no table yet, or nothing committed after `since`."""
         return self.until is None or (self.since is not None and self.since >= self.until and not self.full)
 
+    @property
+    def end(self) -> str:
+        """`until` of a window on a table with commits: the checkpoint its reader records."""
+        assert self.until is not None, f"{self} is on a table with commits"
+        return self.until
+
+    @property
+    def bounds(self) -> tuple[str, str]:
+        """(since, until) of a window read incrementally: not empty, not full, with a start."""
+        assert self.since is not None and self.until is not None, f"{self} is read incrementally"
+        return self.since, self.until
+
 
 def window(spark: SparkSession, path: str, since: str | None) -> Window:
     if not has_completed_commit(path):
@@ -79,15 +91,16 @@ def _changelog_window(spark: SparkSession, w: Window) -> DataFrame | None:
         return None
     if w.full or w.since is None:
         return spark.read.format("hudi").load(w.path)
+    since, until = w.bounds
     rows = (spark.read.format("hudi").options(**hudi_configs.section("reads", "incremental"))
-            .option("hoodie.datasource.read.begin.instanttime", w.since)
-            .option("hoodie.datasource.read.end.instanttime", w.until).load(w.path))
+            .option("hoodie.datasource.read.begin.instanttime", since)
+            .option("hoodie.datasource.read.end.instanttime", until).load(w.path))
     # Only the ingest days the window can reach (a day of slack for clocks and time zones),
     # and only rows of the window's commits: with Hudi 1.0.2 the incremental query also
     # returns other rows of the files it opens.
-    first_day = (datetime.strptime(w.since[:8], "%Y%m%d") - timedelta(days=1)).strftime("%Y-%m-%d")
+    first_day = (datetime.strptime(since[:8], "%Y%m%d") - timedelta(days=1)).strftime("%Y-%m-%d")
     return rows.filter((F.col("_ingest_date") >= first_day)
-                       & F.col("_hoodie_commit_time").isin(instants_between(spark, w.path, w.since, w.until)))
+                       & F.col("_hoodie_commit_time").isin(instants_between(spark, w.path, since, until)))
 
 
 def keyed_read(spark: SparkSession, path: str, keys: DataFrame) -> DataFrame:
@@ -188,14 +201,15 @@ def partition_diff(spark: SparkSession, w: Window, key: tuple[str, ...], partiti
 
     For tables whose partitions are small (a day of daily_revenue is at most countries x
     currencies rows): it reads the written partitions twice (as of `w.since` by time travel,
-    and now) and needs no CDC feed. Hudi 1.0.2's CDC feed of such a table missed deletes
-    (a day whose every key was deleted stayed in a consumer's copy).
+    and now) and needs no CDC feed. Hudi 1.0.2's CDC feed of such a table misses deletes
+    (a day whose every key was deleted stays in a consumer's copy).
     """
-    values = [p.split("=", 1)[-1] for p in partitions_written(spark, w.path, w.since, w.until)]
+    since, until = w.bounds
+    values = [p.split("=", 1)[-1] for p in partitions_written(spark, w.path, since, until)]
     table = spark.read.format("hudi").load(w.path)
     columns = [c for c in table.columns if not c.startswith("_hoodie")]
     now = table.filter(F.col(partition_field).isin(values)).select(*columns)
-    then = spark.read.format("hudi").option("as.of.instant", instant_as_of(spark, w.path, w.since)) \
+    then = spark.read.format("hudi").option("as.of.instant", instant_as_of(spark, w.path, since)) \
         .load(w.path).filter(F.col(partition_field).isin(values)).select(*columns)
     upserts = now.subtract(then).withColumn("_change", F.lit("upsert"))
     deletes = then.select(*key).subtract(now.select(*key)).withColumn("_change", F.lit("delete"))

@@ -106,7 +106,7 @@ def write_silver(spark: SparkSession, step: SilverStep | None, root: str) -> dic
         deleted = changes.filter(F.col("_deleted")).select(*key, "_lsn")
         valid = cleaned.filter(F.col("failed_rule").isNull()).drop("failed_rule")
         invalid = cleaned.filter(F.col("failed_rule").isNotNull()).select(*key, "_lsn", "failed_rule")
-        new_marks = {changelog_path(table, root): step.window.until}
+        new_marks = {changelog_path(table, root): step.window.end}
 
         not_in_silver = deleted.unionByName(invalid.select(*key, "_lsn"))
         silver_rows = valid.withColumn(DELETED_FLAG, F.lit(False)).unionByName(

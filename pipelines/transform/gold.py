@@ -229,7 +229,7 @@ def state_cycle(spark: SparkSession, root: str, silver_customers: str, silver_or
     # Each input is read once: the write evaluates its input several times, and every
     # evaluation would read silver's files again. Checkpoints rather than cached plans:
     # Spark infers a filter from the keyed read's key list for every input of the join, and
-    # pushed into a cached plan that filter grew deep enough to overflow the stack.
+    # pushed into a cached plan that filter grows deep enough to overflow the stack.
     customers, orders = (materialized(df) for df in (customers, orders))
     keys = touched.select("customer_id").unionByName(customers.select("customer_id"))
     old = keyed_read(spark, out, keys).select("customer_id", "country", "orders")
@@ -263,7 +263,7 @@ def ltv_cycle(spark: SparkSession, root: str) -> dict[str, int]:
         after = images.select("customer_id", F.col("after.country").alias("country"),
                               F.coalesce(F.col("after.orders"), _no_orders()).alias("orders"))
         rows = materialized(customer_ltv(after))  # read the feed once, not once per evaluation
-    write_with_checkpoint(rows, out, gold_options(LTV), {state: w.until})
+    write_with_checkpoint(rows, out, gold_options(LTV), {state: w.end})
     return {"rebuilt": 1} if rebuild else {"customers": rows.count()}
 
 
@@ -275,7 +275,7 @@ def daily_cycle(spark: SparkSession, root: str) -> dict[str, int]:
     if rebuild:
         rows = _with_stale_deletes(spark, out, daily_rows(revenue(spark.read.format("hudi").load(state))),
                                    list(DAILY_KEY))
-        write_with_checkpoint(rows, out, gold_options(DAILY), {state: w.until})
+        write_with_checkpoint(rows, out, gold_options(DAILY), {state: w.end})
         return {"rebuilt": 1}
     images = state_images(cdc_window(spark, w)).persist()
     part = "customer_id", "country", "orders"
@@ -285,7 +285,7 @@ def daily_cycle(spark: SparkSession, root: str) -> dict[str, int]:
     try:
         days = [r[0] for r in delta.select("order_date").distinct().collect()]
         current = spark.read.format("hudi").load(out).filter(F.col("order_date").isin(days))
-        write_with_checkpoint(apply_delta(current, delta), out, gold_options(DAILY), {state: w.until})
+        write_with_checkpoint(apply_delta(current, delta), out, gold_options(DAILY), {state: w.end})
         return {"keys": delta.count(), "days": len(days)}
     finally:
         delta.unpersist()

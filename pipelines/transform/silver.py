@@ -34,7 +34,8 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from pipelines.lake.declaration import DeclarationError, Rule, TableDecl, declared, missing_columns
+from pipelines.errors import DeclarationError
+from pipelines.lake.declaration import Rule, TableDecl, declared, missing_columns
 from pipelines.lake.layout import LEDGER_COLUMNS, META_COLUMNS
 
 # The bronze metadata silver keeps: `_lsn` orders its upserts (a late re-run never moves a row back),

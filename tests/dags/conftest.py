@@ -15,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -55,6 +55,18 @@ LINEAGE.mkdir()
 sys.path[:0] = [str(DAGS), str(PROJECT)]  # the DAGs' helper module; tests.hudi_files
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(
+    collector: pytest.Collector,
+) -> Generator[None, pytest.CollectReport, pytest.CollectReport]:
+    """Each test's tier, checked as its module is collected (tests/tiers.py; all of tests/dags is `integration`)."""
+    from tests.tiers import check_tiers  # here: PROJECT is on sys.path once this module ran
+
+    report = yield
+    check_tiers(report)
+    return report
+
+
 @pytest.fixture(scope="session", autouse=True)
 def airflow_db() -> Iterator[None]:
     subprocess.run([str(Path(sys.executable).with_name("airflow")), "db", "migrate"], check=True,
@@ -82,7 +94,7 @@ OVERRIDES = """
 
 def kafka_up(data_dir: Path) -> int:
     """Start a broker from `data_dir` on a port it chooses (chosen again if taken before its bind): that port."""
-    ready = lakehouse("dev", "kafka", "up", "--port", "0", "--data-dir", str(data_dir))
+    ready = lakehouse("dev", "kafka", "start", "--port", "0", "--data-dir", str(data_dir))
     return int(re.search(r"ready at [\d.]+:(\d+)", ready)[1])
 
 
@@ -107,7 +119,7 @@ def built_lake(tmp_path_factory: pytest.TempPathFactory) -> Path:
         lakehouse("dev", "generate", "--changes", "300", env=env)
         lakehouse("ingest", "--once", env=env)
     finally:
-        lakehouse("dev", "kafka", "down", "--data-dir", str(where / "kafka"), env=env)
+        lakehouse("dev", "kafka", "stop", "--data-dir", str(where / "kafka"), env=env)
     return where
 
 
@@ -121,7 +133,7 @@ def lake(built_lake: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     try:
         yield tmp_path / "lake"
     finally:
-        lakehouse("dev", "kafka", "down", "--data-dir", str(kafka_dir))
+        lakehouse("dev", "kafka", "stop", "--data-dir", str(kafka_dir))
 
 
 def many_tables(n: int) -> str:

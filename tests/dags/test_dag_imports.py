@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import sys
 
+import pytest
 from conftest import DAGS
+
+pytestmark = pytest.mark.integration
 
 EXPECTED = {"lakehouse_incremental_etl", "hudi_table_services", "data_quality", "gdpr_erasure", "bronze_ingest_stream",
             "debezium_connector"}

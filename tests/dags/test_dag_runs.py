@@ -18,6 +18,8 @@ from pipelines.services.due import services_due
 from tests.hudi_files import log_files, pending_compactions
 from tests.plant import BAD_STATUS
 
+pytestmark = pytest.mark.integration
+
 
 def _dag(dag_id: str):
     from airflow.models.dagbag import DagBag

@@ -14,6 +14,8 @@ import pytest
 from conftest import DAGS
 from moto import mock_aws
 
+pytestmark = pytest.mark.integration
+
 CODE_URI = "s3://lakehouse-code/release-1"
 LAKE = "s3://lakehouse-data/lake"
 

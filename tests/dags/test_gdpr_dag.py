@@ -20,6 +20,8 @@ from conftest import DAGS
 
 from pipelines.gdpr.request import MAX_IDS
 
+pytestmark = pytest.mark.integration
+
 DAG_ID = "gdpr_erasure"
 GOOD = {"customer_ids": [12, 3, 12], "reference": "REQ-2026/04:17_a.b",
         "requested_by": "Jane Doe+dpo@shop.example"}

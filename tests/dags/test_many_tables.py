@@ -20,6 +20,8 @@ from conftest import DAGS, OVERRIDES, many_tables
 
 import hudi_configs
 
+pytestmark = pytest.mark.integration
+
 # Each DAG file parsed as if alone, as Airflow's DAG processor parses it (Airflow imported, the project's modules
 # not yet: they are dropped between files): DagBag's own figure per file (what Airflow reports as its parse time).
 _PARSE = """

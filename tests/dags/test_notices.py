@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 from conftest import DAGS, Webhook, webhook_server
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture
 def webhook() -> Iterator[Webhook]:

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
 from conftest import DAGS
 
 import hudi_configs
 from pipelines.runtime.settings import INGEST_TRIGGER_SECONDS
+
+pytestmark = pytest.mark.integration
 
 HOUR = timedelta(hours=1)
 

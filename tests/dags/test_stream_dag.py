@@ -26,6 +26,8 @@ from conftest import DAGS
 
 from pipelines.ingest.stream import HEARTBEAT, STOP_REQUEST, StreamLease, limits
 
+pytestmark = pytest.mark.integration
+
 LIMITS = """
 [stream.health]
 heartbeat_seconds = 1

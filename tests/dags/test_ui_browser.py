@@ -40,6 +40,8 @@ from conftest import DAGS, PROJECT, _lake_env, kafka_up, lakehouse, webhook_serv
 from lakehouse_dev.kafka_local import free_port
 from pipelines.gdpr.airflow_records import AirflowApi
 
+pytestmark = pytest.mark.integration
+
 DAG_IDS = ("lakehouse_incremental_etl", "hudi_table_services", "data_quality")
 # A run is late this long after it was queued (every DAG's deadline, lakehouse_common.alerting): well under
 # what an etl cycle's spark-submit takes here, so the ETL run is still running when its deadline passes.
@@ -63,7 +65,7 @@ def ui_lake(built_lake: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
     try:
         yield env
     finally:
-        lakehouse("dev", "kafka", "down", "--data-dir", str(where / "kafka"))
+        lakehouse("dev", "kafka", "stop", "--data-dir", str(where / "kafka"))
 
 
 @pytest.fixture(scope="module")
@@ -99,8 +101,8 @@ def airflow_ui(ui_lake: dict[str, str], webhook, tmp_path_factory: pytest.TempPa
         os.killpg(proc.pid, signal.SIGTERM)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=60)
-        # The script's end is not the group's: standalone's scheduler outlived a SIGTERM (seen idle
-        # 20 minutes after the suite, with its workers), so whatever is left of it goes after a grace.
+        # The script's end is not the group's: standalone's scheduler can outlive a SIGTERM, with its
+        # workers, so whatever is left of it goes after a grace.
         deadline = time.monotonic() + 20
         with contextlib.suppress(ProcessLookupError):
             while time.monotonic() < deadline:

@@ -34,7 +34,7 @@ from lakehouse_dev.spark_cluster import AppTasks, LocalCluster
 from pipelines.runtime.spark_conf import MASTER_VARIABLE
 
 PARTITIONS = 3
-# The backlog's mix (BENCHMARKS.md, "How each figure is measured"): about 60% snapshot rows,
+# The backlog's mix: about 60% snapshot rows,
 # then changes of which 5% of all events are deletes and 20% updates. The generator draws
 # deletes with `delete_fraction` per change and splits the rest 40/60 between inserts and
 # updates, so changes = 40% of the events with delete_fraction 0.125 gives 0.4 x 0.125 = 5%

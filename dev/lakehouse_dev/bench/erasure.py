@@ -13,9 +13,8 @@ For each size, on a private broker and a fresh lake built the way production bui
 A built lake is kept (`.bench/erasure/<rows>/built`, with the generator's state) and each
 run erases a copy of it, so the erasure can be measured again without building the lake
 again (`--rebuild` builds it anew). The phases come from the certificates' own timings, so
-the figures say where the time goes (find, sweep, purge, verification). The goal
-(BENCHMARKS.md, erasure): 10 customers in one run on a lake of about 1M live rows in at most
-10 minutes on the project's 2-core machine.
+the figures say where the time goes (find, sweep, purge, verification). The goal: 10 customers
+in one run on a lake of about 1M live rows in at most 10 minutes on a 2-core machine.
 """
 
 from __future__ import annotations
@@ -39,6 +38,7 @@ from lakehouse_dev.bench.plots import grouped_bars
 from lakehouse_dev.generator.kafka import produce
 from lakehouse_dev.generator.source import ShopSource
 from lakehouse_dev.generator.values import WorkloadConfig
+from pipelines.gdpr.certificate import certificate_path, read_certificate
 from pipelines.lake import contract
 
 SIZES = (100_000, 1_000_000)
@@ -61,18 +61,18 @@ def _erase(env: dict[str, str], work: Path, rows: int, ids: list[int], reference
     seconds = lakehouse("gdpr", "erase", "--customer-ids-file", str(ids_file), "--reference", reference,
                         "--requested-by", "bench", env=env, log=work / f"erase-{rows}.log")
     ids_file.unlink()  # it names the customers
-    certificate = json.loads((Path(env["LAKEHOUSE_ROOT"]) / "_gdpr" / "certificates" / f"{reference}.json").read_text())
-    run = certificate["run"]
-    say(f"  {len(ids)} customer(s): {seconds:.0f}s, verified: {certificate['verified']}")
-    return {"customers": len(ids), "seconds": round(seconds, 1), "verified": certificate["verified"],
-            "orders": run["orders"], "orders_moved": run["orders_moved_to_other_customers"],
-            "phases_s": certificate["timings_s"],
-            "files_scanned": certificate["verification"].get("scan", {}).get("files"),
+    certificate = read_certificate(certificate_path(env["LAKEHOUSE_ROOT"], reference))
+    verification = certificate.verification
+    say(f"  {len(ids)} customer(s): {seconds:.0f}s, verified: {certificate.verified}")
+    return {"customers": len(ids), "seconds": round(seconds, 1), "verified": certificate.verified,
+            "orders": certificate.run.orders, "orders_moved": certificate.run.orders_moved_to_other_customers,
+            "phases_s": certificate.timings_s,
+            "files_scanned": verification.scan.get("files"),
             # Inside the phases: the verification's reads and file scan, the purge per table.
-            "verify_detail": {"reads_s": certificate["verification"].get("reads_seconds", {}),
-                              "scan": {k: certificate["verification"].get("scan", {}).get(k)
+            "verify_detail": {"reads_s": verification.reads_seconds,
+                              "scan": {k: verification.scan.get(k)
                                        for k in ("seconds", "records", "seconds_by_decoder", "seconds_by_table")}},
-            "purge_s": {t: done.get("seconds") for t, done in certificate["purge"].items()}}
+            "purge_s": {t: done.get("seconds") for t, done in certificate.purge.items()}}
 
 
 def _build(built: Path, rows: int, changes: int, seed: int) -> dict[str, Any]:

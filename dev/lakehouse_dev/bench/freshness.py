@@ -223,9 +223,9 @@ def steady(workload: Workload, minutes: float, rate: float, trigger_seconds: flo
     figures of the changes produced in the last `minutes`, and apart those of the warm-up.
 
     The warm-up is the JVM's: a new ingest JVM spends its first minutes compiling Spark's and
-    Hudi's code (the JIT's compile time fell from 35 s per 30 s to 16 by the fourth minute of a
-    run at 2,000 records/s, and the batches from about 11 s to 8), where a production stream
-    runs for days. Both windows are reported; the production never pauses between them.
+    Hudi's code (at 2,000 records/s the JIT's compile time halves and the batches shorten by a
+    quarter over the first four minutes), where a production stream runs for days. Both windows
+    are reported; the production never pauses between them.
 
     `cooldown_seconds`: production goes on this long after the counted minutes, its changes not
     counted. With per-table cadence a quiet table's last counted changes wait up to its target for

@@ -2,8 +2,8 @@
 
 - `lakehouse`: `lakehouse ingest --once`, the project's job (per batch: each table's change
   log and main, and the dead letters).
-- `lakehouse_before_tuning`: the same job with the writer options it had before the tuning
-  (BENCHMARKS.md, Tuning; `hudi_configs/bench_before_tuning.toml`): before/after in every run.
+- `lakehouse_before_tuning`: the same job without its writer options' tuning
+  (`hudi_configs/bench_before_tuning.toml`): before/after in every run.
 - `hudi_sink`: plain Hudi, Hudi's own Structured Streaming sink (`writeStream.format("hudi")`)
   writing MERGE_ON_READ tables configured like bronze main, without the job's ordering
   guarantees and bookkeeping (`lakehouse_dev.bench.hudi_sink`). The reference asked for

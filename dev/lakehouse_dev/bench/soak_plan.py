@@ -28,13 +28,13 @@ from typing import Any
 
 import numpy as np
 
-# The faults the pipeline survives (issue 53), those of the default schedule first.
+# The faults the pipeline survives, those of the default schedule first.
 # `postgres_blackout` and `postgres_latency` are on the network between Debezium and PostgreSQL (Toxiproxy), the
 # `kafka_*` ones on the stream's way to Kafka.
 KINDS = ("broker_kill", "kafka_blackout", "postgres_restart", "postgres_blackout", "kafka_latency", "kafka_bandwidth",
          "kafka_reset_peer", "postgres_latency")
 DEFAULT_KINDS = KINDS[:4]
-# How long each lasts, in seconds: the issue's 30-s broker pause and 60-s blackouts; PostgreSQL down
+# How long each lasts, in seconds: a 30-s broker pause and 60-s blackouts; PostgreSQL down
 # long enough that Debezium's task fails and restarts (it retries after 10 s); toxics a minute each.
 DURATIONS = {"broker_kill": 30.0, "kafka_blackout": 60.0, "postgres_restart": 20.0, "postgres_blackout": 60.0,
              "kafka_latency": 60.0, "kafka_bandwidth": 60.0, "kafka_reset_peer": 30.0, "postgres_latency": 60.0}
@@ -155,7 +155,7 @@ def live_summary(readings: list[dict[str, Any]], counted_from: float, growers: i
     most between its first and last reading.
 
     The trend is Theil-Sen's, the median of the slopes between every two readings: a collection that lands
-    while a batch holds its rows (1.6 GB once in the soak, against 0.5 around it) moves a least-squares line
+    while a batch holds its rows (three times the live set around it) moves a least-squares line
     by tens of MiB per minute, and the median by little."""
     jvms: dict[int, list[dict[str, Any]]] = {}
     for r in readings:

@@ -49,7 +49,7 @@ from lakehouse_dev.generator.kafka import produce
 from pipelines.lake.declaration import DECLARATION_VARIABLE, DEFAULT_FRESHNESS_SECONDS, load
 
 NAME = "tables"
-# The issue's goals (BENCHMARKS.md): the hot tables' p95 at most this times the shop's, and a batch
+# The goals: the hot tables' p95 at most this times the shop's, and a batch
 # touching a few tables of many at most this times the same batch on a deployment of those alone.
 HOT_ALLOWANCE = 1.2
 BATCH_ALLOWANCE = 1.3
@@ -207,7 +207,7 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 
 def goals(figures: dict[str, Any]) -> list[dict[str, str]]:
-    """The issue's goals beside the figures: one row each, its status `met`, `not met`, `measured` (no
+    """The benchmark's goals beside the figures: one row each, its status `met`, `not met`, `measured` (no
     threshold) or `not measured` (the part was skipped)."""
     plan, rows = figures["plan"], []
     counted = [r for r in figures["per_table"] if r["changes"]]

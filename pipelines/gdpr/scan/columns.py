@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from typing import TypeGuard
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -87,7 +88,7 @@ class ColumnMatcher(Matcher):
 
     def _erased_set(self, like: pa.DataType) -> pa.Array:
         """The subject's rows of this table, each key's values joined by U+001F (a key with a NULL part left out)."""
-        return pa.array(sorted("\x1f".join(row) for row in self._rows if None not in row), pa.string()).cast(like)
+        return pa.array(sorted("\x1f".join(row) for row in self._rows if _whole(row)), pa.string()).cast(like)
 
     def _arrow_key_rows(self, keys: pa.Array, composite: pa.Array) -> bool:
         """Whether record keys (plain `eu`, or composite `region:eu,order_no:5`) name one of the subject's rows."""
@@ -151,6 +152,11 @@ def _leaves(arr: pa.Array, fields: tuple[str, ...], col: str) -> Iterator[tuple[
         yield from _leaves(arr.flatten(), fields, f"{col}[]")
     else:
         yield fields, col, arr
+
+
+def _whole(row: tuple[str | None, ...]) -> TypeGuard[tuple[str, ...]]:
+    """Whether every part of a row's key is known: a key with a NULL part matches no stored key."""
+    return None not in row
 
 
 def _string_integers(strings: pa.Array) -> pa.Array | set[int]:

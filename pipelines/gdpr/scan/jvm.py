@@ -13,6 +13,7 @@ from pyspark.sql import SparkSession
 
 from pipelines.gdpr.scan.model import CHUNK, DATA_BLOCKS, LOG_MAGIC, Chunk
 from pipelines.lake import storage
+from pipelines.runtime.jvm import jvm_of
 
 # ----------------------------------------------------------------------------- the JVM side
 
@@ -22,7 +23,7 @@ class Jvm:
 
     def __init__(self, spark: SparkSession, root: str) -> None:
         sc = spark.sparkContext
-        self._jvm = jvm = sc._jvm
+        self._jvm = jvm = jvm_of(sc)
         hconf = sc._jsc.hadoopConfiguration()
         hudi = jvm.org.apache.hudi
         self._hudi = hudi

@@ -206,7 +206,7 @@ class Matcher:
             return set()
         if (self._table.mdt_partition or "").startswith("secondary_index"):
             key = secondary_index_record_key(key) or ""
-        kinds = set()
+        kinds: set[str] = set()
         parts = key_parts(self._key_table, key)
         for name, value in parts:
             number = as_int(value)
