@@ -105,12 +105,12 @@ def test_a_wrong_declaration_names_file_table_and_field_and_nothing_runs(tmp_pat
     # Every command reads it first: nothing starts, nothing is written.
     root = tmp_path / "lake"
     result = CliRunner().invoke(main, ["etl"], env={"LAKEHOUSE_TABLES": str(path), "LAKEHOUSE_ROOT": str(root)})
-    assert result.exit_code == 1 and str(path) in result.output, result.output
+    assert result.exit_code == 2 and str(path) in result.output, result.output
     assert not root.exists()
 
 
 def test_a_missing_declaration_file_is_named(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["status"], env={"LAKEHOUSE_TABLES": str(tmp_path / "none.toml")})
-    assert result.exit_code == 1 and "none.toml: no such declaration file" in result.output
+    assert result.exit_code == 2 and "none.toml: no such declaration file" in result.output
     assert json.loads(json.dumps(result.output))  # printable as it is: no traceback
     assert "Traceback" not in result.output

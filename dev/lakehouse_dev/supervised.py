@@ -21,6 +21,8 @@ from pathlib import Path
 from pipelines.runtime.local_process import process_started
 
 OVERRIDES_VARIABLE = "LAKEHOUSE_HUDI_OVERRIDES"
+# The `lakehouse stream` subcommands that may start a stream: the ones that take --trigger-seconds.
+STARTING_ACTIONS = ("ensure", "start", "restart", "upgrade")
 
 
 class SupervisorError(RuntimeError):
@@ -65,11 +67,13 @@ class Supervised:
         return self.home / "run" / "bronze-stream" / "stream.log"
 
     def run(self, action: str, expect: str = "", timeout: float = 900) -> str:
-        """`lakehouse stream ACTION`; its output. Raises unless it exits 0 with `expect` in its output."""
-        done = subprocess.run([sys.executable, "-m", "pipelines.cli", "stream", action, "--trigger-seconds",
-                               f"{self.trigger_seconds:g}"], env=self.env, capture_output=True, text=True,
-                              timeout=timeout)
-        if done.returncode != 0 or expect not in done.stdout:
+        """`lakehouse stream ACTION`; its output. Raises unless it exits as it should (`status`: 0 when healthy,
+        else 1; any other action: 0) with `expect` in its output."""
+        starts = ["--trigger-seconds", f"{self.trigger_seconds:g}"] if action in STARTING_ACTIONS else []
+        done = subprocess.run([sys.executable, "-m", "pipelines.cli", "stream", action, *starts], env=self.env,
+                              capture_output=True, text=True, timeout=timeout)
+        code = 1 if action == "status" and not done.stdout.startswith("healthy") else 0
+        if done.returncode != code or expect not in done.stdout:
             raise SupervisorError(f"stream {action} (exit {done.returncode}): {done.stdout}{done.stderr}")
         return done.stdout.strip()
 

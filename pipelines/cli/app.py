@@ -1,7 +1,7 @@
 """`lakehouse`: the one entry point for operators, Airflow tasks and acceptance checks.
 
-Section 5 of the contract fixes `ingest --once`, `etl` and `gdpr erase`; every command
-exits non-zero with a message naming the problem when it cannot do its job.
+The contract's commands (`ingest --once`, `etl`, `gdpr erase`) and the operator's others; every command exits
+non-zero with a message naming the problem when it cannot do its job (pipelines/cli/root.py: the exit codes).
 """
 
 from __future__ import annotations
@@ -9,42 +9,54 @@ from __future__ import annotations
 import logging
 import signal
 import time
+from dataclasses import asdict
 from importlib import metadata
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from pipelines.cli.catalog import catalog, sql
 from pipelines.cli.lake import dead_letters, show, status
+from pipelines.cli.root import EXIT_CODES, VERSION_OPTION, LakehouseGroup
 from pipelines.deploy.connector_cli import connector
 from pipelines.deploy.stream_local import stream
+from pipelines.errors import UnknownTable
 from pipelines.gdpr.cli import gdpr
 from pipelines.ingest.schema_cli import schema
-from pipelines.lake.catalog import change_feed_tables
-from pipelines.errors import DeclarationError
+from pipelines.lake.catalog import change_feed_tables, table_name
 from pipelines.lake.declaration import declared
 from pipelines.metastore import catalog_sync
 from pipelines.runtime import console, settings
+from pipelines.runtime.commands import JSON_OPTION, TABLE, echo_json
 from pipelines.runtime.local_process import require_kafka
 
+if TYPE_CHECKING:
+    from pipelines.monitoring.lineage import Run
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+
+@click.group(cls=LakehouseGroup, epilog=EXIT_CODES, context_settings={"help_option_names": ["-h", "--help"]})
+@VERSION_OPTION
 @click.option("-v", "--verbose", is_flag=True,
               help="The full log on the console (Spark, Hudi, libraries; debug for the pipeline), no log file.")
 @click.pass_context
 def main(ctx: click.Context, verbose: bool) -> None:
-    """Lakehouse CDC pipeline: Debezium events on Kafka into Apache Hudi tables.
+    """Lakehouse CDC pipeline: Debezium change events on Kafka into Apache Hudi tables (bronze, silver, gold).
 
-    Configuration: LAKEHOUSE_ROOT (lake root, default ./lake), KAFKA_BOOTSTRAP_SERVERS
-    (default 127.0.0.1:9092), LAKEHOUSE_TABLES (the declared tables, a TOML file; default the
-    shop's), LAKEHOUSE_TARGET (local | emr). Each command prints what it did;
-    Spark, Hudi and library logs go to a log file under LAKEHOUSE_LOG_DIR (default .logs/),
-    named when Spark starts and when the command fails.
+    \b
+    Configuration comes from environment variables; the main ones:
+      LAKEHOUSE_ROOT           the lake, a path or a URI  [default: lake/ in the checkout]
+      KAFKA_BOOTSTRAP_SERVERS  Kafka's brokers  [default: 127.0.0.1:9092]
+      LAKEHOUSE_TABLES         the declared tables, a TOML file  [default: the shop's]
+      LAKEHOUSE_TARGET         where Spark runs: local or emr  [default: local]
+      LAKEHOUSE_METASTORE_URI  the Hive Metastore the tables are registered in  [default: none]
+      LAKEHOUSE_LOG_DIR        the log files  [default: .logs/ in the checkout]
+    A command's --help names the others it reads.
+
+    Each command prints what it did; Spark, Hudi and library logs go to a log file under
+    LAKEHOUSE_LOG_DIR, named when Spark starts and when the command fails.
     """
-    try:  # every command reads it: a wrong one stops the command before it writes anything
-        declared()
-    except DeclarationError as exc:
-        raise click.ClickException(str(exc)) from exc
+    declared()  # every command reads it: a wrong one stops the command (exit 2) before it writes anything
     console.setup(ctx.invoked_subcommand or "lakehouse", verbose)
     ctx.call_on_close(console.teardown)
     # Last commits' catalog syncs (LAKEHOUSE_METASTORE_URI) before the process ends: a no-op without any.
@@ -145,7 +157,8 @@ def etl() -> None:
 @click.option("--job", default="lakehouse_etl", show_default=True,
               help="The Spark application's job name (`lakehouse_<command>`)")
 @click.option("--run", "run_id", default=None, help="The application's run id  [default: its newest run]")
-def lineage(files: tuple[Path, ...], job: str, run_id: str | None) -> None:
+@JSON_OPTION
+def lineage(files: tuple[Path, ...], job: str, run_id: str | None, as_json: bool) -> None:
     """The lineage of one Spark run, from the local OpenLineage events: its Airflow task, then each write as
     `inputs -> job -> outputs` (lake tables by their catalog names)."""
     from pipelines.monitoring import lineage as ol
@@ -160,16 +173,43 @@ def lineage(files: tuple[Path, ...], job: str, run_id: str | None) -> None:
         known = sorted({r.job for r in ol.applications(runs)})
         raise click.ClickException(f"no run of {job}" + (f" with id {run_id}" if run_id else "")
                                    + f" in {', '.join(map(str, paths))}; applications there: {', '.join(known)}")
-    click.echo("\n".join(ol.describe(runs, apps[-1])))
+    if as_json:
+        echo_json(_lineage_document(runs, apps[-1]))
+    else:
+        click.echo("\n".join(ol.describe(runs, apps[-1])))
+
+
+def _lineage_document(runs: dict[str, Run], app: Run) -> dict:
+    """`lineage --json`: the application's run, its parent (the Airflow task) and root, and its writes."""
+    from pipelines.monitoring import lineage as ol
+
+    def run_ref(ref: tuple[str, str, str] | None) -> dict | None:
+        if ref is None:
+            return None
+        task = runs.get(ref[2])
+        return {"namespace": ref[0], "job": ref[1], "run_id": ref[2], "state": task.state if task else None}
+
+    parent = runs.get(app.parent[2]) if app.parent else None
+    return {"run_id": app.run_id, "namespace": app.namespace, "job": app.job, "state": app.state,
+            "started": app.started, "ended": app.ended, "seconds": app.seconds(),
+            "parent": run_ref(app.parent), "root": run_ref(app.root),
+            "declared": {"inlets": sorted(map(ol.dataset_name, parent.inputs)) if parent else [],
+                         "outlets": sorted(map(ol.dataset_name, parent.outputs)) if parent else []},
+            "writes": [asdict(edge) for edge in ol.edges(runs, app)]}
 
 
 def _table_services(tables: tuple[str, ...]) -> tuple[list[str], dict[str, tuple[str, ...]]]:
-    """`--table` values: the tables' names, and the services of those given with their own (`NAME:SERVICE,...`)."""
+    """`--table` values: the tables' lake names, and the services of those given with their own
+    (`NAME:SERVICE,...`); a name as every command takes it (`silver/orders`, `silver.orders`)."""
     from pipelines.services.due import SERVICES
 
     names, own = [], {}
     for value in tables:
-        name, colon, listed = value.partition(":")
+        given, colon, listed = value.partition(":")
+        try:
+            name = table_name(given)
+        except UnknownTable as exc:
+            raise click.BadParameter(str(exc), param_hint="--table") from exc
         names.append(name)
         if colon:
             chosen = listed.split(",")
@@ -182,7 +222,7 @@ def _table_services(tables: tuple[str, ...]) -> tuple[list[str], dict[str, tuple
 
 @main.command()
 @click.option("--table", "tables", multiple=True, metavar="NAME[:SERVICE,...]",
-              help="A table as `status` names it (bronze/orders, silver/_quarantine/customers, ...), optionally with "
+              help="A table (bronze/orders, silver/_quarantine/customers, bronze.orders, ...), optionally with "
                    "its own services instead of --only's (bronze/orders:compact,clean,archive); repeatable  "
                    "[default: every table]")
 @click.option("--only", type=click.Choice(["compact", "expire", "cluster", "clean", "archive"]), multiple=True,
@@ -225,6 +265,18 @@ def services(tables: tuple[str, ...], only: tuple[str, ...]) -> None:
                                    f"{', '.join(failed)}{console.see_log()}")
 
 
+def _suite_name(value: str) -> str:
+    """A suite as `--suite` names it, its tables in either spelling (`bronze.orders`, `gold.customer_ltv ->
+    silver.customers`), as the suites are named (by the tables' lake names); a part that is no table as it is."""
+    parts = []
+    for part in value.split(" -> "):
+        try:
+            parts.append(table_name(part.strip()))
+        except UnknownTable:
+            parts.append(part)
+    return " -> ".join(parts)
+
+
 @main.command()
 @click.option("--layer", "layers", type=click.Choice(["bronze", "silver", "gold"]), multiple=True,
               help="Validate only this layer; repeatable  [default: all]")
@@ -247,6 +299,7 @@ def quality(layers: tuple[str, ...], suites: tuple[str, ...], max_age_hours: flo
     from pipelines.services.quality_due import quality_suites
 
     known = [spec.name for spec in quality_suites()]
+    suites = tuple(_suite_name(s) for s in suites)
     if unknown := [s for s in suites if s not in known]:
         raise click.BadParameter(f"{', '.join(map(repr, unknown))}: the suites are {', '.join(known)}",
                                  param_hint="--suite")
@@ -273,7 +326,7 @@ def quality(layers: tuple[str, ...], suites: tuple[str, ...], max_age_hours: flo
 
 
 @main.command()
-@click.argument("table")
+@click.argument("table", type=TABLE)
 @click.option("--since", default=None, help="Checkpoint returned by the previous call  [default: from the start]")
 @click.option("--checkpoint-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Read --since from this file if it exists, and store the new checkpoint in it after printing.")
@@ -286,13 +339,6 @@ def changes(table: str, since: str | None, checkpoint_file: Path | None) -> None
     the whole table instead (first read, or a checkpoint that was cleaned or archived), stderr
     also says `snapshot: ...`.
     """
-    if "/" not in table:  # a catalog name (`silver.orders`, `bronze.orders_rt`)
-        from pipelines.metastore.query import lake_name
-
-        try:
-            table = lake_name(table)
-        except KeyError as exc:
-            raise click.BadParameter(exc.args[0], param_hint="TABLE") from exc
     if table not in (feeds := change_feed_tables()):
         raise click.BadParameter(f"{table!r} is not a table with a change feed (tables: {', '.join(feeds)})",
                                  param_hint="TABLE")

@@ -7,20 +7,23 @@ from __future__ import annotations
 
 import click
 
+from pipelines.cli.root import BadInput
 from pipelines.errors import CatalogUnavailable
 from pipelines.metastore import catalog_sync
 from pipelines.runtime import console, settings
+from pipelines.runtime.commands import JSON_OPTION, echo_json
 
 
 def _require_catalog() -> str:
-    """The catalog's kind, or a ClickException saying how to get one; for HMS, one that answers."""
+    """The catalog's kind, or an error saying how to get one (exit 2: there is none to ask); for HMS, one that
+    answers (exit 1 when it does not)."""
     try:
         kind = catalog_sync.catalog_kind()
-    except ValueError as exc:
-        raise click.ClickException(str(exc)) from exc
+    except ValueError as exc:  # a LAKEHOUSE_METASTORE_URI that is no thrift:// URI
+        raise BadInput(str(exc)) from exc
     if kind is None:
-        raise click.ClickException(f"no catalog: set {catalog_sync.METASTORE_VARIABLE} to a Hive Metastore "
-                                   "(`make catalog-up` starts one and prints it), or run on the EMR target (Glue)")
+        raise BadInput(f"no catalog: set {catalog_sync.METASTORE_VARIABLE} to a Hive Metastore "
+                       "(`make catalog-up` starts one and prints it), or run on the EMR target (Glue)")
     if kind == "hms":
         try:
             catalog_sync.require_metastore()
@@ -41,7 +44,8 @@ def catalog() -> None:
 
 
 @catalog.command()
-def status() -> None:
+@JSON_OPTION
+def status(as_json: bool) -> None:
     """Each lake table's newest commit against what the catalog last synced of it; exit 1 if any is behind
     or not registered (the writers sync after each commit and retry while the metastore is down)."""
     from pipelines.metastore.query import sync_states
@@ -50,11 +54,18 @@ def status() -> None:
     where = catalog_sync.metastore_uri() if kind == "hms" else "the Glue Data Catalog"
     states = [s for s in sync_states(_catalog_spark("lakehouse-catalog"), settings.lake_root())
               if s.newest is not None]
+    lagging = [s.name for s in states if s.state != "in step"]
+    if as_json:
+        echo_json({"catalog": where, "in_step": not lagging, "behind": lagging, "tables": [
+            {"table": s.table, "name": s.name, "state": s.state, "newest": s.newest, "synced": s.synced}
+            for s in states]})
+        if lagging:
+            raise SystemExit(1)
+        return
     width = max((len(s.name) for s in states), default=10)
     click.echo(f"catalog: {where}")
     for s in states:
         click.echo(f"{s.name:<{width}}  {s.state:<14}  newest commit {s.newest}  synced {s.synced or '-'}")
-    lagging = [s.name for s in states if s.state != "in step"]
     if lagging:
         click.echo(f"catalog is behind on {len(lagging)} of {len(states)} tables: {', '.join(lagging)}")
         raise SystemExit(1)
@@ -89,7 +100,7 @@ def sync() -> None:
 @click.option("--as-of", default=None, metavar="WHEN",
               help="Read every table of STATEMENT as it was then (Hudi time travel): an instant "
                    "(20261128183000123) or a time of the timeline's clock (2026-11-28 18:30:00[.123], or a date).")
-@click.option("--json", "as_json", is_flag=True, help="One JSON object per row instead of a table.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per row (JSON lines) instead of a table.")
 @click.option("--limit", type=click.IntRange(min=1), default=1000, show_default=True,
               help="At most this many rows printed.")
 def sql(statement: str, as_of: str | None, as_json: bool, limit: int) -> None:
@@ -109,8 +120,8 @@ def sql(statement: str, as_of: str | None, as_json: bool, limit: int) -> None:
                 click.echo(line)
             return
         frame = rows.toPandas()
-    except QueryError as exc:
-        raise click.ClickException(str(exc)) from exc
+    except QueryError:  # a statement the catalog cannot answer as asked: bad input, exit 2 (pipelines/cli/root.py)
+        raise
     except Exception as exc:  # Spark's analysis and runtime errors: their first line names the problem
         raise click.ClickException(f"sql failed: {console.first_line(exc)}{console.see_log()}") from exc
     click.echo(frame.to_string(index=False) if len(frame) else "(no rows)")

@@ -10,8 +10,10 @@ import time
 
 import click
 
+from pipelines.lake.catalog import Table, lake_catalog, lake_table
 from pipelines.lake.declaration import declared
 from pipelines.runtime import settings
+from pipelines.runtime.commands import JSON_OPTION, TABLE, echo_json
 from pipelines.runtime.local_process import require_kafka
 
 
@@ -35,86 +37,135 @@ def _deleted_keys(table: str, key: tuple[str, ...]) -> int:
     return sum(d for _, d in newest.values())
 
 
-def _freshness(fresh: dict, since_beat: float) -> str:
-    """A table's line in `status`: how long its oldest waiting change has waited, against its target."""
-    target = fresh["target"]
-    if fresh.get("age") is None:
+def _freshness(fresh: dict, since_beat: float) -> dict:
+    """A bronze table's freshness as the running stream's last heartbeat saw it, aged to now: its oldest waiting
+    change's age (None: nothing waits) and how many wait, against its target."""
+    age = None if fresh.get("age") is None else fresh["age"] + since_beat
+    return {"age_seconds": age, "waiting": fresh.get("waiting", 0), "target_seconds": fresh["target"],
+            "behind": age is not None and age > fresh["target"]}
+
+
+def _freshness_text(fresh: dict) -> str:
+    """A table's freshness in `status`'s text: how long its oldest waiting change has waited, against its target."""
+    target = fresh["target_seconds"]
+    if fresh["age_seconds"] is None:
         return f"nothing waiting / {target:.0f}s"
-    age = fresh["age"] + since_beat
-    late = "  BEHIND" if age > target else ""
-    return f"{age:.0f}s ({fresh['waiting']} changes) / {target:.0f}s{late}"
+    late = "  BEHIND" if fresh["behind"] else ""
+    return f"{fresh['age_seconds']:.0f}s ({fresh['waiting']} changes) / {target:.0f}s{late}"
+
+
+def _dead_letter_reasons() -> list[tuple[str, str]]:
+    """(topic, reason) of every dead letter; none before the store's first commit."""
+    from pipelines.lake.table_stats import has_completed_commit, read_table
+    from pipelines.runtime.settings import dead_letter_path
+
+    if not has_completed_commit(dead_letter_path()):
+        return []
+    letters = read_table(dead_letter_path(), ["kafka_topic", "reason"])
+    return list(zip(letters.column("kafka_topic").to_pylist(), letters.column("reason").to_pylist(), strict=True))
+
+
+def _table_row(table: Table, dead: dict[str, int], freshness: dict[str, dict], since_beat: float) -> dict | None:
+    """One table's row of `status`; None for a silver or gold table not written yet (a bronze one is listed as not
+    created: the stream writes it first)."""
+    from pipelines.lake.table_stats import has_completed_commit, table_stats
+
+    row: dict = {"table": table.name, "layer": table.layer}
+    if not has_completed_commit(path := table.path()):
+        return {**row, "created": False} if table.layer == "bronze" else None
+    s = table_stats(path)
+    row |= {"created": True, "rows": s.rows, "commits": s.commits, "file_groups": s.file_groups,
+            "log_files": s.log_files}
+    if table.layer == "bronze" and table.source is not None:  # every bronze table people read follows a source
+        row |= {"deleted_keys": _deleted_keys(table.source, table.key),
+                "dead_letters": dead.get(declared().topic(table.source), 0),
+                "freshness": None if (fresh := freshness.get(table.source)) is None else _freshness(fresh, since_beat)}
+    elif table.layer == "silver":
+        quarantine = lake_table(f"silver/_quarantine/{table.source}").path()
+        row["quarantined"] = table_stats(quarantine).rows if has_completed_commit(quarantine) else 0
+    return row
+
+
+def lake_status() -> dict:
+    """What `lakehouse status` reports, as one document: the lake root, the stream's health, a row per table that
+    people read, and the tables a schema change holds."""
+    from pipelines.ingest.schema_cli import held_tables
+    from pipelines.ingest.stream import ControlFiles, judge, limits
+
+    reasons = _dead_letter_reasons()
+    dead: dict[str, int] = {}
+    for topic, _ in reasons:
+        dead[topic] = dead.get(topic, 0) + 1
+    beat = ControlFiles(settings.lake_root()).heartbeat()
+    health = judge(beat, limits())
+    # Each bronze table's freshness as the running stream's last heartbeat saw it (a stopped stream has
+    # written what waited: it commits the tables' waiting changes as it stops).
+    freshness = (beat.tables or {}) if beat is not None and health.live else {}
+    since_beat = time.time() - beat.written_at if beat is not None else 0.0
+    # The catalog's tables that people read: bronze's and silver's of each source table, gold's
+    # aggregates; not the internal ones (names with a `_` part: change logs, ledgers, quarantine).
+    rows = [_table_row(t, dead, freshness, since_beat) for t in lake_catalog() if "/_" not in t.name]
+    held = [{"table": table, "events": n, "reason": reason}
+            for table, (n, reason) in sorted(held_tables(reasons).items())]
+    return {"lake_root": settings.lake_root(), "stream": {"state": health.state, "why": health.why},
+            "tables": [r for r in rows if r is not None], "held": held}
+
+
+def _status_text(doc: dict) -> list[str]:
+    """`status`'s lines: the lake root, the stream, a table of the tables, then each held table."""
+    lines = [f"lake root: {doc['lake_root']}", f"stream: {doc['stream']['state']}: {doc['stream']['why']}",
+             f"{'table':<18}{'rows':>9}{'commits':>9}{'file groups':>13}{'log files':>11}{'deleted keys':>14}"
+             f"{'dead letters':>14}  freshness (oldest waiting change / target)"]
+    for r in doc["tables"]:
+        if not r["created"]:
+            lines.append(f"{r['table']:<18}  (not created yet)")
+            continue
+        line = f"{r['table']:<18}{r['rows']:>9}{r['commits']:>9}{r['file_groups']:>13}{r['log_files']:>11}"
+        if r["layer"] == "bronze":
+            line += f"{r['deleted_keys']:>14}{r['dead_letters']:>14}"
+            if r["freshness"] is not None:
+                line += "  " + _freshness_text(r["freshness"])
+        elif r["layer"] == "silver":
+            line += f"{'':>14}{'':>14}  quarantined: {r['quarantined']}"
+        lines.append(line)
+    lines += [f"held: {h['table']} ({h['events']} events in the dead-letter store): {h['reason']}; resolve with "
+              "`lakehouse schema accept`, then `lakehouse dead-letters replay --reason schema`" for h in doc["held"]]
+    return lines
 
 
 @click.command()
-def status() -> None:
+@JSON_OPTION
+def status(as_json: bool) -> None:
     """Per bronze, silver and gold table: rows, commits, file groups, log files, deletes, dead letters, quarantine;
     the stream's health, and while it runs, each bronze table's freshness against its target.
 
     Read with hudi-rs: no Spark needed.
     """
-    from pipelines.lake.catalog import lake_catalog, lake_table
-    from pipelines.lake.table_stats import has_completed_commit, read_table, table_stats
-    from pipelines.runtime.settings import dead_letter_path
-
-    dead: dict[str, int] = {}
-    reasons: list[tuple[str, str]] = []
-    if has_completed_commit(dead_letter_path()):
-        letters = read_table(dead_letter_path(), ["kafka_topic", "reason"])
-        reasons = list(zip(letters.column("kafka_topic").to_pylist(), letters.column("reason").to_pylist(),
-                           strict=True))
-        for t, _ in reasons:
-            dead[t] = dead.get(t, 0) + 1
-    from pipelines.ingest.stream import ControlFiles, judge, limits
-
-    click.echo(f"lake root: {settings.lake_root()}")
-    beat = ControlFiles(settings.lake_root()).heartbeat()
-    health = judge(beat, limits())
-    click.echo(f"stream: {health.state}: {health.why}")
-    # Each bronze table's freshness as the running stream's last heartbeat saw it (a stopped stream has
-    # written what waited: it commits the tables' waiting changes as it stops).
-    freshness = (beat.tables or {}) if beat is not None and health.live else {}
-    click.echo(f"{'table':<18}{'rows':>9}{'commits':>9}{'file groups':>13}{'log files':>11}{'deleted keys':>14}"
-               f"{'dead letters':>14}  freshness (oldest waiting change / target)")
-    # The catalog's tables that people read: bronze's and silver's of each source table, gold's
-    # aggregates; not the internal ones (names with a `_` part: change logs, ledgers, quarantine).
-    topic = declared().topic
-    for table in [t for t in lake_catalog() if "/_" not in t.name]:
-        path = table.path()
-        if not has_completed_commit(path):
-            if table.layer == "bronze":
-                click.echo(f"{table.name:<18}  (not created yet)")
-            continue
-        s = table_stats(path)
-        line = f"{table.name:<18}{s.rows:>9}{s.commits:>9}{s.file_groups:>13}{s.log_files:>11}"
-        if table.layer == "bronze" and table.source is not None:
-            line += f"{_deleted_keys(table.source, table.key):>14}{dead.get(topic(table.source), 0):>14}"
-            if beat is not None and (fresh := freshness.get(table.source)) is not None:
-                line += "  " + _freshness(fresh, time.time() - beat.written_at)
-        elif table.layer == "silver":
-            quarantine = lake_table(f"silver/_quarantine/{table.source}").path()
-            quarantined = table_stats(quarantine).rows if has_completed_commit(quarantine) else 0
-            line += f"{'':>14}{'':>14}  quarantined: {quarantined}"
-        click.echo(line)
-    from pipelines.ingest.schema_cli import held_tables
-
-    for name, (n, reason) in sorted(held_tables(reasons).items()):
-        click.echo(f"held: {name} ({n} events in the dead-letter store): {reason}; resolve with "
-                   "`lakehouse schema accept`, then `lakehouse dead-letters replay --reason schema`")
+    doc = lake_status()
+    if as_json:
+        echo_json(doc)
+    else:
+        click.echo("\n".join(_status_text(doc)))
 
 
 @click.command()
-@click.argument("table")
+@click.argument("table", type=TABLE)
 @click.option("--limit", type=click.IntRange(min=1), default=10, show_default=True)
-def show(table: str, limit: int) -> None:
-    """Print the first rows of a lake table (e.g. gold/daily_revenue), by key order; read with hudi-rs."""
+@JSON_OPTION
+def show(table: str, limit: int, as_json: bool) -> None:
+    """Print the first rows of a lake table (gold/daily_revenue or gold.daily_revenue), by key order, columns
+    starting with `_` left out; read with hudi-rs."""
     from pipelines.lake.table_stats import has_completed_commit, read_table
 
-    path = settings.table_path(*table.split("/", 1))
+    path = lake_table(table).path()
     if not has_completed_commit(path):
-        raise click.ClickException(f"no table {table} under {settings.lake_root()}")
+        raise click.ClickException(f"no table {table} under {settings.lake_root()} (not written yet)")
     data = read_table(path)
     columns = [c for c in data.column_names if not c.startswith("_")]
     rows = sorted(data.select(columns).to_pylist(), key=lambda r: tuple((v is None, v) for v in r.values()))[:limit]
+    if as_json:
+        echo_json({"table": table, "rows": data.num_rows, "columns": columns, "first": rows})
+        return
     cells = [columns] + [[str(r[c]) for c in columns] for r in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
     click.echo(f"{table}: {data.num_rows} rows")
@@ -129,16 +180,25 @@ def dead_letters() -> None:
 
 @dead_letters.command("list")
 @click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True)
-def dead_letters_list(limit: int) -> None:
+@JSON_OPTION
+def dead_letters_list(limit: int, as_json: bool) -> None:
     """Print the newest dead letters: Kafka position, reason and the start of the raw value."""
     from pipelines.lake.table_stats import has_completed_commit, read_table
     from pipelines.runtime.settings import dead_letter_path
 
-    if not has_completed_commit(dead_letter_path()):
+    rows = []
+    if has_completed_commit(dead_letter_path()):
+        rows = sorted(read_table(dead_letter_path(), ["position", "reason", "value", "kafka_offset"]).to_pylist(),
+                      key=lambda r: r["kafka_offset"], reverse=True)
+    if as_json:
+        # The raw value's start as text: a record that could not be used may be no UTF-8 at all.
+        echo_json({"count": len(rows), "dead_letters": [
+            {"position": r["position"], "reason": r["reason"],
+             "value_start": (r["value"] or b"")[:80].decode(errors="backslashreplace")} for r in rows[:limit]]})
+        return
+    if not rows:
         click.echo("no dead letters")
         return
-    rows = sorted(read_table(dead_letter_path(), ["position", "reason", "value", "kafka_offset"]).to_pylist(),
-                  key=lambda r: r["kafka_offset"], reverse=True)
     click.echo(f"{len(rows)} dead letters")
     for r in rows[:limit]:
         value = r["value"][:80] if r["value"] is not None else b""

@@ -6,7 +6,7 @@ from __future__ import annotations
 import click
 
 from pipelines.deploy import connector as watch
-from pipelines.errors import ConnectError
+from pipelines.runtime.commands import JSON_OPTION, echo_json
 
 URL_OPTION = click.option("--connect-url", "url", default=None,
                           help=f"Kafka Connect's REST API  [default: ${watch.CONNECT_URL_VARIABLE}, "
@@ -24,13 +24,17 @@ def connector() -> None:
 @connector.command()
 @URL_OPTION
 @NAME_OPTION
-def status(url: str | None, name: str | None) -> None:
-    """The connector's and its tasks' states, with the first line of a failure's trace; exit 1 if one FAILED."""
-    try:
-        state = watch.connector_state(url or watch.connect_url(), name or watch.connector_name())
-    except ConnectError as exc:
-        raise click.ClickException(str(exc)) from exc
-    click.echo(state.line())
+@JSON_OPTION
+def status(url: str | None, name: str | None, as_json: bool) -> None:
+    """The connector's and its tasks' states, with the first line of a failure's trace; exit 1 if one FAILED,
+    or when Connect does not answer."""
+    state = watch.connector_state(url or watch.connect_url(), name or watch.connector_name())
+    if as_json:
+        echo_json({"name": state.name, "state": state.state,
+                   "tasks": [{"id": i, "state": s} for i, s in sorted(state.tasks.items())],
+                   "trace": state.trace, "failed": state.failed, "running": state.running})
+    else:
+        click.echo(state.line())
     if state.failed:
         raise SystemExit(1)
 
@@ -44,9 +48,6 @@ def ensure(url: str | None, name: str | None, wait_seconds: float) -> None:
     """Restart the connector's FAILED task (or the connector) with its offsets, and wait until it runs: what Kafka
     Connect never does by itself. Nothing when all runs. Exit 1 when Connect does not answer, or the restarted
     task does not run within --wait (the database still away, say: the next call tries again)."""
-    try:
-        found, after = watch.ensure_running(url or watch.connect_url(), name or watch.connector_name(),
-                                            wait_seconds=wait_seconds)
-    except ConnectError as exc:
-        raise click.ClickException(str(exc)) from exc
+    found, after = watch.ensure_running(url or watch.connect_url(), name or watch.connector_name(),
+                                        wait_seconds=wait_seconds)
     click.echo(found.line() if after is None else f"{found.line()}\nrestarted: {after.line()}")

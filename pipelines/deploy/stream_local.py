@@ -1,8 +1,8 @@
 """The bronze stream on the local target: one `lakehouse ingest` process, supervised through a run folder.
 
-What `lakehouse stream ACTION` and the local `bronze_ingest_stream` DAG run. The run folder
-holds the process's pid file, its log, and a lock that serialises supervisors, so two
-`ensure` runs at once start one stream. The process is the contract's ingest command,
+What `lakehouse stream status|ensure|start|stop|restart|upgrade|wait` and the local `bronze_ingest_stream`
+DAG run. The run folder holds the process's pid file, its log, and a lock that serialises supervisors, so
+two `ensure` runs at once start one stream. The process is the contract's ingest command,
 `lakehouse ingest` (the Python driver is the process itself, so SIGTERM reaches the
 code that lets the batch in progress finish), started in its own session so that it
 outlives the Airflow task that started it. Health comes from the stream's heartbeat
@@ -24,9 +24,10 @@ from typing import Any
 import click
 
 from pipelines.deploy.jobs import JOB_ENV
-from pipelines.deploy.stream_target import ACTIONS, StreamError, StreamTarget
+from pipelines.deploy.stream_target import StreamError, StreamTarget
 from pipelines.ingest.stream import ControlFiles, Health, Limits, judge, kafka_ends, limits, not_caught_up
 from pipelines.lake.declaration import declared
+from pipelines.runtime.commands import JSON_OPTION, echo_json
 from pipelines.runtime.local_process import LocalProcess
 from pipelines.runtime.settings import INGEST_TRIGGER_SECONDS, PROJECT_ROOT, kafka_bootstrap, lake_root
 
@@ -76,6 +77,12 @@ class StreamProcess(LocalProcess):
         return (pid is None or self.pid() != pid) and not judge(self.files.heartbeat(), self.lim).live
 
 
+def status_line(found: dict[str, Any]) -> str:
+    """`stream status`'s text of a `LocalStream.snapshot`: the stream's health and why, then its process."""
+    proc = f"process {found['pid']} running" if found["pid"] else "no supervised process"
+    return f"{found['state']}: {found['why']}; {proc} (log {found['log']})"
+
+
 class LocalStream(StreamTarget):
     def __init__(self, run_dir: Path | None = None, root: str | None = None,
                  trigger_seconds: float = INGEST_TRIGGER_SECONDS, lim: Limits | None = None) -> None:
@@ -104,11 +111,14 @@ class LocalStream(StreamTarget):
     def health(self) -> Health:
         return judge(self.files.heartbeat(), self.lim)
 
-    def status(self) -> str:
-        pid = self.pid()
-        proc = f"process {pid} running" if pid else "no supervised process"
+    def snapshot(self) -> dict[str, Any]:
+        """What `stream status` reports, read once: the heartbeat's judgement and the supervised process."""
         health = self.health()
-        return f"{health.state}: {health.why}; {proc} (log {self.process.log_path})"
+        return {"state": health.state, "why": health.why, "healthy": health.state == "healthy", "live": health.live,
+                "pid": self.pid(), "log": str(self.process.log_path)}
+
+    def status(self) -> str:
+        return status_line(self.snapshot())
 
     def ensure(self) -> str:
         health = self.health()
@@ -158,33 +168,83 @@ class LocalStream(StreamTarget):
         raise StreamError(f"the stream did not stop: {self.health().why}")
 
 
-@click.command("stream")
-@click.argument("action", type=click.Choice([*ACTIONS, "wait"]), default="status")
-@click.option("--run-dir", type=click.Path(path_type=Path), default=None,
-              help="Pid file, log and lock of the supervised stream  [default: $LAKEHOUSE_RUN_DIR/bronze-stream, "
-                   ".run/bronze-stream]")
-@click.option("--trigger-seconds", type=click.FloatRange(min=0), default=INGEST_TRIGGER_SECONDS, show_default=True,
-              help="Micro-batch interval of a stream this starts.")
-@click.option("--timeout", type=click.FloatRange(min=0), default=600.0, show_default=True,
-              help="`wait`: seconds to wait before giving up (exit 1, saying what is left).")
-def stream(action: str, run_dir: Path | None, trigger_seconds: float, timeout: float) -> None:
-    """Supervise the bronze ingest stream on this machine (what the bronze_ingest_stream DAG runs).
+RUN_DIR_OPTION = click.option(
+    "--run-dir", type=click.Path(path_type=Path), default=None,
+    help="Pid file, log and lock of the supervised stream  [default: $LAKEHOUSE_RUN_DIR/bronze-stream, "
+         ".run/bronze-stream]")
+TRIGGER_OPTION = click.option("--trigger-seconds", type=click.FloatRange(min=0), default=INGEST_TRIGGER_SECONDS,
+                              show_default=True, help="Micro-batch interval of a stream this starts.")
 
-    \b
-    status   health from the stream's heartbeat (exit 0 whatever it is)
-    ensure   start one if none runs, restart one that died or stalled, else nothing
-    start    start one (fails if one runs)
-    stop     stop request (the batch in progress commits), then SIGTERM, then SIGKILL;
-             the stream stays stopped (`ensure` leaves it) until start, restart or upgrade
-    restart  stop, then start from the same checkpoint
-    upgrade  the same, so that the code installed now runs (after `git pull` or a new wheel)
-    wait     until the running stream has committed every record on its topics now (before a planned
-             stop, or a job that must see them in bronze); exit 1 after --timeout, saying what is left
+
+@click.group("stream")
+def stream() -> None:
+    """Supervise the bronze ingest stream on this machine (what the bronze_ingest_stream DAG runs).
 
     Health limits and timeouts: hudi_configs/stream.toml.
     """
-    try:
-        target = LocalStream(run_dir, trigger_seconds=trigger_seconds)
-        click.echo(target.wait(timeout) if action == "wait" else target.run(action))
-    except StreamError as exc:
-        raise click.ClickException(str(exc)) from exc
+
+
+@stream.command("status")
+@RUN_DIR_OPTION
+@JSON_OPTION
+def stream_status(run_dir: Path | None, as_json: bool) -> None:
+    """Health from the stream's heartbeat, and the supervised process; exit 0 only when the stream is healthy."""
+    target = LocalStream(run_dir)
+    found = target.snapshot()
+    if as_json:
+        echo_json(found)
+    else:
+        click.echo(status_line(found))
+    if not found["healthy"]:
+        raise SystemExit(1)
+
+
+@stream.command("ensure")
+@RUN_DIR_OPTION
+@TRIGGER_OPTION
+def stream_ensure(run_dir: Path | None, trigger_seconds: float) -> None:
+    """Start one if none runs, restart one that died or stalled, else nothing; a stopped stream stays stopped."""
+    click.echo(LocalStream(run_dir, trigger_seconds=trigger_seconds).run("ensure"))
+
+
+@stream.command("start")
+@RUN_DIR_OPTION
+@TRIGGER_OPTION
+def stream_start(run_dir: Path | None, trigger_seconds: float) -> None:
+    """Start one (fails if one runs)."""
+    click.echo(LocalStream(run_dir, trigger_seconds=trigger_seconds).run("start"))
+
+
+@stream.command("stop")
+@RUN_DIR_OPTION
+def stream_stop(run_dir: Path | None) -> None:
+    """Stop request (the batch in progress commits), then SIGTERM, then SIGKILL, each after its timeout; the stream
+    stays stopped (`ensure` leaves it) until start, restart or upgrade."""
+    click.echo(LocalStream(run_dir).run("stop"))
+
+
+@stream.command("restart")
+@RUN_DIR_OPTION
+@TRIGGER_OPTION
+def stream_restart(run_dir: Path | None, trigger_seconds: float) -> None:
+    """Stop, then start from the same checkpoint."""
+    click.echo(LocalStream(run_dir, trigger_seconds=trigger_seconds).run("restart"))
+
+
+@stream.command("upgrade")
+@RUN_DIR_OPTION
+@TRIGGER_OPTION
+def stream_upgrade(run_dir: Path | None, trigger_seconds: float) -> None:
+    """Stop, then start from the same checkpoint, so that the code installed now runs (after `git pull` or a new
+    wheel)."""
+    click.echo(LocalStream(run_dir, trigger_seconds=trigger_seconds).run("upgrade"))
+
+
+@stream.command("wait")
+@RUN_DIR_OPTION
+@click.option("--timeout", type=click.FloatRange(min=0), default=600.0, show_default=True,
+              help="Seconds to wait before giving up (exit 1, saying what is left).")
+def stream_wait(run_dir: Path | None, timeout: float) -> None:
+    """Until the running stream has committed every record on its topics now (before a planned stop, or a job
+    that must see them in bronze); exit 1 after --timeout, saying what is left."""
+    click.echo(LocalStream(run_dir).wait(timeout))

@@ -5,11 +5,15 @@ Importing this module imports no Spark: the erasure's Spark work is imported whe
 
 from __future__ import annotations
 
-import sys
-from typing import TextIO
+import json
+from dataclasses import dataclass
+from typing import Any, TextIO
 
 import click
 
+from pipelines.errors import InvalidRequest
+from pipelines.gdpr import inbox
+from pipelines.gdpr.request import MAX_IDS, ErasureRequest, parse_request, parse_requests
 from pipelines.runtime import console, settings
 
 
@@ -35,8 +39,7 @@ def gdpr() -> None:
                    "the Airflow DAG) in one run, and take them out of it once verified. Not with the options above.")
 @click.option("--reference", default=None, help="The request's reference (ticket); names the certificate.")
 @click.option("--requested-by", default="operator", show_default=True, help="Who asked for the erasure.")
-def erase(customer_id: tuple[str, ...], customer_ids: str | None, customer_ids_file: TextIO | None,
-          requests_file: TextIO | None, pending: bool, reference: str | None, requested_by: str) -> None:
+def erase(**given: Any) -> None:
     """Erase customers and their orders from every table, retained version, file and source topic, then prove it.
 
     Every request is checked before anything runs: an empty, malformed or oversized id list
@@ -47,43 +50,65 @@ def erase(customer_id: tuple[str, ...], customer_ids: str | None, customer_ids_f
     line: the request's summary, or a list of them when the run erased several. Beside a
     running ingest stream, run both with LAKEHOUSE_TABLE_SERVICES=external.
     """
-    import json
+    options = EraseOptions(**given)
+    if (options.requests_file is not None or options.pending) and \
+            (options.names_ids() or (options.requests_file is not None and options.pending)):
+        raise InvalidRequest("--requests-file and --pending name their own ids and references: give neither "
+                             "--customer-id, --customer-ids, --customer-ids-file, --reference nor the other one "
+                             "with them")
+    filed = _pending() if options.pending else []
+    if options.pending and not filed:
+        click.echo(json.dumps({"status": "no pending request", "inbox": inbox.inbox()}))
+        _push_inbox()
+        return
+    requests = [f.request for f in filed] if options.pending else _given_requests(options)
+    _erase(requests, filed)
 
-    from pipelines.gdpr import inbox
-    from pipelines.errors import InvalidRequest
-    from pipelines.gdpr.request import MAX_IDS, parse_request, parse_requests
 
+@dataclass(frozen=True)
+class EraseOptions:
+    """`gdpr erase`'s options: the ways of naming the requests (one per run: ids with a reference, a requests
+    file, or the inbox's pending ones)."""
+
+    customer_id: tuple[str, ...]
+    customer_ids: str | None
+    customer_ids_file: TextIO | None
+    requests_file: TextIO | None
+    pending: bool
+    reference: str | None
+    requested_by: str
+
+    def names_ids(self) -> bool:
+        """Whether the options name ids or a reference themselves, which a requests file or the inbox does."""
+        return bool(self.customer_id) or self.customer_ids is not None or self.customer_ids_file is not None \
+            or self.reference is not None
+
+
+def _pending() -> list[inbox.Filed]:
+    """The inbox's waiting requests one run erases: up to MAX_IDS ids; the rest wait for the next run."""
     filed: list[inbox.Filed] = []
-    try:
-        if requests_file is not None or pending:
-            if customer_id or customer_ids is not None or customer_ids_file is not None or reference is not None \
-                    or (requests_file is not None and pending):
-                raise InvalidRequest("--requests-file and --pending name their own ids and references: give "
-                                     "neither --customer-id, --customer-ids, --customer-ids-file, --reference "
-                                     "nor the other one with them")
-            if pending:
-                for waiting in inbox.pending():  # up to MAX_IDS ids a run; the rest wait for the next
-                    if filed and sum(len(f.request.customer_ids) for f in filed) \
-                            + len(waiting.request.customer_ids) > MAX_IDS:
-                        break
-                    filed.append(waiting)
-                if not filed:
-                    click.echo(json.dumps({"status": "no pending request", "inbox": inbox.inbox()}))
-                    _push_inbox()
-                    return
-                requests = [f.request for f in filed]
-            elif requests_file is not None:  # the only other way here
-                requests = parse_requests(_json_of(requests_file))
-        else:
-            ids: list[str] = list(customer_id)
-            if customer_ids is not None:
-                ids += [part.strip() for part in customer_ids.split(",")]
-            if customer_ids_file is not None:
-                ids += _ids_in(customer_ids_file)
-            requests = [parse_request(ids, reference, requested_by)]
-    except InvalidRequest as exc:
-        click.echo(f"Error: {exc}", err=True)
-        sys.exit(2)
+    for waiting in inbox.pending():
+        if filed and sum(len(f.request.customer_ids) for f in filed) + len(waiting.request.customer_ids) > MAX_IDS:
+            break
+        filed.append(waiting)
+    return filed
+
+
+def _given_requests(options: EraseOptions) -> list[ErasureRequest]:
+    """The requests the command line names: a requests file's, or one of the ids given and the reference;
+    InvalidRequest (exit 2, nothing erased) listing what is wrong."""
+    if options.requests_file is not None:
+        return parse_requests(_json_of(options.requests_file))
+    ids: list[str] = list(options.customer_id)
+    if options.customer_ids is not None:
+        ids += [part.strip() for part in options.customer_ids.split(",")]
+    if options.customer_ids_file is not None:
+        ids += _ids_in(options.customer_ids_file)
+    return [parse_request(ids, options.reference, options.requested_by)]
+
+
+def _erase(requests: list[ErasureRequest], filed: list[inbox.Filed]) -> None:
+    """Erase the requests in one run and print their summaries; the inbox's `filed` leave it once verified."""
     from pipelines.gdpr.erase import erase_all
     from pipelines.monitoring import job_metrics, metric_names
     from pipelines.monitoring.pushgateway import JobMetrics
@@ -121,16 +146,8 @@ def request(customer_id: tuple[str, ...], customer_ids: str | None, reference: s
     Checked as `gdpr erase` checks it (exit 2, nothing filed, when invalid). Filing the same
     reference again replaces the waiting request.
     """
-    from pipelines.gdpr import inbox
-    from pipelines.errors import InvalidRequest
-    from pipelines.gdpr.request import parse_request
-
     ids = list(customer_id) + ([p.strip() for p in customer_ids.split(",")] if customer_ids is not None else [])
-    try:
-        filed = inbox.file_request(parse_request(ids, reference, requested_by))
-    except InvalidRequest as exc:
-        click.echo(f"Error: {exc}", err=True)
-        sys.exit(2)
+    filed = inbox.file_request(parse_request(ids, reference, requested_by))
     click.echo(f"filed {reference}: {filed}")
     _push_inbox()
 
@@ -138,7 +155,6 @@ def request(customer_id: tuple[str, ...], customer_ids: str | None, reference: s
 def _push_inbox() -> None:
     """Push what waits in the erasure inbox (after a request is filed, and after each erasure run): the
     erasure-overdue alert watches the oldest request's filing time, so it needs no further push to fire."""
-    from pipelines.gdpr import inbox
     from pipelines.monitoring import job_metrics, metric_names, pushgateway
     from pipelines.monitoring.pushgateway import JobMetrics
 
@@ -159,10 +175,6 @@ def _ids_in(stream: TextIO) -> list[str]:
 
 
 def _json_of(stream: TextIO) -> object:
-    import json
-
-    from pipelines.errors import InvalidRequest
-
     try:
         return json.loads(stream.read())
     except ValueError as exc:

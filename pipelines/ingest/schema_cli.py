@@ -7,9 +7,12 @@ import json
 
 import click
 
+from pipelines.errors import UnknownTable
 from pipelines.ingest.schema import COLUMNS_META, Shape, accept, held_column, read_accepted
+from pipelines.lake.catalog import table_name
 from pipelines.lake.declaration import declared
 from pipelines.runtime import settings
+from pipelines.runtime.commands import JSON_OPTION, echo_json
 
 BATCH_ID_META = "_lakehouse.batch_id"  # as pipelines.ingest.bronze writes it (not imported: that pulls in Spark)
 
@@ -56,18 +59,33 @@ def schema() -> None:
     """Bronze's columns as the source's tables change (contract section 6)."""
 
 
-def _declared_table(_: click.Context, __: click.Parameter, value: str | None) -> str | None:
-    if value is not None and value not in declared().names:
-        raise click.BadParameter(f"no declared table {value!r} (declared: {', '.join(declared().names)})")
-    return value
+def _declared_table(_context: click.Context, _parameter: click.Parameter, value: str | None) -> str | None:
+    """TABLE: a declared table by its own name (`orders`) or by its bronze table's, in either spelling
+    (`bronze/orders`, `bronze.orders`); its declared name."""
+    if value is None or value in declared().names:
+        return value
+    try:
+        layer, _, name = table_name(value).partition("/")
+    except UnknownTable:
+        layer = name = ""
+    if layer == "bronze" and name in declared().names:
+        return name
+    raise click.BadParameter(f"no declared table {value!r} (declared: {', '.join(declared().names)}; "
+                             "or their bronze tables, bronze/<name> or bronze.<name>)")
 
 
 @schema.command("show")
 @click.argument("table", required=False, callback=_declared_table)
-def show(table: str | None) -> None:
+@JSON_OPTION
+def show(table: str | None, as_json: bool) -> None:
     """List each bronze table's columns with the commit that introduced each (and any widening)."""
-    for name in [table] if table else declared().names:
-        rows = history(name)
+    shown = {name: history(name) for name in ([table] if table else declared().names)}
+    if as_json:
+        echo_json({"tables": [{"table": f"bronze/{name}", "created": bool(rows), "columns": [
+            {"column": r["column"], "type": r["type"], "typed_by": r["typed by"], "since": r["since"],
+             "widened": r["widened"] or None} for r in rows]} for name, rows in shown.items()]})
+        return
+    for name, rows in shown.items():
         click.echo(f"bronze/{name}" + ("" if rows else "  (not created yet)"))
         for r in rows:
             extra = f"  {r['widened']}" if r["widened"] else ""

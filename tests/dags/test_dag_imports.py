@@ -45,7 +45,7 @@ def test_local_tasks_submit_the_cli_with_the_jars_and_external_table_services() 
     dag = _dagbag().dags["lakehouse_incremental_etl"]
     (task,) = dag.tasks
     command = task.bash_command
-    assert ".venv/bin/spark-submit" in command and "pipelines/cli/app.py etl" in command
+    assert ".venv/bin/spark-submit" in command and "pipelines/cli/__main__.py etl" in command
     assert "hudi-spark3.5-bundle_2.12-1.0.2.jar" in command
     assert task.env["LAKEHOUSE_TABLE_SERVICES"] == "external"
     assert {a.name for a in task.outlets} == {"silver/customers", "silver/orders", "gold/customer_ltv",
