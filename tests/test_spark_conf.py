@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from hudi_configs import test_profile
+from hudi_configs import test_profile as overrides_profile
 from pipelines.deploy.jobs import SparkJob
+from pipelines.errors import SettingError
 from pipelines.runtime.settings import PROJECT_ROOT
 from pipelines.runtime.spark_conf import PARENT_VARIABLE, ROOT_PARENT_VARIABLE, spark_conf
 from tests.lake import LINEAGE_ON, with_overrides
@@ -64,7 +65,7 @@ def test_on_a_cluster_executors_get_the_drivers_jars_python_and_store(jars, tmp_
 
 def test_a_master_that_is_not_standalone_is_refused(jars, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LAKEHOUSE_SPARK_MASTER", "yarn")
-    with pytest.raises(ValueError, match="LAKEHOUSE_SPARK_MASTER='yarn': expected a standalone master"):
+    with pytest.raises(SettingError, match="LAKEHOUSE_SPARK_MASTER='yarn': expected a standalone master"):
         spark_conf()
 
 
@@ -109,12 +110,12 @@ def test_lineage_options_follow_the_target_the_airflow_task_and_the_overrides(ja
     assert "spark.extraListeners" in conf
     assert not any(k.startswith(("spark.openlineage.parent", "spark.openlineage.rootParent")) for k in conf)
     monkeypatch.setenv(PARENT_VARIABLE, "lakehouse/no-run-id")
-    with pytest.raises(ValueError, match="expected namespace/job name/run id"):
+    with pytest.raises(SettingError, match="expected namespace/job name/run id"):
         spark_conf()
     monkeypatch.delenv(PARENT_VARIABLE)
 
     # The suite's profile turns it off (its cost), entirely; a test's overrides after it turn it on again.
-    monkeypatch.setenv("LAKEHOUSE_HUDI_OVERRIDES", str(test_profile()))
+    monkeypatch.setenv("LAKEHOUSE_HUDI_OVERRIDES", str(overrides_profile()))
     assert not [k for k in spark_conf() if "openlineage" in k or k == "spark.extraListeners"]
     assert spark_conf("emr")["spark.jars.packages"] == "org.apache.spark:spark-sql-kafka-0-10_2.12:3.5.6"
     monkeypatch.setenv("LAKEHOUSE_HUDI_OVERRIDES", with_overrides(tmp_path / "on.toml", LINEAGE_ON))

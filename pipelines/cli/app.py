@@ -94,7 +94,7 @@ for entry in metadata.entry_points(group="lakehouse.commands"):
 @click.option("--bootstrap", default=None, help="Kafka brokers  [default: $KAFKA_BOOTSTRAP_SERVERS]")
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
               help="Port of the stream's Prometheus exporter on 127.0.0.1 (batches, commits, freshness, lag, dead "
-                   "letters, heartbeat; scraped by `lakehouse dev metrics up`), 0 for none  "
+                   "letters, heartbeat; scraped by `lakehouse dev metrics start`), 0 for none  "
                    "[default: stream.toml [metrics] port, 9464]")
 @click.option("--spark-ui-port", type=click.IntRange(0, 65535), default=None,
               help="Port of the driver's Spark UI, which serves Spark's own metrics for Prometheus "
@@ -251,7 +251,7 @@ def services(tables: tuple[str, ...], only: tuple[str, ...]) -> None:
         plan = ServicesPlan(names or None, tuple(s for s in SERVICES if s in only) if only else SERVICES, own)
         report = run_services(get_spark("lakehouse-services"), settings.lake_root(), plan, keep_going=True,
                               timings=timings)
-    except ValueError as exc:
+    except (UnknownTable, ValueError) as exc:  # a table the lake does not have, a setting that cannot be used
         raise click.ClickException(str(exc)) from exc
     except Exception as exc:  # Spark/Hudi failures: name them and exit 1
         run.push(succeeded=False)

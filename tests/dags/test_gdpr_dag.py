@@ -148,7 +148,7 @@ def test_local_command_erases_the_pending_requests_and_names_nobody(monkeypatch:
     assert "{{" not in task.bash_command and "}}" not in task.bash_command
     argv = _bash_argv(task.bash_command)
     assert argv[0].endswith(".venv/bin/spark-submit")
-    assert argv[-4:] == [str(DAGS.parent / "pipelines" / "cli.py"), "gdpr", "erase", "--pending"]
+    assert argv[-4:] == [str(DAGS.parent / "pipelines" / "cli" / "__main__.py"), "gdpr", "erase", "--pending"]
     assert task.env["LAKEHOUSE_TABLE_SERVICES"] == "external" and task.append_env
     assert task.env["LAKEHOUSE_GDPR_INBOX"] == str(inbox)  # the job reads the inbox the request went to
 
