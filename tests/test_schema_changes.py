@@ -58,7 +58,7 @@ def _bronze_extras(spark: SparkSession, root: str, table: str, columns: tuple[st
 
 def _declare_silver_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, extra: tuple[str, ...]) -> None:
     """LAKEHOUSE_TABLES: a copy of the shop's declaration whose customers carry `extra` into silver."""
-    shop = (Path(__file__).parents[1] / "pipelines" / SHOP).read_text()
+    shop = (Path(__file__).parents[1] / "pipelines" / "lake" / SHOP).read_text()
     columns = re.search(r"^\[tables\.customers\]\n(?:.*\n)*?columns = .*\n", shop, re.MULTILINE)
     assert columns, "the shop's declaration declares customers' columns"
     path = tmp_path / f"tables-{len(extra)}.toml"
