@@ -230,4 +230,4 @@ def test_executors_import_the_shipped_code_with_the_drivers_python(cluster: Loca
     assert done.returncode == 0, done.stderr[-3000:]
     seen = json.loads(done.stdout.splitlines()[-1])
     assert {python for python, _ in seen} == {sys.executable}
-    assert all(f"lakehouse.zip{os.sep}pipelines{os.sep}declaration.py" in path for _, path in seen), seen
+    assert all(f"lakehouse.zip{os.sep}pipelines{os.sep}lake{os.sep}declaration.py" in path for _, path in seen), seen
