@@ -48,8 +48,9 @@ from airflow.exceptions import AirflowFailException
 from airflow.sdk import DAG, Param, task
 from lakehouse_common import DEFAULT_ARGS, START, alerting, etl_outputs, job, spark_task
 
+from pipelines.errors import InvalidRequest
 from pipelines.gdpr.inbox import file_request
-from pipelines.gdpr.request import MAX_ID, MAX_IDS, REFERENCE_PATTERN, InvalidRequest, parse_request
+from pipelines.gdpr.request import MAX_ID, MAX_IDS, REFERENCE_PATTERN, parse_request
 
 log = logging.getLogger(__name__)
 

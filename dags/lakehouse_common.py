@@ -24,7 +24,7 @@ from airflow.sdk.definitions.deadline import AsyncCallback, DeadlineAlert, Deadl
 
 from pipelines.deploy.alerts import LakehouseNotifier
 from pipelines.deploy.jobs import JOB_ENV, SparkJob
-from pipelines.lake.catalog import change_feed_tables, lake_table, names
+from pipelines.lake.catalog import WriterKind, change_feed_tables, lake_table, names
 from pipelines.runtime.settings import PROJECT_ROOT, lake_root
 from pipelines.runtime.spark_conf import PARENT_VARIABLE, ROOT_PARENT_VARIABLE
 
@@ -105,7 +105,7 @@ def etl_outputs() -> list[Asset]:
 def etl_inputs() -> list[Asset]:
     """What every etl cycle reads: bronze's change logs (a first or a rebuilding cycle reads bronze's main
     tables and delete ledgers too). The task's OpenLineage inputs."""
-    return [table_asset(name) for name in names(writer="changelog")]
+    return [table_asset(name) for name in names(writer=WriterKind.CHANGELOG)]
 
 
 def _macro(name: str) -> str:

@@ -39,7 +39,8 @@ class UnknownTable(LakehouseError, KeyError):
 
 
 class SetupError(LakehouseError, RuntimeError):
-    """The machine lacks what the lake needs to run here (Java, the project's virtualenv); the message says what."""
+    """The machine lacks what the lake needs to run here (Java, pyspark, the resolved jars), or a setup step could not
+    make it; the message says what."""
 
 
 # --------------------------------------------------------------------------- the services the lake reads and writes
@@ -57,7 +58,8 @@ class ConnectError(SourceError):
 
 
 class StorageError(LakehouseError, ValueError):
-    """A file of the lake that cannot be read as what it should be (a timeline file cut short, a foreign format)."""
+    """The lake's storage does not hold what it should: no lake root, a timeline file cut short or in a format
+    not read here, a commit that is missing; the message names the path."""
 
 
 class CatalogUnavailable(LakehouseError, RuntimeError):

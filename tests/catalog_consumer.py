@@ -14,7 +14,8 @@ import sys
 
 from pyspark.sql import SparkSession
 
-from pipelines.metastore.query import QueryError, run_sql
+from pipelines.errors import QueryError
+from pipelines.metastore.query import run_sql
 
 
 def main(spec_path: str) -> None:

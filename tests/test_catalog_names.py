@@ -9,9 +9,10 @@ from __future__ import annotations
 import pytest
 
 from pipelines.deploy.jobs import SparkJob
+from pipelines.errors import QueryError, SettingError, UnknownTable
 from pipelines.lake.catalog import lake_catalog, table_name, writer_options
 from pipelines.metastore.catalog_sync import catalog_kind, catalog_name, catalog_session_conf, in_lake, sync_properties
-from pipelines.metastore.query import QueryError, as_of_instant, referenced_tables, with_as_of
+from pipelines.metastore.query import as_of_instant, referenced_tables, with_as_of
 
 pytestmark = pytest.mark.unit
 
@@ -26,7 +27,7 @@ def test_every_lake_table_has_one_name_in_its_layer_database() -> None:
     for table in lake_catalog():
         assert table_name(catalog_name(table.name)) == table.name
     assert table_name("bronze.orders_rt") == table_name("BRONZE.ORDERS_RO") == "bronze/orders"
-    with pytest.raises(KeyError, match=r"no lake table is registered as 'silver\.nope'"):
+    with pytest.raises(UnknownTable, match=r"no lake table is registered as 'silver\.nope'"):
         table_name("silver.nope")
 
 
@@ -35,7 +36,7 @@ def test_sync_is_off_without_a_metastore_and_refuses_a_wrong_uri(monkeypatch: py
     monkeypatch.setenv("LAKEHOUSE_TARGET", "local")
     assert catalog_kind() is None
     monkeypatch.setenv("LAKEHOUSE_METASTORE_URI", "http://127.0.0.1:9083")
-    with pytest.raises(ValueError, match="expected a Hive Metastore's thrift://host:port"):
+    with pytest.raises(SettingError, match="expected a Hive Metastore's thrift://host:port"):
         catalog_kind()
     assert in_lake("/x/lake/silver/orders") and in_lake("s3://b/p/bronze/_changelog/orders")
     assert not in_lake("/x/lake/_gdpr/registry")

@@ -10,9 +10,10 @@ import pytest
 from click.testing import CliRunner
 
 from pipelines.cli.app import main
+from pipelines.errors import DeclarationError
 from pipelines.lake import contract
 from pipelines.lake.catalog import change_feed_tables, erasure_uncovered, gold_declared, names
-from pipelines.lake.declaration import DeclarationError, declared, load
+from pipelines.lake.declaration import declared, load
 
 pytestmark = pytest.mark.unit
 

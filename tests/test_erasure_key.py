@@ -12,6 +12,7 @@ import pytest
 from moto import mock_aws
 
 from pipelines.deploy.jobs import JOB_ENV, SparkJob
+from pipelines.errors import SecretError
 from pipelines.lake.erasure_registry import erasure_key
 
 pytestmark = pytest.mark.unit
@@ -48,12 +49,12 @@ def test_a_secret_by_name_or_by_arn_in_another_region(aws, monkeypatch, tmp_path
 
 def test_a_missing_or_short_secret_is_an_error_naming_it(aws, monkeypatch) -> None:
     monkeypatch.setenv("LAKEHOUSE_ERASURE_KEY_SECRET", "lakehouse/missing")
-    with pytest.raises(RuntimeError, match=r"LAKEHOUSE_ERASURE_KEY_SECRET=lakehouse/missing: cannot read .*"
+    with pytest.raises(SecretError, match=r"LAKEHOUSE_ERASURE_KEY_SECRET=lakehouse/missing: cannot read .*"
                                            r"ResourceNotFoundException"):
         erasure_key()
     boto3.client("secretsmanager").create_secret(Name="lakehouse/short", SecretString="abc")
     monkeypatch.setenv("LAKEHOUSE_ERASURE_KEY_SECRET", "lakehouse/short")
-    with pytest.raises(RuntimeError, match="3 characters; the erasure key must be at least 32"):
+    with pytest.raises(SecretError, match="3 characters; the erasure key must be at least 32"):
         erasure_key()
 
 

@@ -11,8 +11,9 @@ from click.testing import CliRunner
 
 from lakehouse_dev.object_store import BUCKET, ObjectStore
 from pipelines.cli.app import main
+from pipelines.errors import InvalidRequest
 from pipelines.gdpr import inbox
-from pipelines.gdpr.request import InvalidRequest, parse_request, parse_requests
+from pipelines.gdpr.request import parse_request, parse_requests
 
 pytestmark = pytest.mark.unit
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
+from pipelines.errors import StorageError
 from pipelines.gdpr.scan import Finding, ScanReport, Subject, scan_lake
 from pipelines.gdpr.scan.model import Chunk
 from pipelines.lake.catalog import bronze_options, gold_options, keyed_options, silver_options
@@ -196,7 +197,7 @@ def test_data_files_that_do_not_decode_are_findings(spark: SparkSession, lake: P
 
 @pytest.mark.integration
 def test_a_missing_root_is_an_error_not_a_clean_lake(spark: SparkSession, tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(StorageError, match="does not exist"):
         scan_lake(spark, str(tmp_path / "no-such-lake"), SUBJECT)
 
 

@@ -13,10 +13,11 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from lakehouse_dev.generator import ShopSource, WorkloadConfig
+from pipelines.errors import DeclarationError
 from pipelines.ingest.parse import row_schema
 from pipelines.lake import contract
 from pipelines.lake.catalog import gold_missing
-from pipelines.lake.declaration import DeclarationError, TableDecl, declared, parse
+from pipelines.lake.declaration import TableDecl, declared, parse
 from pipelines.transform.silver import clean, silver_columns
 
 

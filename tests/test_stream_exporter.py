@@ -10,6 +10,7 @@ import urllib.request
 
 import pytest
 
+from pipelines.errors import StreamError
 from pipelines.ingest.batch import BatchReport, TableRead
 from pipelines.ingest.exporter import TOTAL_PHASE, StreamExporter, kafka_lag
 from pipelines.monitoring import metric_names as m
@@ -132,7 +133,7 @@ def test_the_exporter_serves_its_metrics_and_a_taken_port_fails_naming_it() -> N
         assert f'{m.BATCH_RECORDS.name}{{table="orders"}} 3.0' in text
         assert f"# TYPE {m.BATCH_DURATION.name} histogram" in text
         assert "_created" not in text
-        with pytest.raises(OSError, match=f"cannot listen on {HOST}:{port}"):
+        with pytest.raises(StreamError, match=f"cannot listen on {HOST}:{port}"):
             StreamExporter.serve(port)
     finally:
         exporter.close()

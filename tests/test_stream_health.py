@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from pipelines.errors import AnotherStreamRunning
 from pipelines.ingest.stream import (
-    AnotherStreamRunning,
     Heartbeat,
     Limits,
     StreamLease,

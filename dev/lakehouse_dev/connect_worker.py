@@ -25,8 +25,9 @@ from lakehouse_dev.connect_config import (
     worker_config,
 )
 from lakehouse_dev.kafka_local import java_options
+from pipelines.errors import StartFailed
 from pipelines.lake.declaration import Declaration
-from pipelines.runtime.local_process import HOST, LocalProcess, StartFailed, java_command, port_open
+from pipelines.runtime.local_process import HOST, LocalProcess, java_command, port_open
 from pipelines.runtime.settings import jvm_dir
 
 CONNECT_HEAP = ("-Xmx512m", "-Xms128m")

@@ -15,7 +15,8 @@ from lakehouse_dev.connect_config import CONNECTOR, PUBLICATION, SLOT
 from lakehouse_dev.connect_worker import SourceError, slot_status
 from lakehouse_dev.pg_source import DEFAULT_HOME, RealSource
 from lakehouse_dev.source_sync import SyncError, published
-from pipelines.lake.declaration import DeclarationError, declared
+from pipelines.errors import DeclarationError
+from pipelines.lake.declaration import declared
 from pipelines.runtime.settings import kafka_bootstrap
 
 HOME_OPTION = click.option(

@@ -26,10 +26,10 @@ from typing import Any, Self
 
 import click
 
+from pipelines.errors import StartFailed
 from pipelines.runtime.local_process import (
     HOST,
     LocalProcess,
-    StartFailed,
     command_line,
     free_port,
     port_open,

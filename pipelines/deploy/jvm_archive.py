@@ -22,6 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from pipelines.errors import SetupError
 from pipelines.lake.catalog import bronze_options, keyed_options, silver_options
 from pipelines.runtime.jvm import driver_gateway
 from pipelines.runtime.spark import get_spark
@@ -67,14 +68,17 @@ def build(target: Path) -> None:
     gateway.proc.stdin.close()
     gateway.proc.wait(timeout=600)
     if not partial.is_file():
-        raise SystemExit(f"the driver JVM wrote no archive at {partial}")
+        raise SetupError(f"the driver JVM wrote no archive at {partial}")
     partial.rename(target)
 
 
 def main(argv: list[str] | None = None) -> None:
     argparse.ArgumentParser(prog="python -m pipelines.deploy.jvm_archive", description=__doc__.splitlines()[0],
                             epilog=f"Writes {archive_path()} (LAKEHOUSE_JVM_DIR moves it).").parse_args(argv)
-    build(archive_path())
+    try:
+        build(archive_path())
+    except SetupError as exc:
+        raise SystemExit(str(exc)) from exc
     print(f"JVM class archive: {archive_path()}", file=sys.stderr)
 
 

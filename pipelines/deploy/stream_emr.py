@@ -25,7 +25,7 @@ from typing import Any
 from pipelines.deploy.jobs import JOB_ENV, SparkJob
 from pipelines.deploy.stream_target import StreamTarget
 from pipelines.errors import StreamError
-from pipelines.ingest.stream import ControlFiles, Limits, judge, limits
+from pipelines.ingest.stream import ControlFiles, Limits, StreamState, judge, limits
 from pipelines.runtime.settings import INGEST_TRIGGER_SECONDS
 
 log = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ class EmrStream(StreamTarget):
         if self.files.stop_request():
             return f"stopping: step {steps[0]['Id']} was asked to stop"
         started = steps[0]["Status"]["Timeline"].get("StartDateTime")
-        if health.state in ("absent", "stopped") and (
+        if health.state in (StreamState.ABSENT, StreamState.STOPPED) and (
                 started is None or time.time() - started.timestamp() < self.lim.start_timeout_seconds):
             return f"starting: step {steps[0]['Id']} {steps[0]['Status']['State']}, no heartbeat yet"
         return f"restarted ({health.state}: {health.why}): {self.stop()}; {self.start()}"

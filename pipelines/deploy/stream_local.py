@@ -24,8 +24,9 @@ from typing import Any
 import click
 
 from pipelines.deploy.jobs import JOB_ENV
-from pipelines.deploy.stream_target import StreamError, StreamTarget
-from pipelines.ingest.stream import ControlFiles, Health, Limits, judge, kafka_ends, limits, not_caught_up
+from pipelines.deploy.stream_target import StreamTarget
+from pipelines.errors import StreamError
+from pipelines.ingest.stream import ControlFiles, Health, Limits, StreamState, judge, kafka_ends, limits, not_caught_up
 from pipelines.lake.declaration import declared
 from pipelines.runtime.commands import JSON_OPTION, echo_json
 from pipelines.runtime.local_process import LocalProcess
@@ -114,8 +115,8 @@ class LocalStream(StreamTarget):
     def snapshot(self) -> dict[str, Any]:
         """What `stream status` reports, read once: the heartbeat's judgement and the supervised process."""
         health = self.health()
-        return {"state": health.state, "why": health.why, "healthy": health.state == "healthy", "live": health.live,
-                "pid": self.pid(), "log": str(self.process.log_path)}
+        return {"state": health.state, "why": health.why, "healthy": health.state == StreamState.HEALTHY,
+                "live": health.live, "pid": self.pid(), "log": str(self.process.log_path)}
 
     def status(self) -> str:
         return status_line(self.snapshot())

@@ -59,7 +59,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 import hudi_configs
-from pipelines.errors import StorageError
+from pipelines.errors import ErasureError, StorageError
 from pipelines.gdpr.certificate import (
     Certificate,
     FurtherSweep,
@@ -343,13 +343,13 @@ def erase_all(requests: list[ErasureRequest], spark: SparkSession | None = None,
 def _validate(requests: list[ErasureRequest]) -> None:
     """Step: refuse a run that could not be certified truthfully, before anything is read or written."""
     if not requests:
-        raise ValueError("no erasure request given")
+        raise ErasureError("no erasure request given")
     if uncovered := erasure_uncovered():  # none today: every layout is covered (pipelines.lake.catalog)
         # Claiming "verified" while a declared table may still hold the subject's rows would be false.
-        raise ValueError(f"the erasure does not cover declared table(s) {', '.join(uncovered)} ({declared().path})")
+        raise ErasureError(f"the erasure does not cover declared table(s) {', '.join(uncovered)} ({declared().path})")
     references = [r.reference for r in requests]
     if len(set(references)) != len(references):
-        raise ValueError(f"references must differ within one run, got {references}: each names its certificate")
+        raise ErasureError(f"references must differ within one run, got {references}: each names its certificate")
 
 
 def _find(run: _Run) -> _Held:

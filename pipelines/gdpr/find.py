@@ -25,7 +25,7 @@ from pyspark.sql import functions as F
 
 import hudi_configs
 from pipelines.gdpr.scan import Subject
-from pipelines.lake.catalog import erasure_kind, lake_catalog, lake_tables, names
+from pipelines.lake.catalog import Holds, erasure_kind, lake_catalog, lake_tables, names
 from pipelines.lake.declaration import TableDecl, declared
 from pipelines.lake.erasure_registry import key_in, key_text, subject_in
 from pipelines.lake.table_stats import has_completed_commit
@@ -66,7 +66,7 @@ def source_of(name: str) -> TableDecl | None:
 
 def gold_by_customer() -> tuple[str, ...]:
     """Gold's tables keyed by the customer (`customer_id`)."""
-    return tuple(names("gold", holds="customer_id"))
+    return tuple(names("gold", holds=Holds.CUSTOMER_ID))
 
 
 # ---------------------------------------------------------------- what one run erases
@@ -179,7 +179,7 @@ def find_subject(spark: SparkSession, root: str, customer_ids: tuple[int, ...]) 
     customers, texts = set(), set()
     kinds = {n: erasure_kind(t) for n, t in subject_tables().items()}
     for r in held.distinct().collect() if held is not None else []:
-        if kinds.get(r["_table"]) == "customer" and r["_subject"] in ids:
+        if kinds.get(r["_table"]) == Holds.CUSTOMER and r["_subject"] in ids:
             customers.add(int(r["_subject"]))
         texts |= {v.strip() for v in r["_pii"] or () if v and len(v.strip()) >= MIN_TEXT}
     shared = shared_texts(reads, target, texts)

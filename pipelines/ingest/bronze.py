@@ -71,10 +71,10 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import time
 from dataclasses import dataclass
 
+from py4j.java_gateway import JavaObject
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import DataStreamReader, StreamingQuery
@@ -102,13 +102,50 @@ from pipelines.runtime.spark import get_spark
 
 log = logging.getLogger(__name__)
 
-# A query's failure that Kafka caused: its clients' timeouts and lost connections, Spark's Kafka source's
-# records it could not fetch in time.
-KAFKA_FAILURE = re.compile(r"org\.apache\.kafka\.common\.errors\.(TimeoutException|DisconnectException|"
-                           r"NetworkException)|Cannot fetch record|Failed to get records|KafkaDataConsumer")
+# A query's failure that Kafka caused, told by the Java throwables of its cause chain: the Kafka clients' timeouts
+# and lost connections (these classes or a subclass), or whatever Spark's Kafka source threw while fetching records
+# (a frame of its record fetcher on the stack: a fetch that timed out, records it could not get).
+KAFKA_ERRORS = frozenset({"org.apache.kafka.common.errors.TimeoutException",
+                          "org.apache.kafka.common.errors.DisconnectException",
+                          "org.apache.kafka.common.errors.NetworkException"})
+KAFKA_FETCHER = "org.apache.spark.sql.kafka010.consumer.KafkaDataConsumer"
 
 
 # --------------------------------------------------------------------------- the stream
+
+def kafka_caused(exc: BaseException) -> bool:
+    """Whether Kafka caused the query's failure: a Java throwable of its cause chain is one of KAFKA_ERRORS (or of
+    their subclasses), or was thrown inside KAFKA_FETCHER.
+
+    The chain is followed through Python's causes too: a failure of the batch function reaches the query as the
+    text of its Python traceback only (py4j's proxy error), so `_run_query` makes what the batch raised the cause,
+    with the Java throwable pyspark keeps in it. A task's throwable is the cause of its job's failure on the driver
+    (Spark sends it back whole: the Kafka classes are on the driver's class path too).
+    """
+    seen: set[int] = set()
+    error: BaseException | None = exc
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        # pyspark's captured exceptions keep the Java throwable as `_origin`, py4j's own errors as `java_exception`.
+        throwable = getattr(error, "_origin", None) or getattr(error, "java_exception", None)
+        while throwable is not None:
+            if _kafkas(throwable):
+                return True
+            cause = throwable.getCause()
+            throwable = None if cause is None or cause.equals(throwable) else cause
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def _kafkas(throwable: JavaObject) -> bool:
+    """One Java throwable: of a class in KAFKA_ERRORS or under one, or with KAFKA_FETCHER on its stack."""
+    kind = throwable.getClass()
+    while kind is not None:
+        if kind.getName() in KAFKA_ERRORS:
+            return True
+        kind = kind.getSuperclass()
+    return any(frame.getClassName().startswith(KAFKA_FETCHER) for frame in throwable.getStackTrace())
+
 
 @dataclass(frozen=True)
 class IngestOptions:
@@ -245,7 +282,7 @@ def _run_ingest(once: bool, root: str, bootstrap: str, spark: SparkSession | Non
                     # whole. Any other failure is the stream's own.
                     why = kafka_unanswered(bootstrap, kafka.probe_seconds)
                     kafka_failures += 1
-                    if why is None and (not KAFKA_FAILURE.search(str(exc)) or kafka_failures > kafka.restarts):
+                    if why is None and (not kafka_caused(exc) or kafka_failures > kafka.restarts):
                         raise
                     log.warning("the query failed while Kafka at %s %s: %s", bootstrap,
                                 "did not answer" if why else "was failing its clients", str(exc).splitlines()[0])
@@ -371,6 +408,9 @@ def _run_query(stream: _Stream, lease: StreamLease, topics: list[str]) -> bool:
         return False
     except KeyboardInterrupt:
         _let_batch_finish(query, stop_timeout)
+        raise
+    except StreamingQueryException as exc:
+        exc.__cause__ = batches.failure  # what the batch raised, its Java throwable with it (`kafka_caused`)
         raise
     finally:
         if query.isActive:

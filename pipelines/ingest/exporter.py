@@ -29,6 +29,7 @@ import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 import hudi_configs
+from pipelines.errors import StreamError
 from pipelines.ingest.batch import BatchReport
 from pipelines.ingest.stream import kafka_offsets
 from pipelines.monitoring import metric_names
@@ -106,8 +107,8 @@ class StreamExporter:
         try:
             exporter._server, _ = prometheus_client.start_http_server(port, addr=HOST, registry=exporter.registry)
         except OSError as error:
-            raise OSError(f"the stream's metrics exporter cannot listen on {HOST}:{port}: {error}; another "
-                          "stream there? `lakehouse ingest --metrics-port` takes another port (0: no exporter)") \
+            raise StreamError(f"the stream's metrics exporter cannot listen on {HOST}:{port}: {error}; another "
+                              "stream there? `lakehouse ingest --metrics-port` takes another port (0: no exporter)") \
                 from error
         return exporter
 

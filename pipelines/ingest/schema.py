@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from pipelines.ingest.connect_types import PHYSICAL
+from pipelines.errors import UnknownTable
 from pipelines.lake import storage
 from pipelines.lake.declaration import declared
 
@@ -47,11 +47,6 @@ def declared_type(table: str, column: str) -> str:
 def declared_columns(table: str) -> tuple[str, ...]:
     """The columns the declaration fixes for `table` (contract sections 1 and 7): never dropped from an image."""
     return tuple(declared().table(table).columns)
-
-
-def connect_type(kind: str | None) -> str:
-    """A Kafka Connect physical type as a bronze column type, the wire form (structs, arrays, maps: their JSON text)."""
-    return PHYSICAL.get(kind or "", "string")
 
 
 def infer_type(values: list[Any]) -> str | None:
@@ -247,7 +242,7 @@ def read_accepted(root: str) -> set[str]:
 def accept(root: str, table: str, column: str) -> set[str]:
     """Accept the incompatible change of `table.column`: the events held for it apply once replayed."""
     if table not in declared().names:
-        raise ValueError(f"no declared table {table!r} (tables: {', '.join(declared().names)})")
+        raise UnknownTable(f"no declared table {table!r} (tables: {', '.join(declared().names)})")
     accepted = read_accepted(root) | {f"{table}.{column}"}
     storage.write_text(accepted_path(root), json.dumps(sorted(accepted)))
     return accepted

@@ -35,7 +35,8 @@ import socket
 import time
 import uuid
 from dataclasses import asdict, dataclass
-from typing import Any
+from enum import StrEnum
+from typing import Any, Literal
 
 import hudi_configs
 from pipelines.errors import AnotherStreamRunning
@@ -120,7 +121,7 @@ class Heartbeat:
     pid_started: float | None
     started_at: float
     written_at: float
-    state: str  # running | stopped
+    state: Literal["running", "stopped"]
     batch: int | None = None  # the newest trigger Spark reported
     last_progress_at: float | None = None  # when that trigger completed (epoch seconds)
     trigger_since: float | None = None  # a batch in progress since (epoch seconds), None between batches
@@ -142,54 +143,65 @@ class Heartbeat:
                 if f.get("age") is not None and f["age"] > f["target"]}
 
 
+class StreamState(StrEnum):
+    """What the stream's heartbeat says of it (`judge`); `lakehouse stream status` prints it as it is."""
+
+    ABSENT = "absent"  # no heartbeat: never ran on this lake
+    STOPPED = "stopped"
+    HEALTHY = "healthy"
+    WAITING = "waiting"  # alive, held up by what it reads from (Kafka)
+    STALLED = "stalled"  # alive, no trigger completed in time
+    DEAD = "dead"  # its process gone, or its heartbeat too old
+
+
 @dataclass(frozen=True)
 class Health:
-    state: str  # absent | stopped | healthy | waiting | stalled | dead
+    state: StreamState
     why: str
 
     @property
     def live(self) -> bool:
         """A process that may still write: another copy must not start beside it."""
-        return self.state in ("healthy", "waiting", "stalled")
+        return self.state in (StreamState.HEALTHY, StreamState.WAITING, StreamState.STALLED)
 
     @property
     def running(self) -> bool:
         """Nothing a supervisor can mend: healthy, or waiting for what a restart would wait for too."""
-        return self.state in ("healthy", "waiting")
+        return self.state in (StreamState.HEALTHY, StreamState.WAITING)
 
 
 def judge(hb: Heartbeat | None, lim: Limits, now: float | None = None) -> Health:
     """Health of the stream from its heartbeat (see the module docstring for the rules)."""
     now = time.time() if now is None else now
     if hb is None:
-        return Health("absent", "no heartbeat: the stream never ran on this lake")
+        return Health(StreamState.ABSENT, "no heartbeat: the stream never ran on this lake")
     who = f"pid {hb.pid} on {hb.host}"
     if hb.state == "stopped":
-        return Health("stopped", f"{who} stopped {now - hb.written_at:.0f} s ago")
+        return Health(StreamState.STOPPED, f"{who} stopped {now - hb.written_at:.0f} s ago")
     if hb.host == socket.gethostname() and process_started(hb.pid) != hb.pid_started:
-        return Health("dead", f"{who} is gone (last heartbeat {now - hb.written_at:.0f} s ago)")
+        return Health(StreamState.DEAD, f"{who} is gone (last heartbeat {now - hb.written_at:.0f} s ago)")
     if now - hb.written_at > lim.dead_after_seconds:
-        return Health("dead", f"{who}: no heartbeat for {now - hb.written_at:.0f} s "
-                              f"(limit {lim.dead_after_seconds:.0f} s)")
+        return Health(StreamState.DEAD, f"{who}: no heartbeat for {now - hb.written_at:.0f} s "
+                                        f"(limit {lim.dead_after_seconds:.0f} s)")
     if hb.waiting_for is not None:
         since = hb.waiting_since or hb.written_at
         at = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(since))
         batch = "no batch yet" if hb.batch is None else f"last batch {hb.batch}"
-        return Health("waiting", f"{who}: waiting for {hb.waiting_for} since {at} UTC ({now - since:.0f} s): "
-                                 f"{hb.waiting_why}; {batch}")
+        return Health(StreamState.WAITING, f"{who}: waiting for {hb.waiting_for} since {at} UTC ({now - since:.0f} s): "
+                                           f"{hb.waiting_why}; {batch}")
     if hb.trigger_since is not None and now - hb.trigger_since > lim.stalled_after_seconds:
-        return Health("stalled", f"{who}: batch {hb.batch} running for {now - hb.trigger_since:.0f} s "
-                                 f"(limit {lim.stalled_after_seconds:.0f} s)")
+        return Health(StreamState.STALLED, f"{who}: batch {hb.batch} running for {now - hb.trigger_since:.0f} s "
+                                           f"(limit {lim.stalled_after_seconds:.0f} s)")
     last = hb.last_progress_at or hb.started_at
     if hb.trigger_since is None and now - last > lim.stalled_after_seconds:
-        return Health("stalled", f"{who}: no trigger completed for {now - last:.0f} s "
-                                 f"(limit {lim.stalled_after_seconds:.0f} s)")
+        return Health(StreamState.STALLED, f"{who}: no trigger completed for {now - last:.0f} s "
+                                           f"(limit {lim.stalled_after_seconds:.0f} s)")
     batch = "no batch yet" if hb.batch is None else f"batch {hb.batch}"
     busy = f", a batch running for {now - hb.trigger_since:.0f} s" if hb.trigger_since is not None else ""
     behind = hb.behind()
     late = ("; behind their freshness target: " + ", ".join(
         f"{t} ({age:.0f} s, target {target:.0f} s)" for t, (age, target) in sorted(behind.items()))) if behind else ""
-    return Health("healthy", f"{who}: {batch}, last trigger {now - last:.0f} s ago{busy}{late}")
+    return Health(StreamState.HEALTHY, f"{who}: {batch}, last trigger {now - last:.0f} s ago{busy}{late}")
 
 
 class StreamLease:

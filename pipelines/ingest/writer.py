@@ -67,6 +67,9 @@ class BronzeBatchWriter:
         # positions (`start`): the batch ids the commits record go on from the newest one there.
         self.first_batch = 0
         self._cut: int | None = None  # a batch that started and did not end (it failed, or was stopped)
+        # What the last failed batch raised: the query's own failure carries only its text across py4j, this keeps
+        # its Java throwable, by which the stream tells a failure Kafka caused (`bronze.kafka_caused`).
+        self.failure: Exception | None = None
         # One batch or between-batch commit at a time (Spark's batch thread, the stream's own thread).
         self._lock = threading.Lock()
         # Only this writer creates these tables (one stream per lake): an unborn one is a crash's.
@@ -110,7 +113,11 @@ class BronzeBatchWriter:
 
     def __call__(self, batch: DataFrame, query_batch: int) -> None:
         with self._lock:
-            self._batch(batch, query_batch)
+            try:
+                self._batch(batch, query_batch)
+            except Exception as exc:
+                self.failure = exc
+                raise
 
     def _batch(self, batch: DataFrame, query_batch: int) -> None:
         started = time.monotonic()

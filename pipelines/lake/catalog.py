@@ -10,11 +10,33 @@ they are in the catalog when those two are declared (`gold_declared`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 import hudi_configs
 from pipelines.errors import UnknownTable
 from pipelines.lake.declaration import Declaration, TableDecl, declared
 from pipelines.runtime.settings import quarantine_path, silver_path, table_path
+
+
+class Holds(StrEnum):
+    """Whose data a table's rows are, for the erasure (`Table.holds`)."""
+
+    CUSTOMER = "customer"  # keyed by the subject column alone: a row is the customer's own
+    ROW = "row"  # rows of their own key naming a customer in the declared `subject` column
+    CUSTOMER_ID = "customer_id"  # gold's: a `customer_id` column names the customer
+
+
+class WriterKind(StrEnum):
+    """The section of `hudi_configs/<layer>.toml` whose options write a table (`Table.writer`)."""
+
+    TABLE = "table"  # a bronze main table, silver's tables and quarantines
+    CHANGELOG = "changelog"
+    LEDGER = "ledger"
+    DEAD_LETTERS = "dead_letters"
+    CUSTOMER_ORDERS = "customer_orders"  # gold's tables, each its own section
+    CUSTOMER_LTV = "customer_ltv"
+    DAILY_REVENUE = "daily_revenue"
+
 
 # What gold reads: the declared tables (and their columns) its aggregates need.
 GOLD_INPUTS = {"customers": ("id", "country"),
@@ -46,7 +68,7 @@ def gold_declared(decl: Declaration | None = None) -> bool:
     return not gold_missing(decl)
 
 
-def erasure_kind(table: TableDecl) -> str | None:
+def erasure_kind(table: TableDecl) -> Holds | None:
     """What the erasure knows a declared table's rows as (`Table.holds`): `customer` when the table is keyed by its
     subject column alone (a row is the customer's own, as the shop's customers), `row` when its rows have their own
     key and name a customer in the subject column (as the shop's orders, or any composite key); None without a
@@ -59,7 +81,7 @@ def erasure_kind(table: TableDecl) -> str | None:
     """
     if table.subject is None:
         return None
-    return "customer" if table.key == (table.subject,) else "row"
+    return Holds.CUSTOMER if table.key == (table.subject,) else Holds.ROW
 
 
 def erasure_uncovered(decl: Declaration | None = None) -> list[str]:
@@ -82,16 +104,14 @@ class Table:
     `name` is its path under the lake root and the name every command, DAG task and report uses.
     `writer` names its writer's options (`hudi_configs/<layer>.toml`): bronze's sections (`table`,
     `changelog`, `ledger`, `dead_letters`), silver's one, gold's table. `holds` says whose data its
-    rows are (`customer`: keyed by a customer id, `row`: rows of their own key naming a customer
-    in the declared `subject` column, `customer_id`: gold's column naming the customer) for the
-    erasure; `change_feed` that `lakehouse changes` offers it.
+    rows are, for the erasure; `change_feed` that `lakehouse changes` offers it.
     """
 
     name: str
     key: tuple[str, ...]
-    writer: str
+    writer: WriterKind
     source: str | None = None  # the source table it follows
-    holds: str | None = None
+    holds: Holds | None = None
     change_feed: bool = False
 
     @property
@@ -102,9 +122,9 @@ class Table:
         return table_path(self.layer, self.name.split("/", 1)[1], root)
 
 
-_GOLD = (Table("gold/_customer_orders", ("customer_id",), "customer_orders", holds="customer_id"),
-         Table("gold/customer_ltv", ("customer_id",), "customer_ltv", holds="customer_id", change_feed=True),
-         Table("gold/daily_revenue", ("order_date", "country", "currency"), "daily_revenue", change_feed=True))
+_GOLD = (Table("gold/_customer_orders", ("customer_id",), WriterKind.CUSTOMER_ORDERS, holds=Holds.CUSTOMER_ID),
+         Table("gold/customer_ltv", ("customer_id",), WriterKind.CUSTOMER_LTV, holds=Holds.CUSTOMER_ID, change_feed=True),
+         Table("gold/daily_revenue", ("order_date", "country", "currency"), WriterKind.DAILY_REVENUE, change_feed=True))
 _CATALOGS: dict[int, tuple[Declaration, tuple[Table, ...]]] = {}
 
 
@@ -118,23 +138,23 @@ def lake_catalog() -> tuple[Table, ...]:
     silver: list[Table] = []
     for s, t in decl.tables.items():
         holds = erasure_kind(t)
-        bronze += [Table(f"bronze/{s}", t.key, "table", s, holds, change_feed=True),
-                   Table(f"bronze/_deletes/{s}", t.key, "ledger", s, holds),
-                   Table(f"bronze/_changelog/{s}", t.key, "changelog", s, holds)]
-        silver += [Table(f"silver/{s}", t.key, "table", s, holds, change_feed=True),
-                   Table(f"silver/_quarantine/{s}", t.key, "table", s, holds)]
-    bronze.append(Table("bronze/_dead_letters", ("position",), "dead_letters"))
+        bronze += [Table(f"bronze/{s}", t.key, WriterKind.TABLE, s, holds, change_feed=True),
+                   Table(f"bronze/_deletes/{s}", t.key, WriterKind.LEDGER, s, holds),
+                   Table(f"bronze/_changelog/{s}", t.key, WriterKind.CHANGELOG, s, holds)]
+        silver += [Table(f"silver/{s}", t.key, WriterKind.TABLE, s, holds, change_feed=True),
+                   Table(f"silver/_quarantine/{s}", t.key, WriterKind.TABLE, s, holds)]
+    bronze.append(Table("bronze/_dead_letters", ("position",), WriterKind.DEAD_LETTERS))
     tables = (*bronze, *silver, *(_GOLD if gold_declared(decl) else ()))
     _CATALOGS[id(decl)] = (decl, tables)
     return tables
 
 
 def lake_table(name: str) -> Table:
-    """The catalog's table of that name (e.g. `silver/orders`); KeyError naming the known ones."""
+    """The catalog's table of that name (e.g. `silver/orders`); UnknownTable naming the known ones."""
     for table in lake_catalog():
         if table.name == name:
             return table
-    raise KeyError(f"no lake table {name!r}; the catalog has {', '.join(t.name for t in lake_catalog())}")
+    raise UnknownTable(f"no lake table {name!r}; the catalog has {', '.join(t.name for t in lake_catalog())}")
 
 
 def dotted_name(name: str) -> str:
@@ -159,7 +179,7 @@ def table_name(value: str) -> str:
     raise UnknownTable(f"no lake table is registered as {value!r}; the tables: {', '.join(tables)}")
 
 
-def names(layer: str | None = None, *, holds: str | None = None, writer: str | None = None) -> list[str]:
+def names(layer: str | None = None, *, holds: Holds | None = None, writer: WriterKind | None = None) -> list[str]:
     """Names of the catalog's tables, in its order: of one layer, holding one kind of subject, of one writer."""
     return [t.name for t in lake_catalog() if (layer is None or t.layer == layer)
             and (holds is None or t.holds == holds) and (writer is None or t.writer == writer)]
@@ -217,7 +237,7 @@ def gold_options(table: str) -> dict[str, str]:
 def writer_options(table: Table) -> dict[str, str]:
     """The options the writer of a catalog table uses."""
     if table.layer == "bronze":
-        keyed = {} if table.writer == "dead_letters" else keyed_options(table.key, table.writer)
+        keyed = {} if table.writer == WriterKind.DEAD_LETTERS else keyed_options(table.key, table.writer)
         return bronze_options(table.writer, hudi_table_name(table.name), **keyed)
     if table.layer == "silver":
         return silver_options(hudi_table_name(table.name), table.key)
@@ -250,7 +270,7 @@ def lake_tables(root: str) -> list[LakeTable]:
     tables = []
     for t in lake_catalog():
         path, options = t.path(root), writer_options(t)
-        if t.writer == "changelog":  # silver reads it; expiry moves its deletes to the source's ledger
+        if t.writer == WriterKind.CHANGELOG:  # silver reads it; expiry moves its deletes to the source's ledger
             source = t.source
             assert source is not None, f"{t.name} follows a source table"
             ledger = lake_table(f"bronze/_deletes/{source}")

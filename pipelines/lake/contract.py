@@ -8,6 +8,8 @@ these facts, so the two cannot drift apart.
 
 from __future__ import annotations
 
+from pipelines.errors import UnknownTable
+
 TOPIC_PREFIX = "shop"
 SCHEMA = "public"
 TABLES: tuple[str, ...] = ("customers", "orders")
@@ -40,8 +42,8 @@ def topic(table: str) -> str:
 
 
 def table_of_topic(name: str) -> str:
-    """Inverse of :func:`topic`; raises ValueError for a topic the contract does not name."""
+    """Inverse of :func:`topic`; raises UnknownTable for a topic the contract does not name."""
     for table in TABLES:
         if topic(table) == name:
             return table
-    raise ValueError(f"topic {name!r} is not a source topic of the contract ({', '.join(map(topic, TABLES))})")
+    raise UnknownTable(f"topic {name!r} is not a source topic of the contract ({', '.join(map(topic, TABLES))})")

@@ -31,11 +31,12 @@ import tomllib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from enum import StrEnum
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from pipelines.errors import DeclarationError
+from pipelines.errors import DeclarationError, UnknownTable
 
 DECLARATION_VARIABLE = "LAKEHOUSE_TABLES"
 SHOP = "shop_tables.toml"  # the project's own declaration, beside this module
@@ -43,7 +44,19 @@ SHOP = "shop_tables.toml"  # the project's own declaration, beside this module
 # LAKEHOUSE_TABLES file on the cluster. Never in the source tree.
 BUNDLED = "tables.toml"
 
-RULE_KINDS = ("one_of", "pattern", "min", "max", "not_null", "cast")
+
+class RuleKind(StrEnum):
+    """What a silver rule checks: its field in the declaration (`one_of = [...]`, `pattern = "..."`, ...)."""
+
+    ONE_OF = "one_of"
+    PATTERN = "pattern"
+    MIN = "min"
+    MAX = "max"
+    NOT_NULL = "not_null"
+    CAST = "cast"
+
+
+RULE_KINDS = tuple(k.value for k in RuleKind)  # the declaration's words, in its messages' order
 CLEAN_STEPS = ("trim", "upper", "lower")
 WIRE_TYPES = ("bigint", "double", "boolean", "string")
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -60,7 +73,7 @@ class Rule:
     """One of silver's checks: a live row that fails it goes to quarantine with `name`."""
 
     column: str
-    kind: str  # one of RULE_KINDS
+    kind: RuleKind
     value: Any  # the allowed values, the pattern, the bound, the type (None for not_null)
     name: str
     not_null: bool = False  # the rule fails a NULL (always true of a `not_null` rule; the others pass one unless set)
@@ -127,7 +140,7 @@ class Declaration:
         try:
             return self.tables[name]
         except KeyError:
-            raise KeyError(f"no declared table {name!r} in {self.path} (declared: {', '.join(self.tables)})") \
+            raise UnknownTable(f"no declared table {name!r} in {self.path} (declared: {', '.join(self.tables)})") \
                 from None
 
     def topic(self, name: str) -> str:
@@ -140,16 +153,12 @@ class Declaration:
         return {self.topic(n): n for n in self.tables}
 
     def table_of_topic(self, topic: str) -> str:
-        """The declared table a topic carries; ValueError naming the declared topics otherwise."""
+        """The declared table a topic carries; UnknownTable naming the declared topics otherwise."""
         try:
             return self.topics()[topic]
         except KeyError:
-            raise ValueError(f"topic {topic!r} is no declared table's ({', '.join(self.topics())}; {self.path})") \
+            raise UnknownTable(f"topic {topic!r} is no declared table's ({', '.join(self.topics())}; {self.path})") \
                 from None
-
-    def by_subject(self) -> dict[str, str]:
-        """Tables with a `subject` column -> that column (what an erasure looks through)."""
-        return {n: t.subject for n, t in self.tables.items() if t.subject}
 
 
 # --------------------------------------------------------------------------- reading
@@ -406,7 +415,7 @@ def _rule(spec: dict[str, Any], at: str) -> Rule:
     name = spec.get("name", f"{column}_{kind}")
     if not isinstance(name, str) or not name:
         raise DeclarationError(f"{at}.name: must be text")
-    return Rule(column, kind, value, name, refuses_null or kind == "not_null")
+    return Rule(column, RuleKind(kind), value, name, refuses_null or kind == "not_null")
 
 
 def _derive(spec: dict[str, Any], at: str) -> Derive:

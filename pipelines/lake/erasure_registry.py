@@ -29,15 +29,18 @@ import os
 import re
 import secrets
 from pathlib import Path
+from typing import Literal, get_args
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from pipelines.errors import SecretError
 from pipelines.lake.declaration import declared
-from pipelines.runtime.settings import erasure_key_file, gdpr_path
 from pipelines.lake.table_stats import has_completed_commit
+from pipelines.runtime.settings import erasure_key_file, gdpr_path
 
-KINDS = ("customer", "order", "row")
+SubjectKind = Literal["customer", "order", "row"]  # what a pseudonym stands for
+KINDS: tuple[SubjectKind, ...] = get_args(SubjectKind)
 # The pseudonyms of the shop's orders (`order:<id>`), from before any table's rows were registered.
 LEGACY_ORDERS = ("orders", ("id",))
 
@@ -76,23 +79,23 @@ def _secret_value(secret: str) -> str:
     try:
         value = boto3.client("secretsmanager", region_name=region).get_secret_value(SecretId=secret)
     except Exception as exc:
-        raise RuntimeError(f"LAKEHOUSE_ERASURE_KEY_SECRET={secret}: cannot read the erasure key from AWS Secrets "
-                           f"Manager ({type(exc).__name__}: {exc})") from exc
+        raise SecretError(f"LAKEHOUSE_ERASURE_KEY_SECRET={secret}: cannot read the erasure key from AWS Secrets "
+                          f"Manager ({type(exc).__name__}: {exc})") from exc
     key = (value.get("SecretString") or "").strip()
     if len(key) < 32:
-        raise RuntimeError(f"LAKEHOUSE_ERASURE_KEY_SECRET={secret}: the secret's string is {len(key)} characters; "
-                           "the erasure key must be at least 32 (e.g. `openssl rand -hex 32`)")
+        raise SecretError(f"LAKEHOUSE_ERASURE_KEY_SECRET={secret}: the secret's string is {len(key)} characters; "
+                          "the erasure key must be at least 32 (e.g. `openssl rand -hex 32`)")
     return key
 
 
-def subject_hash(kind: str, value: int, key: str) -> str:
+def subject_hash(kind: SubjectKind, value: int, key: str) -> str:
     """Pseudonym of a customer or (the shop's) order id; `hash_column` computes the same in Spark."""
     if kind not in KINDS:
         raise ValueError(f"kind {kind!r}: expected one of {KINDS}")
     return hashlib.sha256(f"{key}:{kind}:{value}".encode()).hexdigest()
 
 
-def hash_column(kind: str, column: Column, key: str) -> Column:
+def hash_column(kind: SubjectKind, column: Column, key: str) -> Column:
     """Spark's `subject_hash`: the same pseudonym for the same id."""
     return F.sha2(F.concat(F.lit(f"{key}:{kind}:"), column.cast("string")), 256)
 

@@ -1,6 +1,6 @@
 """The lake's layout that every layer reads and writes: the metadata columns on bronze rows and in
-the delete ledgers, the dead letters' columns, Hudi's delete flag and the keys the pipeline adds to
-each commit's metadata (which readers use to find positions, batches and erasures).
+the delete ledgers, Hudi's delete flag and the keys the pipeline adds to each commit's metadata
+(which readers use to find positions, batches and erasures).
 """
 
 from __future__ import annotations
@@ -12,8 +12,6 @@ META_COLUMNS = ("_op", "_lsn", "_source_ts", "_tx_id", "_kafka_partition", "_kaf
 # A ledger row: the table's key columns, then these.
 LEDGER_COLUMNS = ("_lsn", "_source_ts", "_tx_id", "_kafka_partition", "_kafka_offset", "_kafka_ts",
                   "_ingested_at")
-DEAD_LETTER_COLUMNS = ("position", "kafka_topic", "kafka_partition", "kafka_offset", "kafka_timestamp", "key",
-                       "value", "reason", "batch_id", "ingested_at")
 # Commit metadata (Hudi adds every write option starting with the commit-metadata prefix, "_").
 BATCH_ID_META = "_lakehouse.batch_id"
 # The stream's Kafka position after the batch, {"topic/partition": next offset}, for every

@@ -26,6 +26,7 @@ from typing import Any
 
 from pyarrow import fs as pafs
 
+from pipelines.errors import StorageError
 from pipelines.lake import storage
 
 INSTANT_FILE = re.compile(r"^(?P<requested>\d+)(?:_(?P<completed>\d+)\.(?P<done>[a-z]+)"
@@ -85,9 +86,14 @@ def timeline(path: str) -> list[Instant]:
 
 
 def instant_metadata(path: str, instant: Instant) -> dict[str, Any]:
-    """The metadata of a completed instant (commit, replace commit, clean), as Hudi's Avro record holds it."""
+    """The metadata of a completed instant (commit, replace commit, clean), as Hudi's Avro record holds it;
+    StorageError naming the file when it is not the Avro file it should be."""
     name = f"{instant.requested}_{instant.completed}.{instant.completed_as}"
-    (record,) = read_avro(storage.read_bytes(f"{path.rstrip('/')}/.hoodie/timeline/{name}"))
+    file = f"{path.rstrip('/')}/.hoodie/timeline/{name}"
+    try:
+        (record,) = read_avro(storage.read_bytes(file))
+    except StorageError as exc:
+        raise StorageError(f"{file}: {exc}") from exc
     return record
 
 
@@ -148,7 +154,7 @@ class _Reader:
     def raw(self, size: int) -> bytes:
         chunk = self.data[self.at:self.at + size]
         if len(chunk) < size:
-            raise ValueError("Avro data cut short")
+            raise StorageError("Avro data cut short")
         self.at += size
         return chunk
 
@@ -210,17 +216,17 @@ class _Reader:
             return {self.read("string"): self.read(schema["values"]) for _ in self.blocks()}
         if kind == "record":
             return {f["name"]: self.read(f["type"]) for f in schema["fields"]}
-        raise ValueError(f"Avro type {kind!r} is not read here")
+        raise StorageError(f"Avro type {kind!r} is not read here")
 
 
 def read_avro(data: bytes) -> list[Any]:
     """The records of an uncompressed Avro object container file (Hudi's commit, replace and clean metadata)."""
     if not data.startswith(b"Obj\x01"):
-        raise ValueError("not an Avro object container file")
+        raise StorageError("not an Avro object container file")
     reader = _Reader(data, 4)
     header = {reader.read("string"): reader.read("bytes") for _ in reader.blocks()}
     if header.get("avro.codec", b"null") != b"null":
-        raise ValueError(f"Avro codec {header['avro.codec'].decode()!r}: only uncompressed files are read here")
+        raise StorageError(f"Avro codec {header['avro.codec'].decode()!r}: only uncompressed files are read here")
     schema = json.loads(header["avro.schema"])
     reader.register(schema, None)
     sync = reader.raw(16)
@@ -230,5 +236,5 @@ def read_avro(data: bytes) -> list[Any]:
         reader.long()  # the block's size in bytes
         records += [reader.read(schema) for _ in range(count)]
         if reader.raw(16) != sync:
-            raise ValueError("Avro block not followed by the file's sync marker")
+            raise StorageError("Avro block not followed by the file's sync marker")
     return records

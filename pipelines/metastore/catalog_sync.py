@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
 import hudi_configs
-from pipelines.errors import CatalogUnavailable
+from pipelines.errors import CatalogUnavailable, SettingError
 from pipelines.lake.catalog import dotted_name
 from pipelines.runtime import console
 from pipelines.runtime.jvm import jvm_of
@@ -52,7 +52,7 @@ def metastore_uri() -> str | None:
     """`LAKEHOUSE_METASTORE_URI`: the Hive Metastore the tables are registered in (thrift://host:port)."""
     uri = os.environ.get(METASTORE_VARIABLE) or None
     if uri is not None and not uri.startswith("thrift://"):
-        raise ValueError(f"{METASTORE_VARIABLE}={uri!r}: expected a Hive Metastore's thrift://host:port")
+        raise SettingError(f"{METASTORE_VARIABLE}={uri!r}: expected a Hive Metastore's thrift://host:port")
     return uri
 
 
@@ -100,7 +100,7 @@ def sync_now(spark: SparkSession, path: str, options: dict[str, str]) -> None:
     """Run the catalog's Hudi sync tool on one table now; CatalogUnavailable when the metastore does not answer."""
     kind = catalog_kind()
     if kind is None:
-        raise ValueError(f"no catalog to sync to: set {METASTORE_VARIABLE} (or LAKEHOUSE_TARGET=emr for Glue)")
+        raise SettingError(f"no catalog to sync to: set {METASTORE_VARIABLE} (or LAKEHOUSE_TARGET=emr for Glue)")
     props = sync_properties(path, options, kind)
     if kind == "hms":
         require_metastore(props["hoodie.datasource.hive_sync.metastore.uris"])
@@ -228,8 +228,8 @@ def catalog_session_conf() -> dict[str, str]:
     """Session options that read the lake's tables by name from the catalog (hudi_configs/spark.toml)."""
     kind = catalog_kind()
     if kind is None:
-        raise ValueError(f"no catalog: set {METASTORE_VARIABLE} (`make catalog-up` prints it) "
-                         "or run on the EMR target (Glue)")
+        raise SettingError(f"no catalog: set {METASTORE_VARIABLE} (`make catalog-up` prints it) "
+                           "or run on the EMR target (Glue)")
     conf = hudi_configs.section("spark", f"catalog_{kind}")
     if kind == "hms":
         conf["spark.hadoop.hive.metastore.uris"] = metastore_uri() or ""

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import sqlglot
 from sqlglot import exp
@@ -32,6 +32,8 @@ DIALECT = "spark"
 # Hudi's instant format: yyyyMMddHHmmssSSS (the timeline's own zone, UTC on this project's machines).
 _INSTANT = re.compile(r"^\d{17}$")
 _TIME = re.compile(r"^(\d{4})-(\d{2})-(\d{2})(?:[ T](\d{2}):(\d{2})(?::(\d{2})(?:\.(\d{1,3}))?)?)?$")
+# A table against its catalog entry, as `lakehouse catalog status` prints it.
+CatalogState = Literal["no table yet", "not registered", "in step", "behind"]
 
 
 def as_of_instant(value: str) -> str:
@@ -137,7 +139,7 @@ class SyncState:
     synced: str | None  # the catalog's `last_commit_time_sync` (None: not registered)
 
     @property
-    def state(self) -> str:
+    def state(self) -> CatalogState:
         if self.newest is None:
             return "no table yet"
         if self.synced is None:

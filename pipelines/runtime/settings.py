@@ -10,6 +10,8 @@ import os
 import re
 from pathlib import Path
 
+from pipelines.errors import SetupError
+
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 # The ingest stream's micro-batch interval: with the etl schedule, it sets how many commits a
 # retention window holds (hudi_configs/table_services.toml, "Retention"). A batch longer than it
@@ -66,7 +68,7 @@ def spark_home() -> Path:
 
     spec = importlib.util.find_spec("pyspark")
     if spec is None or spec.origin is None:
-        raise RuntimeError(f"no pyspark in {PROJECT_ROOT / '.venv'}: run `make setup`")
+        raise SetupError(f"no pyspark in {PROJECT_ROOT / '.venv'}: run `make setup`")
     return Path(spec.origin).parent
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import hudi_configs
+from pipelines.errors import SettingError, SetupError
 from pipelines.runtime.settings import jvm_dir, lineage_dir, log_dir
 
 MASTER_VARIABLE = "LAKEHOUSE_SPARK_MASTER"
@@ -42,7 +43,7 @@ def cluster_master() -> str | None:
     """`LAKEHOUSE_SPARK_MASTER`: a standalone master (spark://host:port) every local job runs on; None: local[2]."""
     master = os.environ.get(MASTER_VARIABLE) or None
     if master is not None and not master.startswith("spark://"):
-        raise ValueError(f"{MASTER_VARIABLE}={master!r}: expected a standalone master, spark://host:port")
+        raise SettingError(f"{MASTER_VARIABLE}={master!r}: expected a standalone master, spark://host:port")
     return master
 
 
@@ -65,9 +66,7 @@ def spark_conf(for_target: str | None = None) -> dict[str, str]:
     if name == "local":
         jars = sorted((jvm_dir() / "spark").glob("*.jar"))
         if not jars:
-            raise RuntimeError(
-                f"no Spark jars in {jvm_dir() / 'spark'}: run `make setup` to resolve jvm/pom.xml"
-            )
+            raise SetupError(f"no Spark jars in {jvm_dir() / 'spark'}: run `make setup` to resolve jvm/pom.xml")
         # On the JVM's own class path, not `spark.jars`: Avro resolves Hudi's generated record
         # classes through the application class loader, and with the bundle in Spark's child
         # loader reading a metadata-table log with a delete block fails with a
@@ -113,11 +112,6 @@ PARENT_VARIABLE = "LAKEHOUSE_LINEAGE_PARENT"
 ROOT_PARENT_VARIABLE = "LAKEHOUSE_LINEAGE_ROOT_PARENT"
 
 
-def lineage_enabled() -> bool:
-    """spark.toml [lineage] `enabled`, after the overrides files."""
-    return hudi_configs.section("spark", "lineage").get("enabled", "true") == "true"
-
-
 def _with_lineage(conf: dict[str, str], target: str) -> dict[str, str]:
     """`conf` with the OpenLineage listener and its options (spark.toml [lineage], [lineage_emr]) when enabled.
 
@@ -150,6 +144,6 @@ def _parent_options(variable: str, value: str, prefix: str) -> dict[str, str]:
     namespace, _, rest = value.partition("/")
     job, _, run_id = rest.rpartition("/")
     if not (namespace and job and run_id):
-        raise ValueError(f"{variable}={value!r}: expected namespace/job name/run id")
+        raise SettingError(f"{variable}={value!r}: expected namespace/job name/run id")
     return {f"spark.openlineage.{prefix}JobNamespace": namespace, f"spark.openlineage.{prefix}JobName": job,
             f"spark.openlineage.{prefix}RunId": run_id}

@@ -42,6 +42,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TypedDict
 
 import hudi_configs
+from pipelines.errors import SettingError
 from pipelines.lake import storage
 from pipelines.lake.catalog import LakeTable, lake_tables
 from pipelines.lake.timeline_files import (
@@ -66,7 +67,7 @@ def tables_per_job() -> int:
     there), with the deployment's overrides."""
     value = int(hudi_configs.section("table_services", "jobs")["tables_per_job"])
     if value < 1:
-        raise ValueError(f"table_services.toml [jobs] tables_per_job = {value}: at least 1")
+        raise SettingError(f"table_services.toml [jobs] tables_per_job = {value}: at least 1")
     return value
 
 

@@ -43,7 +43,7 @@ from pyspark.sql import functions as F
 import hudi_configs
 from pipelines.lake import contract, storage
 from pipelines.lake.catalog import gold_missing
-from pipelines.lake.declaration import TableDecl, declared
+from pipelines.lake.declaration import RuleKind, TableDecl, declared
 from pipelines.lake.hudi_timeline import checkpoint, consumed, earliest_retained, instant_of_batch, meta_at
 from pipelines.lake.layout import BATCH_ID_META
 from pipelines.lake.table_stats import has_completed_commit
@@ -122,13 +122,13 @@ def silver_expectations(table: TableDecl) -> list:
     types: dict[str, str] = {}
     present: list[str] = []
     for rule in table.rules:
-        if rule.kind == "one_of":
+        if rule.kind == RuleKind.ONE_OF:
             checks.append(gxe.ExpectColumnValuesToBeInSet(column=rule.column, value_set=list(rule.value)))
-        elif rule.kind == "pattern":
+        elif rule.kind == RuleKind.PATTERN:
             checks.append(gxe.ExpectColumnValuesToMatchRegex(column=rule.column, regex=rule.value))
-        elif rule.kind in ("min", "max"):
+        elif rule.kind in (RuleKind.MIN, RuleKind.MAX):
             checks.append(gxe.ExpectColumnValuesToBeBetween(column=rule.column, **{f"{rule.kind}_value": rule.value}))
-        elif rule.kind == "cast":  # the column's last cast is its type in silver
+        elif rule.kind == RuleKind.CAST:  # the column's last cast is its type in silver
             types[rule.column] = type(cast_type(rule.value)).__name__
         if rule.not_null and rule.column not in present:  # a `not_null` rule, or one beside another check
             present.append(rule.column)

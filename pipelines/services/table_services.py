@@ -38,6 +38,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 import hudi_configs
+from pipelines.errors import UnknownTable
 from pipelines.lake.catalog import LakeTable, lake_tables
 from pipelines.lake.frames import materialized
 from pipelines.lake.hudi_timeline import READABLE_FROM_META, checkpoint, consumed, repair_torn_timeline
@@ -166,7 +167,7 @@ def run_services(spark: SparkSession, root: str, plan: ServicesPlan | None = Non
     known = {t.name: t for t in lake_tables(root)}
     names = list(plan.tables) if plan.tables else list(known)
     if unknown := [n for n in names if n not in known]:
-        raise ValueError(f"unknown table(s) {', '.join(unknown)}: expected some of {', '.join(known)}")
+        raise UnknownTable(f"unknown table(s) {', '.join(unknown)}: expected some of {', '.join(known)}")
     report: dict[str, dict[str, object]] = {}
     for name in names:
         done: dict[str, object] = {}

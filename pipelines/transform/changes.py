@@ -22,6 +22,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 import hudi_configs
+from pipelines.errors import UnknownTable
 from pipelines.ingest.plan import newest_per_key
 from pipelines.lake.catalog import change_feed_tables
 from pipelines.lake.declaration import declared
@@ -223,7 +224,7 @@ def read_changes(spark: SparkSession, table: str, since: str | None = None, root
     """
     feeds = change_feed_tables()
     if table not in feeds:
-        raise ValueError(f"unknown table {table!r}: expected one of {', '.join(feeds)}")
+        raise UnknownTable(f"unknown table {table!r}: expected one of {', '.join(feeds)}")
     root = root or lake_root()
     layer, name = table.split("/")
     key = feeds[table]

@@ -35,7 +35,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from pipelines.errors import DeclarationError
-from pipelines.lake.declaration import Rule, TableDecl, declared, missing_columns
+from pipelines.lake.declaration import Rule, RuleKind, TableDecl, declared, missing_columns
 from pipelines.lake.layout import LEDGER_COLUMNS, META_COLUMNS
 
 # The bronze metadata silver keeps: `_lsn` orders its upserts (a late re-run never moves a row back),
@@ -106,11 +106,11 @@ def clean(bronze: DataFrame, table: TableDecl, columns: Sequence[str], *, where:
     checks: list[tuple[str, Column]] = []
     for rule in table.rules:
         value = values.get(rule.column, F.col(rule.column))
-        if rule.kind == "cast":
+        if rule.kind == RuleKind.CAST:
             converted, holds, types[rule.column] = _cast(value, types[rule.column], rule.value)
             values[rule.column] = converted
         else:
-            holds = F.lit(True) if rule.kind == "not_null" else _holds(rule, value, types[rule.column])
+            holds = F.lit(True) if rule.kind == RuleKind.NOT_NULL else _holds(rule, value, types[rule.column])
         # A NULL passes a rule unless the rule refuses it (`not_null`, alone or beside another check).
         checks.append((rule.name, value.isNotNull() & holds if rule.not_null else value.isNull() | holds))
 
@@ -139,12 +139,12 @@ def _first_failed(checks: list[tuple[str, Column]]) -> Column:
 
 def _holds(rule: Rule, value: Column, kind: T.DataType) -> Column:
     """Whether a non-null `value` (of type `kind`) passes a `one_of`, `pattern`, `min` or `max` rule."""
-    if rule.kind == "one_of":
+    if rule.kind == RuleKind.ONE_OF:
         return value.isin(*rule.value)
-    if rule.kind == "pattern":  # Java's regex, found anywhere: the declaration anchors it if it means the whole
+    if rule.kind == RuleKind.PATTERN:  # Java's regex, found anywhere: the declaration anchors it if it means the whole
         return (value if isinstance(kind, T.StringType) else value.cast("string")).rlike(rule.value)
     bound = _bound(rule.value, kind)
-    return value >= bound if rule.kind == "min" else value <= bound
+    return value >= bound if rule.kind == RuleKind.MIN else value <= bound
 
 
 def _bound(value: Any, kind: T.DataType) -> Column:

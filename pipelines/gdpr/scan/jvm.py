@@ -11,6 +11,7 @@ from py4j.java_gateway import JavaObject
 from py4j.protocol import Py4JJavaError
 from pyspark.sql import SparkSession
 
+from pipelines.errors import StorageError
 from pipelines.gdpr.scan.model import CHUNK, DATA_BLOCKS, LOG_MAGIC, Chunk
 from pipelines.lake import storage
 from pipelines.runtime.jvm import jvm_of
@@ -30,7 +31,7 @@ class Jvm:
         path = jvm.org.apache.hadoop.fs.Path(root)
         fs = path.getFileSystem(hconf)
         if not fs.exists(path):
-            raise FileNotFoundError(f"lake root {root} does not exist")
+            raise StorageError(f"lake root {root} does not exist")
         self.root = fs.makeQualified(path).toString().rstrip("/")
         parsed = urlparse(self.root)
         # What pipelines.lake.storage lists and reads: the local path, or the store's URI.

@@ -14,6 +14,7 @@ import re
 from dataclasses import replace
 from typing import Any
 
+from pipelines.errors import UnknownTable
 from pipelines.gdpr.scan.model import (
     CUSTOMER,
     DIGITS,
@@ -248,7 +249,7 @@ class Matcher:
         topic = row.get("kafka_topic")
         try:
             source = declared().table_of_topic(topic) if isinstance(topic, str) else None
-        except ValueError:
+        except UnknownTable:
             source = None
         decl = declared().tables.get(source or "")
         fields: list[tuple[str, tuple[str, ...]]] = [("customer_id", (CUSTOMER,))]
