@@ -39,7 +39,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from airflow.sdk import DAG, task
-from lakehouse_common import DEFAULT_ARGS, START, alerting, mapped_spark_tasks
+from lakehouse_common import DEFAULT_ARGS, START, alerting, dag_lake, mapped_spark_tasks
 
 
 @task(execution_timeout=timedelta(minutes=15))
@@ -48,7 +48,8 @@ def changed_suites() -> list[dict]:
     names and the check records, writes nothing: outside the pool)."""
     from pipelines.services.quality_due import quality_work
 
-    return quality_work()
+    lake = dag_lake()
+    return quality_work(lake.root, lake.declaration)
 
 
 with DAG(

@@ -46,7 +46,7 @@ from datetime import timedelta
 
 from airflow.exceptions import AirflowFailException
 from airflow.sdk import DAG, Param, task
-from lakehouse_common import DEFAULT_ARGS, START, alerting, etl_outputs, job, spark_task
+from lakehouse_common import DEFAULT_ARGS, START, alerting, dag_lake, etl_outputs, job, spark_task
 
 from pipelines.errors import InvalidRequest
 from pipelines.gdpr.inbox import file_request
@@ -132,6 +132,6 @@ with DAG(
 
     validate_request() >> spark_task(
         job("gdpr_erase", "gdpr", "erase", "--pending"),
-        outlets=etl_outputs(),
+        outlets=etl_outputs(dag_lake()),
         doc_md="Erase every pending request in one run and verify (`lakehouse gdpr erase --pending`); exit 0 only "
                "when the erasure is verified.") >> forget_request()

@@ -25,7 +25,8 @@ from airflow.sdk.definitions.deadline import AsyncCallback, DeadlineAlert, Deadl
 from pipelines.deploy.alerts import LakehouseNotifier
 from pipelines.deploy.jobs import JOB_ENV, SparkJob
 from pipelines.lake.catalog import WriterKind, change_feed_tables, lake_table, names
-from pipelines.runtime.settings import PROJECT_ROOT, lake_root
+from pipelines.runtime.lake import Lake
+from pipelines.runtime.settings import PROJECT_ROOT
 from pipelines.runtime.spark_conf import PARENT_VARIABLE, ROOT_PARENT_VARIABLE
 
 if TYPE_CHECKING:
@@ -91,21 +92,28 @@ def job(name: str, *args: str) -> SparkJob:
     return SparkJob(name, args, {**env, "LAKEHOUSE_TABLE_SERVICES": "external"})
 
 
-def table_asset(name: str) -> Asset:
+def dag_lake() -> Lake:
+    """The lake the DAGs are parsed for: the deployment's LAKEHOUSE_ROOT and LAKEHOUSE_TABLES, read at each parse,
+    so that a changed declaration changes the DAGs' Assets and task lists at the next one. No Spark: the lake's
+    session starts only when asked for, and the DAGs never ask."""
+    return Lake.from_environment(app="lakehouse-airflow")
+
+
+def table_asset(name: str, lake: Lake) -> Asset:
     """The Asset of a catalog table (`silver/orders`), named as the catalog names it."""
-    return Asset(name=name, uri=_uri(lake_table(name).path(lake_root())))
+    return Asset(name=name, uri=_uri(lake_table(name, lake.declaration).path(lake.root)))
 
 
-def etl_outputs() -> list[Asset]:
+def etl_outputs(lake: Lake) -> list[Asset]:
     """The tables an etl cycle (or an erasure) changes that consumers read: the catalog's silver and gold
     tables with a change feed. DAGs scheduled on them run after each."""
-    return [table_asset(name) for name in change_feed_tables() if not name.startswith("bronze/")]
+    return [table_asset(name, lake) for name in change_feed_tables(lake.declaration) if not name.startswith("bronze/")]
 
 
-def etl_inputs() -> list[Asset]:
+def etl_inputs(lake: Lake) -> list[Asset]:
     """What every etl cycle reads: bronze's change logs (a first or a rebuilding cycle reads bronze's main
     tables and delete ledgers too). The task's OpenLineage inputs."""
-    return [table_asset(name) for name in names(writer=WriterKind.CHANGELOG)]
+    return [table_asset(name, lake) for name in names(lake.declaration, writer=WriterKind.CHANGELOG)]
 
 
 def _macro(name: str) -> str:
@@ -252,7 +260,7 @@ def supervise_emr_stream(action: str, cluster_id: str, code_uri: str) -> str:
 
     from pipelines.deploy.stream_emr import EmrStream
 
-    stream = EmrStream(EmrHook(aws_conn_id="aws_default").conn, cluster_id, code_uri, lake_root(), _stream_env())
+    stream = EmrStream(EmrHook(aws_conn_id="aws_default").conn, cluster_id, code_uri, dag_lake().root, _stream_env())
     result = stream.run(action)
     print(result)
     return result

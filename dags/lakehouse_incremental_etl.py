@@ -20,7 +20,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from airflow.sdk import DAG
-from lakehouse_common import DEFAULT_ARGS, START, alerting, etl_inputs, etl_outputs, job, spark_task
+from lakehouse_common import DEFAULT_ARGS, START, alerting, dag_lake, etl_inputs, etl_outputs, job, spark_task
 
 with DAG(
     dag_id="lakehouse_incremental_etl",
@@ -35,7 +35,8 @@ with DAG(
     doc_md=__doc__,
     tags=["lakehouse", "etl"],
 ):
+    lake = dag_lake()
     spark_task(job("etl", "etl"),
-               inlets=etl_inputs(),
-               outlets=etl_outputs(),
+               inlets=etl_inputs(lake),
+               outlets=etl_outputs(lake),
                doc_md="One incremental cycle bronze -> silver -> gold (`lakehouse etl`).")

@@ -16,15 +16,9 @@ from lakehouse_dev.generator import Message, ShopSource, WorkloadConfig, ensure_
 from lakehouse_dev.kafka_local import KafkaBroker
 from pipelines.ingest.bronze import run_ingest
 from pipelines.lake.contract import COLUMNS, TABLES
+from pipelines.lake.layout import changelog_path, dead_letter_path, ledger_path, main_path, quarantine_path, silver_path
 from pipelines.lake.table_stats import has_completed_commit, read_table
-from pipelines.runtime.settings import (
-    changelog_path,
-    dead_letter_path,
-    ledger_path,
-    main_path,
-    quarantine_path,
-    silver_path,
-)
+from pipelines.runtime.lake import Lake
 from pipelines.transform.etl import run_etl
 from tests.model import Rows, expected_silver
 
@@ -72,8 +66,8 @@ def build_base_lake(spark: SparkSession, where: Path) -> None:
     try:
         ensure_topics(broker.bootstrap)
         produce(base_workload()[1], broker.bootstrap)
-        run_ingest(once=True, root=str(where / "lake"), bootstrap=broker.bootstrap, spark=spark)
-        run_etl(spark, str(where / "lake"))
+        run_ingest(Lake.at(str(where / "lake"), spark), once=True, bootstrap=broker.bootstrap)
+        run_etl(Lake.at(str(where / "lake"), spark))
     finally:
         broker.stop()
 

@@ -22,7 +22,7 @@ def _plant(root: str, table: str, rows: DataFrame, column: str, value: Column) -
     """`rows` of silver `table` written again with `column` = `value` and a newer `_lsn` (so the upsert wins)."""
     from pyspark.sql import functions as F
 
-    from pipelines.runtime.settings import silver_path
+    from pipelines.lake.layout import silver_path
     from pipelines.transform.etl import silver_options
 
     planted = rows.select(*[c for c in rows.columns if not c.startswith("_hoodie")]) \
@@ -37,7 +37,7 @@ def plant_bad_status(spark: SparkSession, root: str) -> int:
     """Rewrite one placed/paid silver order with BAD_STATUS; its id."""
     from pyspark.sql import functions as F
 
-    from pipelines.runtime.settings import silver_path
+    from pipelines.lake.layout import silver_path
 
     counted = spark.read.format("hudi").load(silver_path("orders", root)).filter(F.col("status").isin("placed", "paid"))
     return _plant(root, "orders", counted.orderBy("id").limit(1), "status", F.lit(BAD_STATUS)).first()["id"]
@@ -47,7 +47,7 @@ def plant_bad_emails(spark: SparkSession, root: str, n: int) -> list[tuple[int, 
     """Give the first `n` silver customers an e-mail without '@'; their (id, e-mail)."""
     from pyspark.sql import functions as F
 
-    from pipelines.runtime.settings import silver_path
+    from pipelines.lake.layout import silver_path
 
     chosen = spark.read.format("hudi").load(silver_path("customers", root)).orderBy("id").limit(n)
     planted = _plant(root, "customers", chosen, "email",

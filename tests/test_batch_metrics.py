@@ -22,11 +22,11 @@ import pytest
 from pyspark.sql import SparkSession
 
 from lakehouse_dev.prometheus import LocalMetrics, Prometheus
-from pipelines.lake.declaration import declared
+from pipelines.lake.layout import quarantine_path, silver_path
 from pipelines.lake.table_stats import read_table
 from pipelines.lake.timeline_files import timeline
 from pipelines.monitoring import metric_names as m
-from pipelines.runtime.settings import quarantine_path, silver_path
+from pipelines.runtime.lake import Lake
 from tests.lake import LakeCopy, run_cli
 from tests.model import is_malformed
 
@@ -95,8 +95,9 @@ def test_ingest_once_etl_and_services_push_what_they_did(spark: SparkSession, pu
     lake, prometheus, root = pushing, metrics.prometheus, pushing.root
     # Log files stay for the services to compact (inline mode would compact them in the ingest).
     monkeypatch.setenv("LAKEHOUSE_TABLE_SERVICES", "external")
-    names = declared().names
-    tables = {declared().topic(t): t for t in names}
+    decl = Lake.at(root).declaration
+    names = decl.names
+    tables = {decl.topic(t): t for t in names}
     new = lake.source.changes(lake.cfg)
     lake.produce(new)
 
@@ -202,7 +203,7 @@ def test_quality_and_an_erasure_push_what_they_did(pushing: LakeCopy, metrics: L
     assert len(passed) == int(summary.group(2)) and sum(passed.values()) == int(summary.group(1))
 
     # A request filed: the inbox's group says one waits, filed when its file says.
-    (key,) = declared().table("customers").key
+    (key,) = Lake.at(root).declaration.table("customers").key
     customer = min(read_table(silver_path("customers", root), [key]).column(key).to_pylist())
     started = time.time()
     done = run_cli("gdpr", "request", "--customer-id", str(customer), "--reference", "REQ-52")

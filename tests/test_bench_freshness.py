@@ -14,8 +14,8 @@ import pytest
 from lakehouse_dev.bench import freshness
 from lakehouse_dev.bench.visibility import visibility
 from pipelines.lake.contract import TABLES, topic
+from pipelines.lake.layout import changelog_path, main_path
 from pipelines.lake.table_stats import has_completed_commit, read_table
-from pipelines.runtime.settings import changelog_path, main_path
 
 pytestmark = pytest.mark.integration
 

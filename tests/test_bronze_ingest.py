@@ -22,14 +22,15 @@ import pytest
 from lakehouse_dev.generator import Message, ShopSource, WorkloadConfig, ensure_topics, produce
 from pipelines.ingest.bronze import IngestOptions, run_ingest
 from pipelines.lake.contract import TABLES
-from pipelines.runtime.settings import changelog_path, dead_letter_path, main_path
+from pipelines.lake.layout import changelog_path, dead_letter_path, main_path
+from pipelines.runtime.lake import Lake
 from tests.kill import bronze_as_model, pending_instants, wait_caught_up
 from tests.lake import LakeCopy, assert_bronze_equals_model, dead_letters
 from tests.model import fold_with_lsn, is_malformed
 
 
 def _ingest_and_check(spark, bootstrap: str, root: str, source: ShopSource, sent: list[Message], **kw) -> None:
-    run_ingest(once=True, root=root, bootstrap=bootstrap, spark=spark, **kw)
+    run_ingest(Lake.at(root, spark), once=True, bootstrap=bootstrap, **kw)
     expected, lsns = fold_with_lsn(sent)
     assert expected == source.state, "the model and the simulated database disagree"
     assert_bronze_equals_model(spark, root, expected, lsns)
@@ -63,7 +64,7 @@ def test_bronze_equals_model_across_ingest_runs(spark, broker, tmp_path, monkeyp
             # partition (a SIGKILL after its last batch: it never writes what it holds). Phase 1 reads their
             # records again, and ends with every letter once.
             monkeypatch.setattr(BronzeBatchWriter, "flush", lambda self: None)
-            run_ingest(once=True, root=root, bootstrap=broker.bootstrap, spark=spark)
+            run_ingest(Lake.at(root, spark), once=True, bootstrap=broker.bootstrap)
             monkeypatch.undo()
             expected, lsns = fold_with_lsn(sent)
             assert_bronze_equals_model(spark, root, expected, lsns)
@@ -107,9 +108,9 @@ def test_lost_checkpoint_resumes_from_the_commits_and_applies_nothing_twice(spar
     import shutil
 
     from pipelines.lake.contract import TABLES
+    from pipelines.lake.layout import changelog_path
+    from pipelines.lake.layout import ingest_checkpoint_path as checkpoint_path
     from pipelines.lake.table_stats import read_table
-    from pipelines.runtime.settings import changelog_path
-    from pipelines.runtime.settings import ingest_checkpoint_path as checkpoint_path
 
     def logged() -> list[tuple[str, int, int]]:
         return sorted((t, r["_kafka_partition"], r["_kafka_offset"]) for t in TABLES for r in read_table(
@@ -182,12 +183,12 @@ def test_a_crash_between_main_and_its_change_log_is_logged_again(spark, lake: La
         return any(logged.get(tp, 0) < o for tp, o in positions_of(spark, main_path(table, lake.root)).items())
 
     lake.produce(lake.source.changes(WorkloadConfig(seed=21, changes=200, replay_runs=1)))
-    run_ingest(once=True, root=lake.root, bootstrap=lake.bootstrap, spark=spark)
+    run_ingest(Lake.at(lake.root, spark), once=True, bootstrap=lake.bootstrap)
     cut = _crash_after_main_commits(spark, lake.root)
     assert all(behind(t) for t in cut)
     _ingest_and_check(spark, lake.bootstrap, lake.root, lake.source, lake.sent)
     assert not any(behind(t) for t in TABLES)
-    run_etl(spark, lake.root)
+    run_etl(Lake.at(lake.root, spark))
     assert_lake_equals_model(spark, lake.root, lake.source.state)
 
 
@@ -337,7 +338,7 @@ def test_held_dead_letters_lost_with_their_writer_are_read_again_from_kafka(spar
     before = store_commits()
     # A SIGKILL after the last batch: its writer never writes what it holds.
     monkeypatch.setattr(BronzeBatchWriter, "flush", lambda self: None)
-    run_ingest(once=True, root=lake.root, bootstrap=lake.bootstrap, spark=spark,
+    run_ingest(Lake.at(lake.root, spark), once=True, bootstrap=lake.bootstrap,
                options=IngestOptions(max_offsets_per_trigger=400))
     assert store_commits() == before, "the batches held their dead letters back"
     expected, lsns = fold_with_lsn(lake.sent)

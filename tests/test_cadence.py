@@ -24,7 +24,8 @@ from lakehouse_dev.generator import WorkloadConfig
 from pipelines.ingest.bronze import run_ingest
 from pipelines.ingest.state import positions_of
 from pipelines.ingest.stream import ControlFiles
-from pipelines.runtime.settings import changelog_path, main_path
+from pipelines.lake.layout import changelog_path, main_path
+from pipelines.runtime.lake import Lake
 from tests.kill import torn_read
 from tests.lake import LakeCopy, assert_bronze_equals_model, dead_letters, with_overrides
 from tests.model import fold_with_lsn, is_malformed
@@ -54,7 +55,7 @@ def _kafka_end(bootstrap: str, topic: str) -> dict[str, int]:
 
 def test_a_quiet_table_waits_and_a_sigkill_loses_nothing_it_waited_with(spark, lake: LakeCopy, tmp_path,
                                                                          monkeypatch) -> None:
-    from pipelines.lake.declaration import declared
+    from pipelines.lake.declaration import load
 
     tables = _declaration(tmp_path / "tables.toml")
     monkeypatch.setenv("LAKEHOUSE_TABLES", tables)
@@ -71,7 +72,7 @@ def test_a_quiet_table_waits_and_a_sigkill_loses_nothing_it_waited_with(spark, l
                                env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         lake.produce(lake.source.changes(WorkloadConfig(seed=41, changes=300, malformed_fraction=0.02)))
-        orders_end = _kafka_end(lake.bootstrap, declared().topic("orders"))
+        orders_end = _kafka_end(lake.bootstrap, load(tables).topic("orders"))
         files = ControlFiles(lake.root)
 
         def orders_done_customers_waiting() -> bool:
@@ -104,7 +105,7 @@ def test_a_quiet_table_waits_and_a_sigkill_loses_nothing_it_waited_with(spark, l
     assert "customers: waiting=" in log_text, "the batches' lines say what waits"
 
     # The next stream reads customers' waiting changes from Kafka again: both tables exact.
-    run_ingest(once=True, root=lake.root, bootstrap=lake.bootstrap, spark=spark)
+    run_ingest(Lake.at(lake.root, spark), once=True, bootstrap=lake.bootstrap)
     expected, lsns = fold_with_lsn(lake.sent)
     assert_bronze_equals_model(spark, lake.root, expected, lsns)
     letters = dead_letters(lake.root)

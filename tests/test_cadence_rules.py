@@ -10,22 +10,28 @@ from pipelines.ingest.cadence import BatchRecords, Cadence, CadenceLimits, Quiet
 from pipelines.ingest.schema import Shape
 from pipelines.ingest.stream import Heartbeat, Limits, judge
 from pipelines.ingest.survey import Survey
-from pipelines.lake.declaration import declared
+from pipelines.lake.declaration import Declaration, load
+from pipelines.runtime.settings import declaration_file
 
 pytestmark = pytest.mark.unit
 
 LIMITS = CadenceLimits(busy_changes_per_second=50, parallel_tables=4, budget_seconds=4, recent_batches=3)
 
 
+def _declaration() -> Declaration:
+    """The environment's declaration (LAKEHOUSE_TABLES), as a stream's query reads it."""
+    return load(declaration_file())
+
+
 def _survey(table: str, changed: bool = False, **kinds: int) -> Survey:
-    return Survey(None, kinds, Shape.initial(table), changed=changed)  # type: ignore[arg-type]
+    return Survey(None, kinds, Shape.initial(_declaration().table(table)), changed=changed)  # type: ignore[arg-type]
 
 
 def test_a_table_is_due_when_busy_when_its_target_is_near_or_when_it_must_not_wait() -> None:
-    cadence = Cadence(trigger_seconds=2, eager=False, limits=LIMITS)
+    cadence = Cadence(_declaration(), trigger_seconds=2, eager=False, limits=LIMITS)
     now = 1_000_000.0
     batch = BatchRecords(None)  # type: ignore[arg-type]
-    target = declared().table("customers").freshness_seconds
+    target = _declaration().table("customers").freshness_seconds
     cadence.hold("customers", _survey("customers", row=5), batch, 5, now - 1)
     assert cadence.due(now) == [], "a few fresh changes wait"
     for seconds in (3.0, 4.0, 2.5):
@@ -35,7 +41,7 @@ def test_a_table_is_due_when_busy_when_its_target_is_near_or_when_it_must_not_wa
     assert cadence.due(now + target - 8.0 - 2) == [] and cadence.due(now + target - 8.0) == ["customers"]
     cadence.hold("orders", _survey("orders", row=150), batch, 150, now)
     assert "orders" in cadence.due(now), "a busy table commits every batch: 150 changes within a trigger's 2 s"
-    calm = Cadence(trigger_seconds=2, eager=False, limits=LIMITS)
+    calm = Cadence(_declaration(), trigger_seconds=2, eager=False, limits=LIMITS)
     calm.hold("orders", _survey("orders", row=150), batch, 150, now - 10)
     assert calm.due(now) == [], "150 changes over 10 s is no busy table (a long batch does not make it one)"
     calm.hold("orders", _survey("orders", row=400), batch, 400, now)
@@ -45,16 +51,16 @@ def test_a_table_is_due_when_busy_when_its_target_is_near_or_when_it_must_not_wa
     assert cadence.due(now + target) == ["orders", "customers"], "the tables that cannot wait first"
     assert cadence.urgent("orders", now) and not cadence.urgent("customers", now)
     assert batch.holders == 5, "each hold keeps its batch"
-    shaped = Cadence(trigger_seconds=2, eager=False, limits=LIMITS)
+    shaped = Cadence(_declaration(), trigger_seconds=2, eager=False, limits=LIMITS)
     shaped.hold("customers", _survey("customers", changed=True, row=1), batch, 1, now)
     assert shaped.due(now) == ["customers"], "a change of shape is applied at once"
-    truncated = Cadence(trigger_seconds=2, eager=False, limits=LIMITS)
+    truncated = Cadence(_declaration(), trigger_seconds=2, eager=False, limits=LIMITS)
     truncated.hold("orders", _survey("orders", truncate=1), batch, 1, now)
     assert truncated.due(now) == ["orders"]
-    eager = Cadence(trigger_seconds=2, eager=True, limits=LIMITS)
+    eager = Cadence(_declaration(), trigger_seconds=2, eager=True, limits=LIMITS)
     eager.hold("customers", _survey("customers", row=1), batch, 1, now)
     assert eager.due(now) == ["customers"], "ingest --once commits every batch"
-    merged = Cadence(trigger_seconds=2, eager=False, limits=LIMITS)
+    merged = Cadence(_declaration(), trigger_seconds=2, eager=False, limits=LIMITS)
     for n in (3, 4):
         merged.hold("customers", _survey("customers", row=n, tombstone=1), batch, n, now - n)
     waiting = merged.waiting["customers"]
@@ -65,7 +71,7 @@ def test_a_table_is_due_when_busy_when_its_target_is_near_or_when_it_must_not_wa
 
 
 def test_busy_tables_do_not_spend_the_quiet_tables_budget() -> None:
-    cadence = Cadence(trigger_seconds=2, eager=False, limits=LIMITS)
+    cadence = Cadence(_declaration(), trigger_seconds=2, eager=False, limits=LIMITS)
     now = time.time()  # busy or not is judged at the wall clock's now
     batch = BatchRecords(None)  # type: ignore[arg-type]
     cadence.hold("orders", _survey("orders", row=500), batch, 500, now)

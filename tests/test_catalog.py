@@ -31,6 +31,7 @@ from pipelines.lake.catalog import lake_tables
 from pipelines.lake.contract import TABLES
 from pipelines.lake.hudi_timeline import latest_completion
 from pipelines.metastore import catalog_sync
+from pipelines.runtime.lake import Lake
 from pipelines.runtime.settings import jvm_dir
 from pipelines.transform.etl import run_etl
 from tests.lake import LakeCopy, assert_lake_equals_model, run_cli
@@ -74,13 +75,13 @@ def test_tables_by_name_follow_the_lake(spark: SparkSession, lake: LakeCopy, met
 
     def round_(messages: list) -> None:
         lake.produce(messages)
-        run_ingest(once=True, root=root, bootstrap=lake.bootstrap, spark=spark)
-        run_etl(spark, root)
+        run_ingest(Lake.at(root, spark), once=True, bootstrap=lake.bootstrap)
+        run_etl(Lake.at(root, spark))
 
     # The lake was written before the catalog existed: one command registers all of it.
     done = run_cli("catalog", "sync")
     assert done.exit_code == 0, done.output
-    registered = [t for t in lake_tables(root) if (Path(t.path) / ".hoodie").is_dir()]
+    registered = [t for t in lake_tables(root, Lake.at(root).declaration) if (Path(t.path) / ".hoodie").is_dir()]
     assert len(done.stdout.splitlines()) == len(registered)
 
     # A round synced by its writers, then T1: the lake equals the model, and is kept to compare with later.
@@ -147,7 +148,7 @@ def test_tables_by_name_follow_the_lake(spark: SparkSession, lake: LakeCopy, met
     victim = next(c for c in sorted(src.state["customers"])
                   if any(o["customer_id"] == c for o in src.state["orders"].values()))
     person = src.state["customers"][victim]
-    certificate = erase(parse_request([victim], "REQ-CATALOG-1", "dpo"), spark=spark, root=root,
+    certificate = erase(Lake.at(root, spark), parse_request([victim], "REQ-CATALOG-1", "dpo"),
                         bootstrap=lake.bootstrap)
     assert certificate.verified, certificate.verification.failures
     assert not catalog_sync.flush()

@@ -18,7 +18,8 @@ from lakehouse_dev.generator import ShopSource, WorkloadConfig, ensure_topics, p
 from pipelines.ingest.bronze import IngestOptions, run_ingest
 from pipelines.lake.contract import TABLES
 from pipelines.lake.hudi_timeline import checkpoint, consumed, earliest_checkpoint
-from pipelines.runtime.settings import changelog_path, dead_letter_path, main_path, silver_path
+from pipelines.lake.layout import changelog_path, dead_letter_path, main_path, silver_path
+from pipelines.runtime.lake import Lake
 from pipelines.services.due import live_files, services_due
 from pipelines.services.table_services import ServicesPlan, run_services
 from pipelines.transform.changes import read_changes
@@ -38,11 +39,11 @@ CHANGELOGS = [f"bronze/_changelog/{t}" for t in TABLES]
 DEAD_LETTERS = "bronze/_dead_letters"
 
 
-def _ingest_on_day(spark, zone: str, **kwargs) -> None:
+def _ingest_on_day(spark, zone: str, root: str, **kwargs) -> None:
     """Ingest with the session's time zone set to `zone`: the ingest day is its date there."""
     spark.conf.set("spark.sql.session.timeZone", zone)
     try:
-        run_ingest(once=True, spark=spark, **kwargs)
+        run_ingest(Lake.at(root, spark), once=True, **kwargs)
     finally:
         spark.conf.set("spark.sql.session.timeZone", "UTC")
 
@@ -84,8 +85,8 @@ def test_changelog_days_are_clustered_and_expired_without_losing_a_change(
     produce(day_one_records, broker.bootstrap)
     _ingest_on_day(spark, "Etc/GMT+12", root=root, bootstrap=broker.bootstrap,
                    options=IngestOptions(max_offsets_per_trigger=300))
-    run_etl(spark, root)
-    stale = read_changes(spark, "bronze/orders", None, root).checkpoint
+    run_etl(Lake.at(root, spark))
+    stale = read_changes(Lake.at(root, spark), "bronze/orders", None).checkpoint
 
     # Day two, also in small batches; silver has not read it yet.
     produce(source.changes(cfg), broker.bootstrap)
@@ -103,11 +104,12 @@ def test_changelog_days_are_clustered_and_expired_without_losing_a_change(
 
     # What the DAG decides from the files alone (pipelines/services/due.py): the days Spark reads, work on each.
     assert {p: len(f) for p, f in live_files(orders_log).items()} == before
-    due = {w.table: w.services for w in services_due(root)}
+    due = {w.table: w.services for w in services_due(root, Lake.at(root).declaration)}
     assert all({"expire", "cluster"} <= set(due[name]) for name in CHANGELOGS), due
     assert "cluster" in due[DEAD_LETTERS], due
 
-    report = run_services(spark, root, ServicesPlan([*CHANGELOGS, DEAD_LETTERS], ("expire", "cluster", "clean")))
+    report = run_services(Lake.at(root, spark),
+                          ServicesPlan([*CHANGELOGS, DEAD_LETTERS], ("expire", "cluster", "clean")))
     assert report[DEAD_LETTERS]["cluster"]["executed"], report[DEAD_LETTERS]
     assert _file_count(spark, dead) == 1 and _positions(spark, dead) == letters
     for name in CHANGELOGS:
@@ -120,7 +122,7 @@ def test_changelog_days_are_clustered_and_expired_without_losing_a_change(
     assert {p: len(f) for p, f in live_files(orders_log).items()} == after
 
     # Silver reads its window across the clustering commit: every change once, none lost.
-    run_etl(spark, root)
+    run_etl(Lake.at(root, spark))
     assert_lake_equals_model(spark, root, source.state)
     for table in TABLES:
         mark = consumed(checkpoint(spark, silver_path(table, root)), changelog_path(table, root))
@@ -128,22 +130,22 @@ def test_changelog_days_are_clustered_and_expired_without_losing_a_change(
 
     # The outside consumer's checkpoint needs the dropped day: it is told it gets the whole table.
     assert stale < earliest_checkpoint(spark, orders_log)
-    change_set = read_changes(spark, "bronze/orders", stale, root)
+    change_set = read_changes(Lake.at(root, spark), "bronze/orders", stale)
     assert change_set.snapshot
     live = {r["id"] for r in spark.read.format("hudi").load(main_path("orders", root)).select("id").collect()}
     upserts = {r["id"] for r in change_set.rows.filter("_change = 'upsert'").select("id").collect()}
     assert upserts == live
 
     # A second run finds nothing to do; ingest and etl go on, exact.
-    again = run_services(spark, root, ServicesPlan([*CHANGELOGS, DEAD_LETTERS], ("expire", "cluster")))
+    again = run_services(Lake.at(root, spark), ServicesPlan([*CHANGELOGS, DEAD_LETTERS], ("expire", "cluster")))
     assert all(not again[n]["cluster"]["executed"] and not again[n]["expire"]["expired"]
                for n in [*CHANGELOGS, DEAD_LETTERS]), again
     # ... and so does the DAG's decision, the replaced files still on disk or not.
-    assert [w.line() for w in services_due(root) if w.table in [*CHANGELOGS, DEAD_LETTERS]
+    assert [w.line() for w in services_due(root, Lake.at(root).declaration) if w.table in [*CHANGELOGS, DEAD_LETTERS]
             and {"expire", "cluster"} & set(w.services)] == []
     # Day one's records delivered again (a connector replay): its deletes now live in the
     # ledgers only, and no replayed insert brings a deleted row back.
     produce(day_one_records + source.changes(cfg), broker.bootstrap)
     _ingest_on_day(spark, "Etc/GMT-14", root=root, bootstrap=broker.bootstrap)
-    run_etl(spark, root)
+    run_etl(Lake.at(root, spark))
     assert_lake_equals_model(spark, root, source.state)

@@ -19,6 +19,7 @@ from pipelines.cli.root import LakehouseGroup
 from pipelines.errors import DeclarationError, KafkaUnavailable, LakehouseError, UnknownTable
 from pipelines.ingest.stream import HEARTBEAT, ControlFiles, Heartbeat
 from pipelines.lake.catalog import lake_catalog, table_name
+from pipelines.runtime.lake import read_declaration
 
 pytestmark = pytest.mark.unit
 
@@ -49,14 +50,16 @@ def test_version_and_the_root_help_list_the_operator_commands_and_the_exit_codes
 
 
 def test_a_table_is_named_by_its_lake_name_or_its_dotted_name() -> None:
-    for table in lake_catalog():
+    decl = read_declaration()
+    for table in lake_catalog(decl):
         layer, rest = table.name.split("/", 1)
-        assert table_name(table.name) == table_name(f"{layer}.{rest.replace('/', '_')}") == table.name
-    assert table_name("silver.orders") == table_name("silver/orders") == table_name("SILVER.Orders") == "silver/orders"
-    assert table_name("bronze._changelog_orders") == "bronze/_changelog/orders"
-    assert table_name("bronze.orders_rt") == table_name("bronze.orders_ro") == "bronze/orders"
+        assert table_name(table.name, decl) == table_name(f"{layer}.{rest.replace('/', '_')}", decl) == table.name
+    assert table_name("silver.orders", decl) == table_name("silver/orders", decl) \
+        == table_name("SILVER.Orders", decl) == "silver/orders"
+    assert table_name("bronze._changelog_orders", decl) == "bronze/_changelog/orders"
+    assert table_name("bronze.orders_rt", decl) == table_name("bronze.orders_ro", decl) == "bronze/orders"
     with pytest.raises(UnknownTable) as error:
-        table_name("silver/custmers")
+        table_name("silver/custmers", decl)
     assert isinstance(error.value, KeyError) and isinstance(error.value, LakehouseError)
     assert str(error.value).startswith("no lake table is registered as 'silver/custmers'; the tables: bronze/")
     assert "silver/customers" in str(error.value)

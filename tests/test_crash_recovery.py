@@ -30,8 +30,9 @@ import pytest
 from lakehouse_dev.generator import ShopSource, WorkloadConfig, ensure_topics, produce
 from pipelines.ingest.bronze import IngestOptions, run_ingest
 from pipelines.lake.contract import TABLES
+from pipelines.lake.layout import changelog_path, main_path
 from pipelines.lake.table_stats import has_completed_commit
-from pipelines.runtime.settings import changelog_path, main_path
+from pipelines.runtime.lake import Lake
 from pipelines.transform.etl import run_etl
 from tests.hudi_files import pending_compactions
 from tests.kill import beside_job, pending_instants, run_until
@@ -100,7 +101,7 @@ def test_a_first_commit_killed_in_flight_does_not_break_the_next_run(broker, spa
     (bare / "timeline" / "history").mkdir(parents=True, exist_ok=True)
     (bare / "hoodie.properties").unlink(missing_ok=True)
 
-    run_ingest(once=True, root=str(root), bootstrap=broker.bootstrap, spark=spark)
+    run_ingest(Lake.at(str(root), spark), once=True, bootstrap=broker.bootstrap)
     expected, lsns = fold_with_lsn(sent)
     assert_bronze_equals_model(spark, str(root), expected, lsns)
     assert len(dead_letters(str(root))) == sum(is_malformed(m) for m in sent)
@@ -188,7 +189,7 @@ def test_random_sigkills_then_restart_give_the_model(broker, spark, tmp_path, mo
     # In batches of the killed runs' size: however far the kills let those runs get, the topics hold enough
     # batches for each main table's sixth delta commit, where a compaction is planned (bronze.toml). In one
     # batch the last run left bronze/customers at five on a machine where the kills all landed early.
-    run_ingest(once=True, root=str(root), bootstrap=broker.bootstrap, spark=spark,
+    run_ingest(Lake.at(str(root), spark), once=True, bootstrap=broker.bootstrap,
                options=IngestOptions(max_offsets_per_trigger=300))
     # The compactions ran beside the batches, and a run to the end leaves none pending (a killed
     # one ran again). A merge-on-read compaction completes as a `commit`.
@@ -203,7 +204,7 @@ def test_random_sigkills_then_restart_give_the_model(broker, spark, tmp_path, mo
         letters = dead_letters(str(root))
         assert len(letters) == sum(is_malformed(m) for m in sent)
         assert len({d["position"] for d in letters}) == len(letters)
-        run_etl(spark, str(root))
+        run_etl(Lake.at(str(root), spark))
         assert_lake_equals_model(spark, str(root), source.state)
     except AssertionError as exc:
         raise AssertionError(f"{exc}\nkills:\n{context}") from exc

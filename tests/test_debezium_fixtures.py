@@ -21,6 +21,8 @@ from lakehouse_dev.generator import Message
 from pipelines.ingest.parse import TableParse, image_columns, parse_events, parse_topics
 from pipelines.ingest.schema import Shape
 from pipelines.lake.contract import COLUMNS, TABLES, topic
+from pipelines.lake.declaration import load
+from pipelines.runtime.settings import declaration_file
 from tests.model import row_event, unwrap
 
 pytestmark = pytest.mark.integration
@@ -54,13 +56,14 @@ def test_parser_on_captured_envelopes(spark: SparkSession, name: str, wrapped: b
     assert all((schema is not None) == wrapped for r, schema, _ in envelopes if r["value"] is not None)
 
     stamp = datetime(2026, 3, 1, tzinfo=UTC)
+    decl = load(declaration_file())
     for table in TABLES:
         mine = [r for r in records if r["topic"] == topic(table)]
         raw = spark.createDataFrame(
             [(r["topic"], r["partition"], r["offset"], stamp, _message(r).key, _message(r).value) for r in mine],
             KAFKA_SCHEMA)
-        parsed = {(p["kafka_partition"], p["kafka_offset"]): p.asDict() for p in parse_events(raw, table)
-                  .select("*", *image_columns(Shape.initial(table))).collect()}
+        parsed = {(p["kafka_partition"], p["kafka_offset"]): p.asDict() for p in parse_events(raw, table, decl)
+                  .select("*", *image_columns(Shape.initial(decl.table(table)))).collect()}
         assert len(parsed) == len(mine)
         for record in mine:
             got = parsed[(record["partition"], record["offset"])]
@@ -93,10 +96,11 @@ def test_one_pass_over_every_topic_parses_each_record_as_its_table(spark: SparkS
     def by_position(df: DataFrame) -> dict[tuple[str, int], dict[str, Any]]:
         return {(p["kafka_topic"], p["kafka_offset"]): p.asDict(recursive=True) for p in df.collect()}
 
-    one_pass = by_position(parse_topics(raw, {t: TableParse(Shape.initial(t)) for t in TABLES}))
+    decl = load(declaration_file())
+    one_pass = by_position(parse_topics(raw, {t: TableParse(Shape.initial(decl.table(t))) for t in TABLES}, decl))
     alone: dict[tuple[str, int], dict[str, Any]] = {}
     for table in TABLES:
-        alone |= by_position(parse_events(raw.filter(raw.topic == topic(table)), table))
+        alone |= by_position(parse_events(raw.filter(raw.topic == topic(table)), table, decl))
     assert len(one_pass) == len(rows) and one_pass == alone
     assert one_pass[(topic("orders"), len(rows) - 1)]["reason"].startswith("event of table 'customers'")
     assert {r["kind"] for r in one_pass.values()} >= {"row", "tombstone", "truncate", "dead"}

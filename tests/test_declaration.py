@@ -13,7 +13,8 @@ from pipelines.cli.app import main
 from pipelines.errors import DeclarationError
 from pipelines.lake import contract
 from pipelines.lake.catalog import change_feed_tables, erasure_uncovered, gold_declared, names
-from pipelines.lake.declaration import declared, load
+from pipelines.lake.declaration import load
+from pipelines.runtime.lake import read_declaration
 
 pytestmark = pytest.mark.unit
 
@@ -39,7 +40,7 @@ upper = true
 
 def test_the_shop_is_declared_as_the_contract_says(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("LAKEHOUSE_TABLES", raising=False)
-    decl = declared()
+    decl = read_declaration()
     assert decl.names == contract.TABLES and decl.topic_prefix == contract.TOPIC_PREFIX
     for name in contract.TABLES:
         t = decl.table(name)
@@ -52,24 +53,24 @@ def test_the_shop_is_declared_as_the_contract_says(monkeypatch: pytest.MonkeyPat
     customers = {r.name: r for r in decl.table("customers").rules}
     assert customers["email_format"].value == contract.EMAIL_PATTERN
     assert customers["country_code"].value == contract.COUNTRY_PATTERN
-    assert gold_declared() and not erasure_uncovered()
+    assert gold_declared(decl) and not erasure_uncovered(decl)
 
 
 def test_a_team_declaration_drives_the_catalog(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "tables.toml"
     path.write_text(GOOD)
     monkeypatch.setenv("LAKEHOUSE_TABLES", str(path))
-    decl = declared()
+    decl = read_declaration()
     assert decl.topic("payments") == "erp.billing.payments" and decl.table("payments").key == ("region", "payment_no")
     assert decl.table_of_topic("erp.billing.payments") == "payments"
-    assert names() == ["bronze/payments", "bronze/_deletes/payments", "bronze/_changelog/payments",
+    assert names(decl) == ["bronze/payments", "bronze/_deletes/payments", "bronze/_changelog/payments",
                        "bronze/_dead_letters", "silver/payments", "silver/_quarantine/payments"]
-    assert change_feed_tables() == {"bronze/payments": ("region", "payment_no"),
+    assert change_feed_tables(decl) == {"bronze/payments": ("region", "payment_no"),
                                     "silver/payments": ("region", "payment_no")}
-    assert not gold_declared(), "gold's aggregates need the shop's customers and orders"
-    assert erasure_uncovered() == [], "the erasure covers any table with a subject column"
-    path.write_text(GOOD.replace("billing.payments", "billing.pay"))  # re-read when the file changes
-    assert declared().topic("payments") == "erp.billing.pay"
+    assert not gold_declared(decl), "gold's aggregates need the shop's customers and orders"
+    assert erasure_uncovered(decl) == [], "the erasure covers any table with a subject column"
+    path.write_text(GOOD.replace("billing.payments", "billing.pay"))  # each read reads the file as it is
+    assert read_declaration().topic("payments") == "erp.billing.pay"
 
 
 @pytest.mark.parametrize(("change", "message"), [

@@ -28,8 +28,9 @@ from pyspark.sql import functions as F
 
 from lakehouse_dev.generator import Message, produce
 from pipelines.ingest.bronze import IngestOptions, run_ingest
+from pipelines.lake.layout import main_path, quarantine_path, silver_path
 from pipelines.lake.table_stats import read_table
-from pipelines.runtime.settings import main_path, quarantine_path, silver_path
+from pipelines.runtime.lake import Lake
 from pipelines.transform.etl import run_etl
 from tests.declared_tables import DECLARATION, EVERY_TYPE, LINES, DeclaredSource, DeclaredTable, silver_model
 from tests.lake import run_cli
@@ -145,9 +146,9 @@ def test_declared_tables_of_every_type_and_a_composite_key(spark: SparkSession, 
                                    ("eu", rng.randint(10**7, 10**8)))
     produce(first, broker.bootstrap)
     sent += first
-    run_ingest(once=True, root=root, bootstrap=broker.bootstrap, spark=spark)
+    run_ingest(Lake.at(root, spark), once=True, bootstrap=broker.bootstrap)
     _assert_bronze(spark, root, source)
-    run_etl(spark, root)
+    run_etl(Lake.at(root, spark))
     _assert_silver(spark, root, source)
 
     # More changes, then a run of older events replayed after them (a connector restart): nothing moves back.
@@ -158,9 +159,9 @@ def test_declared_tables_of_every_type_and_a_composite_key(spark: SparkSession, 
         second += source.delete(LINES, key)
     second += [m for m in sent[-80:]]
     produce(second, broker.bootstrap)
-    run_ingest(once=True, root=root, bootstrap=broker.bootstrap, spark=spark)
+    run_ingest(Lake.at(root, spark), once=True, bootstrap=broker.bootstrap)
     _assert_bronze(spark, root, source)
-    run_etl(spark, root)  # incremental: only the keys changed since the first cycle
+    run_etl(Lake.at(root, spark))  # incremental: only the keys changed since the first cycle
     _assert_silver(spark, root, source)
 
     # `lakehouse status` on declared tables: rows and deleted keys by each table's own key, a composite one too.
@@ -194,8 +195,8 @@ def test_an_incremental_snapshot_of_a_table_added_by_sync_lands_in_bronze(spark:
     position, they land with the change that followed, typed, and none is a dead letter."""
     import json
 
+    from pipelines.lake.layout import dead_letter_path
     from pipelines.lake.table_stats import has_completed_commit
-    from pipelines.runtime.settings import dead_letter_path
 
     fixture = json.loads((Path(__file__).with_name("fixtures") / "declared" / "incremental_snapshot.json").read_text())
     declaration = tmp_path / "tables.toml"
@@ -209,7 +210,7 @@ def test_an_incremental_snapshot_of_a_table_added_by_sync_lands_in_bronze(spark:
     produce([Message(r["topic"], r["key"] and r["key"].encode(), r["value"] and r["value"].encode())
              for r in records], broker.bootstrap)
     root = str(tmp_path / "lake")
-    run_ingest(once=True, root=root, bootstrap=broker.bootstrap, spark=spark)
+    run_ingest(Lake.at(root, spark), once=True, bootstrap=broker.bootstrap)
     assert not has_completed_commit(dead_letter_path(root)), "no record of the snapshot is a dead letter"
     rows = {r["id"]: r for r in spark.read.format("hudi").load(main_path("late_rows", root))
             .select("id", "note", "amount", F.unix_micros("at").alias("at"), "_lsn").collect()}
@@ -256,7 +257,7 @@ def test_a_table_declared_while_the_stream_runs_is_followed_exactly(spark: Spark
 
     def stream() -> None:
         try:
-            run_ingest(once=False, root=root, bootstrap=broker.bootstrap, spark=spark,
+            run_ingest(Lake.at(root, spark), once=False, bootstrap=broker.bootstrap,
                        options=IngestOptions(trigger_seconds=1))
         except BaseException as exc:
             failure.append(exc)
@@ -297,16 +298,16 @@ def _wait(done, failure: list[BaseException], timeout: float = 180) -> None:
 
 
 @pytest.mark.unit
-def test_a_changed_encoding_of_one_type_holds_the_table_until_accepted(tmp_path: Path,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_changed_encoding_of_one_type_holds_the_table_until_accepted(tmp_path: Path) -> None:
     """timestamp(3) altered to timestamp(6): Debezium's milliseconds become microseconds, the column stays a
     timestamp. Read the new way, the old messages would be wrong, and the other way round: held, not guessed."""
     from pipelines.ingest.schema import Shape, decide
+    from pipelines.lake.declaration import load
 
     declaration = tmp_path / "tables.toml"
     declaration.write_text(DECLARATION)
-    monkeypatch.setenv("LAKEHOUSE_TABLES", str(declaration))
-    first = decide(Shape.initial("every_type"), [[("id", "bigint", "cast"), ("seen", "timestamp", "millis")]],
+    every_type = load(declaration).table("every_type")
+    first = decide(Shape.initial(every_type), [[("id", "bigint", "cast"), ("seen", "timestamp", "millis")]],
                    [], {}, set(), 1)
     assert first.shape.columns["seen"].convert == "millis" and not first.held_declared
     altered = [("id", "bigint", "cast"), ("seen", "timestamp", "micros")]
@@ -341,8 +342,8 @@ def test_the_real_connectors_records_of_every_type_land_typed(spark: SparkSessio
     import json
     from datetime import date as day
 
+    from pipelines.lake.layout import dead_letter_path
     from pipelines.lake.table_stats import has_completed_commit
-    from pipelines.runtime.settings import dead_letter_path
 
     declaration = tmp_path / "tables.toml"
     declaration.write_text(FIXTURE_TABLES)
@@ -357,7 +358,7 @@ def test_the_real_connectors_records_of_every_type_land_typed(spark: SparkSessio
     produce([Message(r["topic"], r["key"] and r["key"].encode(), r["value"] and r["value"].encode())
              for r in records], broker.bootstrap)
     root = str(tmp_path / "lake")
-    run_ingest(once=True, root=root, bootstrap=broker.bootstrap, spark=spark)
+    run_ingest(Lake.at(root, spark), once=True, bootstrap=broker.bootstrap)
     assert not has_completed_commit(dead_letter_path(root)), "a record of the real connector is a dead letter"
 
     bronze = spark.read.format("hudi").load(main_path("all_types", root))

@@ -39,8 +39,9 @@ from lakehouse_dev.pg_source import RealSource
 from lakehouse_dev.pg_source_cli import source
 from pipelines.ingest.stream import ControlFiles
 from pipelines.lake.declaration import DECLARATION_VARIABLE, load
+from pipelines.lake.layout import main_path, quarantine_path, silver_path
 from pipelines.lake.table_stats import has_completed_commit, read_table
-from pipelines.runtime.settings import main_path, quarantine_path, silver_path
+from pipelines.runtime.lake import Lake
 from pipelines.transform.etl import run_etl
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -237,7 +238,7 @@ def test_declared_tables_on_the_real_source(spark: SparkSession, real, tmp_path:
     finally:
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)
-    run_etl(spark, root)
+    run_etl(Lake.at(root, spark))
 
     for name, t in full.tables.items():
         want = {tuple(_plain(v) for v in k): _row(r) for k, r in expected[name].items()}

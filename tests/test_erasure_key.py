@@ -13,7 +13,7 @@ from moto import mock_aws
 
 from pipelines.deploy.jobs import JOB_ENV, SparkJob
 from pipelines.errors import SecretError
-from pipelines.lake.erasure_registry import erasure_key
+from pipelines.runtime.secrets import erasure_key
 
 pytestmark = pytest.mark.unit
 

@@ -26,9 +26,10 @@ from pipelines.ingest.bronze import run_ingest
 from pipelines.lake.catalog import change_feed_tables, hudi_table_name, lake_catalog
 from pipelines.lake.contract import TABLES
 from pipelines.lake.hudi_timeline import checkpoint
+from pipelines.lake.layout import quarantine_path, silver_path
 from pipelines.lake.table_stats import has_completed_commit, table_stats
 from pipelines.monitoring import lineage
-from pipelines.runtime.settings import quarantine_path, silver_path
+from pipelines.runtime.lake import Lake, read_declaration
 from pipelines.transform.changes import read_changes
 from pipelines.transform.etl import run_etl
 from tests.kill import inflight, run_until
@@ -36,11 +37,11 @@ from tests.lake import LINEAGE_ON, LakeCopy, assert_lake_equals_model, run_cli, 
 
 pytestmark = pytest.mark.integration
 
-FEEDS = tuple(change_feed_tables())
+FEEDS = tuple(change_feed_tables(read_declaration()))
 
 
 def _key(table: str, row: dict) -> tuple:
-    return tuple(row[k] for k in change_feed_tables()[table])
+    return tuple(row[k] for k in change_feed_tables(read_declaration())[table])
 
 
 def _snapshot(spark: SparkSession, root: str, table: str) -> dict[tuple, dict]:
@@ -59,7 +60,7 @@ class Consumer:
     def catch_up(self, spark: SparkSession, root: str) -> None:
         """Read every table's changes since the last checkpoint; each replica must then equal its table."""
         for table in FEEDS:
-            change_set = read_changes(spark, table, self.checkpoints[table], root)
+            change_set = read_changes(Lake.at(root, spark), table, self.checkpoints[table])
             assert change_set.snapshot == (self.checkpoints[table] is None), table
             rows = [r.asDict() for r in change_set.rows.collect()]
             keys = [_key(table, r) for r in rows]
@@ -75,14 +76,14 @@ class Consumer:
             assert replica.keys() == want.keys(), f"{table}: replica keys differ from the table"
             assert {k: {c: v[c] for c in want[k]} for k, v in replica.items()} == want, \
                 f"{table}: replica rows differ from the table"
-            again = read_changes(spark, table, change_set.checkpoint, root)
+            again = read_changes(Lake.at(root, spark), table, change_set.checkpoint)
             assert again.rows.count() == 0, f"{table}: reading from the new checkpoint returned rows again"
 
 
 def _etl_with_lineage(spark: SparkSession, root: str, tmp_path: Path) -> None:
     """One cycle as `lakehouse etl` with the listener on: every table it committed to is reported as a write
     named after the table, with the table's columns; silver's inputs are what its checkpoint says it consumed."""
-    tables = {t.name: t.path(root) for t in lake_catalog() if t.layer in ("silver", "gold")}
+    tables = {t.name: t.path(root) for t in lake_catalog(read_declaration()) if t.layer in ("silver", "gold")}
     commits = {name: table_stats(path).commits for name, path in tables.items() if has_completed_commit(path)}
     events = tmp_path / "lineage"
     env = {**os.environ, "LAKEHOUSE_ROOT": root, "LAKEHOUSE_LINEAGE_DIR": str(events),
@@ -128,7 +129,7 @@ def test_etl_cycles_and_a_consumer_stay_exact(spark, lake: LakeCopy, tmp_path: P
 
     def ingest() -> None:
         lake.produce(source.changes(lake.cfg))
-        run_ingest(once=True, root=root, bootstrap=lake.bootstrap, spark=spark)
+        run_ingest(Lake.at(root, spark), once=True, bootstrap=lake.bootstrap)
 
     def check() -> None:
         assert_lake_equals_model(spark, root, source.state)
@@ -137,7 +138,7 @@ def test_etl_cycles_and_a_consumer_stay_exact(spark, lake: LakeCopy, tmp_path: P
     # The shared lake: one ingest of a snapshot and changes, one (first, full) cycle.
     check()
     ingest()
-    run_etl(spark, root)
+    run_etl(Lake.at(root, spark))
     check()
     # Two ingests before one cycle, the cycle as `lakehouse etl` with OpenLineage's listener on: its events.
     ingest()
@@ -146,7 +147,7 @@ def test_etl_cycles_and_a_consumer_stay_exact(spark, lake: LakeCopy, tmp_path: P
     check()
     # A cycle with nothing new must not even commit.
     commits = {t: table_stats(silver_path(t, root)).commits for t in TABLES}
-    assert not any(run_etl(spark, root).values())
+    assert not any(run_etl(Lake.at(root, spark)).values())
     assert {t: table_stats(silver_path(t, root)).commits for t in TABLES} == commits
     assert all(has_completed_commit(quarantine_path(t, root)) for t in TABLES)
 
@@ -157,6 +158,6 @@ def test_etl_cycles_and_a_consumer_stay_exact(spark, lake: LakeCopy, tmp_path: P
                        inflight(Path(root), "silver/_quarantine/*", "commit"))
     assert killed, "the cycle finished before its quarantine commit could be caught"
     # Silver of the first table moved on, its quarantine did not: the checkpoints now differ.
-    run_etl(spark, root)
+    run_etl(Lake.at(root, spark))
     check()
     assert all(consumer.deletes_seen[t] > 0 for t in FEEDS), f"deletes seen by the consumer: {consumer.deletes_seen}"

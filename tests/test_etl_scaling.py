@@ -21,8 +21,9 @@ from lakehouse_dev.generator import COUNTRIES, ShopSource, WorkloadConfig, ensur
 from lakehouse_dev.kafka_local import KafkaBroker
 from pipelines.ingest.bronze import run_ingest
 from pipelines.lake.contract import CURRENCIES
+from pipelines.lake.layout import silver_path
 from pipelines.monitoring.metrics import ReadMeter, Reads
-from pipelines.runtime.settings import silver_path
+from pipelines.runtime.lake import Lake
 from pipelines.transform import gold
 from pipelines.transform.etl import silver_cycle
 from tests.lake import assert_gold_equals_model, with_overrides
@@ -56,8 +57,8 @@ def _steps(spark, root: str) -> tuple[dict[str, Reads], dict[str, dict[str, int]
     """One etl cycle, step by step as `run_etl` runs it: what each step read, and its counts."""
     silver = silver_path("customers", root), silver_path("orders", root)
     steps = {
-        "silver/customers": lambda: silver_cycle(spark, "customers", root),
-        "silver/orders": lambda: silver_cycle(spark, "orders", root),
+        "silver/customers": lambda: silver_cycle(Lake.at(root, spark), "customers"),
+        "silver/orders": lambda: silver_cycle(Lake.at(root, spark), "orders"),
         "gold/_customer_orders": lambda: gold.state_cycle(spark, root, *silver),
         "gold/customer_ltv": lambda: gold.ltv_cycle(spark, root),
         "gold/daily_revenue": lambda: gold.daily_cycle(spark, root),
@@ -86,10 +87,10 @@ def _cycle_reads(spark, tmp: Path, customers: int) -> tuple[Reads, dict[str, Rea
         cfg = WorkloadConfig(seed=5, customers=customers, orders=3 * customers, invalid_fraction=0.0,
                              orphan_fraction=0.05)
         produce(source.snapshot(cfg), broker.bootstrap)
-        run_ingest(once=True, root=root, bootstrap=broker.bootstrap, spark=spark)
+        run_ingest(Lake.at(root, spark), once=True, bootstrap=broker.bootstrap)
         full = _total(_steps(spark, root)[0])
         produce(_the_change(source), broker.bootstrap)
-        run_ingest(once=True, root=root, bootstrap=broker.bootstrap, spark=spark)
+        run_ingest(Lake.at(root, spark), once=True, bootstrap=broker.bootstrap)
         incremental, counts = _steps(spark, root)
         assert_gold_equals_model(spark, root, source.state)
         return full, incremental, counts[DAILY]["days"]

@@ -29,6 +29,7 @@ from pipelines.ingest.bronze import run_ingest
 from pipelines.lake.catalog import lake_tables
 from pipelines.lake.contract import TABLES, topic
 from pipelines.lake.table_stats import has_completed_commit, read_table
+from pipelines.runtime.lake import Lake
 from pipelines.transform.etl import run_etl
 from tests.kill import bronze_as_model, running_ingest, wait_while_running
 from tests.lake import LakeCopy, assert_bronze_equals_model, assert_lake_equals_model, run_cli
@@ -117,7 +118,7 @@ def texts_of(sent: list[Message], customers: set[int]) -> set[str]:
 def snapshot(spark: SparkSession, root: str) -> dict[str, set[tuple]]:
     """Every non-gold table's rows (without Hudi's meta columns), as sets."""
     out = {}
-    for table in lake_tables(root):
+    for table in lake_tables(root, Lake.at(root).declaration):
         if table.name.startswith("gold/") or not has_completed_commit(table.path):
             continue
         df = spark.read.format("hudi").load(table.path)
@@ -210,8 +211,8 @@ def test_erasure_leaves_nothing_and_changes_nobody_else(spark, lake: LakeCopy, t
     moves = dataclasses.replace(keyed(cfg), changes=300, move_fraction=0.5, delete_fraction=0.0)
     lake.produce([dead_letter(state["customers"][victim]), *source.update("orders", mine[0], {"customer_id": other}),
                   *source.changes(moves)])
-    run_ingest(once=True, root=root, bootstrap=lake.bootstrap, spark=spark)
-    run_etl(spark, root)
+    run_ingest(Lake.at(root, spark), once=True, bootstrap=lake.bootstrap)
+    run_etl(Lake.at(root, spark))
 
     (orders, moved), texts = theirs_and_moved(sent, victims), texts_of(sent, victims)
     assert orders and texts and mine[0] in moved
@@ -222,9 +223,10 @@ def test_erasure_leaves_nothing_and_changes_nobody_else(spark, lake: LakeCopy, t
                for r in before["bronze/_changelog/orders"])
 
     # Two requests, one run: a sweep, a purge and a verification for both, a certificate each.
-    certificates = erase_all([parse_request([victim, quarantined[0], victim], "REQ-2026-001", "dpo@shop.example"),
+    certificates = erase_all(Lake.at(root, spark),
+                             [parse_request([victim, quarantined[0], victim], "REQ-2026-001", "dpo@shop.example"),
                               parse_request([quarantined[0]], "REQ-2026-002", "dpo@shop.example")],
-                             spark=spark, root=root, bootstrap=lake.bootstrap)
+                             bootstrap=lake.bootstrap)
     assert [c.reference for c in certificates] == ["REQ-2026-001", "REQ-2026-002"]
     assert len({c.path for c in certificates}) == 2
     certificate = certificates[0]
@@ -246,7 +248,7 @@ def test_erasure_leaves_nothing_and_changes_nobody_else(spark, lake: LakeCopy, t
     assert expected["orders"][mine[0]]["customer_id"] == other  # and counts in gold: the model says so
     assert_bronze_equals_model(spark, root, expected, lsns)
     assert_lake_equals_model(spark, root, expected)
-    for table in lake_tables(root):  # the independent reader sees none of them either
+    for table in lake_tables(root, Lake.at(root).declaration):  # the independent reader sees none of them either
         if has_completed_commit(table.path):
             rows = read_table(table.path).to_pylist()
             assert not [r for r in rows if of_subject(table.name, tuple(r.items()), victims, orders, texts)], \
@@ -277,13 +279,13 @@ def test_erasure_leaves_nothing_and_changes_nobody_else(spark, lake: LakeCopy, t
 
     # The source goes on, replays included (also of the erased customers): nothing comes back.
     lake.produce(source.changes(keyed(cfg)))
-    run_ingest(once=True, root=root, bootstrap=lake.bootstrap, spark=spark)
-    run_etl(spark, root)
+    run_ingest(Lake.at(root, spark), once=True, bootstrap=lake.bootstrap)
+    run_etl(Lake.at(root, spark))
     expected, lsns = erased_model(sent, victims, orders)
     assert_bronze_equals_model(spark, root, expected, lsns)
     assert_lake_equals_model(spark, root, expected)
     texts = texts_of(sent, victims)  # a new customer may have been given one of their names meanwhile
-    assert scan_lake(spark, root, Subject(frozenset(victims), frozenset(orders), frozenset(texts))).clean
+    assert scan_lake(Lake.at(root, spark), Subject(frozenset(victims), frozenset(orders), frozenset(texts))).clean
 
     # A second request for the same customers, from the command line, with an id the lake never
     # saw (the source's ids are small), given twice: nothing left, proven so, nobody touched.
@@ -305,7 +307,7 @@ def test_erasure_leaves_nothing_and_changes_nobody_else(spark, lake: LakeCopy, t
 def _client(spark: SparkSession, root: str, name: str):
     from pipelines.runtime.hudi_client import WriteClient
 
-    return WriteClient(spark, {t.name: t for t in lake_tables(root)}[name])
+    return WriteClient(spark, {t.name: t for t in lake_tables(root, Lake.at(root).declaration)}[name])
 
 
 def test_erasure_with_a_savepoint_and_a_pending_compaction(spark, lake: LakeCopy, tmp_path, monkeypatch) -> None:
@@ -329,8 +331,8 @@ def test_erasure_with_a_savepoint_and_a_pending_compaction(spark, lake: LakeCopy
                   if _orders_stayed(sent, state, c))
     # The victim changes in the next batch: their old row stays in a base file, the new one in a log file.
     lake.produce(source.update("customers", victim, {"full_name": "Zelda Erasable"}) + source.changes(cfg))
-    run_ingest(once=True, root=root, bootstrap=lake.bootstrap, spark=spark)
-    run_etl(spark, root)
+    run_ingest(Lake.at(root, spark), once=True, bootstrap=lake.bootstrap)
+    run_etl(Lake.at(root, spark))
     assert log_files(f"{root}/bronze/customers")
     # The case this lake gives: the victim's newest version failed silver's rules.
     assert victim in expected_silver(fold_with_lsn(sent)[0])[1]["customers"], "the victim is not in quarantine"
@@ -346,13 +348,13 @@ def test_erasure_with_a_savepoint_and_a_pending_compaction(spark, lake: LakeCopy
     assert pending_compactions(f"{root}/bronze/customers")
     # A batch after the plan: its log files belong to the slice the pending compaction opens.
     lake.produce(source.update("customers", victim, {"full_name": "Zelda Erasable-Again"}))
-    run_ingest(once=True, root=root, bootstrap=lake.bootstrap, spark=spark)
+    run_ingest(Lake.at(root, spark), once=True, bootstrap=lake.bootstrap)
 
     orders, texts = orders_of(sent, {victim}), texts_of(sent, {victim})
     assert {"Zelda Erasable", "Zelda Erasable-Again"} <= texts
-    assert not scan_lake(spark, root, Subject(frozenset({victim}), frozenset(orders), frozenset(texts))).clean
+    assert not scan_lake(Lake.at(root, spark), Subject(frozenset({victim}), frozenset(orders), frozenset(texts))).clean
 
-    certificate = erase(parse_request([victim], "REQ-SAVEPOINT", "dpo"), spark=spark, root=root,
+    certificate = erase(Lake.at(root, spark), parse_request([victim], "REQ-SAVEPOINT", "dpo"),
                         bootstrap=lake.bootstrap)
     assert certificate.verified, certificate.verification.failures
     assert not certificate.further_sweeps, "the targeted purge left something behind"
@@ -366,13 +368,13 @@ def test_erasure_with_a_savepoint_and_a_pending_compaction(spark, lake: LakeCopy
             savepoints = c.meta.reloadActiveTimeline().getSavePointTimeline().filterCompletedInstants()
             assert savepoints.countInstants() == count
             assert savepoints.lastInstant().get().requestedTime() >= earliest_retained(spark, c.table.path)
-    assert scan_lake(spark, root, Subject(frozenset({victim}), frozenset(orders), frozenset(texts))).clean
+    assert scan_lake(Lake.at(root, spark), Subject(frozenset({victim}), frozenset(orders), frozenset(texts))).clean
     for path in Path(root).rglob("*"):  # and not even a raw byte of the new names
         if path.is_file():
             assert b"Zelda Erasable" not in path.read_bytes(), path
     expected, lsns = erased_model(sent, {victim}, orders)
     assert_bronze_equals_model(spark, root, expected, lsns)
-    run_etl(spark, root)
+    run_etl(Lake.at(root, spark))
     assert_lake_equals_model(spark, root, expected)
 
 
@@ -402,11 +404,11 @@ def test_erasure_while_ingest_runs(spark, lake: LakeCopy, tmp_path, monkeypatch)
     erase_log = tmp_path / "erase.log"
     try:
         with running_ingest(env, log_path, trigger_seconds=5) as ingest:
-            run_etl(spark, root)
+            run_etl(Lake.at(root, spark))
             producer.start()
             # In this process (its Spark session is warm); the stream is the other writer, in its own.
             with erase_log.open("w") as err:  # a file: a slow or stuck erasure shows how far it got
-                certificate = erase(parse_request([victim], "REQ-LIVE", "operator"), spark=spark, root=root,
+                certificate = erase(Lake.at(root, spark), parse_request([victim], "REQ-LIVE", "operator"),
                                     bootstrap=lake.bootstrap, progress=lambda line: print(line, file=err, flush=True))
             assert certificate.verified, certificate.verification.failures
             assert ingest.poll() is None, "ingest died beside the erasure: " + log_path.read_text()[-3000:]
@@ -421,10 +423,10 @@ def test_erasure_while_ingest_runs(spark, lake: LakeCopy, tmp_path, monkeypatch)
     finally:
         stop.set()
     assert_bronze_equals_model(spark, root, expected, lsns)
-    run_etl(spark, root)
+    run_etl(Lake.at(root, spark))
     assert_lake_equals_model(spark, root, expected)
     texts = texts_of(sent, {victim})
     assert any("Resurrected" in t for t in texts)
-    report = scan_lake(spark, root, Subject(frozenset({victim}), frozenset(orders), frozenset(texts)))
+    report = scan_lake(Lake.at(root, spark), Subject(frozenset({victim}), frozenset(orders), frozenset(texts)))
     assert report.clean, report.findings[:5]
 

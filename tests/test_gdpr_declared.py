@@ -31,8 +31,9 @@ from pipelines.ingest.bronze import run_ingest
 from pipelines.lake.catalog import erasure_uncovered, lake_tables
 from pipelines.lake.contract import TABLES, topic
 from pipelines.lake.hudi_timeline import retained_instants
+from pipelines.lake.layout import main_path, silver_path
 from pipelines.lake.table_stats import has_completed_commit, open_table, read_table
-from pipelines.runtime.settings import main_path, silver_path
+from pipelines.runtime.lake import Lake
 from pipelines.transform.etl import run_etl
 from tests.declared_tables import DeclaredSource, DeclaredTable
 from tests.lake import assert_bronze_equals_model, assert_lake_equals_model
@@ -124,7 +125,7 @@ def test_erasure_covers_a_declared_table_with_a_composite_key(spark: SparkSessio
                  "LAKEHOUSE_ERASURE_KEY_FILE": str(tmp_path / "erasure.key"),
                  "KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap}.items():
         monkeypatch.setenv(k, v)
-    assert erasure_uncovered() == []
+    assert erasure_uncovered(Lake.at(root).declaration) == []
     admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
     admin.create_topics([NewTopic(t, 1, 1) for t in (*(topic(t) for t in TABLES), PAYMENTS.topic)])
     admin.close()
@@ -149,8 +150,8 @@ def test_erasure_covers_a_declared_table_with_a_composite_key(spark: SparkSessio
              *put(pay, ("ap", 3), customer_id=ONLY_PAYMENTS, card_holder="Zeno Onlypayments", amount=14),
              *put(pay, ("ap", 4), customer_id=other, card_holder=otto, amount=-1)]  # in quarantine
     produce(shop_sent + first, broker.bootstrap)
-    run_ingest(once=True, root=root, bootstrap=broker.bootstrap, spark=spark)
-    run_etl(spark, root)
+    run_ingest(Lake.at(root, spark), once=True, bootstrap=broker.bootstrap)
+    run_etl(Lake.at(root, spark))
     # A second batch: versions of every kind, after the lake has seen the first.
     second = [*put(pay, ("eu", 2), "u", customer_id=other, card_holder=otto, amount=12),
               *pay.delete(PAYMENTS, ("eu", 3)),
@@ -159,8 +160,8 @@ def test_erasure_covers_a_declared_table_with_a_composite_key(spark: SparkSessio
     moved_order = shop.update("orders", mine[0], {"customer_id": other})
     shop_sent += moved_order
     produce(moved_order + second, broker.bootstrap)
-    run_ingest(once=True, root=root, bootstrap=broker.bootstrap, spark=spark)
-    run_etl(spark, root)
+    run_ingest(Lake.at(root, spark), once=True, bootstrap=broker.bootstrap)
+    run_etl(Lake.at(root, spark))
 
     victims = {victim, ONLY_PAYMENTS}
     erased_payments = {("eu", 1), ("eu", 3), ("eu", 5), ("ap", 3)}
@@ -174,12 +175,14 @@ def test_erasure_covers_a_declared_table_with_a_composite_key(spark: SparkSessio
     # The file scan the verification relies on finds their rows by key alone, in bronze, its change log and silver.
     rows_only = Subject(frozenset(), frozenset(), frozenset(),
                         {"payments": frozenset((r, str(n)) for r, n in erased_payments)})
-    held = {f.table for f in scan_lake(spark, root, rows_only).findings if f.what.startswith("erased row's key")}
+    held = {f.table for f in scan_lake(Lake.at(root, spark), rows_only).findings
+            if f.what.startswith("erased row's key")}
     assert {"bronze/payments", "bronze/_changelog/payments", "silver/payments"} <= held, held
 
-    certificates = erase_all([parse_request([victim], "REQ-DECL-1", "dpo@shop.example"),
+    certificates = erase_all(Lake.at(root, spark),
+                             [parse_request([victim], "REQ-DECL-1", "dpo@shop.example"),
                               parse_request([ONLY_PAYMENTS], "REQ-DECL-2", "dpo@shop.example")],
-                             spark=spark, root=root, bootstrap=broker.bootstrap)
+                             bootstrap=broker.bootstrap)
     for done in certificates:
         assert done.verified, done.verification.failures
         assert done.status == "erased", done.reference  # the payments-only customer's request too
@@ -196,7 +199,7 @@ def test_erasure_covers_a_declared_table_with_a_composite_key(spark: SparkSessio
     assert any(dict(r)["region"] == "eu" and dict(r)["payment_no"] == 2 for r in after["silver/payments"])
 
     # Neither reader finds them in any table, at any retained instant.
-    for table in lake_tables(root):
+    for table in lake_tables(root, Lake.at(root).declaration):
         if not has_completed_commit(table.path):
             continue
         rows = read_table(table.path).to_pylist()
@@ -210,7 +213,7 @@ def test_erasure_covers_a_declared_table_with_a_composite_key(spark: SparkSessio
                     assert not found, f"{table.name} as of {instant} ({'spark' if reader else 'hudi-rs'})"
     # No file holds their ids, rows or card holders, decoded or as raw bytes.
     subject = Subject(frozenset(victims), frozenset(orders), frozenset(texts), rows_only.rows)
-    report = scan_lake(spark, root, subject)
+    report = scan_lake(Lake.at(root, spark), subject)
     assert report.clean, report.findings[:5]
     for path in Path(root).rglob("*"):
         if path.is_file():
@@ -235,12 +238,12 @@ def test_erasure_covers_a_declared_table_with_a_composite_key(spark: SparkSessio
 
     # Old events replayed (a connector restart from an early offset): nothing comes back.
     produce(first + second + [m for m in shop_sent if m.topic == topic("customers")], broker.bootstrap)
-    run_ingest(once=True, root=root, bootstrap=broker.bootstrap, spark=spark)
-    run_etl(spark, root)
+    run_ingest(Lake.at(root, spark), once=True, bootstrap=broker.bootstrap)
+    run_etl(Lake.at(root, spark))
     assert_payments()
     assert_bronze_equals_model(spark, root, expected, lsns)
     assert_lake_equals_model(spark, root, expected)
-    assert scan_lake(spark, root, subject).clean
+    assert scan_lake(Lake.at(root, spark), subject).clean
 
     # The certificates say what was done, without their ids, keys or card holders.
     for done in certificates:

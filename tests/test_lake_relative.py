@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pipelines.lake.hudi_timeline import consumed
-from pipelines.runtime.settings import (
+from pipelines.lake.layout import (
     changelog_path,
     dead_letter_path,
     gold_path,

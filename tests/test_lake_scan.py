@@ -23,6 +23,9 @@ from pipelines.errors import StorageError
 from pipelines.gdpr.scan import Finding, ScanReport, Subject, scan_lake
 from pipelines.gdpr.scan.model import Chunk
 from pipelines.lake.catalog import bronze_options, gold_options, keyed_options, silver_options
+from pipelines.lake.declaration import load
+from pipelines.runtime.lake import Lake
+from pipelines.runtime.settings import declaration_file
 from pipelines.transform import gold
 
 SUBJECT = Subject(customer_ids=frozenset({42}), order_ids=frozenset({4200}),
@@ -111,7 +114,7 @@ def _assert_no_personal_data(findings: list[Finding], subject: Subject) -> None:
 @pytest.mark.integration
 def test_scan_finds_the_subject_in_every_kind_of_file(spark: SparkSession, lake: Path) -> None:
     calls: list[tuple[int, int]] = []
-    report = scan_lake(spark, str(lake), SUBJECT, progress=lambda done, total: calls.append((done, total)))
+    report = scan_lake(Lake.at(str(lake), spark), SUBJECT, progress=lambda done, total: calls.append((done, total)))
 
     on_disk = sum(len(files) for _, _, files in os.walk(lake))
     assert report.files == on_disk  # .crc files and dot-files included
@@ -159,7 +162,7 @@ def test_scan_finds_the_subject_in_every_kind_of_file(spark: SparkSession, lake:
 
 @pytest.mark.integration
 def test_scan_for_a_subject_never_written_is_clean(spark: SparkSession, lake: Path) -> None:
-    report = scan_lake(spark, str(lake), NEVER_WRITTEN)
+    report = scan_lake(Lake.at(str(lake), spark), NEVER_WRITTEN)
     assert report.clean, report.findings
     assert report.records > 0
 
@@ -179,7 +182,7 @@ def test_data_files_that_do_not_decode_are_findings(spark: SparkSession, lake: P
     data = real_log.read_bytes()
     (stray / f".{real_log.name[1:]}").write_bytes(data[: len(data) // 2])
     (root / "notes.json").write_text('{"who": "Erased.Person@example.com"}')
-    report = scan_lake(spark, str(root), SUBJECT)
+    report = scan_lake(Lake.at(str(root), spark), SUBJECT)
 
     undecodable = {f.path for f in report.findings if f.what.startswith("could not decode")}
     assert undecodable == {
@@ -198,7 +201,7 @@ def test_data_files_that_do_not_decode_are_findings(spark: SparkSession, lake: P
 @pytest.mark.integration
 def test_a_missing_root_is_an_error_not_a_clean_lake(spark: SparkSession, tmp_path: Path) -> None:
     with pytest.raises(StorageError, match="does not exist"):
-        scan_lake(spark, str(tmp_path / "no-such-lake"), SUBJECT)
+        scan_lake(Lake.at(str(tmp_path / "no-such-lake"), spark), SUBJECT)
 
 
 
@@ -214,7 +217,7 @@ def test_a_file_deleted_during_the_scan_holds_nothing(spark: SparkSession, tmp_p
         if done == 1:
             (root / "a" / "2.parquet").unlink()
 
-    report = scan_lake(spark, str(root), SUBJECT, progress=delete_the_next)
+    report = scan_lake(Lake.at(str(root), spark), SUBJECT, progress=delete_the_next)
     assert report.vanished == 1
     # Still there and not Parquet: a finding, as before.
     assert [f.path for f in report.findings] == ["a/1.parquet"], report.findings
@@ -231,7 +234,7 @@ def test_chunks_that_cannot_hold_the_subject_are_skipped_and_no_other() -> None:
     from pipelines.gdpr.scan.model import Chunk
     from pipelines.gdpr.scan.tables import Table
 
-    scan = FileScan(None, SUBJECT)  # type: ignore[arg-type]  # the JVM is not needed for JSON texts
+    scan = FileScan(None, SUBJECT, load(declaration_file()))  # type: ignore[arg-type]  # no JVM for JSON texts
 
     def parsed(text: str, table: Table, keys: bool = False) -> bool:
         scan._table = table
@@ -260,7 +263,7 @@ def test_chunks_that_cannot_hold_the_subject_are_skipped_and_no_other() -> None:
 
 
 @pytest.mark.unit
-def test_rows_of_a_declared_table_are_found_by_their_own_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_rows_of_a_declared_table_are_found_by_their_own_key(tmp_path: Path) -> None:
     """A declared table's rows (composite key, string and bigint) as the erasure names them (Subject.rows): in key
     columns, record keys, change-feed images, a dead letter's Kafka key; its subject column names customers. Another
     table's rows with the same key values, and this table's rows that share one key column, are not theirs. No Spark.
@@ -274,9 +277,8 @@ def test_rows_of_a_declared_table_are_found_by_their_own_key(tmp_path: Path, mon
     declaration.write_text('[source]\ntopic_prefix = "shop"\n[tables.payments]\nsource = "public.payments"\n'
                            'key = ["region", "payment_no"]\nsubject = "customer_id"\npii = ["card_holder"]\n'
                            '[tables.refunds]\nsource = "public.refunds"\nkey = ["region", "payment_no"]\n')
-    monkeypatch.setenv("LAKEHOUSE_TABLES", str(declaration))
     subject = Subject(frozenset({42}), frozenset(), frozenset(), {"payments": frozenset({("eu", "7")})})
-    scan = FileScan(None, subject)  # type: ignore[arg-type]  # the JVM is not needed for decoded values
+    scan = FileScan(None, subject, load(declaration))  # type: ignore[arg-type]  # no JVM for decoded values
     main = Table("bronze/payments", ("region", "payment_no"), source="payments", subject="customer_id",
                  row_key=("region", "payment_no"))
     log = Table("bronze/_changelog/payments", ("region", "payment_no", "_lsn"), source="payments",

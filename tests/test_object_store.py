@@ -33,8 +33,8 @@ from lakehouse_dev.supervised import Supervised
 from lakehouse_dev.toxiproxy import Proxy, Toxiproxy
 from pipelines.lake import storage
 from pipelines.lake.contract import TABLES
+from pipelines.lake.layout import changelog_path, gdpr_path, ingest_checkpoint_path, main_path, silver_path
 from pipelines.runtime.local_process import HOST, free_port
-from pipelines.runtime.settings import changelog_path, gdpr_path, ingest_checkpoint_path, main_path, silver_path
 from pipelines.services.quality import data_docs_index
 from tests.hudi_files import not_completed
 from tests.kill import run_until, wait_caught_up

@@ -8,6 +8,7 @@ import pytest
 
 from pipelines.ingest.bronze import run_ingest
 from pipelines.lake import storage
+from pipelines.runtime.lake import Lake
 from pipelines.services.quality import ERASED, data_docs_index, quality_root, redact_subject, run_quality
 from pipelines.services.quality_due import quality_due
 from tests.lake import LakeCopy
@@ -19,12 +20,13 @@ pytestmark = pytest.mark.integration
 def test_suites_pass_on_the_pipeline_and_name_a_planted_violation(spark, lake: LakeCopy,
                                                                   capfd: pytest.CaptureFixture) -> None:
     root = lake.root
+    decl = Lake.at(root).declaration
     # Ingest runs ahead of the etl: the count check must compare with what silver consumed.
     lake.produce(lake.source.changes(lake.cfg))
-    run_ingest(once=True, root=root, bootstrap=lake.bootstrap, spark=spark)
+    run_ingest(Lake.at(root, spark), once=True, bootstrap=lake.bootstrap)
 
     capfd.readouterr()
-    outcomes = run_quality(spark, root)
+    outcomes = run_quality(Lake.at(root, spark))
     assert [o.line() for o in outcomes if not o.success] == []
     # Not a terminal: no progress bar (GE draws one per validation unless told not to).
     assert "Calculating Metrics" not in capfd.readouterr().err
@@ -33,16 +35,17 @@ def test_suites_pass_on_the_pipeline_and_name_a_planted_violation(spark, lake: L
                                            "gold/customer_ltv -> silver/customers"}
     assert storage.exists(data_docs_index(root))
     # Each passed suite recorded what it checked: the data_quality DAG has nothing to check again.
-    assert [d.spec.name for d in quality_due(root) if d.due] == []
+    assert [d.spec.name for d in quality_due(root, decl) if d.due] == []
 
     plant_bad_status(spark, root)
     # A write to silver/orders: its suite and the gold relation that reads it are due, nothing else.
-    assert [d.spec.name for d in quality_due(root) if d.due] == ["silver/orders", "gold/daily_revenue -> silver/orders"]
+    assert [d.spec.name for d in quality_due(root, decl) if d.due] == ["silver/orders",
+                                                                         "gold/daily_revenue -> silver/orders"]
 
-    outcomes = {o.suite: o for o in run_quality(spark, root, ("silver", "gold"), timedelta(hours=1))}
+    outcomes = {o.suite: o for o in run_quality(Lake.at(root, spark), ("silver", "gold"), timedelta(hours=1))}
     failed = {name for name, o in outcomes.items() if not o.success}
     assert failed == {"silver/orders"}, [outcomes[n].line() for n in failed]
-    assert [d.spec.name for d in quality_due(root) if d.due] == ["silver/orders"]  # a failed suite stays due
+    assert [d.spec.name for d in quality_due(root, decl) if d.due] == ["silver/orders"]  # a failed suite stays due
     (status_failure,) = [f for f in outcomes["silver/orders"].failures if "status" in f]
     assert "expect_column_values_to_be_in_set" in status_failure and BAD_STATUS in status_failure
     docs = data_docs_index(root).rsplit("/", 1)[0]
@@ -60,7 +63,7 @@ def test_an_erasure_redacts_the_values_failed_expectations_keep(spark, lake: Lak
     """Validation results and Data Docs keep the values that broke a rule: after an erasure, only the others'."""
     root = lake.root
     (victim, victim_email), (_, other_email) = plant_bad_emails(spark, root, 2)
-    outcomes = {o.suite: o for o in run_quality(spark, root, ("silver",), timedelta(hours=1))}
+    outcomes = {o.suite: o for o in run_quality(Lake.at(root, spark), ("silver",), timedelta(hours=1))}
     assert victim_email in outcomes["silver/customers"].line() and other_email in outcomes["silver/customers"].line()
     assert _files_holding(root, victim_email), "the planted failure is not in the results: nothing to redact"
 

@@ -8,7 +8,9 @@ from datetime import timedelta
 
 import pytest
 
-from pipelines.lake.declaration import declared, parse
+from pipelines.lake.declaration import load, parse
+from pipelines.runtime.lake import Lake
+from pipelines.runtime.settings import declaration_file
 from pipelines.services.quality import silver_expectations, suites
 from pipelines.services.quality_due import quality_suites, quality_work
 
@@ -49,7 +51,8 @@ derive = [{ column = "day", date_of = "at" }]
 
 
 def test_the_shop_suites_check_the_contract_rules() -> None:
-    customers, orders = _checks(declared().table("customers")), _checks(declared().table("orders"))
+    shop = load(declaration_file())
+    customers, orders = _checks(shop.table("customers")), _checks(shop.table("orders"))
     for checks in (customers, orders):
         assert ("expect_column_values_to_be_unique", (("column", "id"),)) in checks
         assert ("expect_column_values_to_not_be_null", (("column", "id"),)) in checks
@@ -68,8 +71,10 @@ def test_the_dag_decides_on_the_suites_quality_runs(declaration: str, tmp_path, 
     if declaration == "team":
         (tmp_path / "team.toml").write_text('[source]\ntopic_prefix = "x"\n[tables.t]\nsource = "app.t"\nkey = ["k"]\n')
         monkeypatch.setenv("LAKEHOUSE_TABLES", str(tmp_path / "team.toml"))
-    names = [s.name for s in suites(None, str(tmp_path / "lake"), timedelta(hours=1))]  # builds, reads nothing
-    assert names == [spec.name for spec in quality_suites()]
+    lake = Lake.at(str(tmp_path / "lake"))
+    names = [s.name for s in suites(lake, timedelta(hours=1))]  # builds, reads nothing: no Spark session starts
+    assert lake.session is None
+    assert names == [spec.name for spec in quality_suites(lake.declaration)]
     assert any(n.startswith("gold/") for n in names) == (declaration == "shop")
 
 
@@ -88,9 +93,10 @@ def test_the_dags_quality_jobs_take_a_few_tables_each(tables: int, jobs: list[li
     (tmp_path / "jobs.toml").write_text("[table_services.jobs]\ntables_per_job = 2\n")
     overrides = [os.environ.get("LAKEHOUSE_HUDI_OVERRIDES"), str(tmp_path / "jobs.toml")]
     monkeypatch.setenv("LAKEHOUSE_HUDI_OVERRIDES", os.pathsep.join(filter(None, overrides)))
-    decided = quality_work(str(tmp_path / "lake"))  # reads no table: none exists
+    decl = load(declaration_file())
+    decided = quality_work(str(tmp_path / "lake"), decl)  # reads no table: none exists
     assert [job["tables"] for job in decided] == jobs
-    suites = {spec.name: spec.group for spec in quality_suites()}
+    suites = {spec.name: spec.group for spec in quality_suites(decl)}
     for job in decided:
         assert job["args"][0] == "quality" and set(job["args"][1::2]) == {"--suite"}
         # Each of its tables' suites, table by table.

@@ -79,6 +79,7 @@ from lakehouse_dev.toxiproxy import Toxiproxy
 from pipelines.ingest.bronze import run_ingest
 from pipelines.lake.contract import COLUMNS, TABLES, topic
 from pipelines.lake.table_stats import read_table
+from pipelines.runtime.lake import Lake
 from pipelines.runtime.local_process import HOST
 from pipelines.transform.etl import run_etl
 from tests.lake import assert_bronze_equals_model, assert_lake_equals_model, dead_letters, run_cli
@@ -291,8 +292,8 @@ def test_real_source_end_to_end(spark: SparkSession, broker: KafkaBroker, tmp_pa
             lsn = conn.execute("SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint").fetchone()[0]
             conn.execute("UPDATE orders SET amount = 123456789012.34 WHERE id = (SELECT max(id) FROM orders)")
         sql_sink.wait_published(broker.bootstrap, "orders", int(lsn), since)
-        run_ingest(once=True, root=root, bootstrap=broker.bootstrap, spark=spark)
-        run_etl(spark, root)
+        run_ingest(Lake.at(root, spark), once=True, bootstrap=broker.bootstrap)
+        run_etl(Lake.at(root, spark))
 
         state = database_state(postgres)
         notes = database_state(postgres, {"customers": ("notes",)})["customers"]

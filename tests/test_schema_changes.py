@@ -25,10 +25,12 @@ from lakehouse_dev.generator import Message, WorkloadConfig
 from pipelines.ingest.bronze import run_ingest
 from pipelines.ingest.schema import COLUMNS_META, Shape
 from pipelines.lake.contract import COLUMNS, topic
-from pipelines.lake.declaration import SHOP
+from pipelines.lake.declaration import SHOP, load
 from pipelines.lake.hudi_timeline import latest_meta
+from pipelines.lake.layout import main_path, quarantine_path, silver_path
 from pipelines.lake.table_stats import read_table
-from pipelines.runtime.settings import main_path, quarantine_path, silver_path
+from pipelines.runtime.lake import Lake
+from pipelines.runtime.settings import declaration_file
 from pipelines.transform.changes import read_changes
 from pipelines.transform.etl import run_etl
 from tests.lake import (
@@ -87,8 +89,8 @@ def test_mixed_shapes_in_one_batch_and_old_shape_replays(spark: SparkSession, la
         first += src.update("customers", i, {"full_name": f"Renamed {i}"}, cfg, unchanged=("notes",))
     first += old_shape[:40]
     lake.produce(first)
-    run_ingest(once=True, root=lake.root, bootstrap=lake.bootstrap, spark=spark)
-    run_etl(spark, lake.root)
+    run_ingest(Lake.at(lake.root, spark), once=True, bootstrap=lake.bootstrap)
+    run_etl(Lake.at(lake.root, spark))
     # Then every added column, and one the source never adds: silver lacks two that bronze has, for rows
     # that will not change again, so the next cycle reads bronze whole.
     _declare_silver_extra(tmp_path, monkeypatch, (*ADDED, "vip_since"))
@@ -102,8 +104,8 @@ def test_mixed_shapes_in_one_batch_and_old_shape_replays(spark: SparkSession, la
     for i in [i for i in ids[:4] if i in src.state["customers"]]:
         second += src.update("customers", i, {"full_name": f"Again {i}"}, cfg, unchanged=("notes",))
     lake.produce(second)
-    run_ingest(once=True, root=lake.root, bootstrap=lake.bootstrap, spark=spark)
-    run_etl(spark, lake.root)
+    run_ingest(Lake.at(lake.root, spark), once=True, bootstrap=lake.bootstrap)
+    run_etl(Lake.at(lake.root, spark))
 
     # What the test claims happened on the topics.
     envelopes = [unwrap(m) for m in first + second]
@@ -120,7 +122,8 @@ def test_mixed_shapes_in_one_batch_and_old_shape_replays(spark: SparkSession, la
         wrong = [(k, got[k], want[k]) for k in want if got[k] != want[k]]
         assert not wrong, f"{reader}: {len(wrong)} rows differ in the added columns, e.g. {wrong[:1]!r:.600}"
     assert any(r["notes"] for r in expected["customers"].values())
-    shape = Shape.from_meta("customers", latest_meta(spark, main_path("customers", lake.root), COLUMNS_META))
+    shape = Shape.from_meta(load(declaration_file()).table("customers"),
+                            latest_meta(spark, main_path("customers", lake.root), COLUMNS_META))
     assert {c: shape.columns[c].type for c in ADDED} == {"loyalty_tier": "string", "points": "bigint",
                                                          "notes": "string"}
     assert shape.columns["points"].widened and shape.columns["points"].widened[0][0] == "int"
@@ -144,7 +147,7 @@ def _assert_silver_carries_extras(spark: SparkSession, root: str, expected: dict
         got = {r["id"]: {c: r[c] for c in ADDED} for r in rows}
         wrong = [(k, got.get(k), want[k]) for k in want if got.get(k) != want[k]]
         assert got.keys() == want.keys() and not wrong, f"silver, {reader}: {wrong[:1]!r:.600}"
-    served = read_changes(spark, "bronze/customers", None, root).rows
+    served = read_changes(Lake.at(root, spark), "bronze/customers", None).rows
     assert set(ADDED) <= set(served.columns), served.columns
 
 
@@ -164,7 +167,7 @@ def test_incompatible_change_holds_only_that_table(spark: SparkSession, lake: La
     src.alter("orders", add={"total": "string"}, drop=["amount"])  # amount renamed to total
     changes = src.changes(cfg)
     lake.produce(changes)
-    run_ingest(once=True, root=lake.root, bootstrap=lake.bootstrap, spark=spark)
+    run_ingest(Lake.at(lake.root, spark), once=True, bootstrap=lake.bootstrap)
 
     held = [d for d in dead_letters(lake.root) if d["reason"].startswith("schema: orders.amount")]
     assert len(held) == _orders_rows(changes) > 0
@@ -186,8 +189,8 @@ def test_incompatible_change_holds_only_that_table(spark: SparkSession, lake: La
     assert accepted.exit_code == 0, accepted.output
     replayed = run_cli("dead-letters", "replay", "--reason", "schema", env=env)
     assert replayed.exit_code == 0, replayed.output
-    run_ingest(once=True, root=lake.root, bootstrap=lake.bootstrap, spark=spark)
-    run_etl(spark, lake.root)
+    run_ingest(Lake.at(lake.root, spark), once=True, bootstrap=lake.bootstrap)
+    run_etl(Lake.at(lake.root, spark))
 
     shaped: dict[str, dict[int, dict[str, Any]]] = {
         t: {k: {c: r.get(c) for c in COLUMNS[t]} for k, r in rows.items()} for t, rows in now.items()}
@@ -207,7 +210,8 @@ def test_shape_decisions() -> None:
         return [(name, *bronze_column({"type": kind}, typed=False)) for name, kind in connect]
 
     contract_shape = [(c, "int64" if c in ("id", "customer_id") else "string") for c in COLUMNS["orders"]]
-    start = Shape.initial("orders")
+    orders = load(declaration_file()).table("orders")
+    start = Shape.initial(orders)
     added = decide(start, [fields([*contract_shape, ("points", "int32")])], [], {"note": "string"}, set(), 7)
     assert added.changed and not added.held_declared
     assert [(c.name, c.type, c.declared, c.batch) for c in added.shape.columns.values()][-2:] == [
@@ -224,6 +228,6 @@ def test_shape_decisions() -> None:
                                                                *held.held_missing.values()])
     accepted = decide(start, [fields(renamed)], [["amount"]], {}, {"orders.amount"}, 11)
     assert not accepted.held_declared and not accepted.held_missing and "total" in accepted.shape.columns
-    assert Shape.from_meta("orders", accepted.shape.to_meta()) == accepted.shape
+    assert Shape.from_meta(orders, accepted.shape.to_meta()) == accepted.shape
     assert (infer_type([None, 3]), infer_type([1.5, 2]), infer_type([True]), infer_type(["a", 1]),
             infer_type([None])) == ("bigint", "double", "boolean", "string", None)

@@ -15,7 +15,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from pipelines.lake.declaration import parse
-from pipelines.runtime.settings import quarantine_path, silver_path
+from pipelines.lake.layout import quarantine_path, silver_path
+from pipelines.runtime.lake import Lake
 from pipelines.transform.changes import Window
 from pipelines.transform.etl import SilverStep, write_silver
 from pipelines.transform.silver import silver_columns
@@ -50,14 +51,14 @@ def _read(spark: SparkSession, path: str) -> dict[tuple, dict]:
 
 
 def test_silver_and_quarantine_keep_one_row_per_composite_key(spark: SparkSession, tmp_path: Path) -> None:
-    table = parse(tomllib.loads(DECLARATION), "team.toml").table("stock")
-    root = str(tmp_path / "lake")
+    declaration = parse(tomllib.loads(DECLARATION), "team.toml")
+    table, root = declaration.table("stock"), str(tmp_path / "lake")
+    lake = Lake(root, declaration, session=spark)
 
     def cycle(rows: list[tuple], until: str) -> dict[str, int]:
         changes = _changes(spark, rows)
         window = Window(f"{root}/bronze/_changelog/stock", None, until)
-        return write_silver(spark, SilverStep(table, window, changes, tuple(silver_columns(table, changes.columns))),
-                            root)
+        return write_silver(lake, SilverStep(table, window, changes, tuple(silver_columns(table, changes.columns))))
 
     assert cycle([("a", 1, "5", 10, False), ("b", 1, "7", 11, False), ("a", 2, "-1", 12, False),
                   ("b", 2, "x", 13, False)], "20260301000000000") == {"valid": 2, "invalid": 2, "deleted": 0}

@@ -17,7 +17,8 @@ from pipelines.errors import DeclarationError
 from pipelines.ingest.parse import row_schema
 from pipelines.lake import contract
 from pipelines.lake.catalog import gold_missing
-from pipelines.lake.declaration import TableDecl, declared, parse
+from pipelines.lake.declaration import TableDecl, parse
+from pipelines.runtime.lake import Lake, read_declaration
 from pipelines.transform.silver import clean, silver_columns
 
 
@@ -195,7 +196,7 @@ column = "currency"
 one_of = ["EUR"]
 ''')
     monkeypatch.setenv("LAKEHOUSE_TABLES", str(path))
-    table = declared().table("payments")
+    table = read_declaration().table("payments")
     bronze = _bronze(spark, [(1, "card")], "id long, method string")
     with pytest.raises(DeclarationError) as e:
         clean(bronze, table, silver_columns(table, bronze.columns))
@@ -208,8 +209,8 @@ one_of = ["EUR"]
 
 
 @pytest.mark.unit
-def test_gold_runs_only_with_its_inputs_declared() -> None:
-    assert gold_missing(declared()) == []
+def test_gold_runs_only_with_its_inputs_read_declaration() -> None:
+    assert gold_missing(read_declaration()) == []
     team = parse(tomllib.loads('[source]\ntopic_prefix = "x"\n[tables.customers]\nsource = "a.customers"\n'
                                'key = ["tenant", "id"]\n[tables.orders]\nsource = "a.orders"\nkey = ["id"]\n'
                                'typed = false\ncolumns = { id = "bigint", status = "string" }'), "team.toml")
@@ -281,10 +282,11 @@ def test_the_shop_declaration_gives_the_hand_written_silver(spark: SparkSession,
         rows = list(source.state[name].values())
         for i, (column, values) in enumerate((c, v) for c, vs in odd.items() if c in rows[0] for v in vs):
             rows[i] = rows[i] | {column: values}
-        bronze = spark.createDataFrame([tuple(r[c] for c in contract.COLUMNS[name]) for r in rows], row_schema(name)) \
+        schema = row_schema(name, read_declaration())
+        bronze = spark.createDataFrame([tuple(r[c] for c in contract.COLUMNS[name]) for r in rows], schema) \
             .withColumn("_lsn", F.lit(1).cast("long")).withColumn("_source_ts", F.lit(dt.datetime(2026, 3, 1))) \
             .withColumn("_op", F.lit("c"))
-        table = declared().table(name)
+        table = read_declaration().table(name)
         got = clean(bronze, table, silver_columns(table, bronze.columns))
         want = make(bronze)
         assert dict(got.dtypes) == dict(want.dtypes), name
@@ -307,6 +309,6 @@ def test_the_etl_skips_gold_in_one_line_without_its_inputs(spark: SparkSession, 
     path.write_text('[source]\ntopic_prefix = "x"\n[tables.payments]\nsource = "public.payments"\nkey = ["id"]\n')
     monkeypatch.setenv("LAKEHOUSE_TABLES", str(path))
     with caplog.at_level("INFO", logger="pipelines.transform.etl"):
-        assert run_etl(spark, str(tmp_path / "lake")) == {"silver/payments": {}}
+        assert run_etl(Lake.at(str(tmp_path / "lake"), spark)) == {"silver/payments": {}}
     skipped = [r.getMessage() for r in caplog.records if "gold" in r.getMessage()]
     assert len(skipped) == 1 and str(path) in skipped[0] and "table customers" in skipped[0], skipped

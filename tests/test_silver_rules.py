@@ -10,7 +10,7 @@ from pyspark.sql import functions as F
 from lakehouse_dev.generator import ShopSource, WorkloadConfig
 from pipelines.ingest.parse import row_schema
 from pipelines.lake.contract import COLUMNS, TABLES
-from pipelines.lake.declaration import declared
+from pipelines.runtime.lake import read_declaration
 from pipelines.transform.silver import clean, silver_columns
 from tests.model import SILVER_RULES
 
@@ -18,14 +18,14 @@ pytestmark = pytest.mark.integration
 
 
 def _bronze_df(spark, table, rows):
-    schema = row_schema(table)
+    schema = row_schema(table, read_declaration())
     df = spark.createDataFrame([tuple(r[c] for c in COLUMNS[table]) for r in rows], schema)
     return df.withColumn("_lsn", F.lit(1).cast("long")).withColumn("_source_ts", F.current_timestamp())
 
 
 def _silver(bronze, table):
     """The shop's silver rows of `bronze`, as the cycle makes them from the declaration in force."""
-    decl = declared().table(table)
+    decl = read_declaration().table(table)
     return clean(bronze, decl, silver_columns(decl, bronze.columns))
 
 

@@ -29,11 +29,12 @@ from pipelines import cli
 from pipelines.ingest.batch import BatchReport
 from pipelines.ingest.exporter import TOTAL_PHASE
 from pipelines.ingest.stream import ControlFiles
-from pipelines.lake.declaration import declared
+from pipelines.lake.declaration import load
+from pipelines.lake.layout import changelog_path, main_path
 from pipelines.lake.timeline_files import timeline
 from pipelines.monitoring import dashboard, metric_names
 from pipelines.runtime.local_process import HOST, free_port
-from pipelines.runtime.settings import changelog_path, main_path
+from pipelines.runtime.settings import declaration_file
 from tests.kill import beside_job
 from tests.lake import with_overrides
 from tests.model import is_malformed
@@ -66,7 +67,8 @@ def test_the_stream_exports_what_its_batch_lines_say(broker: KafkaBroker, tmp_pa
     sent = source.snapshot(WORKLOAD) + source.changes(WORKLOAD)
     ensure_topics(broker.bootstrap)
     produce(sent, broker.bootstrap)
-    tables = {declared().topic(t): t for t in declared().names}
+    decl = load(declaration_file())  # the stream's, as the environment declares it
+    tables = {decl.topic(t): t for t in decl.names}
 
     port, ui_port, gateway_port = free_port(), free_port(), free_port()
     env = {**os.environ, "LAKEHOUSE_ROOT": root, "KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap,
@@ -129,13 +131,13 @@ def test_the_stream_exports_what_its_batch_lines_say(broker: KafkaBroker, tmp_pa
         malformed = Counter(tables[m.topic] for m in sent if is_malformed(m))
         assert sum(malformed.values()) > 0, "the workload sends malformed records"
         assert _by_label(prometheus, metric_names.DEAD_LETTERS.name, "table") == {
-            t: float(malformed[t]) for t in declared().names}
+            t: float(malformed[t]) for t in decl.names}
 
         # Commits per table: the lines that give it upserts or deletes, and its change log's and main's commits.
         lines = Counter(t for r, _ in reports for t in r.committed())
         commits = _by_label(prometheus, metric_names.COMMITS.name, "table")
-        assert commits == {t: float(lines[t]) for t in declared().names}
-        for t in declared().names:
+        assert commits == {t: float(lines[t]) for t in decl.names}
+        for t in decl.names:
             for path in (changelog_path(t, root), main_path(t, root)):
                 assert sum(i.changes_data for i in beside_job(lambda p=path: timeline(p))) == commits[t], path
 
@@ -158,9 +160,9 @@ def test_the_stream_exports_what_its_batch_lines_say(broker: KafkaBroker, tmp_pa
             p: float(n) for p, n in observed.items()}
 
         # Freshness: nothing waits, so 0; each table's target as declared.
-        assert _by_label(prometheus, metric_names.TABLE_FRESHNESS.name, "table") == {t: 0.0 for t in declared().names}
+        assert _by_label(prometheus, metric_names.TABLE_FRESHNESS.name, "table") == {t: 0.0 for t in decl.names}
         assert _by_label(prometheus, metric_names.TABLE_FRESHNESS_TARGET.name, "table") == {
-            t: float(declared().table(t).freshness_seconds) for t in declared().names}
+            t: float(decl.table(t).freshness_seconds) for t in decl.names}
 
         # Kafka lag: every scraped value (summed over the topics) was what some batch left unread, and now none.
         assert _by_label(prometheus, metric_names.KAFKA_LAG.name, "topic") == {topic: 0.0 for topic in tables}
@@ -181,9 +183,9 @@ def test_the_stream_exports_what_its_batch_lines_say(broker: KafkaBroker, tmp_pa
         # are, the worst lag scraped per topic, the stream up, and no alert but the dead letters' (the malformed
         # records; it fires once a scrape saw the count grow, so it may not yet).
         snap = dashboard.read(prometheus.url, "10m")
-        assert [r.table for r in snap.tables] == sorted(declared().names)
+        assert [r.table for r in snap.tables] == sorted(decl.names)
         assert {r.table: (r.freshness_last, r.target) for r in snap.tables} == {
-            t: (0.0, float(declared().table(t).freshness_seconds)) for t in declared().names}
+            t: (0.0, float(decl.table(t).freshness_seconds)) for t in decl.names}
         worst: dict[str, float] = {}
         for series in samples:
             worst[series["metric"]["topic"]] = max(float(v) for _, v in series["values"])
@@ -194,7 +196,7 @@ def test_the_stream_exports_what_its_batch_lines_say(broker: KafkaBroker, tmp_pa
             ("LakehouseDeadLettersGrowing", t) for t, n in malformed.items() if n}
         shown = CliRunner().invoke(cli.main, ["dev", "metrics", "show", "--url", prometheus.url, "--window", "10m"])
         assert shown.exit_code == 0, shown.output
-        assert "stream: up" in shown.output and all(t in shown.output for t in [*declared().names, *tables])
+        assert "stream: up" in shown.output and all(t in shown.output for t in [*decl.names, *tables])
 
         # Spark's own, from the driver's UI (spark.toml [driver_metrics]): the streaming query's source and the
         # executors' figures, both scraped.

@@ -18,7 +18,8 @@ import pytest
 from lakehouse_dev.generator import ShopSource, WorkloadConfig, ensure_topics, produce
 from pipelines.lake.catalog import lake_tables
 from pipelines.lake.contract import TABLES
-from pipelines.runtime.settings import main_path
+from pipelines.lake.layout import main_path
+from pipelines.runtime.lake import Lake
 from pipelines.services.due import table_services_due
 from tests.hudi_files import committed_log_files, deltacommits_since, log_files
 from tests.kill import bronze_as_model, running_ingest, wait_while_running
@@ -75,7 +76,7 @@ def test_services_compact_and_clean_while_ingest_runs(broker, spark, tmp_path, m
                                                             for t in TABLES), ingest, log_path, poll=1)
                     # The DAG's decision, from the files alone, before the run (checked against what it did).
                     monkeypatch.setenv("LAKEHOUSE_HUDI_OVERRIDES", env["LAKEHOUSE_HUDI_OVERRIDES"])  # its retention
-                    tables = {table.name: table for table in lake_tables(root)}
+                    tables = {table.name: table for table in lake_tables(root, Lake.at(root).declaration)}
                     decided = {t: table_services_due(tables[f"bronze/{t}"]) for t in TABLES}
                 done = run_cli("services", env=env)
                 assert done.exit_code == 0, done.stderr[-3000:]

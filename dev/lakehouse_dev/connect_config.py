@@ -2,7 +2,7 @@
 standalone worker that runs it, and the names both share with PostgreSQL (database, slot, publication,
 signal table).
 
-The captured tables are the declaration's (`pipelines.lake.declaration.declared()`, contract section 7):
+The captured tables are the declaration's (`pipelines.runtime.lake.read_declaration()`, contract section 7):
 `lakehouse dev source start` creates the connector with them, `lakehouse dev source sync` changes them while it
 runs (dev/lakehouse_dev/source_sync.py).
 
@@ -16,7 +16,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from pipelines.deploy.connector import DEFAULT_CONNECTOR
-from pipelines.lake.declaration import Declaration, declared
+from pipelines.lake.declaration import Declaration
+from pipelines.runtime.lake import read_declaration
 from pipelines.runtime.local_process import HOST
 from pipelines.runtime.settings import unavailable_placeholder
 
@@ -70,7 +71,7 @@ def connector_config(pg_port: int, *, partitions: int = 3, declaration: Declarat
     - `datatype.propagate.source.type`: numeric columns' precision and scale in their schema.
     - `topic.creation.*`: Connect creates the topics, keyed records spread over partitions.
     """
-    declaration = declaration or declared()
+    declaration = declaration or read_declaration()
     return {
         "name": CONNECTOR,
         "connector.class": "io.debezium.connector.postgresql.PostgresConnector",

@@ -8,7 +8,6 @@ Docker, and everything a run leaves behind (configs, KRaft logs, server.log, pid
 from __future__ import annotations
 
 import base64
-import json
 import os
 import re
 import subprocess
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import click
 
+from pipelines.runtime.commands import echo_json
 from pipelines.runtime.local_process import HOST, LocalProcess, free_port, java_command, port_open
 from pipelines.runtime.settings import PROJECT_ROOT, jvm_dir
 
@@ -366,8 +366,8 @@ def status(data_dir: Path, as_json: bool) -> None:
     running = broker.is_running()
     if as_json:
         bootstrap = f"{HOST}:{broker.configured_port()}" if running else None
-        click.echo(json.dumps({"running": running, "bootstrap": bootstrap, "pid": broker.pid(),
-                               "data_dir": str(broker.data_dir), "log": str(broker.log_path)}, indent=2))
+        echo_json({"running": running, "bootstrap": bootstrap, "pid": broker.pid(),
+                   "data_dir": str(broker.data_dir), "log": str(broker.log_path)})
     elif running:
         click.echo(f"Kafka broker running at {HOST}:{broker.configured_port()} (pid {broker.pid()})")
         click.echo(f"log: {broker.log_path}")

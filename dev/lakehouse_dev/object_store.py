@@ -30,6 +30,7 @@ from urllib.parse import parse_qs
 
 import click
 
+from pipelines.runtime.commands import echo_json
 from pipelines.runtime.local_process import HOST, LocalProcess
 from pipelines.runtime.settings import PROJECT_ROOT
 
@@ -175,7 +176,7 @@ def env(data_dir: Path, as_json: bool) -> None:
     if (store := running(data_dir)) is None:
         raise click.ClickException(f"no object store runs from {data_dir}: `make s3-up` starts one")
     if as_json:
-        click.echo(json.dumps(store.env(), indent=2))
+        echo_json(store.env())
         return
     for key, value in store.env().items():
         click.echo(f"export {key}={value}")

@@ -30,7 +30,8 @@ from typing import Any
 from lakehouse_dev import source_sync
 from lakehouse_dev.connect_config import DATABASE, PG_USER, SIGNAL_DDL, connector_config
 from lakehouse_dev.connect_worker import ConnectWorker, SourceError
-from pipelines.lake.declaration import Declaration, declared
+from pipelines.lake.declaration import Declaration
+from pipelines.runtime.lake import read_declaration
 from pipelines.runtime.local_process import HOST, LocalProcess, require_kafka
 from pipelines.runtime.settings import PROJECT_ROOT, kafka_bootstrap
 
@@ -218,7 +219,7 @@ class RealSource:
         the one in force): checked against the database first (source_sync.DeclarationMismatch),
         the connector created with them; an adopted connector, or tables declared since the last
         run, are brought in line as `sync` does (new tables' rows by an incremental snapshot)."""
-        declaration = declaration or declared()
+        declaration = declaration or read_declaration()
         require_kafka(self.bootstrap, SourceError)  # Connect would only log (and retry) while Kafka is away
         self.home.mkdir(parents=True, exist_ok=True)
         if os.geteuid() == 0:
@@ -243,7 +244,7 @@ class RealSource:
 
     def sync(self, declaration: Declaration | None = None, timeout: float = 120.0) -> source_sync.SyncReport:
         """Make the running source capture exactly the declared tables (dev/lakehouse_dev/source_sync.py)."""
-        declaration = declaration or declared()
+        declaration = declaration or read_declaration()
         postgres, worker = self.postgres, self.connect
         if not postgres.is_running():
             raise SourceError(f"PostgreSQL is not running (data {postgres.data_dir}); "

@@ -4,7 +4,6 @@ operators start it, with its state in one folder, capturing the declared tables 
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,8 @@ from lakehouse_dev.connect_worker import SourceError, slot_status
 from lakehouse_dev.pg_source import DEFAULT_HOME, RealSource
 from lakehouse_dev.source_sync import SyncError, published
 from pipelines.errors import DeclarationError
-from pipelines.lake.declaration import declared
+from pipelines.runtime.commands import echo_json
+from pipelines.runtime.lake import read_declaration
 from pipelines.runtime.settings import kafka_bootstrap
 
 HOME_OPTION = click.option(
@@ -45,7 +45,7 @@ def start(home: Path, pg_port: int, rest_port: int, bootstrap: str | None, schem
     """
     real = RealSource(home, pg_port, rest_port, bootstrap or kafka_bootstrap(), schemas_enable)
     try:
-        declaration = declared()
+        declaration = read_declaration()
         postgres, _ = real.up(declaration)
     except (SourceError, SyncError, DeclarationError) as exc:
         raise click.ClickException(str(exc)) from exc
@@ -72,7 +72,7 @@ def sync(home: Path, timeout: float) -> None:
     if not (home / "source.json").exists():
         raise click.ClickException(f"no source in {home}; `lakehouse dev source start` starts one")
     try:
-        declaration = declared()
+        declaration = read_declaration()
         report = RealSource(home).sync(declaration, timeout)
     except (SourceError, SyncError, DeclarationError) as exc:
         raise click.ClickException(str(exc)) from exc
@@ -106,13 +106,13 @@ def status(home: Path, as_json: bool) -> None:
     """The DSN for psql, the connector's state and the replication slot's lag; exit 1 unless it streams."""
     if not (home / "source.json").exists():
         if as_json:
-            click.echo(json.dumps({"streaming": False, "home": str(home)}, indent=2))
+            echo_json({"streaming": False, "home": str(home)})
         else:
             click.echo(f"no source in {home}; `make source-up` starts one")
         raise SystemExit(1)
     state = source_status(RealSource(home))
     if as_json:
-        click.echo(json.dumps(state, indent=2))
+        echo_json(state)
     else:
         for line in status_lines(state):
             click.echo(line)

@@ -31,6 +31,7 @@ import click
 
 from pipelines.errors import PrometheusError
 from pipelines.monitoring.dashboard import Snapshot, prometheus_api, read, render
+from pipelines.runtime.commands import echo_json
 from pipelines.runtime.local_process import HOST, LocalProcess, free_port, port_open, saved_state
 from pipelines.runtime.settings import PROJECT_ROOT
 
@@ -307,7 +308,7 @@ def status(home: Path, as_json: bool) -> None:
     found = LocalMetrics(home)
     if found.prometheus.pid() is None or found.pushgateway.pid() is None:
         if as_json:
-            click.echo(json.dumps({"running": False, "home": str(found.home)}, indent=2))
+            echo_json({"running": False, "home": str(found.home)})
         else:
             click.echo(f"Prometheus or the Pushgateway does not run from {found.home}: `make metrics-up` starts them")
         raise SystemExit(1)
@@ -316,7 +317,7 @@ def status(home: Path, as_json: bool) -> None:
     except MetricsError as error:
         raise click.ClickException(str(error)) from error
     if as_json:
-        click.echo(json.dumps(state, indent=2))
+        echo_json(state)
     else:
         _print_status(state)
 
@@ -376,7 +377,7 @@ def show(window: str, watch: float | None, url: str | None, home: Path, as_json:
         except PrometheusError as error:
             raise click.ClickException(str(error)) from error
         if as_json:
-            click.echo(json.dumps(snapshot_document(snap), indent=2))
+            echo_json(snapshot_document(snap))
             return
         if watch is None:
             click.echo(render(snap))

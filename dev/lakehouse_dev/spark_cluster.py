@@ -27,6 +27,7 @@ from typing import Any, Self
 import click
 
 from pipelines.errors import StartFailed
+from pipelines.runtime.commands import echo_json
 from pipelines.runtime.local_process import (
     HOST,
     LocalProcess,
@@ -355,13 +356,13 @@ def status(home: Path, as_json: bool) -> None:
     found = LocalCluster(home)
     if found.master.pid() is None:
         if as_json:
-            click.echo(json.dumps({"running": False, "home": str(found.home)}, indent=2))
+            echo_json({"running": False, "home": str(found.home)})
         else:
             click.echo(f"no Spark master runs from {found.home}: `make cluster-up` starts one")
         raise SystemExit(1)
     state = _status(found)
     if as_json:
-        click.echo(json.dumps(state, indent=2))
+        echo_json(state)
     else:
         _print_status(state)
 

@@ -25,10 +25,11 @@ from pipelines.errors import UnknownTable
 from pipelines.gdpr.cli import gdpr
 from pipelines.ingest.schema_cli import schema
 from pipelines.lake.catalog import change_feed_tables, table_name
-from pipelines.lake.declaration import declared
+from pipelines.lake.declaration import Declaration
 from pipelines.metastore import catalog_sync
 from pipelines.runtime import console, settings
-from pipelines.runtime.commands import JSON_OPTION, TABLE, echo_json
+from pipelines.runtime.commands import JSON_OPTION, TABLE, command_lake, echo_json, pass_lake
+from pipelines.runtime.lake import Lake
 from pipelines.runtime.local_process import require_kafka
 
 if TYPE_CHECKING:
@@ -56,7 +57,9 @@ def main(ctx: click.Context, verbose: bool) -> None:
     Each command prints what it did; Spark, Hudi and library logs go to a log file under
     LAKEHOUSE_LOG_DIR, named when Spark starts and when the command fails.
     """
-    declared()  # every command reads it: a wrong one stops the command (exit 2) before it writes anything
+    # The one lake of the command, its declaration read now: a wrong one stops the command (exit 2) before it
+    # writes anything. Its Spark session starts when the command first needs one.
+    ctx.obj = Lake.from_environment(app=f"lakehouse-{ctx.invoked_subcommand or 'lakehouse'}")
     console.setup(ctx.invoked_subcommand or "lakehouse", verbose)
     ctx.call_on_close(console.teardown)
     # Last commits' catalog syncs (LAKEHOUSE_METASTORE_URI) before the process ends: a no-op without any.
@@ -113,7 +116,7 @@ def ingest(once: bool, trigger_seconds: float, max_offsets_per_trigger: int | No
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     started = time.monotonic()
     try:
-        run_ingest(once=once, bootstrap=brokers, options=IngestOptions(
+        run_ingest(command_lake(), once=once, bootstrap=brokers, options=IngestOptions(
             trigger_seconds=trigger_seconds, max_offsets_per_trigger=max_offsets_per_trigger,
             metrics_port=configured_port() if metrics_port is None else metrics_port,
             spark_ui_port=configured_spark_ui_port() if spark_ui_port is None else spark_ui_port))
@@ -127,19 +130,19 @@ def ingest(once: bool, trigger_seconds: float, max_offsets_per_trigger: int | No
 
 
 @main.command()
-def etl() -> None:
+@pass_lake
+def etl(lake: Lake) -> None:
     """One incremental cycle: bronze changes -> silver (+ quarantine) -> gold, each since its checkpoint."""
     from pipelines.monitoring import job_metrics, metric_names
     from pipelines.monitoring.pushgateway import JobMetrics
     from pipelines.transform.etl import output_paths, run_etl
 
-    root = settings.lake_root()
-    run = JobMetrics(metric_names.ETL, root)
+    run = JobMetrics(metric_names.ETL, lake.root)
     started = time.monotonic()
-    outputs = output_paths(root)
+    outputs = output_paths(lake.root, lake.declaration)
     before = {name: job_metrics.commits(path) for name, path in outputs.items()}
     try:
-        report = run_etl(root=root)
+        report = run_etl(lake)
     except Exception as exc:  # Spark/Hudi failures: name them and exit 1
         run.push(succeeded=False)
         raise click.ClickException(console.failure("etl", exc)) from exc
@@ -198,7 +201,7 @@ def _lineage_document(runs: dict[str, Run], app: Run) -> dict:
             "writes": [asdict(edge) for edge in ol.edges(runs, app)]}
 
 
-def _table_services(tables: tuple[str, ...]) -> tuple[list[str], dict[str, tuple[str, ...]]]:
+def _table_services(tables: tuple[str, ...], decl: Declaration) -> tuple[list[str], dict[str, tuple[str, ...]]]:
     """`--table` values: the tables' lake names, and the services of those given with their own
     (`NAME:SERVICE,...`); a name as every command takes it (`silver/orders`, `silver.orders`)."""
     from pipelines.services.due import SERVICES
@@ -207,7 +210,7 @@ def _table_services(tables: tuple[str, ...]) -> tuple[list[str], dict[str, tuple
     for value in tables:
         given, colon, listed = value.partition(":")
         try:
-            name = table_name(given)
+            name = table_name(given, decl)
         except UnknownTable as exc:
             raise click.BadParameter(str(exc), param_hint="--table") from exc
         names.append(name)
@@ -228,7 +231,8 @@ def _table_services(tables: tuple[str, ...]) -> tuple[list[str], dict[str, tuple
 @click.option("--only", type=click.Choice(["compact", "expire", "cluster", "clean", "archive"]), multiple=True,
               help="Run only these services, in the default's order; repeatable  "
                    "[default: compact, expire, cluster, clean, archive]")
-def services(tables: tuple[str, ...], only: tuple[str, ...]) -> None:
+@pass_lake
+def services(lake: Lake, tables: tuple[str, ...], only: tuple[str, ...]) -> None:
     """Compaction (merge-on-read tables, when they have log files), expiry of consumed old days
     and clustering of small files (bronze's change logs), cleaning and archival.
 
@@ -240,17 +244,15 @@ def services(tables: tuple[str, ...], only: tuple[str, ...]) -> None:
 
     from pipelines.monitoring import job_metrics, metric_names
     from pipelines.monitoring.pushgateway import JobMetrics
-    from pipelines.runtime.spark import get_spark
     from pipelines.services.due import SERVICES
     from pipelines.services.table_services import ServicesPlan, run_services
 
-    names, own = _table_services(tables)
-    run = JobMetrics(metric_names.SERVICES, settings.lake_root())
+    names, own = _table_services(tables, lake.declaration)
+    run = JobMetrics(metric_names.SERVICES, lake.root)
     timings: dict[str, dict[str, float]] = {}
     try:
         plan = ServicesPlan(names or None, tuple(s for s in SERVICES if s in only) if only else SERVICES, own)
-        report = run_services(get_spark("lakehouse-services"), settings.lake_root(), plan, keep_going=True,
-                              timings=timings)
+        report = run_services(lake, plan, keep_going=True, timings=timings)
     except (UnknownTable, ValueError) as exc:  # a table the lake does not have, a setting that cannot be used
         raise click.ClickException(str(exc)) from exc
     except Exception as exc:  # Spark/Hudi failures: name them and exit 1
@@ -265,13 +267,13 @@ def services(tables: tuple[str, ...], only: tuple[str, ...]) -> None:
                                    f"{', '.join(failed)}{console.see_log()}")
 
 
-def _suite_name(value: str) -> str:
+def _suite_name(value: str, decl: Declaration) -> str:
     """A suite as `--suite` names it, its tables in either spelling (`bronze.orders`, `gold.customer_ltv ->
     silver.customers`), as the suites are named (by the tables' lake names); a part that is no table as it is."""
     parts = []
     for part in value.split(" -> "):
         try:
-            parts.append(table_name(part.strip()))
+            parts.append(table_name(part.strip(), decl))
         except UnknownTable:
             parts.append(part)
     return " -> ".join(parts)
@@ -285,7 +287,8 @@ def _suite_name(value: str) -> str:
                    "\"gold/customer_ltv -> silver/customers\"); repeatable  [default: every suite of the layers]")
 @click.option("--max-age-hours", type=click.FloatRange(min=0, min_open=True), default=24.0, show_default=True,
               help="Freshness: bronze's newest row must be younger than this.")
-def quality(layers: tuple[str, ...], suites: tuple[str, ...], max_age_hours: float) -> None:
+@pass_lake
+def quality(lake: Lake, layers: tuple[str, ...], suites: tuple[str, ...], max_age_hours: float) -> None:
     """Great Expectations suites of the lake's tables; exit 1 naming every failed expectation.
 
     Data Docs (HTML) are written to $LAKEHOUSE_ROOT/_quality/data_docs/index.html. Each suite that
@@ -294,23 +297,22 @@ def quality(layers: tuple[str, ...], suites: tuple[str, ...], max_age_hours: flo
     """
     from datetime import timedelta
 
-    from pipelines.runtime.spark import get_spark
     from pipelines.services.quality import LAYERS, data_docs_index, run_quality
     from pipelines.services.quality_due import quality_suites
 
-    known = [spec.name for spec in quality_suites()]
-    suites = tuple(_suite_name(s) for s in suites)
+    known = [spec.name for spec in quality_suites(lake.declaration)]
+    suites = tuple(_suite_name(s, lake.declaration) for s in suites)
     if unknown := [s for s in suites if s not in known]:
         raise click.BadParameter(f"{', '.join(map(repr, unknown))}: the suites are {', '.join(known)}",
                                  param_hint="--suite")
     from pipelines.monitoring import job_metrics, metric_names
     from pipelines.monitoring.pushgateway import JobMetrics
 
-    root = settings.lake_root()
+    root = lake.root
     run = JobMetrics(metric_names.QUALITY, root)
     started = time.monotonic()
     try:
-        outcomes = run_quality(get_spark("lakehouse-quality"), root, layers or LAYERS,
+        outcomes = run_quality(lake, layers or LAYERS,
                                timedelta(hours=max_age_hours), suites)
     except Exception:
         run.push(succeeded=False)
@@ -330,7 +332,8 @@ def quality(layers: tuple[str, ...], suites: tuple[str, ...], max_age_hours: flo
 @click.option("--since", default=None, help="Checkpoint returned by the previous call  [default: from the start]")
 @click.option("--checkpoint-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Read --since from this file if it exists, and store the new checkpoint in it after printing.")
-def changes(table: str, since: str | None, checkpoint_file: Path | None) -> None:
+@pass_lake
+def changes(lake: Lake, table: str, since: str | None, checkpoint_file: Path | None) -> None:
     """Rows of TABLE (`<layer>/<name>`: bronze/orders, silver/customers, gold/customer_ltv, any declared table's;
     or its catalog name: silver.customers) changed since a checkpoint, one JSON object per line, deletions included.
 
@@ -339,15 +342,14 @@ def changes(table: str, since: str | None, checkpoint_file: Path | None) -> None
     the whole table instead (first read, or a checkpoint that was cleaned or archived), stderr
     also says `snapshot: ...`.
     """
-    if table not in (feeds := change_feed_tables()):
+    if table not in (feeds := change_feed_tables(lake.declaration)):
         raise click.BadParameter(f"{table!r} is not a table with a change feed (tables: {', '.join(feeds)})",
                                  param_hint="TABLE")
-    from pipelines.runtime.spark import get_spark
     from pipelines.transform.changes import read_changes
 
     if since is None and checkpoint_file is not None and checkpoint_file.exists():
         since = checkpoint_file.read_text().strip() or None
-    change_set = read_changes(get_spark("lakehouse-changes"), table, since)
+    change_set = read_changes(lake, table, since)
     for line in change_set.rows.toJSON().toLocalIterator():
         click.echo(line)
     if checkpoint_file is not None:
@@ -361,7 +363,8 @@ def changes(table: str, since: str | None, checkpoint_file: Path | None) -> None
 @main.command()
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("dist/emr"),
               show_default=True, help="Folder to write the bundle into.")
-def package(out: Path) -> None:
+@pass_lake
+def package(lake: Lake, out: Path) -> None:
     """Build the EMR target's code bundle: lakehouse.zip, cli.py, requirements.txt, bootstrap.sh.
 
     Copy the folder to the s3:// prefix named by the Airflow Variable `lakehouse_code_uri`, and
@@ -369,6 +372,6 @@ def package(out: Path) -> None:
     """
     from pipelines.deploy.package import build
 
-    for path in build(out):
+    for path in build(out, lake.declaration):
         click.echo(f"{path} ({path.stat().st_size:,} bytes)")
 

@@ -5,13 +5,19 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
 from pipelines.cli.root import BadInput
 from pipelines.errors import CatalogUnavailable
 from pipelines.metastore import catalog_sync
-from pipelines.runtime import console, settings
-from pipelines.runtime.commands import JSON_OPTION, echo_json
+from pipelines.runtime import console
+from pipelines.runtime.commands import JSON_OPTION, echo_json, pass_lake
+from pipelines.runtime.lake import Lake
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 
 def _require_catalog() -> str:
@@ -32,10 +38,10 @@ def _require_catalog() -> str:
     return kind
 
 
-def _catalog_spark(app: str):  # -> SparkSession
-    from pipelines.runtime.spark import get_spark
-
-    return get_spark(app, catalog_sync.catalog_session_conf())
+def _catalog_spark(lake: Lake) -> SparkSession:
+    """The command's session, started with the catalog's options (Hive support, the metastore, Glue's factory)."""
+    lake.spark_options.update(catalog_sync.catalog_session_conf())
+    return lake.spark
 
 
 @click.group("catalog")
@@ -45,14 +51,15 @@ def catalog() -> None:
 
 @catalog.command()
 @JSON_OPTION
-def status(as_json: bool) -> None:
+@pass_lake
+def status(lake: Lake, as_json: bool) -> None:
     """Each lake table's newest commit against what the catalog last synced of it; exit 1 if any is behind
     or not registered (the writers sync after each commit and retry while the metastore is down)."""
     from pipelines.metastore.query import sync_states
 
     kind = _require_catalog()
     where = catalog_sync.metastore_uri() if kind == "hms" else "the Glue Data Catalog"
-    states = [s for s in sync_states(_catalog_spark("lakehouse-catalog"), settings.lake_root())
+    states = [s for s in sync_states(_catalog_spark(lake), lake.root, lake.declaration)
               if s.newest is not None]
     lagging = [s.name for s in states if s.state != "in step"]
     if as_json:
@@ -73,7 +80,8 @@ def status(as_json: bool) -> None:
 
 
 @catalog.command()
-def sync() -> None:
+@pass_lake
+def sync(lake: Lake) -> None:
     """Register every lake table in the catalog now, or bring it up to date (a lake written before the
     catalog existed, a table behind); prints each table and how long its sync took."""
     import time
@@ -82,8 +90,8 @@ def sync() -> None:
     from pipelines.lake.table_stats import has_completed_commit
 
     _require_catalog()
-    spark = _catalog_spark("lakehouse-catalog")
-    for table in lake_tables(settings.lake_root()):
+    spark = _catalog_spark(lake)
+    for table in lake_tables(lake.root, lake.declaration):
         if not has_completed_commit(table.path):
             continue
         started = time.monotonic()
@@ -103,7 +111,8 @@ def sync() -> None:
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per row (JSON lines) instead of a table.")
 @click.option("--limit", type=click.IntRange(min=1), default=1000, show_default=True,
               help="At most this many rows printed.")
-def sql(statement: str, as_of: str | None, as_json: bool, limit: int) -> None:
+@pass_lake
+def sql(lake: Lake, statement: str, as_of: str | None, as_json: bool, limit: int) -> None:
     """Run Spark SQL on the lake's tables by name: bronze.<table> (and _rt, _ro), silver.<table>, gold.<table>.
 
     Example: lakehouse sql "SELECT country, ltv FROM gold.customer_ltv ORDER BY ltv DESC LIMIT 5"
@@ -112,7 +121,7 @@ def sql(statement: str, as_of: str | None, as_json: bool, limit: int) -> None:
     from pipelines.metastore.query import run_sql
 
     _require_catalog()
-    spark = _catalog_spark("lakehouse-sql")
+    spark = _catalog_spark(lake)
     try:
         rows = run_sql(spark, statement, as_of).limit(limit)
         if as_json:

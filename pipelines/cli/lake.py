@@ -11,20 +11,20 @@ import time
 import click
 
 from pipelines.lake.catalog import Table, lake_catalog, lake_table
-from pipelines.lake.declaration import declared
 from pipelines.runtime import settings
-from pipelines.runtime.commands import JSON_OPTION, TABLE, echo_json
+from pipelines.runtime.commands import JSON_OPTION, TABLE, echo_json, pass_lake
+from pipelines.runtime.lake import Lake
 from pipelines.runtime.local_process import require_kafka
 
 
-def _deleted_keys(table: str, key: tuple[str, ...]) -> int:
+def _deleted_keys(root: str, table: str, key: tuple[str, ...]) -> int:
     """Keys whose newest recorded change is a delete (change log and delete ledger against main), by the
     table's own key: a declared table's may be composite, or named otherwise than `id`."""
+    from pipelines.lake.layout import changelog_path, ledger_path, main_path
     from pipelines.lake.table_stats import has_completed_commit, read_table
-    from pipelines.runtime.settings import changelog_path, ledger_path, main_path
 
     newest: dict[tuple, tuple[int, bool]] = {}
-    sources = [(main_path(table), False), (changelog_path(table), None), (ledger_path(table), True)]
+    sources = [(main_path(table, root), False), (changelog_path(table, root), None), (ledger_path(table, root), True)]
     for path, deleted in sources:
         if not has_completed_commit(path):
             continue
@@ -54,49 +54,50 @@ def _freshness_text(fresh: dict) -> str:
     return f"{fresh['age_seconds']:.0f}s ({fresh['waiting']} changes) / {target:.0f}s{late}"
 
 
-def _dead_letter_reasons() -> list[tuple[str, str]]:
+def _dead_letter_reasons(root: str) -> list[tuple[str, str]]:
     """(topic, reason) of every dead letter; none before the store's first commit."""
+    from pipelines.lake.layout import dead_letter_path
     from pipelines.lake.table_stats import has_completed_commit, read_table
-    from pipelines.runtime.settings import dead_letter_path
 
-    if not has_completed_commit(dead_letter_path()):
+    if not has_completed_commit(store := dead_letter_path(root)):
         return []
-    letters = read_table(dead_letter_path(), ["kafka_topic", "reason"])
+    letters = read_table(store, ["kafka_topic", "reason"])
     return list(zip(letters.column("kafka_topic").to_pylist(), letters.column("reason").to_pylist(), strict=True))
 
 
-def _table_row(table: Table, dead: dict[str, int], freshness: dict[str, dict], since_beat: float) -> dict | None:
+def _table_row(lake: Lake, table: Table, dead: dict[str, int], freshness: dict[str, dict],
+               since_beat: float) -> dict | None:
     """One table's row of `status`; None for a silver or gold table not written yet (a bronze one is listed as not
     created: the stream writes it first)."""
     from pipelines.lake.table_stats import has_completed_commit, table_stats
 
     row: dict = {"table": table.name, "layer": table.layer}
-    if not has_completed_commit(path := table.path()):
+    if not has_completed_commit(path := table.path(lake.root)):
         return {**row, "created": False} if table.layer == "bronze" else None
     s = table_stats(path)
     row |= {"created": True, "rows": s.rows, "commits": s.commits, "file_groups": s.file_groups,
             "log_files": s.log_files}
     if table.layer == "bronze" and table.source is not None:  # every bronze table people read follows a source
-        row |= {"deleted_keys": _deleted_keys(table.source, table.key),
-                "dead_letters": dead.get(declared().topic(table.source), 0),
+        row |= {"deleted_keys": _deleted_keys(lake.root, table.source, table.key),
+                "dead_letters": dead.get(lake.declaration.topic(table.source), 0),
                 "freshness": None if (fresh := freshness.get(table.source)) is None else _freshness(fresh, since_beat)}
     elif table.layer == "silver":
-        quarantine = lake_table(f"silver/_quarantine/{table.source}").path()
+        quarantine = lake_table(f"silver/_quarantine/{table.source}", lake.declaration).path(lake.root)
         row["quarantined"] = table_stats(quarantine).rows if has_completed_commit(quarantine) else 0
     return row
 
 
-def lake_status() -> dict:
+def lake_status(lake: Lake) -> dict:
     """What `lakehouse status` reports, as one document: the lake root, the stream's health, a row per table that
     people read, and the tables a schema change holds."""
     from pipelines.ingest.schema_cli import held_tables
     from pipelines.ingest.stream import ControlFiles, judge, limits
 
-    reasons = _dead_letter_reasons()
+    reasons = _dead_letter_reasons(lake.root)
     dead: dict[str, int] = {}
     for topic, _ in reasons:
         dead[topic] = dead.get(topic, 0) + 1
-    beat = ControlFiles(settings.lake_root()).heartbeat()
+    beat = ControlFiles(lake.root).heartbeat()
     health = judge(beat, limits())
     # Each bronze table's freshness as the running stream's last heartbeat saw it (a stopped stream has
     # written what waited: it commits the tables' waiting changes as it stops).
@@ -104,10 +105,11 @@ def lake_status() -> dict:
     since_beat = time.time() - beat.written_at if beat is not None else 0.0
     # The catalog's tables that people read: bronze's and silver's of each source table, gold's
     # aggregates; not the internal ones (names with a `_` part: change logs, ledgers, quarantine).
-    rows = [_table_row(t, dead, freshness, since_beat) for t in lake_catalog() if "/_" not in t.name]
+    rows = [_table_row(lake, t, dead, freshness, since_beat)
+            for t in lake_catalog(lake.declaration) if "/_" not in t.name]
     held = [{"table": table, "events": n, "reason": reason}
-            for table, (n, reason) in sorted(held_tables(reasons).items())]
-    return {"lake_root": settings.lake_root(), "stream": {"state": health.state, "why": health.why},
+            for table, (n, reason) in sorted(held_tables(reasons, lake.root).items())]
+    return {"lake_root": lake.root, "stream": {"state": health.state, "why": health.why},
             "tables": [r for r in rows if r is not None], "held": held}
 
 
@@ -135,13 +137,14 @@ def _status_text(doc: dict) -> list[str]:
 
 @click.command()
 @JSON_OPTION
-def status(as_json: bool) -> None:
+@pass_lake
+def status(lake: Lake, as_json: bool) -> None:
     """Per bronze, silver and gold table: rows, commits, file groups, log files, deletes, dead letters, quarantine;
     the stream's health, and while it runs, each bronze table's freshness against its target.
 
     Read with hudi-rs: no Spark needed.
     """
-    doc = lake_status()
+    doc = lake_status(lake)
     if as_json:
         echo_json(doc)
     else:
@@ -152,14 +155,15 @@ def status(as_json: bool) -> None:
 @click.argument("table", type=TABLE)
 @click.option("--limit", type=click.IntRange(min=1), default=10, show_default=True)
 @JSON_OPTION
-def show(table: str, limit: int, as_json: bool) -> None:
+@pass_lake
+def show(lake: Lake, table: str, limit: int, as_json: bool) -> None:
     """Print the first rows of a lake table (gold/daily_revenue or gold.daily_revenue), by key order, columns
     starting with `_` left out; read with hudi-rs."""
     from pipelines.lake.table_stats import has_completed_commit, read_table
 
-    path = lake_table(table).path()
+    path = lake_table(table, lake.declaration).path(lake.root)
     if not has_completed_commit(path):
-        raise click.ClickException(f"no table {table} under {settings.lake_root()} (not written yet)")
+        raise click.ClickException(f"no table {table} under {lake.root} (not written yet)")
     data = read_table(path)
     columns = [c for c in data.column_names if not c.startswith("_")]
     rows = sorted(data.select(columns).to_pylist(), key=lambda r: tuple((v is None, v) for v in r.values()))[:limit]
@@ -181,14 +185,15 @@ def dead_letters() -> None:
 @dead_letters.command("list")
 @click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True)
 @JSON_OPTION
-def dead_letters_list(limit: int, as_json: bool) -> None:
+@pass_lake
+def dead_letters_list(lake: Lake, limit: int, as_json: bool) -> None:
     """Print the newest dead letters: Kafka position, reason and the start of the raw value."""
+    from pipelines.lake.layout import dead_letter_path
     from pipelines.lake.table_stats import has_completed_commit, read_table
-    from pipelines.runtime.settings import dead_letter_path
 
     rows = []
-    if has_completed_commit(dead_letter_path()):
-        rows = sorted(read_table(dead_letter_path(), ["position", "reason", "value", "kafka_offset"]).to_pylist(),
+    if has_completed_commit(store := dead_letter_path(lake.root)):
+        rows = sorted(read_table(store, ["position", "reason", "value", "kafka_offset"]).to_pylist(),
                       key=lambda r: r["kafka_offset"], reverse=True)
     if as_json:
         # The raw value's start as text: a record that could not be used may be no UTF-8 at all.
@@ -211,7 +216,8 @@ def dead_letters_list(limit: int, as_json: bool) -> None:
 @click.option("--reason", "reason", default=None, help="Replay the dead letters whose reason starts with this "
               "(e.g. `schema`: the events a schema change held).")
 @click.option("--bootstrap", default=None, help="Kafka brokers  [default: $KAFKA_BOOTSTRAP_SERVERS]")
-def dead_letters_replay(positions: tuple[str, ...], replay_all: bool, reason: str | None,
+@pass_lake
+def dead_letters_replay(lake: Lake, positions: tuple[str, ...], replay_all: bool, reason: str | None,
                         bootstrap: str | None) -> None:
     """Send dead letters back to their source topic, unchanged, once the cause is fixed.
 
@@ -219,14 +225,14 @@ def dead_letters_replay(positions: tuple[str, ...], replay_all: bool, reason: st
     """
     from kafka import KafkaProducer
 
+    from pipelines.lake.layout import dead_letter_path
     from pipelines.lake.table_stats import has_completed_commit, read_table
-    from pipelines.runtime.settings import dead_letter_path
 
     if not positions and not replay_all and not reason:
         raise click.UsageError("name --position ..., --reason or --all")
-    if not has_completed_commit(dead_letter_path()):
-        raise click.ClickException(f"no dead-letter store at {dead_letter_path()}")
-    rows = read_table(dead_letter_path(), ["position", "kafka_topic", "key", "value", "reason"]).to_pylist()
+    if not has_completed_commit(store := dead_letter_path(lake.root)):
+        raise click.ClickException(f"no dead-letter store at {store}")
+    rows = read_table(store, ["position", "kafka_topic", "key", "value", "reason"]).to_pylist()
     wanted = rows if replay_all else [r for r in rows if r["position"] in set(positions)
                                       or (reason and (r["reason"] or "").startswith(reason))]
     missing = set(positions) - {r["position"] for r in rows}

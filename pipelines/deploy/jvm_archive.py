@@ -24,7 +24,7 @@ from pathlib import Path
 
 from pipelines.errors import SetupError
 from pipelines.lake.catalog import bronze_options, keyed_options, silver_options
-from pipelines.runtime.jvm import driver_gateway
+from pipelines.lake.jvm import driver_gateway
 from pipelines.runtime.spark import get_spark
 from pipelines.runtime.spark_conf import QUIET_CDS, archive_path, spark_conf
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 from importlib import metadata
 from pathlib import Path
 
+from pipelines.lake.declaration import Declaration
 from pipelines.runtime.code_archive import write_archive
 from pipelines.runtime.settings import PROJECT_ROOT
 
@@ -60,10 +61,10 @@ def requirements() -> list[str]:
     return sorted(pins, key=str.lower)
 
 
-def build(out: Path) -> list[Path]:
-    """Write the bundle into `out`; returns its files."""
+def build(out: Path, decl: Declaration) -> list[Path]:
+    """Write the bundle into `out`, with `decl` as the tables its jobs declare; returns its files."""
     out.mkdir(parents=True, exist_ok=True)
-    archive = write_archive(out / "lakehouse.zip")
+    archive = write_archive(out / "lakehouse.zip", decl)
     cli = out / "cli.py"
     cli.write_text((PROJECT_ROOT / "pipelines" / "cli" / "__main__.py").read_text())
     reqs = out / "requirements.txt"

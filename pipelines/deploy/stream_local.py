@@ -27,10 +27,10 @@ from pipelines.deploy.jobs import JOB_ENV
 from pipelines.deploy.stream_target import StreamTarget
 from pipelines.errors import StreamError
 from pipelines.ingest.stream import ControlFiles, Health, Limits, StreamState, judge, kafka_ends, limits, not_caught_up
-from pipelines.lake.declaration import declared
-from pipelines.runtime.commands import JSON_OPTION, echo_json
+from pipelines.runtime.commands import JSON_OPTION, command_lake, echo_json
+from pipelines.runtime.lake import Lake
 from pipelines.runtime.local_process import LocalProcess
-from pipelines.runtime.settings import INGEST_TRIGGER_SECONDS, PROJECT_ROOT, kafka_bootstrap, lake_root
+from pipelines.runtime.settings import INGEST_TRIGGER_SECONDS, PROJECT_ROOT, kafka_bootstrap
 
 
 def default_run_dir() -> Path:
@@ -85,10 +85,12 @@ def status_line(found: dict[str, Any]) -> str:
 
 
 class LocalStream(StreamTarget):
-    def __init__(self, run_dir: Path | None = None, root: str | None = None,
-                 trigger_seconds: float = INGEST_TRIGGER_SECONDS, lim: Limits | None = None) -> None:
-        self.run_dir = run_dir or default_run_dir()
-        self.root = root or lake_root()
+    """The stream of `lake` as a local process that this machine supervises (`lakehouse stream ...`)."""
+
+    def __init__(self, lake: Lake, run_dir: Path | None = None, trigger_seconds: float = INGEST_TRIGGER_SECONDS,
+                 lim: Limits | None = None) -> None:
+        self.lake, self.run_dir = lake, run_dir or default_run_dir()
+        self.root = lake.root
         self.files = ControlFiles(self.root)
         self.lim = lim or limits()
         command = [str(PROJECT_ROOT / ".venv" / "bin" / "lakehouse"), "ingest",
@@ -143,7 +145,7 @@ class LocalStream(StreamTarget):
 
     def wait(self, timeout: float) -> str:
         """Wait until the stream has committed everything on its topics at the call (`not_caught_up`)."""
-        started, topics = time.monotonic(), list(declared().topics())
+        started, topics = time.monotonic(), list(self.lake.declaration.topics())
         ends = kafka_ends(kafka_bootstrap(), topics)
         while why := not_caught_up(self.files.heartbeat(), ends):
             if time.monotonic() - started > timeout:
@@ -190,7 +192,7 @@ def stream() -> None:
 @JSON_OPTION
 def stream_status(run_dir: Path | None, as_json: bool) -> None:
     """Health from the stream's heartbeat, and the supervised process; exit 0 only when the stream is healthy."""
-    target = LocalStream(run_dir)
+    target = LocalStream(command_lake(), run_dir)
     found = target.snapshot()
     if as_json:
         echo_json(found)
@@ -205,7 +207,7 @@ def stream_status(run_dir: Path | None, as_json: bool) -> None:
 @TRIGGER_OPTION
 def stream_ensure(run_dir: Path | None, trigger_seconds: float) -> None:
     """Start one if none runs, restart one that died or stalled, else nothing; a stopped stream stays stopped."""
-    click.echo(LocalStream(run_dir, trigger_seconds=trigger_seconds).run("ensure"))
+    click.echo(LocalStream(command_lake(), run_dir, trigger_seconds=trigger_seconds).run("ensure"))
 
 
 @stream.command("start")
@@ -213,7 +215,7 @@ def stream_ensure(run_dir: Path | None, trigger_seconds: float) -> None:
 @TRIGGER_OPTION
 def stream_start(run_dir: Path | None, trigger_seconds: float) -> None:
     """Start one (fails if one runs)."""
-    click.echo(LocalStream(run_dir, trigger_seconds=trigger_seconds).run("start"))
+    click.echo(LocalStream(command_lake(), run_dir, trigger_seconds=trigger_seconds).run("start"))
 
 
 @stream.command("stop")
@@ -221,7 +223,7 @@ def stream_start(run_dir: Path | None, trigger_seconds: float) -> None:
 def stream_stop(run_dir: Path | None) -> None:
     """Stop request (the batch in progress commits), then SIGTERM, then SIGKILL, each after its timeout; the stream
     stays stopped (`ensure` leaves it) until start, restart or upgrade."""
-    click.echo(LocalStream(run_dir).run("stop"))
+    click.echo(LocalStream(command_lake(), run_dir).run("stop"))
 
 
 @stream.command("restart")
@@ -229,7 +231,7 @@ def stream_stop(run_dir: Path | None) -> None:
 @TRIGGER_OPTION
 def stream_restart(run_dir: Path | None, trigger_seconds: float) -> None:
     """Stop, then start from the same checkpoint."""
-    click.echo(LocalStream(run_dir, trigger_seconds=trigger_seconds).run("restart"))
+    click.echo(LocalStream(command_lake(), run_dir, trigger_seconds=trigger_seconds).run("restart"))
 
 
 @stream.command("upgrade")
@@ -238,7 +240,7 @@ def stream_restart(run_dir: Path | None, trigger_seconds: float) -> None:
 def stream_upgrade(run_dir: Path | None, trigger_seconds: float) -> None:
     """Stop, then start from the same checkpoint, so that the code installed now runs (after `git pull` or a new
     wheel)."""
-    click.echo(LocalStream(run_dir, trigger_seconds=trigger_seconds).run("upgrade"))
+    click.echo(LocalStream(command_lake(), run_dir, trigger_seconds=trigger_seconds).run("upgrade"))
 
 
 @stream.command("wait")
@@ -248,4 +250,4 @@ def stream_upgrade(run_dir: Path | None, trigger_seconds: float) -> None:
 def stream_wait(run_dir: Path | None, timeout: float) -> None:
     """Until the running stream has committed every record on its topics now (before a planned stop, or a job
     that must see them in bronze); exit 1 after --timeout, saying what is left."""
-    click.echo(LocalStream(run_dir).wait(timeout))
+    click.echo(LocalStream(command_lake(), run_dir).wait(timeout))

@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from pipelines.lake import storage
-from pipelines.runtime.settings import gdpr_path
+from pipelines.lake.layout import gdpr_path
 
 # A step's report as the module that ran it writes it: counts, instants and seconds.
 Report = dict[str, Any]

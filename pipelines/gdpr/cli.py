@@ -15,6 +15,8 @@ from pipelines.errors import InvalidRequest
 from pipelines.gdpr import inbox
 from pipelines.gdpr.request import MAX_IDS, ErasureRequest, parse_request, parse_requests
 from pipelines.runtime import console, settings
+from pipelines.runtime.commands import pass_lake
+from pipelines.runtime.lake import Lake
 
 
 @click.group()
@@ -39,7 +41,8 @@ def gdpr() -> None:
                    "the Airflow DAG) in one run, and take them out of it once verified. Not with the options above.")
 @click.option("--reference", default=None, help="The request's reference (ticket); names the certificate.")
 @click.option("--requested-by", default="operator", show_default=True, help="Who asked for the erasure.")
-def erase(**given: Any) -> None:
+@pass_lake
+def erase(lake: Lake, **given: Any) -> None:
     """Erase customers and their orders from every table, retained version, file and source topic, then prove it.
 
     Every request is checked before anything runs: an empty, malformed or oversized id list
@@ -59,10 +62,10 @@ def erase(**given: Any) -> None:
     filed = _pending() if options.pending else []
     if options.pending and not filed:
         click.echo(json.dumps({"status": "no pending request", "inbox": inbox.inbox()}))
-        _push_inbox()
+        _push_inbox(lake)
         return
     requests = [f.request for f in filed] if options.pending else _given_requests(options)
-    _erase(requests, filed)
+    _erase(lake, requests, filed)
 
 
 @dataclass(frozen=True)
@@ -107,20 +110,21 @@ def _given_requests(options: EraseOptions) -> list[ErasureRequest]:
     return [parse_request(ids, options.reference, options.requested_by)]
 
 
-def _erase(requests: list[ErasureRequest], filed: list[inbox.Filed]) -> None:
-    """Erase the requests in one run and print their summaries; the inbox's `filed` leave it once verified."""
+def _erase(lake: Lake, requests: list[ErasureRequest], filed: list[inbox.Filed]) -> None:
+    """Erase the requests from `lake` in one run and print their summaries; the inbox's `filed` leave it once
+    verified."""
     from pipelines.gdpr.erase import erase_all
     from pipelines.monitoring import job_metrics, metric_names
     from pipelines.monitoring.pushgateway import JobMetrics
 
     references = ", ".join(r.reference for r in requests)
-    run = JobMetrics(metric_names.ERASE, settings.lake_root())
+    run = JobMetrics(metric_names.ERASE, lake.root)
     try:
-        certificates = erase_all(requests, bootstrap=settings.kafka_bootstrap(),
+        certificates = erase_all(lake, requests, bootstrap=settings.kafka_bootstrap(),
                                  progress=lambda line: click.echo(line, err=True))
     except Exception as exc:  # Spark/Hudi failures: name them and exit 1
         run.push(succeeded=False)
-        _push_inbox()
+        _push_inbox(lake)
         raise click.ClickException(f"erasure {references} failed: {console.first_line(exc)}") from exc
     job_metrics.erasure(run, certificates)
     run.push(succeeded=all(c.verified for c in certificates))
@@ -128,11 +132,11 @@ def _erase(requests: list[ErasureRequest], filed: list[inbox.Filed]) -> None:
     click.echo(json.dumps(summaries[0] if len(summaries) == 1 else summaries))
     if not certificates[0].verified:
         failures = certificates[0].verification.failures
-        _push_inbox()
+        _push_inbox(lake)
         raise click.ClickException(f"erasure {references} NOT verified: {len(failures)} finding(s), e.g. "
                                    + "; ".join(failures[:5]))
     inbox.remove(filed)
-    _push_inbox()
+    _push_inbox(lake)
 
 
 @gdpr.command()
@@ -140,7 +144,9 @@ def _erase(requests: list[ErasureRequest], filed: list[inbox.Filed]) -> None:
 @click.option("--customer-ids", default=None, metavar="ID,ID,...", help="Customers to erase, comma-separated.")
 @click.option("--reference", default=None, help="The request's reference (ticket); names its certificate.")
 @click.option("--requested-by", default="operator", show_default=True, help="Who asked for the erasure.")
-def request(customer_id: tuple[str, ...], customer_ids: str | None, reference: str | None, requested_by: str) -> None:
+@pass_lake
+def request(lake: Lake, customer_id: tuple[str, ...], customer_ids: str | None, reference: str | None,
+            requested_by: str) -> None:
     """File an erasure request in the inbox ($LAKEHOUSE_GDPR_INBOX), for the next `gdpr erase --pending`.
 
     Checked as `gdpr erase` checks it (exit 2, nothing filed, when invalid). Filing the same
@@ -149,18 +155,19 @@ def request(customer_id: tuple[str, ...], customer_ids: str | None, reference: s
     ids = list(customer_id) + ([p.strip() for p in customer_ids.split(",")] if customer_ids is not None else [])
     filed = inbox.file_request(parse_request(ids, reference, requested_by))
     click.echo(f"filed {reference}: {filed}")
-    _push_inbox()
+    _push_inbox(lake)
 
 
-def _push_inbox() -> None:
-    """Push what waits in the erasure inbox (after a request is filed, and after each erasure run): the
-    erasure-overdue alert watches the oldest request's filing time, so it needs no further push to fire."""
+def _push_inbox(lake: Lake) -> None:
+    """Push what waits in the erasure inbox (after a request is filed, and after each erasure run), labelled with
+    the lake's root: the erasure-overdue alert watches the oldest request's filing time, so it needs no further
+    push to fire."""
     from pipelines.monitoring import job_metrics, metric_names, pushgateway
     from pipelines.monitoring.pushgateway import JobMetrics
 
     if pushgateway.gateway() is None:
         return
-    run = JobMetrics(metric_names.INBOX, settings.lake_root())
+    run = JobMetrics(metric_names.INBOX, lake.root)
     job_metrics.inbox(run, *inbox.oldest())
     run.push(succeeded=None)
 

@@ -76,13 +76,13 @@ from pipelines.gdpr.request import ErasureRequest
 from pipelines.gdpr.scan import Subject
 from pipelines.gdpr.verify import verify
 from pipelines.lake.catalog import erasure_uncovered, lake_catalog, lake_tables
-from pipelines.lake.declaration import declared
-from pipelines.lake.erasure_registry import erasure_key, read_registry, registry_path, row_pseudonym, subject_hash
+from pipelines.lake.declaration import Declaration
+from pipelines.lake.erasure_registry import read_registry, registry_path, row_pseudonym, subject_hash
 from pipelines.lake.hudi_timeline import extra_meta_after, latest_completion, pending_writes, repair_torn_timeline
 from pipelines.lake.layout import BATCH_ID_META, REGISTRY_META
 from pipelines.lake.table_stats import has_completed_commit
-from pipelines.runtime.settings import kafka_bootstrap, lake_root
-from pipelines.runtime.spark import get_spark
+from pipelines.runtime.lake import Lake
+from pipelines.runtime.settings import kafka_bootstrap
 from pipelines.services.quality import redact_subject
 
 log = logging.getLogger(__name__)
@@ -96,38 +96,41 @@ BRONZE_WRITES_POLL_S = 1.0
 # ---------------------------------------------------------------- the registry
 
 
-def _register(spark: SparkSession, root: str, requests: list[ErasureRequest], target: Target, key: str) -> int:
-    """Add the requests' pseudonyms to the registry in one commit (an upsert: a repeated request adds nothing).
+def _register(lake: Lake, requests: list[ErasureRequest], target: Target) -> int:
+    """Add the requests' pseudonyms to the lake's registry in one commit (an upsert: a repeated request adds nothing).
 
     Each customer is tagged with a pseudonym of its request's reference; their rows (of every
     declared table, each by its own key: row_pseudonym) with the run's (all its references),
-    whose customer is not recorded anywhere.
+    whose customer is not recorded anywhere. Pseudonyms are keyed with the lake's erasure key.
     """
+    key = lake.erasure_key
+
     def tag(references: str) -> str:
         return subject_hash("customer", 0, key + references)
 
     run_tag = tag(",".join(r.reference for r in requests))
-    tables = subject_tables()
+    tables = subject_tables(lake.declaration)
     rows = [(subject_hash("customer", c, key), "customer", tag(r.reference))
             for r in requests for c in r.customer_ids]
     rows += [(*row_pseudonym(name, tables[name].key, text, key), run_tag)
              for name, texts in sorted(target.rows.items()) if name in tables
              and tables[name].key != (tables[name].subject,) for text in sorted(texts)]
-    df = spark.createDataFrame(rows, "subject string, kind string, request string") \
+    df = lake.spark.createDataFrame(rows, "subject string, kind string, request string") \
         .dropDuplicates(["subject"]).withColumn("registered_at", F.current_timestamp())
     df.write.format("hudi").options(**hudi_configs.writer("gdpr", REGISTRY_OPTIONS)) \
-        .mode("append").save(registry_path(root))
+        .mode("append").save(registry_path(lake.root))
     return len(rows)
 
 
 # ---------------------------------------------------------------- the ingest stream, beside the erasure
 
 
-def _bronze_paths(root: str) -> list[str]:
-    return [t.path for t in lake_tables(root) if t.name.startswith("bronze/") and has_completed_commit(t.path)]
+def _bronze_paths(root: str, decl: Declaration) -> list[str]:
+    """The bronze tables of `decl` at `root` that exist: those an ingest batch writes."""
+    return [t.path for t in lake_tables(root, decl) if t.name.startswith("bronze/") and has_completed_commit(t.path)]
 
 
-def wait_for_bronze_writes(spark: SparkSession, root: str, timeout: float = BRONZE_WRITES_TIMEOUT_S) -> list[str]:
+def wait_for_bronze_writes(lake: Lake, timeout: float = BRONZE_WRITES_TIMEOUT_S) -> list[str]:
     """Wait until the bronze writes in flight now have ended; returns those still pending at the timeout.
 
     A batch in flight may have read the registry before this erasure added to it. Writes
@@ -135,7 +138,8 @@ def wait_for_bronze_writes(spark: SparkSession, root: str, timeout: float = BRON
     timeout the erasure goes on, and the stale-write check below still covers anything
     that commits later.
     """
-    waiting = {path: set(pending_writes(spark, path)) for path in _bronze_paths(root)}
+    spark = lake.spark
+    waiting = {path: set(pending_writes(spark, path)) for path in _bronze_paths(lake.root, lake.declaration)}
     deadline = time.monotonic() + timeout
     while True:
         waiting = {p: w & set(pending_writes(spark, p)) for p, w in waiting.items()}
@@ -145,11 +149,11 @@ def wait_for_bronze_writes(spark: SparkSession, root: str, timeout: float = BRON
         time.sleep(BRONZE_WRITES_POLL_S)
 
 
-def stale_bronze_writes(spark: SparkSession, root: str, since: str, registered: str) -> int:
+def stale_bronze_writes(lake: Lake, since: str, registered: str) -> int:
     """Ingest commits completed after `since` that filtered with a registry older than `registered`."""
     stale = 0
-    for path in _bronze_paths(root):
-        for meta in extra_meta_after(spark, path, since, (BATCH_ID_META, REGISTRY_META)):
+    for path in _bronze_paths(lake.root, lake.declaration):
+        for meta in extra_meta_after(lake.spark, path, since, (BATCH_ID_META, REGISTRY_META)):
             if BATCH_ID_META in meta and (meta.get(REGISTRY_META) or "") < registered:
                 stale += 1
     return stale
@@ -166,15 +170,15 @@ def _now_instant() -> str:
 def kafka_tombstones(bootstrap: str, target: Target, key_types: dict[str, tuple[str, ...]]) -> dict[str, object]:
     """Tombstones for the erased keys, and log compaction on the source topics, so Kafka drops the raw events.
 
-    A table keyed by its subject gets one per customer, every other one per row of theirs (its key
-    columns, integers as JSON numbers: `key_types`). Rows that moved keep their key: their newest
-    record is another customer's row.
+    The topics are those of the target's declaration. A table keyed by its subject gets one per
+    customer, every other one per row of theirs (its key columns, integers as JSON numbers:
+    `key_types`). Rows that moved keep their key: their newest record is another customer's row.
     """
     from kafka import KafkaProducer
     from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient
 
     configs = hudi_configs.section("gdpr", "kafka_topics")
-    decl = declared()
+    decl = target.decl
     topics = list(decl.topics())
     admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="lakehouse-gdpr")
     try:
@@ -182,7 +186,7 @@ def kafka_tombstones(bootstrap: str, target: Target, key_types: dict[str, tuple[
     finally:
         admin.close()
     keys: list[tuple[str, dict[str, object]]] = []
-    for name, table in subject_tables().items():
+    for name, table in subject_tables(decl).items():
         if table.subject is not None and table.key == (table.subject,):
             keys += [(name, {table.subject: c}) for c in target.customers]
             continue
@@ -235,14 +239,29 @@ class _Clock:
 
 @dataclass(frozen=True)
 class _Run:
-    """What every step of one run works with: built once by erase_all, passed to each step."""
+    """What every step of one run works with: built once by erase_all, passed to each step.
 
-    spark: SparkSession
-    root: str
+    `lake` is where it erases: its root, its declaration (the tables it erases from), its Spark session and its
+    erasure key (read before anything else: a key that cannot be read stops the run before it starts).
+    """
+
+    lake: Lake
     key: str
     requests: tuple[ErasureRequest, ...]
     progress: Callable[[str], None]
     clock: _Clock
+
+    @property
+    def spark(self) -> SparkSession:
+        return self.lake.spark
+
+    @property
+    def root(self) -> str:
+        return self.lake.root
+
+    @property
+    def decl(self) -> Declaration:
+        return self.lake.declaration
 
     @property
     def references(self) -> list[str]:
@@ -306,24 +325,24 @@ class _Done:
     further_sweeps: list[FurtherSweep]
 
 
-def erase(request: ErasureRequest, spark: SparkSession | None = None, root: str | None = None,
-          bootstrap: str | None = None, progress: Callable[[str], None] = log.info) -> Certificate:
+def erase(lake: Lake, request: ErasureRequest, *, bootstrap: str | None = None,
+          progress: Callable[[str], None] = log.info) -> Certificate:
     """Erase and verify one request; returns the certificate (also written under `_gdpr/`)."""
-    return erase_all([request], spark, root, bootstrap, progress)[0]
+    return erase_all(lake, [request], bootstrap=bootstrap, progress=progress)[0]
 
 
-def erase_all(requests: list[ErasureRequest], spark: SparkSession | None = None, root: str | None = None,
-              bootstrap: str | None = None, progress: Callable[[str], None] = log.info) -> list[Certificate]:
-    """Erase the customers of every request in one run; returns one certificate per request, in order.
+def erase_all(lake: Lake, requests: list[ErasureRequest], *, bootstrap: str | None = None,
+              progress: Callable[[str], None] = log.info) -> list[Certificate]:
+    """Erase the customers of every request from `lake` in one run; returns one certificate per request, in order.
 
     The costly steps (sweep, purge, verification) are paid once for the whole batch, not
     once per request: a data-protection officer's week of requests is one purge. Each
     request keeps its own reference, certificate and audit line; all of them carry the
     same run's tables, purge and checks, and name the references erased with them.
+    The tables are the lake's declaration's; `bootstrap` is Kafka's (KAFKA_BOOTSTRAP_SERVERS when None).
     """
-    _validate(requests)
-    run = _Run(spark or get_spark("lakehouse-gdpr"), root or lake_root(), erasure_key(), tuple(requests), progress,
-               _Clock())
+    _validate(requests, lake.declaration)
+    run = _Run(lake, lake.erasure_key, tuple(requests), progress, _Clock())
     started = datetime.now(UTC)
     held = _find(run)
     registered = _register_run(run, held)
@@ -334,19 +353,19 @@ def erase_all(requests: list[ErasureRequest], spark: SparkSession | None = None,
     with run.clock.step("quality results"):
         quality = redact_subject(run.root, set(held.texts), set(run.customers), set(held.target.orders))
     with run.clock.step("verify"):
-        result = verify(run.spark, run.root, held.target, held.texts, run.key, progress)
+        result = verify(run.lake, held.target, held.texts, progress)
     result, further = _until_verified(run, held, swept, registered, purged, result)
     done = _Done(started, swept.tables, purged, kafka, quality, result, further)
     return [_certify(run, held, done, request) for request in requests]
 
 
-def _validate(requests: list[ErasureRequest]) -> None:
+def _validate(requests: list[ErasureRequest], decl: Declaration) -> None:
     """Step: refuse a run that could not be certified truthfully, before anything is read or written."""
     if not requests:
         raise ErasureError("no erasure request given")
-    if uncovered := erasure_uncovered():  # none today: every layout is covered (pipelines.lake.catalog)
+    if uncovered := erasure_uncovered(decl):  # none today: every layout is covered (pipelines.lake.catalog)
         # Claiming "verified" while a declared table may still hold the subject's rows would be false.
-        raise ErasureError(f"the erasure does not cover declared table(s) {', '.join(uncovered)} ({declared().path})")
+        raise ErasureError(f"the erasure does not cover declared table(s) {', '.join(uncovered)} ({decl.path})")
     references = [r.reference for r in requests]
     if len(set(references)) != len(references):
         raise ErasureError(f"references must differ within one run, got {references}: each names its certificate")
@@ -354,12 +373,12 @@ def _validate(requests: list[ErasureRequest]) -> None:
 
 def _find(run: _Run) -> _Held:
     """Step: what the lake holds of the customers, their rows and the rows that moved, before the registry changes."""
-    for table in lake_tables(run.root):  # a crashed writer's cut timeline file fails every reader of it
+    for table in lake_tables(run.root, run.decl):  # a crashed writer's cut timeline file fails every reader of it
         repair_torn_timeline(table.path)
     customers = run.customers
     with run.clock.step("find"):
-        found = find_subject(run.spark, run.root, tuple(customers))
-    target = found.target(customers)
+        found = find_subject(run.lake, tuple(customers))
+    target = found.target(customers, run.decl)
     texts = sorted(found.texts)
     held = _Held(found, target, texts, target.subject(texts))
     rows, moved = _counts(target.rows), _counts(target.moved)
@@ -372,7 +391,7 @@ def _find(run: _Run) -> _Held:
 def _register_run(run: _Run, held: _Held) -> _Registered:
     """Step: the pseudonyms into the registry, so that ingest and silver drop the customers from now on."""
     with run.clock.step("register"):
-        _register(run.spark, run.root, list(run.requests), held.target, run.key)
+        _register(run.lake, list(run.requests), held.target)
         completed = latest_completion(run.spark, registry_path(run.root)) or ""
         registry = read_registry(run.spark, run.root)
         sweep_started = _now_instant()
@@ -384,18 +403,18 @@ def _register_run(run: _Run, held: _Held) -> _Registered:
 def _sweep(run: _Run, held: _Held, registered: _Registered) -> _Swept:
     """Step: every row of the subject deleted, again while ingest batches that read the old registry commit."""
     with run.clock.step("wait for bronze writes"):
-        wait_for_bronze_writes(run.spark, run.root)
+        wait_for_bronze_writes(run.lake)
     swept = _Swept({}, registered.sweep_started)
     with run.clock.step("sweep"):
-        swept.tables = sweep(run.spark, run.root, held.target, run.key, registered.registry)
+        swept.tables = sweep(run.lake, held.target, registered.registry)
         # An ingest batch that read the registry before this request may commit after the sweep
         # began: sweep again (cheap: only its rows) until none did, before the costly purge.
         for _ in range(RESWEEPS):
-            wait_for_bronze_writes(run.spark, run.root)
-            if not stale_bronze_writes(run.spark, run.root, swept.since, registered.completed):
+            wait_for_bronze_writes(run.lake)
+            if not stale_bronze_writes(run.lake, swept.since, registered.completed):
                 break
             swept.since = _now_instant()
-            swept.add(sweep(run.spark, run.root, held.target, run.key, registered.registry))
+            swept.add(sweep(run.lake, held.target, registered.registry))
     return swept
 
 
@@ -415,14 +434,15 @@ def _purge_held(run: _Run, held: _Held, swept: _Swept, registered: _Registered) 
     name it under rows that moved.
     """
     with run.clock.step("change feeds"):
-        holders = change_feed_holders(run.spark, run.root, held.scan)
-    with_moved = {t.name for t in lake_catalog() if t.source in held.target.moved and t.layer in ("bronze", "silver")}
+        holders = change_feed_holders(run.lake, held.scan)
+    with_moved = {t.name for t in lake_catalog(run.decl)
+                  if t.source in held.target.moved and t.layer in ("bronze", "silver")}
     names = set(swept.tables) | set(holders) | with_moved
     if not names:
         return {}
     with run.clock.step("purge"):
         plan = PurgePlan(frozenset(names), registered.sweep_started, held.target.moved, holders)
-        return purge(run.spark, run.root, plan, run.progress)
+        return purge(run.lake, plan, run.progress)
 
 
 def _until_verified(run: _Run, held: _Held, swept: _Swept, registered: _Registered,
@@ -438,8 +458,8 @@ def _until_verified(run: _Run, held: _Held, swept: _Swept, registered: _Register
     further: list[FurtherSweep] = []
     for attempt in range(1, FURTHER_ROUNDS + 1):
         with run.clock.step(f"wait for bronze writes {attempt}"):
-            wait_for_bronze_writes(run.spark, run.root)
-            stale = stale_bronze_writes(run.spark, run.root, swept.since, registered.completed)
+            wait_for_bronze_writes(run.lake)
+            stale = stale_bronze_writes(run.lake, swept.since, registered.completed)
         if result.passed and not stale:
             break
         further.append(FurtherSweep(stale, result.failures[:FINDINGS_KEPT]))
@@ -448,15 +468,16 @@ def _until_verified(run: _Run, held: _Held, swept: _Swept, registered: _Register
                     "verification found the subject: " + "; ".join(result.failures[:FINDINGS_LOGGED]))
         swept.since = _now_instant()
         # A stale ingest batch wrote bronze only; anything else found may be anywhere.
-        again = frozenset(t.name for t in lake_tables(run.root) if not result.passed or t.name.startswith("bronze/"))
+        again = frozenset(t.name for t in lake_tables(run.root, run.decl)
+                          if not result.passed or t.name.startswith("bronze/"))
         with run.clock.step(f"sweep again {attempt}"):
-            swept.add(sweep(run.spark, run.root, held.target, run.key, registered.registry))
+            swept.add(sweep(run.lake, held.target, registered.registry))
         with run.clock.step(f"purge again {attempt}"):
             plan = PurgePlan(again, registered.sweep_started, held.target.moved,
-                             change_feed_holders(run.spark, run.root, held.scan))
-            purged.update(purge(run.spark, run.root, plan, run.progress))
+                             change_feed_holders(run.lake, held.scan))
+            purged.update(purge(run.lake, plan, run.progress))
         with run.clock.step(f"verify again {attempt}"):
-            result = verify(run.spark, run.root, held.target, held.texts, run.key, run.progress)
+            result = verify(run.lake, held.target, held.texts, run.progress)
     return result, further
 
 

@@ -26,9 +26,10 @@ from pyspark.sql import functions as F
 import hudi_configs
 from pipelines.gdpr.scan import Subject
 from pipelines.lake.catalog import Holds, erasure_kind, lake_catalog, lake_tables, names
-from pipelines.lake.declaration import TableDecl, declared
+from pipelines.lake.declaration import Declaration, TableDecl
 from pipelines.lake.erasure_registry import key_in, key_text, subject_in
 from pipelines.lake.table_stats import has_completed_commit
+from pipelines.runtime.lake import Lake
 
 # Texts shorter than this are not searched: they would be found everywhere.
 MIN_TEXT = 4
@@ -52,21 +53,21 @@ def each_table(items: Iterable[T], work: Callable[[T], R]) -> list[R]:
         return list(pool.map(work, items))
 
 
-def subject_tables() -> dict[str, TableDecl]:
-    """The declared tables with a `subject` column, by name (read when called: the declaration may change)."""
-    return {n: t for n, t in declared().tables.items() if t.subject}
+def subject_tables(decl: Declaration) -> dict[str, TableDecl]:
+    """The tables of `decl` with a `subject` column, by name: those the erasure finds rows of."""
+    return {n: t for n, t in decl.tables.items() if t.subject}
 
 
-def source_of(name: str) -> TableDecl | None:
+def source_of(name: str, decl: Declaration) -> TableDecl | None:
     """The declared table with a `subject` whose rows lake table `name` holds (its bronze, change log, ledger,
     silver or quarantine); None for gold, the dead letters and tables of no subject."""
-    sources = {t.name: t.source for t in lake_catalog()}
-    return subject_tables().get(sources.get(name) or "")
+    sources = {t.name: t.source for t in lake_catalog(decl)}
+    return subject_tables(decl).get(sources.get(name) or "")
 
 
-def gold_by_customer() -> tuple[str, ...]:
-    """Gold's tables keyed by the customer (`customer_id`)."""
-    return tuple(names("gold", holds=Holds.CUSTOMER_ID))
+def gold_by_customer(decl: Declaration) -> tuple[str, ...]:
+    """Gold's tables keyed by the customer (`customer_id`): none when `decl` lacks gold's inputs."""
+    return tuple(names(decl, "gold", holds=Holds.CUSTOMER_ID))
 
 
 # ---------------------------------------------------------------- what one run erases
@@ -75,15 +76,19 @@ def gold_by_customer() -> tuple[str, ...]:
 @dataclass(frozen=True)
 class Target:
     """What one run erases: the customers, and per declared table the keys (`key_text`) of the rows that are
-    theirs (`rows`) and of those now of another customer whose older versions name them (`moved`)."""
+    theirs (`rows`) and of those now of another customer whose older versions name them (`moved`).
+
+    `decl` is the declaration those tables are named in: their keys, subject columns and lake tables.
+    """
 
     customers: tuple[int, ...]
     rows: dict[str, frozenset[str]] = field(default_factory=dict)
     moved: dict[str, frozenset[str]] = field(default_factory=dict)
+    decl: Declaration = field(kw_only=True, repr=False, compare=False)
 
     def _ids(self, keys: dict[str, frozenset[str]]) -> list[int]:
         """The shop's orders among `keys`: ids of `orders`, when it is keyed by an integer `id`."""
-        decl = declared().tables.get(ORDERS)
+        decl = self.decl.tables.get(ORDERS)
         if decl is None or decl.key != ("id",):
             return []
         return sorted(int(v) for t in keys.get(ORDERS, ()) if (v := json.loads(t)[0]) is not None and v.isdigit())
@@ -99,14 +104,14 @@ class Target:
     def subject(self, texts: Iterable[str]) -> Subject:
         """What the file scan looks for: the ids, the erased rows' keys per table, the texts."""
         rows = {t: frozenset(tuple(json.loads(k)) for k in keys) for t, keys in self.rows.items()
-                if keys and (d := declared().tables.get(t)) is not None and d.key != (d.subject,)}
+                if keys and (d := self.decl.tables.get(t)) is not None and d.key != (d.subject,)}
         return Subject(frozenset(self.customers), frozenset(self.orders), frozenset(texts), rows)
 
     def predicate(self, name: str, df: DataFrame) -> Column | None:
         """The rows of a read of lake table `name` that hold the subject: theirs, and any version naming them."""
-        if name in gold_by_customer():
+        if name in gold_by_customer(self.decl):
             return F.col("customer_id").isin(list(self.customers)) if self.customers else None
-        decl = source_of(name)
+        decl = source_of(name, self.decl)
         if decl is None or decl.subject is None:
             return None
         return of_subject(decl, df, self.customers, self.rows.get(decl.name, frozenset()))
@@ -142,20 +147,22 @@ class Found:
     named: set[int] = field(default_factory=set)  # customers some version of a row names
     key_types: dict[str, tuple[str, ...]] = field(default_factory=dict)  # per table, its key columns' Spark types
 
-    def target(self, customers: Iterable[int]) -> Target:
+    def target(self, customers: Iterable[int], decl: Declaration) -> Target:
+        """What a run erases of `customers`: the rows found, of `decl`'s tables (those `find_subject` read)."""
         return Target(tuple(sorted(set(customers))), {t: frozenset(k) for t, k in self.rows.items()},
-                      {t: frozenset(k) for t, k in self.moved.items()})
+                      {t: frozenset(k) for t, k in self.moved.items()}, decl=decl)
 
 
 def read_rows(spark: SparkSession, path: str) -> DataFrame:
     return spark.read.format("hudi").options(**hudi_configs.section("reads", "scan")).load(path)
 
 
-def subject_reads(spark: SparkSession, root: str) -> list[tuple[TableDecl, DataFrame]]:
+def subject_reads(lake: Lake) -> list[tuple[TableDecl, DataFrame]]:
     """Reads of every lake table that holds rows of a declared table with a subject (those that exist)."""
-    decls = subject_tables()
-    sources = {t.name: t.source for t in lake_catalog() if t.source is not None}
-    return [(decls[sources[t.name]], read_rows(spark, t.path)) for t in lake_tables(root)
+    decl = lake.declaration
+    decls = subject_tables(decl)
+    sources = {t.name: t.source for t in lake_catalog(decl) if t.source is not None}
+    return [(decls[sources[t.name]], read_rows(lake.spark, t.path)) for t in lake_tables(lake.root, decl)
             if sources.get(t.name) in decls and has_completed_commit(t.path)]
 
 
@@ -163,12 +170,12 @@ def _union(frames: list[DataFrame]) -> DataFrame | None:
     return reduce(lambda a, b: a.unionByName(b), frames) if frames else None
 
 
-def find_subject(spark: SparkSession, root: str, customer_ids: tuple[int, ...]) -> Found:
+def find_subject(lake: Lake, customer_ids: tuple[int, ...]) -> Found:
     """The customers' rows (theirs, and those that moved) in every declared table with a subject, and their pii."""
     ids = [str(c) for c in customer_ids]
-    reads = subject_reads(spark, root)
+    reads = subject_reads(lake)
     rows, moved, named = _rows_of(reads, ids)
-    target = Target(tuple(customer_ids), {t: frozenset(k) for t, k in rows.items()})
+    target = Target(tuple(customer_ids), {t: frozenset(k) for t, k in rows.items()}, decl=lake.declaration)
     # One Spark job over every table (each job on a Hudi table pays its file listing).
     held = _union([df.filter(cond).select(
         F.lit(decl.name).alias("_table"),
@@ -177,7 +184,7 @@ def find_subject(spark: SparkSession, root: str, customer_ids: tuple[int, ...]) 
         for decl, df in reads if (cond := of_subject(decl, df, customer_ids, target.rows.get(decl.name, frozenset())))
         is not None])
     customers, texts = set(), set()
-    kinds = {n: erasure_kind(t) for n, t in subject_tables().items()}
+    kinds = {n: erasure_kind(t) for n, t in subject_tables(lake.declaration).items()}
     for r in held.distinct().collect() if held is not None else []:
         if kinds.get(r["_table"]) == Holds.CUSTOMER and r["_subject"] in ids:
             customers.add(int(r["_subject"]))

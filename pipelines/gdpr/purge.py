@@ -20,11 +20,11 @@ from pipelines.lake.catalog import LakeTable, gold_declared, lake_tables
 from pipelines.lake.erasure_registry import dead_letters_of_erased, key_in
 from pipelines.lake.frames import materialized
 from pipelines.lake.hudi_timeline import READABLE_FROM_META, earliest_retained, latest_completion, pending_writes
-from pipelines.lake.layout import DELETED_FLAG
+from pipelines.lake.layout import DELETED_FLAG, dead_letter_path, gold_path, silver_path
 from pipelines.lake.table_stats import has_completed_commit
 from pipelines.metastore import catalog_sync
 from pipelines.runtime.hudi_client import WriteClient
-from pipelines.runtime.settings import dead_letter_path, gold_path, silver_path
+from pipelines.runtime.lake import Lake
 from pipelines.transform import gold
 
 log = logging.getLogger(__name__)
@@ -50,19 +50,19 @@ def _delete_rows(spark: SparkSession, table: LakeTable, rows: DataFrame) -> None
     catalog_sync.committed(spark, table.path, table.options)
 
 
-def sweep(spark: SparkSession, root: str, target: Target, key: str,
-          registry: DataFrame) -> dict[str, dict[str, object]]:
-    """Delete the subject's rows from every table that holds rows of it; then let gold follow silver.
+def sweep(lake: Lake, target: Target, registry: DataFrame) -> dict[str, dict[str, object]]:
+    """Delete the subject's rows from every table of the lake that holds rows of it; then let gold follow silver.
 
     In the tables of each declared table with a subject: every version naming the customers, and
     every version of their rows (`target.rows`, by that table's own key); in gold, the customers'
     rows; in the dead letters, the records naming an erased customer or row (the registry's
-    pseudonyms, which `register` wrote first).
+    pseudonyms under the lake's erasure key, which `register` wrote first).
     """
+    spark, root, decl = lake.spark, lake.root, lake.declaration
 
     def one(table: LakeTable) -> tuple[str, dict[str, object]] | None:
         if table.path == dead_letter_path(root):
-            mine = dead_letters_of_erased(read_rows(spark, table.path), registry, key)
+            mine = dead_letters_of_erased(read_rows(spark, table.path), registry, lake.erasure_key, decl)
         else:
             df = read_rows(spark, table.path)
             predicate = target.predicate(table.name, df)
@@ -77,10 +77,10 @@ def sweep(spark: SparkSession, root: str, target: Target, key: str,
         log.info("%s: %d rows deleted", table.name, n)
         return table.name, {"rows_removed": n, "instant": latest_completion(spark, table.path)}
 
-    done = each_table([t for t in lake_tables(root) if has_completed_commit(t.path)], one)
+    done = each_table([t for t in lake_tables(root, decl) if has_completed_commit(t.path)], one)
     touched: dict[str, dict[str, object]] = dict(d for d in done if d is not None)
     # Gold reads the shop's silver customers and orders (when they are declared, gold_declared).
-    if gold_declared() and any(name in ("silver/customers", "silver/orders") for name in touched):
+    if gold_declared(decl) and any(name in ("silver/customers", "silver/orders") for name in touched):
         before = {t: latest_completion(spark, gold_path(t, root)) for t in (gold.STATE, gold.LTV, gold.DAILY)}
         gold.gold_cycle(spark, root, silver_path("customers", root), silver_path("orders", root))
         for t, was in before.items():
@@ -188,7 +188,7 @@ class Purger(WriteClient):
         return instant
 
 
-def change_feed_holders(spark: SparkSession, root: str, subject: Subject) -> dict[str, set[str]]:
+def change_feed_holders(lake: Lake, subject: Subject) -> dict[str, set[str]]:
     """Per table with a change feed, the file groups whose newest slice has a `.cdc` file holding the subject.
 
     A commit that changed one of the subject's rows before the erasure (an update, a move to
@@ -199,10 +199,10 @@ def change_feed_holders(spark: SparkSession, root: str, subject: Subject) -> dic
     """
     # "<table>/<partition>/.<file id>_<instant>", what a `.cdc` file's path starts with -> (table, file id)
     newest: dict[str, tuple[str, str]] = {}
-    for table in lake_tables(root):
+    for table in lake_tables(lake.root, lake.declaration):
         if table.options.get("hoodie.table.cdc.enabled") != "true" or not has_completed_commit(table.path):
             continue
-        with Purger(spark, table) as client:
+        with Purger(lake.spark, table) as client:
             for partition, file_id, base in client.newest_slices():
                 stem = "/".join(p for p in (table.name, partition, f".{file_id}_{base}") if p)
                 newest[stem] = (table.name, file_id)
@@ -211,7 +211,7 @@ def change_feed_holders(spark: SparkSession, root: str, subject: Subject) -> dic
         return rel.endswith(".cdc") and rel.rsplit(".log.", 1)[0] in newest
 
     found: dict[str, set[str]] = {}
-    for finding in scan_lake(spark, root, subject, only=in_newest_slice).findings:
+    for finding in scan_lake(lake, subject, only=in_newest_slice).findings:
         name, file_id = newest[finding.path.rsplit(".log.", 1)[0]]
         found.setdefault(name, set()).add(file_id)
     return found
@@ -235,10 +235,9 @@ class PurgePlan:
     holders: dict[str, set[str]] = field(default_factory=dict)
 
 
-def purge(spark: SparkSession, root: str, plan: PurgePlan,
-          progress: Callable[[str], None]) -> dict[str, dict[str, object]]:
-    """Remove every older version of the plan's tables that may still hold the subject."""
-    sweep_started, moved, holders = plan.sweep_started, plan.moved, plan.holders
+def purge(lake: Lake, plan: PurgePlan, progress: Callable[[str], None]) -> dict[str, dict[str, object]]:
+    """Remove every older version of the plan's tables of the lake that may still hold the subject."""
+    spark, sweep_started, moved, holders = lake.spark, plan.sweep_started, plan.moved, plan.holders
 
     def one(table: LakeTable) -> dict[str, object]:
         progress(f"purging {table.name}")
@@ -255,7 +254,7 @@ def purge(spark: SparkSession, root: str, plan: PurgePlan,
                 # The change-feed files of the erasure's own commits hold the deleted rows'
                 # before-images, in the newest slice: write those file groups once more.
                 file_ids = set(client.slices_written_since(sweep_started))
-                decl = source_of(table.name)
+                decl = source_of(table.name, lake.declaration)
                 if moved and decl is not None and moved.get(decl.name):
                     file_ids |= _file_groups_of(spark, table, decl.key, moved[decl.name])
                 file_ids |= holders.get(table.name, set())
@@ -278,7 +277,8 @@ def purge(spark: SparkSession, root: str, plan: PurgePlan,
         done["seconds"] = round(time.monotonic() - started, 1)
         return done
 
-    tables = [t for t in lake_tables(root) if t.name in plan.names and has_completed_commit(t.path)]
+    tables = [t for t in lake_tables(lake.root, lake.declaration) if t.name in plan.names
+              and has_completed_commit(t.path)]
     return {t.name: done for t, done in zip(tables, each_table(tables, one), strict=True)}
 
 

@@ -27,8 +27,9 @@ from pipelines.lake.hudi_timeline import (
     meta_client,
     retained_instants,
 )
+from pipelines.lake.jvm import jvm_of
 from pipelines.lake.table_stats import has_completed_commit
-from pipelines.runtime.jvm import jvm_of
+from pipelines.runtime.lake import Lake
 from pipelines.transform import gold
 
 log = logging.getLogger(__name__)
@@ -66,19 +67,19 @@ class _Sought:
     registry: DataFrame | None
 
 
-def verify(spark: SparkSession, root: str, target: Target, texts: list[str], key: str,
-           progress: Callable[[str], None]) -> Verification:
+def verify(lake: Lake, target: Target, texts: list[str], progress: Callable[[str], None]) -> Verification:
     """Every read the lake serves, and every file under its root, checked for the subject.
 
     The tables' reads (Spark jobs) run in a thread beside the file scan (the driver's Python
     and Hudi's readers): neither writes, and each checks everything it checks alone.
     """
-    registry = read_registry(spark, root)
+    spark = lake.spark
+    registry = read_registry(spark, lake.root)
     # A customer created since the subject was found may share a name: it is theirs, not the subject's.
-    shared = shared_texts(subject_reads(spark, root), target, set(texts)) if texts else set()
+    shared = shared_texts(subject_reads(lake), target, set(texts)) if texts else set()
     texts = sorted(set(texts) - shared)
-    sought = _Sought(target, texts, key, registry)
-    tables = [t for t in lake_tables(root) if has_completed_commit(t.path)]
+    sought = _Sought(target, texts, lake.erasure_key, registry)
+    tables = [t for t in lake_tables(lake.root, lake.declaration) if has_completed_commit(t.path)]
 
     def read_all() -> list[tuple[str, list[str], int, int, float]]:
         return [_check_reads(spark, table, sought, progress) for table in tables]
@@ -86,7 +87,7 @@ def verify(spark: SparkSession, root: str, target: Target, texts: list[str], key
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="erasure-reads") as pool:
         checked = pool.submit(read_all)
         progress("scanning every file under the lake root")
-        scan = scan_lake(spark, root, target.subject(texts))
+        scan = scan_lake(lake, target.subject(texts))
         done = checked.result()
     failures = [f for _, found, _, _, _ in done for f in found]
     failures += [f"{f.path} ({f.table}): {f.what}" for f in scan.findings]
@@ -147,7 +148,7 @@ def _subject_rows(name: str, what: str, df: DataFrame, sought: _Sought) -> DataF
     if name == "bronze/_dead_letters":
         if sought.registry is None:
             return None
-        return dead_letters_of_erased(df, sought.registry, sought.key)
+        return dead_letters_of_erased(df, sought.registry, sought.key, target.decl)
     if what.startswith("change feed"):
         blob = F.lower(F.concat_ws("\n", F.col("before"), F.col("after")))
         cond = F.lit(False)
@@ -180,7 +181,7 @@ def _image_patterns(name: str, target: Target) -> list[str]:
 def _image_of_subject(name: str, image: Column, target: Target) -> Column | None:
     """Whether a change-feed image (a row of declared table's lake table `name`, as JSON) holds the subject:
     its subject field names a customer, or its key fields are one of their rows' (`key_text`)."""
-    decl = source_of(name)
+    decl = source_of(name, target.decl)
     if decl is None or decl.subject is None:
         return None
     checks = []

@@ -87,18 +87,14 @@ from pipelines.ingest.held_letters import EARLIEST
 from pipelines.ingest.stream import STOP_REQUEST, KafkaWait, StreamLease, kafka_wait
 from pipelines.ingest.writer import BronzeBatchWriter
 from pipelines.lake import storage
-from pipelines.lake.declaration import current, declared, pinned
+from pipelines.lake.declaration import Declaration, load
+from pipelines.lake.layout import ingest_checkpoint_path
 from pipelines.monitoring import metric_names, pushgateway
 from pipelines.monitoring.pushgateway import JobMetrics
 from pipelines.runtime import console
+from pipelines.runtime.lake import Lake
 from pipelines.runtime.local_process import kafka_unanswered
-from pipelines.runtime.settings import (
-    INGEST_TRIGGER_SECONDS,
-    ingest_checkpoint_path,
-    kafka_bootstrap,
-    lake_root,
-)
-from pipelines.runtime.spark import get_spark
+from pipelines.runtime.settings import INGEST_TRIGGER_SECONDS, declaration_file, kafka_bootstrap
 
 log = logging.getLogger(__name__)
 
@@ -167,14 +163,13 @@ class IngestOptions:
 
 @dataclass(frozen=True)
 class _Stream:
-    """One run of the stream: what each query it starts reads, writes and reports to, built once by `_run_ingest`.
+    """One run of the stream: where each query it starts reads from and reports to, built once by `_run_ingest`
+    (the lake it writes, under the declaration of each query, goes beside it).
 
     `exporter`: where its figures go (None: none kept). `kafka`: how long it waits for Kafka, and how often it
     restarts a query Kafka failed.
     """
 
-    spark: SparkSession
-    root: str
     bootstrap: str
     once: bool
     options: IngestOptions
@@ -182,11 +177,12 @@ class _Stream:
     kafka: KafkaWait
 
 
-def kafka_stream(spark: SparkSession, bootstrap: str, tables: tuple[str, ...] | None = None) -> DataStreamReader:
-    """The reader of the source topics of `tables` as a stream, with bronze.toml's Kafka options (also the
-    benchmarks' readers)."""
+def kafka_stream(spark: SparkSession, bootstrap: str, decl: Declaration,
+                 tables: tuple[str, ...] | None = None) -> DataStreamReader:
+    """The reader of the source topics of `tables` (every table of `decl` if None) as a stream, with bronze.toml's
+    Kafka options (also the benchmarks' readers)."""
     return (spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap)
-            .option("subscribe", ",".join(declared().topic(t) for t in tables or declared().names))
+            .option("subscribe", ",".join(decl.topic(t) for t in tables or decl.names))
             .options(**hudi_configs.section("bronze", "kafka")))
 
 
@@ -202,22 +198,21 @@ def starting_offsets(start: dict[str, int], partitions: dict[str, list[int]]) ->
     return json.dumps(found, sort_keys=True)
 
 
-def topic_partitions(bootstrap: str) -> dict[str, list[int]]:
-    """The partitions of every source topic, from the brokers."""
+def topic_partitions(bootstrap: str, decl: Declaration) -> dict[str, list[int]]:
+    """The partitions of the topic of every table of `decl` that the brokers have."""
     from kafka import KafkaConsumer
 
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, request_timeout_ms=30000)
     try:
         topics = consumer.topics()
-        return {t: sorted(consumer.partitions_for_topic(t) or ()) for t in map(declared().topic, declared().names)
+        return {t: sorted(consumer.partitions_for_topic(t) or ()) for t in map(decl.topic, decl.names)
                 if t in topics}
     finally:
         consumer.close()
 
 
-def run_ingest(*, once: bool, root: str | None = None, bootstrap: str | None = None, spark: SparkSession | None = None,
-               options: IngestOptions | None = None) -> None:
-    """Run the ingest stream: until caught up with what was on the topics at start (`once`), or forever.
+def run_ingest(lake: Lake, *, once: bool, bootstrap: str | None = None, options: IngestOptions | None = None) -> None:
+    """Run the ingest stream into `lake`: until caught up with what was on the topics at start (`once`), or forever.
 
     Each Hudi commit records the stream's position, and the stream starts from the tables'
     positions (Structured Streaming's checkpoint under the lake root lasts one run). An
@@ -228,22 +223,26 @@ def run_ingest(*, once: bool, root: str | None = None, bootstrap: str | None = N
     The stream's heartbeat beside its checkpoint keeps a second copy from starting.
     A run `once` is a batch job: with a Pushgateway (LAKEHOUSE_PUSHGATEWAY) it pushes the exporter's
     per-table figures at its end (pipelines/monitoring/pushgateway.py), as the job `lakehouse_ingest`.
+
+    The first query reads the tables of `lake.declaration`; a stream that runs on follows a changed
+    declaration file between queries. Spark is the lake's (`lake.spark`): one it starts here serves the
+    driver's own metrics when `options.spark_ui_port` is set.
     """
     options = options or IngestOptions()
-    root = root or lake_root()
     bootstrap = bootstrap or kafka_bootstrap()
     # Before Spark and the lease: a port in use fails the start at once, and holds nothing.
     exporter = StreamExporter.serve(options.metrics_port) if options.metrics_port else None
-    run = JobMetrics(metric_names.INGEST_ONCE, root, metric_names.INGEST_ONCE_METRICS) \
+    run = JobMetrics(metric_names.INGEST_ONCE, lake.root, metric_names.INGEST_ONCE_METRICS) \
         if once and pushgateway.gateway() else None
     if run is not None and exporter is None:
         exporter = StreamExporter(run.registry)  # not served: its figures are pushed
-    if spark is None and options.spark_ui_port:
-        spark = get_spark("lakehouse-ingest", spark_metrics_conf(options.spark_ui_port))
-        log.info("Spark's metrics: %s/metrics/prometheus and %s/metrics/executors/prometheus",
-                 spark.sparkContext.uiWebUrl, spark.sparkContext.uiWebUrl)
+    if lake.session is None and options.spark_ui_port:
+        # Set before the session starts: a running session's driver keeps the configuration it started with.
+        lake.spark_options = {**lake.spark_options, **spark_metrics_conf(options.spark_ui_port)}
+        ui = lake.spark.sparkContext.uiWebUrl
+        log.info("Spark's metrics: %s/metrics/prometheus and %s/metrics/executors/prometheus", ui, ui)
     try:
-        _run_ingest(once, root, bootstrap, spark, options, exporter)
+        _run_ingest(lake, once, bootstrap, options, exporter)
     except BaseException:
         if run is not None:
             run.push(succeeded=False)
@@ -256,52 +255,47 @@ def run_ingest(*, once: bool, root: str | None = None, bootstrap: str | None = N
         run.push(*([exporter.registry] if exporter.registry is not run.registry else []))
 
 
-def _run_ingest(once: bool, root: str, bootstrap: str, spark: SparkSession | None, options: IngestOptions,
+def _run_ingest(lake: Lake, once: bool, bootstrap: str, options: IngestOptions,
                 exporter: StreamExporter | None) -> None:
-    """`run_ingest`'s stream, its figures to `exporter` (None: none kept)."""
-    spark = spark or get_spark("lakehouse-ingest")
+    """`run_ingest`'s stream, its figures to `exporter` (None: none kept).
+
+    A query runs with one declaration (`lake.declaration`): its batches, the writer's threads and the
+    compactor keep the tables it started with, whatever the file says meanwhile, since a query reads one
+    set of topics. The stream moves to the file's declaration only between queries (`_declaration_now`).
+    """
+    # Spark before the lease (a Spark that cannot start claims nothing) and before the compactor's thread,
+    # which runs its jobs in a pool of the running context.
+    log.info("the stream runs on Spark application %s", lake.spark.sparkContext.applicationId)
     # One writer per checkpoint: wait for a previous stream's heartbeat to go stale, or fail.
-    lease = StreamLease(root)
+    lease = StreamLease(lake.root)
     lease.claim()
     # Inline mode: main's compactions run beside the batches (a plan left by a killed process first).
-    compactor = Compactor(spark, root, every=options.trigger_seconds).start() if compactions_run_here() else None
+    compactor = Compactor(lake, every=options.trigger_seconds).start() if compactions_run_here() else None
     stopped = False  # a run to its end, a stop request or an interrupt: not a failure
-    stream = _Stream(spark, root, bootstrap, once, options, exporter, kafka_wait())
-    kafka, kafka_failures = stream.kafka, 0
+    stream = _Stream(bootstrap, once, options, exporter, kafka_wait())
+    kafka_failures = 0
     try:
         while True:
-            with pinned(current()) as decl:
-                try:
-                    follow = _run_query(stream, lease, sorted(decl.topics()))
-                except KeyboardInterrupt:
+            if compactor is not None:
+                compactor.follow(lake)
+            try:
+                moved = _run_query(stream, lake, lease)
+            except KeyboardInterrupt:
+                stopped = True
+                raise
+            except StreamingQueryException as exc:
+                kafka_failures += 1
+                if not _restart_after(stream, lease, exc, kafka_failures):
                     stopped = True
-                    raise
-                except StreamingQueryException as exc:
-                    # Kafka gone (the broker down, the network to it cut): wait for it, then start the
-                    # query again from the positions in bronze's commits; the batch it cut short is re-run
-                    # whole. Any other failure is the stream's own.
-                    why = kafka_unanswered(bootstrap, kafka.probe_seconds)
-                    kafka_failures += 1
-                    if why is None and (not kafka_caused(exc) or kafka_failures > kafka.restarts):
-                        raise
-                    log.warning("the query failed while Kafka at %s %s: %s", bootstrap,
-                                "did not answer" if why else "was failing its clients", str(exc).splitlines()[0])
-                    if not _wait_for_kafka(lease, bootstrap, kafka, why, exporter):
-                        stopped = True
-                        break
-                    continue
+                    break
+                # A new query, with the declaration file as it is now, as any query starts.
+                lake = _moved(lake, _declaration_now(lake.declaration))
+                continue
             kafka_failures = 0
             stopped = True
-            if not follow:
+            if moved is None:
                 break
-            # The declared tables changed (`lakehouse dev source sync`): the next query subscribes to their topics.
-            # Structured Streaming's checkpoint names the old subscription, so it goes, and the query starts as
-            # one whose checkpoint was lost: each table from the position its own commits record, a new table
-            # from its topic's start. Nothing is read twice into a table, nothing skipped.
-            log.warning("the declared tables changed (%s): the stream now reads %s; the stream checkpoint starts "
-                        "again from the positions in bronze's commits", current().path,
-                        ", ".join(sorted(current().topics())))
-            storage.remove_tree(ingest_checkpoint_path(root))
+            lake = _moved(lake, moved)
             stopped = False
     except BaseException as exc:
         failed: BaseException | None = exc
@@ -316,6 +310,38 @@ def _run_ingest(once: bool, root: str, bootstrap: str, spark: SparkSession | Non
                 compactor.close(drain=stopped)
         finally:
             _release(lease, failed)
+
+
+def _restart_after(stream: _Stream, lease: StreamLease, exc: StreamingQueryException, failures: int) -> bool:
+    """After the query failed with `exc` (the `failures`-th time in a row): True to start it again, False when a
+    stop request came while the stream waited; `exc` raised again when it is the stream's own failure.
+
+    Kafka gone (the broker down, the network to it cut): wait for it, then start the query again from the
+    positions in bronze's commits; the batch it cut short is re-run whole. Any other failure is the stream's
+    own, and so is one that Kafka causes more than `kafka.restarts` times in a row while it answers.
+    """
+    kafka, bootstrap = stream.kafka, stream.bootstrap
+    why = kafka_unanswered(bootstrap, kafka.probe_seconds)
+    if why is None and (not kafka_caused(exc) or failures > kafka.restarts):
+        raise exc
+    log.warning("the query failed while Kafka at %s %s: %s", bootstrap,
+                "did not answer" if why else "was failing its clients", str(exc).splitlines()[0])
+    return _wait_for_kafka(lease, bootstrap, kafka, why, stream.exporter)
+
+
+def _moved(lake: Lake, decl: Declaration) -> Lake:
+    """The lake under `decl`, the declaration of the stream's next query.
+
+    When its tables' topics differ (`lakehouse dev source sync` declared a table), the next query
+    subscribes to theirs. Structured Streaming's checkpoint names the old subscription, so it goes, and
+    the query starts as one whose checkpoint was lost: each table from the position its own commits
+    record, a new table from its topic's start. Nothing is read twice into a table, nothing skipped.
+    """
+    if sorted(decl.topics()) != sorted(lake.declaration.topics()):
+        log.warning("the declared tables changed (%s): the stream now reads %s; the stream checkpoint starts "
+                    "again from the positions in bronze's commits", decl.path, ", ".join(sorted(decl.topics())))
+        storage.remove_tree(ingest_checkpoint_path(lake.root))
+    return lake.with_declaration(decl)
 
 
 def _release(lease: StreamLease, failed: BaseException | None) -> None:
@@ -365,8 +391,9 @@ def _wait_for_kafka(lease: StreamLease, bootstrap: str, kafka: KafkaWait, why: s
     return True
 
 
-def _run_query(stream: _Stream, lease: StreamLease, topics: list[str]) -> bool:
-    """Run one ingest query until it ends, is asked to stop, or the declared tables change (then True).
+def _run_query(stream: _Stream, lake: Lake, lease: StreamLease) -> Declaration | None:
+    """Run one ingest query over the tables of `lake.declaration` until it ends, is asked to stop, or the declared
+    tables change (then the declaration the next query runs with).
 
     At every heartbeat Kafka is probed (`kafka`: how long a probe waits): while it does not answer, the
     heartbeat says that the stream waits for it, though Spark's Kafka clients are still retrying inside
@@ -375,7 +402,7 @@ def _run_query(stream: _Stream, lease: StreamLease, topics: list[str]) -> bool:
     bootstrap, once, kafka, exporter = stream.bootstrap, stream.once, stream.kafka, stream.exporter
     trigger_seconds, stop_timeout = stream.options.trigger_seconds, stream.options.stop_timeout
     what = f"Kafka at {bootstrap}"
-    query, batches = _start_query(stream)
+    query, batches = _start_query(stream, lake)
     beat_at = 0.0
     try:
         # Every trigger interval, what came due between batches (no batch runs without new records);
@@ -401,11 +428,11 @@ def _run_query(stream: _Stream, lease: StreamLease, topics: list[str]) -> bool:
             if lease.stop_requested():
                 log.info("stop requested (%s): stopping after the batch in progress", STOP_REQUEST)
                 _let_batch_finish(query, stop_timeout)
-                return False
-            if not once and _declaration_changed(topics):
+                return None
+            if not once and (moved := _declaration_changed(lake.declaration)) is not None:
                 _let_batch_finish(query, stop_timeout)
-                return True
-        return False
+                return moved
+        return None
     except KeyboardInterrupt:
         _let_batch_finish(query, stop_timeout)
         raise
@@ -421,20 +448,20 @@ def _run_query(stream: _Stream, lease: StreamLease, topics: list[str]) -> bool:
             exporter.beat(time.time(), batches.freshness(), query.lastProgress)
 
 
-def _start_query(stream: _Stream) -> tuple[StreamingQuery, BronzeBatchWriter]:
-    """The ingest query over the declared tables' topics, from the positions in bronze's commits.
+def _start_query(stream: _Stream, lake: Lake) -> tuple[StreamingQuery, BronzeBatchWriter]:
+    """The ingest query over the topics of the tables of `lake.declaration`, from the positions in bronze's commits.
 
     Progress has one truth, the tables' own commits: Structured Streaming's checkpoint would resume
     after the batches it has seen, and a table that let its changes wait (`cadence`) and was killed
     before its commit holds them nowhere else. So every query starts without a checkpoint, each
     topic partition from the position its table's commits record (`BronzeBatchWriter.start`).
     """
-    spark, root, once, options = stream.spark, stream.root, stream.once, stream.options
+    root, once, options = lake.root, stream.once, stream.options
     trigger_seconds, max_offsets_per_trigger = options.trigger_seconds, options.max_offsets_per_trigger
-    batches = BronzeBatchWriter(spark, root, trigger_seconds=trigger_seconds, eager=once, exporter=stream.exporter)
-    reader = kafka_stream(spark, stream.bootstrap)
+    batches = BronzeBatchWriter(lake, trigger_seconds=trigger_seconds, eager=once, exporter=stream.exporter)
+    reader = kafka_stream(lake.spark, stream.bootstrap, lake.declaration)
     storage.remove_tree(ingest_checkpoint_path(root))
-    if start := starting_offsets(batches.start(), topic_partitions(stream.bootstrap)):
+    if start := starting_offsets(batches.start(), topic_partitions(stream.bootstrap, lake.declaration)):
         log.info("the stream starts from the positions in bronze's commits %s", start)
         reader = reader.option("startingOffsets", start)
     if max_offsets_per_trigger:
@@ -445,14 +472,22 @@ def _start_query(stream: _Stream) -> tuple[StreamingQuery, BronzeBatchWriter]:
     return writer.start(), batches
 
 
-def _declaration_changed(topics: list[str]) -> bool:
-    """Whether the declared tables' topics differ from `topics` (a declaration that no longer loads: no change,
-    with the reason in the log, so that a typo in the file does not stop a running stream)."""
+def _declaration_now(decl: Declaration) -> Declaration:
+    """The declaration file as it is now (`LAKEHOUSE_TABLES`), read again; `decl`, the one the stream has, when
+    the file no longer loads, with the reason in the log, so that a typo in the file does not stop a running
+    stream."""
     try:
-        return sorted(current().topics()) != topics
+        return load(declaration_file())
     except DeclarationError as exc:
         log.error("the declaration changed and cannot be read, the stream goes on with the tables it had: %s", exc)
-        return False
+        return decl
+
+
+def _declaration_changed(decl: Declaration) -> Declaration | None:
+    """The file's declaration (`_declaration_now`) when its tables' topics differ from those of `decl`, which the
+    query in progress reads; None when they do not (a change of anything else waits for the next query)."""
+    now = _declaration_now(decl)
+    return now if sorted(now.topics()) != sorted(decl.topics()) else None
 
 
 def _let_batch_finish(query: StreamingQuery, timeout: float) -> None:

@@ -45,7 +45,7 @@ from pyspark.sql import DataFrame
 
 import hudi_configs
 from pipelines.ingest.survey import Survey
-from pipelines.lake.declaration import declared
+from pipelines.lake.declaration import Declaration
 from pipelines.lake.frames import release, union_all
 
 
@@ -134,9 +134,15 @@ class QuietBudget:
 
 
 class Cadence:
-    """Which tables a batch commits, and what each table is waiting with."""
+    """Which tables a batch commits, and what each table is waiting with.
 
-    def __init__(self, trigger_seconds: float, *, eager: bool, limits: CadenceLimits | None = None) -> None:
+    `decl`: the declaration of the stream's query, whose targets (`freshness_seconds`) it keeps for all the
+    query's batches and whose tables the heartbeat reports.
+    """
+
+    def __init__(self, decl: Declaration, trigger_seconds: float, *, eager: bool,
+                 limits: CadenceLimits | None = None) -> None:
+        self.decl = decl
         self.trigger_seconds = trigger_seconds
         self.eager = eager  # every table commits every batch (`ingest --once`, a benchmark's reference)
         self.limits = limits or cadence_limits()
@@ -182,7 +188,7 @@ class Cadence:
             return True
         if w.since is None:
             return w.changes > 0
-        return now - w.since + self.next_batch_seconds() >= declared().table(table).freshness_seconds
+        return now - w.since + self.next_batch_seconds() >= self.decl.table(table).freshness_seconds
 
     def quiet_budget(self, seconds: float) -> QuietBudget:
         """One batch's budget for its quiet tables' commits."""
@@ -211,9 +217,9 @@ class Cadence:
         now = time.time() if now is None else now
         waiting = dict(self.waiting)  # the heartbeat's thread reads while a batch's thread writes
         tables = {}
-        for t in declared().names:
+        for t in self.decl.names:
             w = waiting.get(t)
-            tables[t] = {"target": declared().table(t).freshness_seconds,
+            tables[t] = {"target": self.decl.table(t).freshness_seconds,
                          "waiting": w.changes if w else 0,
                          "age": round(now - w.since, 1) if w and w.since is not None else None,
                          "committed_at": self.committed_at.get(t)}

@@ -30,15 +30,14 @@ import time
 from collections.abc import Sequence
 
 from pyspark import SparkContext
-from pyspark.sql import SparkSession
 
 from pipelines.lake.catalog import LakeTable, bronze_options, keyed_options
-from pipelines.lake.declaration import declared
 from pipelines.lake.hudi_timeline import meta_client
+from pipelines.lake.layout import main_path
 from pipelines.lake.table_stats import has_completed_commit
 from pipelines.metastore import catalog_sync
 from pipelines.runtime.hudi_client import WriteClient
-from pipelines.runtime.settings import main_path
+from pipelines.runtime.lake import Lake
 
 log = logging.getLogger(__name__)
 
@@ -53,16 +52,23 @@ def compactions_run_here() -> bool:
 
 
 class Compactor:
-    """Runs the pending compaction plans of the main tables, polled every `every` seconds, on a thread of its own."""
+    """Runs the pending compaction plans of the main tables, polled every `every` seconds, on a thread of its own.
 
-    def __init__(self, spark: SparkSession, root: str, every: float,
-                 tables: Sequence[str] | None = None) -> None:
-        self.spark = spark
+    `lake`: the stream's lake under the declaration of its query in progress, whose tables it compacts (all of
+    them, unless `tables`); the stream hands it the next query's with `follow`.
+    """
+
+    def __init__(self, lake: Lake, every: float, tables: Sequence[str] | None = None) -> None:
+        self.lake = lake
         self.every = every
-        self.root = root
         self._tables = tuple(tables or ())
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+
+    def follow(self, lake: Lake) -> None:
+        """The stream's next query runs on `lake`, perhaps under a changed declaration: from the next round on, its
+        tables are the ones compacted (a table it added too)."""
+        self.lake = lake
 
     def start(self) -> Compactor:
         self._thread = threading.Thread(target=self._loop, name="bronze-compactor", daemon=True)
@@ -80,20 +86,23 @@ class Compactor:
     def run_pending(self, stop: threading.Event | None = None) -> list[str]:
         """Run every pending plan of every main table; `stop`, checked between tables, ends it early."""
         done = []
-        # The declared tables now: a stream that follows a changed declaration compacts the new ones too.
-        for table in self._tables or declared().names:
-            path = main_path(table, self.root)
+        # The stream's tables now (one declaration for the whole round): a stream that follows a changed
+        # declaration compacts the new ones too.
+        lake = self.lake
+        spark, decl = lake.spark, lake.declaration
+        for table in self._tables or decl.names:
+            path = main_path(table, lake.root)
             if stop is not None and stop.is_set():
                 break
             # A completed commit's file first: a table being created has no timeline Hudi can load yet.
             if not has_completed_commit(path) or \
-                    meta_client(self.spark, path).getActiveTimeline().filterPendingCompactionTimeline().empty():
+                    meta_client(spark, path).getActiveTimeline().filterPendingCompactionTimeline().empty():
                 continue
             started = time.monotonic()
-            options = bronze_options("table", f"bronze_{table}", **keyed_options(declared().table(table).key))
-            with WriteClient(self.spark, LakeTable(f"bronze/{table}", path, options), options) as client:
+            options = bronze_options("table", f"bronze_{table}", **keyed_options(decl.table(table).key))
+            with WriteClient(spark, LakeTable(f"bronze/{table}", path, options), options) as client:
                 instants = client.run_compactions()
-            catalog_sync.committed(self.spark, path, options)
+            catalog_sync.committed(spark, path, options)
             log.info("bronze/%s: compacted %s in %.1fs, beside the stream", table, ", ".join(instants),
                      time.monotonic() - started)
             done += instants

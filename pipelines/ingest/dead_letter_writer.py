@@ -20,8 +20,7 @@ from pipelines.ingest.parse import dead_letters
 from pipelines.ingest.positions import PositionLedger
 from pipelines.lake.catalog import bronze_options
 from pipelines.lake.frames import materialized, union_all
-from pipelines.lake.layout import BATCH_ID_META, DEAD_LETTERS_META, POSITIONS_META
-from pipelines.runtime.settings import dead_letter_path
+from pipelines.lake.layout import BATCH_ID_META, DEAD_LETTERS_META, POSITIONS_META, dead_letter_path
 
 log = logging.getLogger(__name__)
 

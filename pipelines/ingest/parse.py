@@ -16,7 +16,7 @@ from pipelines.ingest.connect_types import convert
 from pipelines.ingest.schema import Column as ShapeColumn
 from pipelines.ingest.schema import Shape
 from pipelines.lake import contract
-from pipelines.lake.declaration import declared
+from pipelines.lake.declaration import Declaration
 from pipelines.runtime.settings import unavailable_placeholder
 
 # --------------------------------------------------------------------------- parsing
@@ -37,15 +37,15 @@ _SOURCE = T.StructType([
 ])
 
 
-def row_schema(table: str) -> T.StructType:
-    """A declared table's declared columns with their wire types (the shop's bronze row, without its metadata).
+def row_schema(table: str, decl: Declaration) -> T.StructType:
+    """A table of `decl`: its declared columns with their wire types (the shop's bronze row, without its metadata).
 
     Bronze mirrors the shop as it arrived; typing and cleaning are silver's job, so a
     value silver will reject still lands here and can be traced back.
     """
-    decl = declared().table(table)
-    return T.StructType([T.StructField(c, T.LongType() if decl.wire_type(c) == "bigint" else T.StringType())
-                         for c in decl.columns])
+    t = decl.table(table)
+    return T.StructType([T.StructField(c, T.LongType() if t.wire_type(c) == "bigint" else T.StringType())
+                         for c in t.columns])
 
 
 # A row image as column name -> the value's JSON text (strings unquoted): every column the
@@ -89,15 +89,21 @@ class TableParse:
     known_declared: tuple[int, ...] = ()
 
 
-def parse_events(raw: DataFrame, table: str, shape: Shape | None = None, known_declared: tuple[int, ...] = (),
+def parse_events(raw: DataFrame, table: str, decl: Declaration, shape: Shape | None = None,
+                 known_declared: tuple[int, ...] = (), placeholder: str | None = None) -> DataFrame:
+    """Kafka records of one table's topic -> one row per record, classified (`parse_topics`, for one table of
+    `decl`; its declared shape unless `shape`)."""
+    spec = TableParse(shape or Shape.initial(decl.table(table)), known_declared)
+    return parse_topics(raw, {table: spec}, decl, placeholder)
+
+
+def parse_topics(raw: DataFrame, tables: dict[str, TableParse], decl: Declaration,
                  placeholder: str | None = None) -> DataFrame:
-    """Kafka records of one table's topic -> one row per record, classified (`parse_topics`, for one table)."""
-    return parse_topics(raw, {table: TableParse(shape or Shape.initial(table), known_declared)}, placeholder)
+    """Kafka records -> one row per record, classified as its topic's table says (`read_envelopes`, then `classify`).
 
-
-def parse_topics(raw: DataFrame, tables: dict[str, TableParse], placeholder: str | None = None) -> DataFrame:
-    """Kafka records -> one row per record, classified as its topic's table says (`read_envelopes`, then `classify`)."""
-    return classify(read_envelopes(raw), tables, placeholder, all_mine=len(tables) == 1)
+    `decl` names each table's topic: the declaration the stream's query runs with, whatever the file says now.
+    """
+    return classify(read_envelopes(raw), tables, decl, placeholder, all_mine=len(tables) == 1)
 
 
 def read_envelopes(raw: DataFrame) -> DataFrame:
@@ -122,8 +128,8 @@ def read_envelopes(raw: DataFrame) -> DataFrame:
         F.when(v["payload"].isNotNull(), v["payload"]).otherwise(bare).alias("_env"))
 
 
-def classify(envelopes: DataFrame, tables: dict[str, TableParse], placeholder: str | None = None, *,
-             all_mine: bool = False) -> DataFrame:
+def classify(envelopes: DataFrame, tables: dict[str, TableParse], decl: Declaration, placeholder: str | None = None,
+             *, all_mine: bool = False) -> DataFrame:
     """Envelopes (`read_envelopes`) -> one row per record, classified as its topic's table says.
 
     `kind` is `row` (a change with its image), `truncate`, `tombstone`, `ignored` (op=m)
@@ -149,7 +155,7 @@ def classify(envelopes: DataFrame, tables: dict[str, TableParse], placeholder: s
     """
     placeholder = placeholder or unavailable_placeholder()
     kinds = sorted({(c.type, c.convert) for spec in tables.values() for c in _typed_extras(spec.shape)})
-    records = envelopes.withColumn("_rules", _rules_lookup(tables, kinds, all_mine))
+    records = envelopes.withColumn("_rules", _rules_lookup(tables, decl, kinds, all_mine))
     record = _Record.of_envelope()
     classified = records.withColumn("_classified", _classification(record)).select(
         "*", *_shape_findings(record, kinds, placeholder))
@@ -181,14 +187,15 @@ class _Record:
         return cls(F.col("_rules"), envelope, op, lsn, image)
 
 
-def _rules_lookup(tables: dict[str, TableParse], kinds: list[tuple[str, str]], all_mine: bool) -> Column:
+def _rules_lookup(tables: dict[str, TableParse], decl: Declaration, kinds: list[tuple[str, str]],
+                  all_mine: bool) -> Column:
     """Step: each record's table rules, looked up by its topic in one literal map (one table's: all of them)."""
-    rules = {t: _table_rules(t, spec, kinds) for t, spec in tables.items()}
+    rules = {t: _table_rules(t, spec, decl, kinds) for t, spec in tables.items()}
     if all_mine:
         (looked_up,) = rules.values()
         return looked_up
     if rules:
-        return F.create_map(*[x for t, r in rules.items() for x in (F.lit(declared().topic(t)), r)])[
+        return F.create_map(*[x for t, r in rules.items() for x in (F.lit(decl.topic(t)), r)])[
             F.col("kafka_topic")]
     return F.lit(None).cast(_RULES)
 
@@ -299,9 +306,8 @@ def _typed_extras(shape: Shape) -> list[ShapeColumn]:
     return [shape.columns[c] for c in shape.extras if shape.columns[c].type != "string"]
 
 
-def _table_rules(table: str, spec: TableParse, kinds: list[tuple[str, str]]) -> Column:
+def _table_rules(table: str, spec: TableParse, decl: Declaration, kinds: list[tuple[str, str]]) -> Column:
     """What classifying a record of `table` needs to know of it, as a literal struct (`classify`'s `_rules`)."""
-    decl = declared()
     t = decl.table(table)
     numbers = sorted(c for c in t.columns if t.wire_type(c) == "bigint")
     typed = _typed_extras(spec.shape)

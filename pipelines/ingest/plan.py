@@ -13,8 +13,11 @@ from pipelines.ingest.schema import Shape
 
 # --------------------------------------------------------------------------- planning
 
-def change_rows(events: DataFrame, table: str, shape: Shape | None = None) -> DataFrame:
-    shape = shape or Shape.initial(table)
+def change_rows(events: DataFrame, shape: Shape) -> DataFrame:
+    """The parsed `row` events of one table as its `shape`'s typed columns and the change's metadata.
+
+    The shape carries the table's declaration: `Shape.initial(decl.table(name))` before any message has shaped it.
+    """
     return events.filter(F.col("kind") == "row").select(
         *image_columns(shape), "_op", "_lsn", "_source_ts", "_tx_id",
         F.col("kafka_partition").alias("_kafka_partition"), F.col("kafka_offset").alias("_kafka_offset"),
@@ -36,7 +39,7 @@ def truncate_deletes(events: DataFrame, main_state: DataFrame, shape: Shape) -> 
     columns = shape.types()
     key = shape.key
     keys = main_state.filter(F.col("_lsn") < t["_lsn"]).select(*key).unionByName(
-        change_rows(events, shape.table, shape).select(*key)).distinct()
+        change_rows(events, shape).select(*key)).distinct()
     return keys.select(
         *key, *[F.lit(None).cast(kind).alias(c) for c, kind in columns.items() if c not in key],
         F.lit("d").alias("_op"), F.lit(t["_lsn"]).alias("_lsn"), F.lit(t["_source_ts"]).alias("_source_ts"),

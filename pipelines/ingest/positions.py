@@ -12,9 +12,8 @@ from pyspark.sql import Row
 
 from pipelines.ingest.held_letters import stored_through
 from pipelines.ingest.state import positions_in
-from pipelines.lake.declaration import declared
-from pipelines.lake.layout import BATCH_ID_META
-from pipelines.runtime.settings import changelog_path, dead_letter_path, main_path
+from pipelines.lake.declaration import Declaration
+from pipelines.lake.layout import BATCH_ID_META, changelog_path, dead_letter_path, main_path
 
 
 def _reaches(applied: dict[str, int], ends: dict[str, int]) -> bool:
@@ -35,10 +34,14 @@ def end_offsets(tally: list[Row]) -> list[tuple[str, int, int, int, int]]:
 
 
 class PositionLedger:
-    """The Kafka positions a writer keeps between batches, each `{"topic/partition": next offset}`."""
+    """The Kafka positions a writer keeps between batches, each `{"topic/partition": next offset}`.
 
-    def __init__(self, root: str) -> None:
+    `decl`: the declaration of the stream's query, whose tables' commits say where the stream stands.
+    """
+
+    def __init__(self, root: str, decl: Declaration) -> None:
         self.root = root
+        self.decl = decl
         # The stream's position (None until `start`).
         self.position: dict[str, int] | None = None
         # Per table path (main, change log, the dead-letter store), the position its newest commit records.
@@ -57,8 +60,8 @@ class PositionLedger:
 
         `newest`: by path, each one's commit metadata (`state.ingest_meta`).
         """
-        mains = [main_path(t, self.root) for t in declared().names]
-        logs = [changelog_path(t, self.root) for t in declared().names]
+        mains = [main_path(t, self.root) for t in self.decl.names]
+        logs = [changelog_path(t, self.root) for t in self.decl.names]
         store = dead_letter_path(self.root)
         self.applied = {path: positions_in(meta) for path, meta in newest.items()}
         self.position = {}

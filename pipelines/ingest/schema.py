@@ -30,23 +30,13 @@ from typing import Any
 
 from pipelines.errors import UnknownTable
 from pipelines.lake import storage
-from pipelines.lake.declaration import declared
+from pipelines.lake.declaration import Declaration, TableDecl
 
 COLUMNS_META = "_lakehouse.columns"
 SCHEMA_REASON = "schema: "
 
 # Type promotions Hudi applies on write (Avro schema resolution): the stored type can be read as the new.
 WIDENINGS = {("int", "bigint"), ("int", "float"), ("int", "double"), ("bigint", "double"), ("float", "double")}
-
-
-def declared_type(table: str, column: str) -> str:
-    """A declared column's type before any message has typed it: its declared wire type (JSON text if none)."""
-    return declared().table(table).wire_type(column)
-
-
-def declared_columns(table: str) -> tuple[str, ...]:
-    """The columns the declaration fixes for `table` (contract sections 1 and 7): never dropped from an image."""
-    return tuple(declared().table(table).columns)
 
 
 def infer_type(values: list[Any]) -> str | None:
@@ -81,19 +71,29 @@ class Column:
 
 @dataclass
 class Shape:
-    """A bronze table's columns, in table order (the declared ones first, then those added since)."""
+    """A bronze table's columns, in table order (the declared ones first, then those added since).
 
-    table: str
+    It carries its table's declaration (`decl`), the one the stream's query runs with: its key and the columns
+    it fixes are the declaration's, and a stream that follows a changed declaration builds its shapes again.
+    """
+
+    decl: TableDecl
     columns: dict[str, Column] = field(default_factory=dict)
 
-    @classmethod
-    def initial(cls, table: str) -> Shape:
-        return cls(table, {c: Column(c, declared_type(table, c), True) for c in declared_columns(table)})
+    @property
+    def table(self) -> str:
+        """The lake's name of the table (`orders`)."""
+        return self.decl.name
 
     @classmethod
-    def from_meta(cls, table: str, text: str | None) -> Shape:
+    def initial(cls, decl: TableDecl) -> Shape:
+        """The declared columns, typed by their declared wire types (JSON text if none): before any message."""
+        return cls(decl, {c: Column(c, decl.wire_type(c), True) for c in decl.columns})
+
+    @classmethod
+    def from_meta(cls, decl: TableDecl, text: str | None) -> Shape:
         """The shape recorded in a main commit's metadata; the declared one for tables older than the record."""
-        shape = cls.initial(table)
+        shape = cls.initial(decl)
         for doc in json.loads(text) if text else []:
             shape.columns[doc["name"]] = Column(doc["name"], doc["type"], doc["declared"], doc.get("batch"),
                                                 doc.get("at"), tuple(tuple(w) for w in doc.get("widened", ())),
@@ -108,18 +108,23 @@ class Shape:
     @property
     def key(self) -> tuple[str, ...]:
         """The declared key's columns."""
-        return declared().table(self.table).key
+        return self.decl.key
+
+    @property
+    def declared_columns(self) -> tuple[str, ...]:
+        """The columns the declaration fixes (contract sections 1 and 7): never dropped from an image."""
+        return tuple(self.decl.columns)
 
     @property
     def extras(self) -> list[str]:
         """Columns beyond the declared ones, in the order they were added."""
-        fixed = declared_columns(self.table)
+        fixed = self.declared_columns
         return [c for c in self.columns if c not in fixed]
 
     @property
     def fixed(self) -> list[str]:
         """The declared columns (those a writer puts before the metadata), in declared order."""
-        return [c for c in declared_columns(self.table) if c in self.columns]
+        return [c for c in self.declared_columns if c in self.columns]
 
     def types(self) -> dict[str, str]:
         return {c.name: c.type for c in self.columns.values()}
@@ -150,7 +155,7 @@ class _Applying:
     """What applying a batch's shapes to one table needs beside its columns: built once by `decide`."""
 
     table: str
-    fixed: tuple[str, ...]  # the columns its declaration fixes (`declared_columns`)
+    fixed: tuple[str, ...]  # the columns its declaration fixes (`Shape.declared_columns`)
     accepted: set[str]  # `table.column`s whose incompatible change an operator accepted
     batch_id: int
     at: str  # when, for the columns added or widened
@@ -175,7 +180,7 @@ def decide(shape: Shape, declared_shapes: list[list[tuple[str, str, str]]], miss
     columns = dict(shape.columns)
     at = datetime.now(UTC).isoformat(timespec="seconds")
     decision = Decision(shape)
-    applying = _Applying(table, declared_columns(table), accepted, batch_id, at)
+    applying = _Applying(table, shape.declared_columns, accepted, batch_id, at)
     for fields in sorted(declared_shapes):
         if reasons := _apply_declared(fields, columns, applying):
             decision.held_declared[tuple(fields)] = "; ".join(reasons)
@@ -187,7 +192,7 @@ def decide(shape: Shape, declared_shapes: list[list[tuple[str, str, str]]], miss
         if name not in columns and kind is not None:
             columns[name] = Column(name, kind, False, batch_id, at)
     if columns != shape.columns:
-        decision.shape = Shape(table, columns)
+        decision.shape = Shape(shape.decl, columns)
         decision.changed = True
     return decision
 
@@ -239,10 +244,11 @@ def read_accepted(root: str) -> set[str]:
     return set(json.loads(storage.read_text(path)))
 
 
-def accept(root: str, table: str, column: str) -> set[str]:
-    """Accept the incompatible change of `table.column`: the events held for it apply once replayed."""
-    if table not in declared().names:
-        raise UnknownTable(f"no declared table {table!r} (tables: {', '.join(declared().names)})")
+def accept(root: str, table: str, column: str, decl: Declaration) -> set[str]:
+    """Accept the incompatible change of `table.column`, a table of `decl`: the events held for it apply once
+    replayed."""
+    if table not in decl.names:
+        raise UnknownTable(f"no declared table {table!r} (tables: {', '.join(decl.names)})")
     accepted = read_accepted(root) | {f"{table}.{column}"}
     storage.write_text(accepted_path(root), json.dumps(sorted(accepted)))
     return accepted

@@ -16,9 +16,8 @@ import hudi_configs
 from pipelines.lake import storage
 from pipelines.lake.frames import materialized, release, union_all
 from pipelines.lake.hudi_timeline import latest_extra
-from pipelines.lake.layout import POSITIONS_META
+from pipelines.lake.layout import POSITIONS_META, changelog_path, ledger_path
 from pipelines.lake.table_stats import has_completed_commit
-from pipelines.runtime.settings import changelog_path, ledger_path
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from pyspark.sql import functions as F
 from pipelines.ingest.connect_types import bronze_column
 from pipelines.ingest.parse import TableParse, literal_array
 from pipelines.ingest.schema import COLUMNS_META, SCHEMA_REASON, Shape, decide, infer_type, read_accepted
-from pipelines.lake.declaration import declared
+from pipelines.lake.declaration import Declaration
 from pipelines.lake.layout import DECLARED_META
 
 log = logging.getLogger(__name__)
@@ -57,10 +57,15 @@ def tally(every: DataFrame) -> list[Row]:
 
 
 class SchemaSurvey:
-    """Each table's shape and the declared shapes it has applied, and the survey of each batch against them."""
+    """Each table's shape and the declared shapes it has applied, and the survey of each batch against them.
 
-    def __init__(self, root: str) -> None:
+    `decl`: the declaration of the stream's query, whose tables it surveys for all its batches (a changed file
+    is followed by the next query, with a survey of its own).
+    """
+
+    def __init__(self, root: str, decl: Declaration) -> None:
         self.root = root
+        self.decl = decl
         self._main_meta: dict[str, dict[str, str]] = {}
         self._shapes: dict[str, Shape] = {}
         self._declared: dict[str, set[int]] = {}
@@ -73,13 +78,13 @@ class SchemaSurvey:
         """The table's columns as the writer's commits left them (at first, as main's newest ingest commit says)."""
         if table not in self._shapes:
             meta = self._main_meta[table]
-            self._shapes[table] = Shape.from_meta(table, meta.get(COLUMNS_META))
+            self._shapes[table] = Shape.from_meta(self.decl.table(table), meta.get(COLUMNS_META))
             self._declared[table] = set(json.loads(meta.get(DECLARED_META) or "[]"))
         return self._shapes[table]
 
     def parses(self) -> dict[str, TableParse]:
         """How each table's records are parsed: its shape and the declared shapes that need no decision."""
-        return {t: TableParse(self.shape(t), tuple(sorted(self._declared[t]))) for t in declared().names}
+        return {t: TableParse(self.shape(t), tuple(sorted(self._declared[t]))) for t in self.decl.names}
 
     def declared_meta(self, table: str, survey: Survey) -> str:
         """`DECLARED_META` of a commit of main that applies `survey`."""
@@ -97,7 +102,7 @@ class SchemaSurvey:
     def survey_batch(self, parsed: dict[str, DataFrame], groups: list[Row], batch_id: int) -> dict[str, Survey]:
         """Per table, the survey of the batch's `parsed` events; `groups`: the batch's `tally`."""
         accepted = read_accepted(self.root)
-        decl = declared()
+        decl = self.decl
         mine = {table: [g for g in groups if g["kafka_topic"] == decl.topic(table)] for table in decl.names}
         return {table: self.survey(table, parsed[table], mine[table], accepted, batch_id) for table in decl.names}
 
@@ -154,11 +159,10 @@ class SchemaSurvey:
                 f"{c.name} {c.type}" for c in survey.shape.columns.values() if shape.columns.get(c.name) != c))
         return survey
 
-    @staticmethod
-    def _declared_fields(table: str, samples: dict[int, bytes]) -> dict[int, list[tuple[str, str, str]]]:
+    def _declared_fields(self, table: str, samples: dict[int, bytes]) -> dict[int, list[tuple[str, str, str]]]:
         """Per new Connect schema (by hash), `after`'s fields as (name, bronze type, conversion), read from one
         of its records."""
-        typed = declared().table(table).typed
+        typed = self.decl.table(table).typed
         fields: dict[int, list[tuple[str, str, str]]] = {}
         for digest, value in samples.items():
             schema = json.loads(value).get("schema") or {}

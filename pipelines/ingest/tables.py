@@ -23,22 +23,25 @@ from pipelines.ingest.schema import COLUMNS_META
 from pipelines.ingest.state import KnownRows, known_rows, read_deletes, read_state
 from pipelines.ingest.survey import SchemaSurvey, Survey
 from pipelines.lake.catalog import bronze_options, keyed_options
-from pipelines.lake.declaration import declared
+from pipelines.lake.declaration import Declaration
 from pipelines.lake.frames import materialized, release
-from pipelines.lake.layout import DECLARED_META, DELETED_FLAG, META_COLUMNS
+from pipelines.lake.layout import DECLARED_META, DELETED_FLAG, META_COLUMNS, changelog_path, main_path
 from pipelines.lake.table_stats import has_completed_commit
-from pipelines.runtime.settings import changelog_path, main_path
 
 log = logging.getLogger(__name__)
 
 
 class TableWriter:
-    """The change logs and main tables of a stream's batches, and what the writer knows they hold."""
+    """The change logs and main tables of a stream's batches, and what the writer knows they hold.
 
-    def __init__(self, spark: SparkSession, root: str, ledger: PositionLedger, shapes: SchemaSurvey,
-                 placeholder: str) -> None:
+    `decl`: the declaration of the stream's query: the tables it writes for all the query's batches.
+    """
+
+    def __init__(self, spark: SparkSession, root: str, decl: Declaration, ledger: PositionLedger,
+                 shapes: SchemaSurvey, placeholder: str) -> None:
         self.spark = spark
         self.root = root
+        self.decl = decl
         self.ledger = ledger  # each table's position, kept up to date by the commits made here
         self.shapes = shapes  # each table's shape, kept up to date by main's commits made here
         self.placeholder = placeholder
@@ -50,7 +53,7 @@ class TableWriter:
 
     def start(self) -> None:
         """Which main tables have a completed commit."""
-        self._born = {t for t in declared().names if has_completed_commit(main_path(t, self.root))}
+        self._born = {t for t in self.decl.names if has_completed_commit(main_path(t, self.root))}
 
     def _known_rows(self, table: str, key: dict[str, str]) -> KnownRows:
         """What main holds and the deletes applied, for `table`; `key`: its key's columns and their types."""
@@ -136,7 +139,7 @@ class TableWriter:
         if not known.loaded:  # the stream's first batch of this table: one read of the tables
             with report.phase(f"{table}.load_state"):
                 known.load()
-        changes = change_rows(events, table, shape)
+        changes = change_rows(events, shape)
         if erased is not None:  # events of erased customers and their orders never reach the lake again
             changes = erased.changes(changes, table)
         # A truncate deletes every key the table holds: the one plan that needs them all.

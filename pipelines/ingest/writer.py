@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from pyspark.sql import DataFrame, Row, SparkSession
+from pyspark.sql import DataFrame, Row
 from pyspark.sql import functions as F
 
 from pipelines.ingest.batch import BatchReport, BatchSpan, TableRead, run_together
@@ -31,11 +31,19 @@ from pipelines.ingest.positions import PositionLedger, end_offsets
 from pipelines.ingest.state import discard_unborn, ingest_meta
 from pipelines.ingest.survey import SchemaSurvey, Survey, tally
 from pipelines.ingest.tables import TableWriter
-from pipelines.lake.declaration import declared
 from pipelines.lake.frames import materialized
 from pipelines.lake.hudi_timeline import repair_torn_timeline
-from pipelines.lake.layout import BATCH_ID_META, DEAD_LETTERS_META, POSITIONS_META, REGISTRY_META
-from pipelines.runtime.settings import changelog_path, dead_letter_path, main_path, unavailable_placeholder
+from pipelines.lake.layout import (
+    BATCH_ID_META,
+    DEAD_LETTERS_META,
+    POSITIONS_META,
+    REGISTRY_META,
+    changelog_path,
+    dead_letter_path,
+    main_path,
+)
+from pipelines.runtime.lake import Lake
+from pipelines.runtime.settings import unavailable_placeholder
 
 log = logging.getLogger(__name__)
 
@@ -45,24 +53,31 @@ START_READERS = 8
 
 
 class BronzeBatchWriter:
-    """The `foreachBatch` function of the ingest stream."""
+    """The `foreachBatch` function of the ingest stream: one query's, on `lake` under the declaration it runs with.
 
-    def __init__(self, spark: SparkSession, root: str, *, trigger_seconds: float, eager: bool,
-                 parallel: bool = True, exporter: StreamExporter | None = None) -> None:
-        self.spark = spark
-        self.root = root
+    `lake.declaration` is kept for the writer's life, its batches and the stream's threads alike (`decl`): a
+    query reads one set of topics, and the stream moves to a changed declaration with a new query and a new
+    writer (pipelines.ingest.bronze).
+    """
+
+    def __init__(self, lake: Lake, *, trigger_seconds: float, eager: bool, parallel: bool = True,
+                 exporter: StreamExporter | None = None) -> None:
+        self.lake = lake
+        self.spark = spark = lake.spark
+        self.root = root = lake.root
+        self.decl = decl = lake.declaration
         # Each batch's report, and each commit's between batches, to Prometheus (None: the stream exports nothing).
         self.exporter = exporter
         # The tables' commits side by side (`run_together`); False only for a benchmark's reference.
         self.parallel = parallel
         self.placeholder = unavailable_placeholder()
-        self.positions = PositionLedger(root)
-        self.schema = SchemaSurvey(root)
-        self.registry = ErasureRegistry(spark, root)
+        self.positions = PositionLedger(root, decl)
+        self.schema = SchemaSurvey(root, decl)
+        self.registry = ErasureRegistry(lake)
         self.dead_letters = DeadLetterWriter(root, self.positions)
-        self.tables = TableWriter(spark, root, self.positions, self.schema, self.placeholder)
+        self.tables = TableWriter(spark, root, decl, self.positions, self.schema, self.placeholder)
         # Which tables a batch commits (every table with changes when `eager`: `ingest --once`).
-        self.cadence = Cadence(trigger_seconds, eager=eager)
+        self.cadence = Cadence(decl, trigger_seconds, eager=eager)
         # Spark numbers a query's batches from 0, and every query starts afresh from the tables'
         # positions (`start`): the batch ids the commits record go on from the newest one there.
         self.first_batch = 0
@@ -73,7 +88,7 @@ class BronzeBatchWriter:
         # One batch or between-batch commit at a time (Spark's batch thread, the stream's own thread).
         self._lock = threading.Lock()
         # Only this writer creates these tables (one stream per lake): an unborn one is a crash's.
-        paths = [*(f(t, root) for t in declared().names for f in (main_path, changelog_path)), dead_letter_path(root)]
+        paths = [*(f(t, root) for t in decl.names for f in (main_path, changelog_path)), dead_letter_path(root)]
         with ThreadPoolExecutor(max_workers=START_READERS, thread_name_prefix="bronze-start") as pool:
             list(pool.map(_readable, paths))
 
@@ -87,21 +102,21 @@ class BronzeBatchWriter:
         the dead-letter store holds every letter (letters a killed writer held back are read again).
         Everything a table has not committed, its waiting changes included, is read again.
         """
-        mains = [main_path(t, self.root) for t in declared().names]
-        logs = [changelog_path(t, self.root) for t in declared().names]
+        mains = [main_path(t, self.root) for t in self.decl.names]
+        logs = [changelog_path(t, self.root) for t in self.decl.names]
         paths = [*mains, *logs, dead_letter_path(self.root)]
         with ThreadPoolExecutor(max_workers=START_READERS, thread_name_prefix="bronze-start") as pool:
             newest = dict(zip(paths, pool.map(functools.partial(ingest_meta, self.spark), paths), strict=True))
         # Main's newest ingest commit also records the table's shape.
-        self.schema.start({t: newest[path] for t, path in zip(declared().names, mains, strict=True)})
+        self.schema.start({t: newest[path] for t, path in zip(self.decl.names, mains, strict=True)})
         self.tables.start()
         ledger = self.positions
         ledger.start(newest)
         self.first_batch = 0 if ledger.last_batch is None else ledger.last_batch + 1
         start: dict[str, int] = {}
-        for table in declared().names:
+        for table in self.decl.names:
             # A commit records the stream's position in every topic: a table's own topic is the one it speaks for.
-            mine = declared().topic(table) + "/"
+            mine = self.decl.topic(table) + "/"
             applied = [ledger.applied[where(table, self.root)] for where in (main_path, changelog_path)]
             for tp in {tp for a in applied for tp in a if tp.startswith(mine)}:
                 start[tp] = min(a.get(tp, EARLIEST) for a in applied)
@@ -131,7 +146,7 @@ class BronzeBatchWriter:
         with report.phase("read+parse"):
             every = self._parse(batch)
         records = BatchRecords(every)
-        parsed = {t: every.filter(F.col("kafka_topic") == declared().topic(t)) for t in declared().names}
+        parsed = {t: every.filter(F.col("kafka_topic") == self.decl.topic(t)) for t in self.decl.names}
         try:
             with report.phase("read+parse"):
                 groups = tally(every)
@@ -178,7 +193,7 @@ class BronzeBatchWriter:
         """Step: each table's part of the batch handed to the cadence, which commits it when due; a part already
         applied, or with nothing to commit, is only counted."""
         for table, survey in surveys.items():
-            topic = declared().topic(table)
+            topic = self.decl.topic(table)
             mine = [g for g in groups if g["kafka_topic"] == topic]
             if not mine:
                 continue
@@ -201,7 +216,7 @@ class BronzeBatchWriter:
         # As many partitions as the cores: the batch has one per Kafka partition (150 at 50 tables of
         # 3), and every later job over it would run that many tasks.
         cores = self.spark.sparkContext.defaultParallelism
-        return materialized(parse_topics(batch, self.schema.parses(), self.placeholder).coalesce(cores))
+        return materialized(parse_topics(batch, self.schema.parses(), self.decl, self.placeholder).coalesce(cores))
 
     def _commit(self, tables: list[str], jobs: list[Callable[[], None]], meta: dict[str, str], report: BatchReport,
                 erased: Erased | None, *, budget: bool = True) -> None:

@@ -14,8 +14,8 @@ from enum import StrEnum
 
 import hudi_configs
 from pipelines.errors import UnknownTable
-from pipelines.lake.declaration import Declaration, TableDecl, declared
-from pipelines.runtime.settings import quarantine_path, silver_path, table_path
+from pipelines.lake.declaration import Declaration, TableDecl
+from pipelines.lake.layout import quarantine_path, silver_path, table_path
 
 
 class Holds(StrEnum):
@@ -43,13 +43,12 @@ GOLD_INPUTS = {"customers": ("id", "country"),
                "orders": ("id", "customer_id", "status", "amount", "currency", "created_at", "order_date")}
 
 
-def gold_missing(decl: Declaration | None = None) -> list[str]:
+def gold_missing(decl: Declaration) -> list[str]:
     """What gold's inputs lack in a declaration (empty: gold runs): a table, its key `id`, a column.
 
     A table declared without `columns` carries whatever bronze has, which only a run can tell:
     it is taken at its word here.
     """
-    decl = decl or declared()
     missing = []
     for name, needed in GOLD_INPUTS.items():
         table = decl.tables.get(name)
@@ -63,7 +62,7 @@ def gold_missing(decl: Declaration | None = None) -> list[str]:
     return missing
 
 
-def gold_declared(decl: Declaration | None = None) -> bool:
+def gold_declared(decl: Declaration) -> bool:
     """Whether gold's input tables are declared with what it reads: gold runs, and is in the catalog, only then."""
     return not gold_missing(decl)
 
@@ -84,14 +83,13 @@ def erasure_kind(table: TableDecl) -> Holds | None:
     return Holds.CUSTOMER if table.key == (table.subject,) else Holds.ROW
 
 
-def erasure_uncovered(decl: Declaration | None = None) -> list[str]:
+def erasure_uncovered(decl: Declaration) -> list[str]:
     """Declared tables with a `subject` whose rows the erasure cannot find: none, whatever the layout.
 
     Every such table's rows are found by its own key and subject column, and kept apart per table (two
     tables may share key values), so no layout is left out. Kept for the callers that refuse to certify
     an erasure it did not do, should a kind of table ever be.
     """
-    decl = decl or declared()
     return [n for n, t in decl.tables.items() if t.subject and erasure_kind(t) is None]
 
 
@@ -118,22 +116,18 @@ class Table:
     def layer(self) -> str:
         return self.name.split("/", 1)[0]
 
-    def path(self, root: str | None = None) -> str:
+    def path(self, root: str) -> str:
         return table_path(self.layer, self.name.split("/", 1)[1], root)
 
 
 _GOLD = (Table("gold/_customer_orders", ("customer_id",), WriterKind.CUSTOMER_ORDERS, holds=Holds.CUSTOMER_ID),
          Table("gold/customer_ltv", ("customer_id",), WriterKind.CUSTOMER_LTV, holds=Holds.CUSTOMER_ID, change_feed=True),
          Table("gold/daily_revenue", ("order_date", "country", "currency"), WriterKind.DAILY_REVENUE, change_feed=True))
-_CATALOGS: dict[int, tuple[Declaration, tuple[Table, ...]]] = {}
 
 
-def lake_catalog() -> tuple[Table, ...]:
-    """Every table the pipeline writes for the declaration in force, bronze first, in the order the services and
-    the erasure work. A new source table is a declaration; a new kind of table is a line here."""
-    decl = declared()
-    if id(decl) in _CATALOGS and _CATALOGS[id(decl)][0] is decl:
-        return _CATALOGS[id(decl)][1]
+def lake_catalog(decl: Declaration) -> tuple[Table, ...]:
+    """Every table the pipeline writes for `decl`, bronze first, in the order the services and the erasure
+    work. A new source table is a declaration; a new kind of table is a line here."""
     bronze: list[Table] = []
     silver: list[Table] = []
     for s, t in decl.tables.items():
@@ -144,17 +138,16 @@ def lake_catalog() -> tuple[Table, ...]:
         silver += [Table(f"silver/{s}", t.key, WriterKind.TABLE, s, holds, change_feed=True),
                    Table(f"silver/_quarantine/{s}", t.key, WriterKind.TABLE, s, holds)]
     bronze.append(Table("bronze/_dead_letters", ("position",), WriterKind.DEAD_LETTERS))
-    tables = (*bronze, *silver, *(_GOLD if gold_declared(decl) else ()))
-    _CATALOGS[id(decl)] = (decl, tables)
-    return tables
+    return (*bronze, *silver, *(_GOLD if gold_declared(decl) else ()))
 
 
-def lake_table(name: str) -> Table:
+def lake_table(name: str, decl: Declaration) -> Table:
     """The catalog's table of that name (e.g. `silver/orders`); UnknownTable naming the known ones."""
-    for table in lake_catalog():
+    catalog = lake_catalog(decl)
+    for table in catalog:
         if table.name == name:
             return table
-    raise UnknownTable(f"no lake table {name!r}; the catalog has {', '.join(t.name for t in lake_catalog())}")
+    raise UnknownTable(f"no lake table {name!r}; the catalog has {', '.join(t.name for t in catalog)}")
 
 
 def dotted_name(name: str) -> str:
@@ -164,14 +157,14 @@ def dotted_name(name: str) -> str:
     return f"{layer}.{rest.replace('/', '_')}"
 
 
-def table_name(value: str) -> str:
+def table_name(value: str, decl: Declaration) -> str:
     """The lake table a command's argument names, in either spelling: its lake name (`silver/orders`) or its dotted
     name (`silver.orders`; `_rt` and `_ro` too, the views a merge-on-read table is registered as), in any case.
 
     The one parser of table names on the command line: UnknownTable names the value and every table there is.
     """
     wanted = value.lower()
-    tables = [t.name for t in lake_catalog()]
+    tables = [t.name for t in lake_catalog(decl)]
     for name in tables:
         dotted = dotted_name(name).lower()
         if wanted in (name.lower(), dotted, f"{dotted}_rt", f"{dotted}_ro"):
@@ -179,16 +172,17 @@ def table_name(value: str) -> str:
     raise UnknownTable(f"no lake table is registered as {value!r}; the tables: {', '.join(tables)}")
 
 
-def names(layer: str | None = None, *, holds: Holds | None = None, writer: WriterKind | None = None) -> list[str]:
+def names(decl: Declaration, layer: str | None = None, *, holds: Holds | None = None,
+          writer: WriterKind | None = None) -> list[str]:
     """Names of the catalog's tables, in its order: of one layer, holding one kind of subject, of one writer."""
-    return [t.name for t in lake_catalog() if (layer is None or t.layer == layer)
+    return [t.name for t in lake_catalog(decl) if (layer is None or t.layer == layer)
             and (holds is None or t.holds == holds) and (writer is None or t.writer == writer)]
 
 
-def change_feed_tables() -> dict[str, tuple[str, ...]]:
+def change_feed_tables(decl: Declaration) -> dict[str, tuple[str, ...]]:
     """Lake tables whose changes `lakehouse changes` serves, with their key columns (pure Python: the CLI lists
     them without Spark)."""
-    return {t.name: t.key for t in lake_catalog() if t.change_feed}
+    return {t.name: t.key for t in lake_catalog(decl) if t.change_feed}
 
 
 # --------------------------------------------------------------------------- how each table is written
@@ -265,15 +259,15 @@ class LakeTable:
         return self.options.get("hoodie.datasource.write.operation") in ("insert", "bulk_insert")
 
 
-def lake_tables(root: str) -> list[LakeTable]:
-    """Every Hudi table the pipeline writes, at `root`, with the options its writer uses."""
+def lake_tables(root: str, decl: Declaration) -> list[LakeTable]:
+    """Every Hudi table the pipeline writes for `decl`, at `root`, with the options its writer uses."""
     tables = []
-    for t in lake_catalog():
+    for t in lake_catalog(decl):
         path, options = t.path(root), writer_options(t)
         if t.writer == WriterKind.CHANGELOG:  # silver reads it; expiry moves its deletes to the source's ledger
             source = t.source
             assert source is not None, f"{t.name} follows a source table"
-            ledger = lake_table(f"bronze/_deletes/{source}")
+            ledger = lake_table(f"bronze/_deletes/{source}", decl)
             tables.append(LakeTable(t.name, path, options, t.key,
                                     readers=(silver_path(source, root), quarantine_path(source, root)),
                                     ledger=(ledger.name, ledger.path(root), writer_options(ledger))))

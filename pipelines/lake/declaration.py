@@ -2,8 +2,9 @@
 
 A team onboards a table by declaring it in a TOML file named by `LAKEHOUSE_TABLES`, never by writing
 code; unset, the project's own declaration of the shop (`pipelines/lake/shop_tables.toml`), which spells
-the contract's sections 1 and 3 the same way. Every command, DAG and the source tooling read it
-through `declared()`.
+the contract's sections 1 and 3 the same way. Each command, DAG task and test reads it once where it
+starts (pipelines.runtime.lake.Lake) and hands it down: a running stream keeps the one it started
+with until it moves to a changed file between queries.
 
 A declaration is checked whole when it is read, before anything is written: an unknown field or
 rule, a rule or cleaning step on a column the table does not declare, two tables with one lake
@@ -25,12 +26,9 @@ rule (quarantine's `failed_rule`, default `<column>_<kind>`), and `[[tables.<nam
 
 from __future__ import annotations
 
-import os
 import re
 import tomllib
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from importlib import resources
 from pathlib import Path
@@ -114,6 +112,8 @@ class TableDecl:
     typed: bool = True
     silver_extra: tuple[str, ...] = ()
     freshness_seconds: float = DEFAULT_FRESHNESS_SECONDS  # bronze's target: a change visible within this
+    # The file that declares it, for errors found later (a rule on a column bronze lacks); not part of its value.
+    declared_in: str = field(default="the declaration", compare=False)
 
     @property
     def source(self) -> str:
@@ -163,48 +163,10 @@ class Declaration:
 
 # --------------------------------------------------------------------------- reading
 
-def declaration_path() -> str:
-    """`LAKEHOUSE_TABLES`; unset, the bundle's declaration on EMR, else the project's own declaration of the shop."""
-    if os.environ.get(DECLARATION_VARIABLE):
-        return os.environ[DECLARATION_VARIABLE]
+def packaged() -> str:
+    """The declaration that ships with the code: the bundle's on EMR (`lakehouse package`), else the shop's."""
     bundled = resources.files(__package__).joinpath(BUNDLED)
     return str(bundled if bundled.is_file() else resources.files(__package__).joinpath(SHOP))
-
-
-_CACHE: dict[tuple[str, float], Declaration] = {}
-_PINNED: list[Declaration] = []
-
-
-def declared() -> Declaration:
-    """The declaration in force: the one `pinned` by a running stream, else the file's (`current`)."""
-    return _PINNED[-1] if _PINNED else current()
-
-
-@contextmanager
-def pinned(declaration: Declaration) -> Iterator[Declaration]:
-    """`declaration` is the one in force inside the block, whatever the file says meanwhile.
-
-    A stream's query reads one set of topics: its batches, threads and bookkeeping must all see the
-    tables it started with, and the stream itself moves to a changed declaration between queries
-    (pipelines.ingest.bronze).
-    """
-    _PINNED.append(declaration)
-    try:
-        yield declaration
-    finally:
-        _PINNED.pop()
-
-
-def current() -> Declaration:
-    """The declaration file as it is now (`LAKEHOUSE_TABLES`), read once per version of the file."""
-    path = declaration_path()
-    try:
-        version = os.stat(path).st_mtime
-    except OSError:
-        version = -1.0  # inside a zip (EMR's --py-files) or missing: load() says which
-    if (path, version) not in _CACHE:
-        _CACHE[(path, version)] = load(path)
-    return _CACHE[(path, version)]
 
 
 def load(path: str | Path) -> Declaration:
@@ -247,7 +209,7 @@ def parse(doc: dict[str, Any], where: str = "<declaration>") -> Declaration:
             raise DeclarationError(f"{where}: tables.{name}: source {t.source!r} is already declared as "
                                    f"tables.{sources[t.source]}")
         sources[t.source] = name
-        parsed[name] = t
+        parsed[name] = replace(t, declared_in=where)
     return Declaration(where, source["topic_prefix"], parsed)
 
 

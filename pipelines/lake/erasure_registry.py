@@ -8,8 +8,8 @@ read it for that reason. Only keyed hashes are stored: the registry holds no per
 
 Ids are pseudonymised with a keyed hash wherever the erasure keeps a record (this registry,
 the certificate, the audit log). Source ids are small sequential integers: an unkeyed hash of
-one is reversed by hashing every integer, so the key (LAKEHOUSE_ERASURE_KEY, or a key file
-kept outside the lake) is what makes the records non-personal for whoever can read the lake.
+one is reversed by hashing every integer, so the key (pipelines.runtime.secrets: never kept in the
+lake) is what makes the records non-personal for whoever can read the lake.
 
 Every declared table with a `subject` column (contract section 7) is filtered: a change goes when
 its subject column names an erased customer (`customer` pseudonyms), or when its key is that of an
@@ -25,67 +25,20 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
-import secrets
-from pathlib import Path
 from typing import Literal, get_args
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from pipelines.errors import SecretError
-from pipelines.lake.declaration import declared
+from pipelines.lake.declaration import Declaration
+from pipelines.lake.layout import gdpr_path
 from pipelines.lake.table_stats import has_completed_commit
-from pipelines.runtime.settings import erasure_key_file, gdpr_path
 
 SubjectKind = Literal["customer", "order", "row"]  # what a pseudonym stands for
 KINDS: tuple[SubjectKind, ...] = get_args(SubjectKind)
 # The pseudonyms of the shop's orders (`order:<id>`), from before any table's rows were registered.
 LEGACY_ORDERS = ("orders", ("id",))
-
-
-def erasure_key(key_file: Path | None = None) -> str:
-    """The secret of the pseudonymising hash, from the first of:
-
-    - LAKEHOUSE_ERASURE_KEY: the key itself;
-    - LAKEHOUSE_ERASURE_KEY_SECRET: an AWS Secrets Manager secret (name or ARN) holding it.
-      This is how EMR jobs get it: a step's driver runs on any node of the cluster, where a
-      key file would not be, and step arguments are visible in the EMR console;
-    - a key file (LAKEHOUSE_ERASURE_KEY_FILE), made on first use.
-
-    Every job that hashes (ingest, etl, erasure) must see the same key: with another one,
-    the registry no longer recognises erased customers.
-    """
-    if key := os.environ.get("LAKEHOUSE_ERASURE_KEY"):
-        return key
-    if secret := os.environ.get("LAKEHOUSE_ERASURE_KEY_SECRET"):
-        return _secret_value(secret)
-    path = key_file or erasure_key_file()
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(secrets.token_hex(32))
-    return path.read_text().strip()
-
-
-def _secret_value(secret: str) -> str:
-    """The string of an AWS Secrets Manager secret; never made here: every job must find the same one."""
-    import boto3
-
-    # An ARN names its region; a name uses the environment's (AWS_REGION, the profile).
-    region = secret.split(":")[3] if secret.startswith("arn:") and secret.count(":") >= 6 else None
-    try:
-        value = boto3.client("secretsmanager", region_name=region).get_secret_value(SecretId=secret)
-    except Exception as exc:
-        raise SecretError(f"LAKEHOUSE_ERASURE_KEY_SECRET={secret}: cannot read the erasure key from AWS Secrets "
-                          f"Manager ({type(exc).__name__}: {exc})") from exc
-    key = (value.get("SecretString") or "").strip()
-    if len(key) < 32:
-        raise SecretError(f"LAKEHOUSE_ERASURE_KEY_SECRET={secret}: the secret's string is {len(key)} characters; "
-                          "the erasure key must be at least 32 (e.g. `openssl rand -hex 32`)")
-    return key
 
 
 def subject_hash(kind: SubjectKind, value: int, key: str) -> str:
@@ -160,14 +113,15 @@ def read_registry(spark: SparkSession, root: str) -> DataFrame | None:
     return spark.read.format("hudi").load(path).select("subject", "kind")
 
 
-def without_erased(changes: DataFrame, table: str, registry: DataFrame | None, key: str) -> DataFrame:
+def without_erased(changes: DataFrame, table: str, registry: DataFrame | None, key: str,
+                   declaration: Declaration) -> DataFrame:
     """Source changes of declared `table` minus those of erased customers and of their rows (ingest and silver).
 
     A table without a `subject` holds nobody's rows: nothing is filtered. Otherwise a change goes
     when its subject column names an erased customer, or its key is an erased row's (a delete's
     image may carry the key only).
     """
-    decl = declared().tables.get(table)
+    decl = declaration.tables.get(table)
     if registry is None or decl is None or decl.subject is None:
         return changes
     erased = F.broadcast(registry.select("subject").distinct())
@@ -179,23 +133,24 @@ def without_erased(changes: DataFrame, table: str, registry: DataFrame | None, k
     return out
 
 
-def dead_letters_without_erased(rows: DataFrame, registry: DataFrame | None, key: str) -> DataFrame:
+def dead_letters_without_erased(rows: DataFrame, registry: DataFrame | None, key: str,
+                                decl: Declaration) -> DataFrame:
     """Dead letters minus records whose Kafka key or envelope names an erased customer or order."""
-    return rows if registry is None else _by_erased(rows, registry, key, "left_anti")
+    return rows if registry is None else _by_erased(rows, registry, key, decl, "left_anti")
 
 
-def dead_letters_of_erased(rows: DataFrame, registry: DataFrame, key: str) -> DataFrame:
+def dead_letters_of_erased(rows: DataFrame, registry: DataFrame, key: str, decl: Declaration) -> DataFrame:
     """The dead letters whose Kafka key or envelope names an erased customer or order."""
-    return _by_erased(rows, registry, key, "left_semi")
+    return _by_erased(rows, registry, key, decl, "left_semi")
 
 
-def _by_erased(rows: DataFrame, registry: DataFrame, key: str, how: str) -> DataFrame:
+def _by_erased(rows: DataFrame, registry: DataFrame, key: str, decl: Declaration, how: str) -> DataFrame:
     erased = F.broadcast(registry.select("subject").distinct())
-    return rows.withColumn("_h", dead_letter_hashes(rows, key)).join(
+    return rows.withColumn("_h", dead_letter_hashes(rows, key, decl)).join(
         erased, F.array_contains(F.col("_h"), erased["subject"]), how).drop("_h")
 
 
-def dead_letter_hashes(rows: DataFrame, key: str) -> Column:
+def dead_letter_hashes(rows: DataFrame, key: str, decl: Declaration) -> Column:
     """Pseudonyms of every id a dead letter may name: its Kafka key, and the (customer) ids of its envelope.
 
     A dead letter is a record that could not be read, so it is searched as text: by its topic's
@@ -207,7 +162,6 @@ def dead_letter_hashes(rows: DataFrame, key: str) -> Column:
     text = F.col("value").cast("string")
     raw_key = F.col("key").cast("string")
     topic = F.col("kafka_topic")
-    decl = declared()
 
     def numbers(name: str, where: Column = text) -> Column:
         return F.regexp_extract_all(where, F.lit(rf'"{re.escape(name)}"\s*:\s*"?(\d+)'), F.lit(1))

@@ -6,7 +6,7 @@ import functools
 
 from pyspark.sql import DataFrame
 
-from pipelines.runtime.jvm import jvm_of
+from pipelines.lake.jvm import jvm_of
 
 
 def materialized(frame: DataFrame) -> DataFrame:

@@ -9,14 +9,11 @@ import os
 import time
 from pathlib import Path
 
-from pyspark.sql import DataFrame, SparkSession
-
-from pipelines.metastore import catalog_sync
+from pyspark.sql import SparkSession
 
 from pipelines.lake import storage
-from pipelines.monitoring.lineage import named_for_lineage
-from pipelines.runtime.jvm import jvm_of
-from pipelines.runtime.settings import lake_relative
+from pipelines.lake.jvm import jvm_of
+from pipelines.lake.layout import lake_relative
 from pipelines.lake.timeline_files import HEARTBEAT_EXPIRY_MS, INSTANT_FILE, avro_long
 
 log = logging.getLogger(__name__)
@@ -224,18 +221,6 @@ def consumed(marks: dict[str, str], source: str) -> str | None:
     key = lake_relative(source)
     return next((mark for table, mark in marks.items() if lake_relative(table) == key), None)
 
-
-
-def write_with_checkpoint(df: DataFrame, path: str, options: dict[str, str], marks: dict[str, str]) -> None:
-    """One Hudi commit of `df` that also records what it consumed: output and checkpoint move together.
-
-    `marks` maps the paths of the tables read to what was read of them; they are stored
-    relative to the lake root, so the lake can move (a local lake copied to an object store).
-    """
-    keyed = {lake_relative(source): mark for source, mark in marks.items()}
-    df.write.format("hudi").options(**named_for_lineage(path, options)) \
-        .option(CHECKPOINT_META, json.dumps(keyed, sort_keys=True)).mode("append").save(path)
-    catalog_sync.committed(df.sparkSession, path, options)
 
 
 _STATE_RANK = {"requested": 0, "inflight": 1, None: 2}  # None: completed (INSTANT_FILE's `state` is empty)

@@ -5,6 +5,8 @@ the delete ledgers, Hudi's delete flag and the keys the pipeline adds to each co
 
 from __future__ import annotations
 
+import re
+
 DELETED_FLAG = "_hoodie_is_deleted"
 # CDC metadata kept on every bronze row (and ledger row).
 META_COLUMNS = ("_op", "_lsn", "_source_ts", "_tx_id", "_kafka_partition", "_kafka_offset", "_kafka_ts",
@@ -27,3 +29,64 @@ REGISTRY_META = "_lakehouse.erasure_registry"
 # row shapes the table has applied: a record of one of them needs no schema decision (`parse_events`).
 # Hashes written by an older parser match nothing and cost one decision, which changes nothing.
 DECLARED_META = "_lakehouse.declared_shapes"
+
+
+# --------------------------------------------------------------------------- paths
+
+def table_path(layer: str, table: str, root: str) -> str:
+    """`<root>/<layer>/<table>`, the contract's location of every table."""
+    return f"{root.rstrip('/')}/{layer}/{table}"
+
+
+# `<layer>/<table>` or `<layer>/_<kind>/<table>` at the end of a table's path.
+_IN_LAKE = re.compile(r"(?:^|/)((?:bronze|silver|gold)/(?:_[^/]+/)?[^/]+)/*$")
+
+
+def lake_relative(path: str) -> str:
+    """A table's path relative to its lake root (`silver/orders`); any other path as it is.
+
+    What a checkpoint names the table it read by: the same table keeps its name when the
+    lake is reached by another root (`./lake` copied to `s3://lake/prod`, `s3a://` for `s3://`).
+    """
+    return m.group(1) if (m := _IN_LAKE.search(path)) else path
+
+
+def main_path(table: str, root: str) -> str:
+    """bronze/<table>: the live rows (merge-on-read)."""
+    return table_path("bronze", table, root)
+
+
+def ledger_path(table: str, root: str) -> str:
+    """bronze/_deletes/<table>: the newest applied delete per key."""
+    return table_path("bronze", f"_deletes/{table}", root)
+
+
+def changelog_path(table: str, root: str) -> str:
+    """bronze/_changelog/<table>: every change ingest applied, appended per batch (what silver reads)."""
+    return table_path("bronze", f"_changelog/{table}", root)
+
+
+def dead_letter_path(root: str) -> str:
+    return table_path("bronze", "_dead_letters", root)
+
+
+def ingest_checkpoint_path(root: str) -> str:
+    """Structured Streaming's offset checkpoint of the ingest stream."""
+    return f"{root.rstrip('/')}/_checkpoints/ingest"
+
+
+def silver_path(table: str, root: str) -> str:
+    return table_path("silver", table, root)
+
+
+def quarantine_path(table: str, root: str) -> str:
+    return table_path("silver", f"_quarantine/{table}", root)
+
+
+def gold_path(table: str, root: str) -> str:
+    return table_path("gold", table, root)
+
+
+def gdpr_path(root: str) -> str:
+    """`<root>/_gdpr`: the erasure registry, certificates and audit log (no personal data)."""
+    return f"{root.rstrip('/')}/_gdpr"

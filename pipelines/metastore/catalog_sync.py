@@ -29,10 +29,10 @@ from urllib.parse import urlparse
 import hudi_configs
 from pipelines.errors import CatalogUnavailable, SettingError
 from pipelines.lake.catalog import dotted_name
+from pipelines.lake.jvm import jvm_of
+from pipelines.lake.layout import lake_relative
 from pipelines.runtime import console
-from pipelines.runtime.jvm import jvm_of
 from pipelines.runtime.local_process import port_open
-from pipelines.runtime.settings import lake_relative
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -28,6 +28,8 @@ from pipelines.metastore.catalog_sync import catalog_name
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
+    from pipelines.lake.declaration import Declaration
+
 DIALECT = "spark"
 # Hudi's instant format: yyyyMMddHHmmssSSS (the timeline's own zone, UTC on this project's machines).
 _INSTANT = re.compile(r"^\d{17}$")
@@ -147,13 +149,16 @@ class SyncState:
         return "in step" if self.synced >= self.newest else "behind"
 
 
-def sync_states(spark: SparkSession, root: str) -> list[SyncState]:
-    """Every lake table's newest commit against what the catalog last synced of it."""
+def sync_states(spark: SparkSession, root: str, decl: Declaration) -> list[SyncState]:
+    """Every table of `decl`'s lake at `root`: its newest commit against what the catalog last synced of it.
+
+    `spark` is a session on the catalog (`catalog_sync.catalog_session_conf`), which a lake's own may not be.
+    """
     from pipelines.lake.hudi_timeline import latest_instant
     from pipelines.lake.table_stats import has_completed_commit
 
     states = []
-    for table in lake_catalog():
+    for table in lake_catalog(decl):
         path = table.path(root)
         newest = latest_instant(spark, path) if has_completed_commit(path) else None
         name = catalog_name(table.name)

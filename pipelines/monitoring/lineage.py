@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from pipelines.runtime.settings import lake_relative, lineage_dir
+from pipelines.lake.layout import lake_relative
+from pipelines.runtime.settings import lineage_dir
 
 # openlineage-spark names the job of a datasource write after its `table` option, and without one after the
 # value of any option whose key contains "table" (SaveIntoDataSourceCommandVisitor.jobNameSuffix, 1.53.0): for

@@ -15,7 +15,7 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
-from pipelines.runtime.jvm import driver_gateway, jvm_of
+from pipelines.lake.jvm import driver_gateway, jvm_of
 
 
 @dataclass

@@ -9,23 +9,22 @@ from __future__ import annotations
 import zipfile
 from pathlib import Path
 
-from pipelines.lake.declaration import BUNDLED, SHOP, declared
+from pipelines.lake.declaration import BUNDLED, SHOP, Declaration
 from pipelines.runtime.settings import PROJECT_ROOT
 
 PACKAGES = ("pipelines", "hudi_configs")
 
 
-def write_archive(archive: Path) -> Path:
+def write_archive(archive: Path, decl: Declaration) -> Path:
     """The packages the jobs import, TOML files included (read through importlib.resources, which
-    reads them inside the zip); and the declaration of tables in force here
-    (`LAKEHOUSE_TABLES`, or the shop's) as `pipelines/lake/tables.toml`, which jobs on a cluster read."""
+    reads them inside the zip); and the job's declaration of tables (`decl`, checked whole when it was read)
+    as `pipelines/lake/tables.toml`, which jobs on a cluster read."""
     with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zf:
         for package in PACKAGES:
             for path in sorted((PROJECT_ROOT / package).rglob("*")):
                 name = path.relative_to(PROJECT_ROOT).as_posix()
                 if path.is_file() and path.suffix in (".py", ".toml", ".properties"):
                     zf.write(path, name)
-        decl = declared()  # checked whole before it ships
         zf.writestr(f"pipelines/lake/{BUNDLED}", Path(decl.path).read_text() if Path(decl.path).is_file()
                     else (PROJECT_ROOT / "pipelines" / "lake" / SHOP).read_text())
     return archive

@@ -10,7 +10,7 @@ from pyspark.sql import SparkSession
 import hudi_configs
 from pipelines.lake.catalog import LakeTable
 from pipelines.lake.hudi_timeline import meta_client
-from pipelines.runtime.jvm import jvm_of
+from pipelines.lake.jvm import jvm_of
 
 
 class Plans(TypedDict):

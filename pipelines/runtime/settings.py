@@ -7,7 +7,6 @@ Environment variables are the contract's way to point the pipeline somewhere
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 
 from pipelines.errors import SetupError
@@ -72,60 +71,6 @@ def spark_home() -> Path:
     return Path(spec.origin).parent
 
 
-def table_path(layer: str, table: str, root: str | None = None) -> str:
-    """`$LAKEHOUSE_ROOT/<layer>/<table>`, the contract's location of every table."""
-    return f"{(root or lake_root()).rstrip('/')}/{layer}/{table}"
-
-
-# `<layer>/<table>` or `<layer>/_<kind>/<table>` at the end of a table's path.
-_IN_LAKE = re.compile(r"(?:^|/)((?:bronze|silver|gold)/(?:_[^/]+/)?[^/]+)/*$")
-
-
-def lake_relative(path: str) -> str:
-    """A table's path relative to its lake root (`silver/orders`); any other path as it is.
-
-    What a checkpoint names the table it read by: the same table keeps its name when the
-    lake is reached by another root (`./lake` copied to `s3://lake/prod`, `s3a://` for `s3://`).
-    """
-    return m.group(1) if (m := _IN_LAKE.search(path)) else path
-
-
-def main_path(table: str, root: str | None = None) -> str:
-    """bronze/<table>: the live rows (merge-on-read)."""
-    return table_path("bronze", table, root)
-
-
-def ledger_path(table: str, root: str | None = None) -> str:
-    """bronze/_deletes/<table>: the newest applied delete per key."""
-    return table_path("bronze", f"_deletes/{table}", root)
-
-
-def changelog_path(table: str, root: str | None = None) -> str:
-    """bronze/_changelog/<table>: every change ingest applied, appended per batch (what silver reads)."""
-    return table_path("bronze", f"_changelog/{table}", root)
-
-
-def dead_letter_path(root: str | None = None) -> str:
-    return table_path("bronze", "_dead_letters", root)
-
-
-def ingest_checkpoint_path(root: str | None = None) -> str:
-    """Structured Streaming's offset checkpoint of the ingest stream."""
-    return f"{(root or lake_root()).rstrip('/')}/_checkpoints/ingest"
-
-
-def silver_path(table: str, root: str | None = None) -> str:
-    return table_path("silver", table, root)
-
-
-def quarantine_path(table: str, root: str | None = None) -> str:
-    return table_path("silver", f"_quarantine/{table}", root)
-
-
-def gold_path(table: str, root: str | None = None) -> str:
-    return table_path("gold", table, root)
-
-
 def source_state_file() -> Path:
     """The simulated source database of `lakehouse dev generate`.
 
@@ -135,11 +80,13 @@ def source_state_file() -> Path:
     return Path(os.environ.get("LAKEHOUSE_SOURCE_STATE") or PROJECT_ROOT / ".source" / "shop_state.json")
 
 
-def gdpr_path(root: str | None = None) -> str:
-    """`$LAKEHOUSE_ROOT/_gdpr`: the erasure registry, certificates and audit log (no personal data)."""
-    return f"{(root or lake_root()).rstrip('/')}/_gdpr"
-
-
 def erasure_key_file() -> Path:
     """Key of the ids' pseudonyms when LAKEHOUSE_ERASURE_KEY is unset: outside the lake, like the source state."""
     return Path(os.environ.get("LAKEHOUSE_ERASURE_KEY_FILE") or PROJECT_ROOT / ".secrets" / "erasure.key")
+
+
+def declaration_file() -> str:
+    """`LAKEHOUSE_TABLES`, the declared tables' TOML file; unset, the declaration packaged with the code."""
+    from pipelines.lake.declaration import packaged
+
+    return os.environ.get("LAKEHOUSE_TABLES") or packaged()

@@ -17,17 +17,24 @@ from pathlib import Path
 from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
+from pipelines.lake.declaration import Declaration, load
+from pipelines.lake.jvm import jvm_of
 from pipelines.runtime import console
 from pipelines.runtime.code_archive import write_archive
-from pipelines.runtime.jvm import jvm_of
 from pipelines.runtime.local_process import process_started
+from pipelines.runtime.settings import declaration_file
 from pipelines.runtime.spark_conf import cluster_master, event_log_dir, spark_conf
 
 log = logging.getLogger(__name__)
 
 
-def get_spark(app_name: str = "lakehouse", conf: dict[str, str] | None = None) -> SparkSession:
-    """The process's SparkSession (created on first call with the target's options, then `conf`)."""
+def get_spark(app_name: str = "lakehouse", conf: dict[str, str] | None = None,
+              declaration: Declaration | None = None) -> SparkSession:
+    """The process's SparkSession (created on first call with the target's options, then `conf`).
+
+    On a local standalone cluster the executors get the project's code with `declaration` (pipelines.runtime.lake
+    passes its own; None: the environment's, `LAKEHOUSE_TABLES`).
+    """
     started = time.monotonic()
     on_cluster = cluster_master() is not None and SparkContext._active_spark_context is None
     if on_cluster:
@@ -58,7 +65,7 @@ def get_spark(app_name: str = "lakehouse", conf: dict[str, str] | None = None) -
     spark.sparkContext.setLogLevel("WARN")
     no_local_checksums(spark)
     if on_cluster:
-        ship_code(spark)
+        ship_code(spark, declaration or load(declaration_file()))
     if folder := spark.conf.get("spark.checkpoint.dir", None):
         use_checkpoint_dir(spark, folder)
     if (path := console.log_file()) is not None:
@@ -66,7 +73,7 @@ def get_spark(app_name: str = "lakehouse", conf: dict[str, str] | None = None) -
     return spark
 
 
-def ship_code(spark: SparkSession) -> Path:
+def ship_code(spark: SparkSession, declaration: Declaration) -> Path:
     """Send the executors the project's code as the EMR target does: the bundle of `lakehouse package`.
 
     Spark copies it into each executor's folder and puts it first on its Python path. No job of
@@ -75,7 +82,7 @@ def ship_code(spark: SparkSession) -> Path:
     """
     folder = Path(tempfile.mkdtemp(prefix="lakehouse-code-"))
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
-    archive = write_archive(folder / "lakehouse.zip")
+    archive = write_archive(folder / "lakehouse.zip", declaration)
     spark.sparkContext.addPyFile(str(archive))
     return archive
 

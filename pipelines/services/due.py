@@ -45,6 +45,7 @@ import hudi_configs
 from pipelines.errors import SettingError
 from pipelines.lake import storage
 from pipelines.lake.catalog import LakeTable, lake_tables
+from pipelines.lake.declaration import Declaration
 from pipelines.lake.timeline_files import (
     HEARTBEAT_EXPIRY_MS,
     DataFile,
@@ -55,7 +56,6 @@ from pipelines.lake.timeline_files import (
     instant_time,
     timeline,
 )
-from pipelines.runtime.settings import lake_root
 
 log = logging.getLogger(__name__)
 
@@ -340,22 +340,23 @@ def table_services_due(table: LakeTable, now: datetime | None = None) -> dict[st
     return why
 
 
-def services_due(root: str | None = None, now: datetime | None = None) -> list[ServicesWork]:
-    """Every lake table with a due service, in the catalog's order (bronze first), one work item each."""
-    return [ServicesWork(t.name, why) for t in lake_tables(root or lake_root()) if (why := table_services_due(t, now))]
+def services_due(root: str, decl: Declaration, now: datetime | None = None) -> list[ServicesWork]:
+    """Every table of the lake at `root` (`decl`'s catalog) with a due service, in the catalog's order (bronze
+    first), one work item each."""
+    return [ServicesWork(t.name, why) for t in lake_tables(root, decl) if (why := table_services_due(t, now))]
 
 
-def services_work(root: str | None = None, now: datetime | None = None,
+def services_work(root: str, decl: Declaration, now: datetime | None = None,
                   per_job: int | None = None) -> list[WorkItem]:
-    """The `hudi_table_services` DAG's decision: every table with a due service logged with why, the tables with
-    nothing due named too; then the due tables in jobs of at most `per_job` (`tables_per_job()`), the most urgent
-    first (`ServicesWork.urgency`; the catalog's order within a rank), each job's tables logged."""
-    root = root or lake_root()
+    """The `hudi_table_services` DAG's decision for the lake at `root` (`decl`'s tables): every table with a due
+    service logged with why, the tables with nothing due named too; then the due tables in jobs of at most
+    `per_job` (`tables_per_job()`), the most urgent first (`ServicesWork.urgency`; the catalog's order within a
+    rank), each job's tables logged."""
     per_job = per_job or tables_per_job()
-    work = services_due(root, now)
+    work = services_due(root, decl, now)
     for w in work:
         log.info("due: %s", w.line())
-    idle = [t.name for t in lake_tables(root) if t.name not in {w.table for w in work}]
+    idle = [t.name for t in lake_tables(root, decl) if t.name not in {w.table for w in work}]
     log.info("%d tables with a service due; nothing due on the other %d: %s", len(work), len(idle), ", ".join(idle))
     ordered = sorted(work, key=lambda w: w.urgency)  # stable: the catalog's order within a rank
     jobs = [work_item([w.table for w in chunk], ["services", *(a for w in chunk for a in ("--table", w.table_arg()))])

@@ -43,12 +43,12 @@ from pyspark.sql import functions as F
 import hudi_configs
 from pipelines.lake import contract, storage
 from pipelines.lake.catalog import gold_missing
-from pipelines.lake.declaration import RuleKind, TableDecl, declared
+from pipelines.lake.declaration import RuleKind, TableDecl
 from pipelines.lake.hudi_timeline import checkpoint, consumed, earliest_retained, instant_of_batch, meta_at
-from pipelines.lake.layout import BATCH_ID_META
+from pipelines.lake.layout import BATCH_ID_META, changelog_path, gold_path, main_path, quarantine_path, silver_path
 from pipelines.lake.table_stats import has_completed_commit
 from pipelines.runtime import console
-from pipelines.runtime.settings import changelog_path, gold_path, main_path, quarantine_path, silver_path
+from pipelines.runtime.lake import Lake
 from pipelines.services.quality_due import quality_root, quality_suites, record_checked, suite_versions
 from pipelines.transform.gold import DAILY, DAILY_KEY, LTV
 from pipelines.transform.silver import cast_type
@@ -79,8 +79,10 @@ class Outcome:
         return f"{'ok    ' if self.success else 'FAILED'} {self.suite}" + "".join(f"\n    - {f}" for f in self.failures)
 
 
-def _read(spark: SparkSession, path: str) -> DataFrame:
-    df = spark.read.format("hudi").options(**hudi_configs.section("reads", "scan")).load(path)
+def _read(lake: Lake, path: str) -> DataFrame:
+    """The table at `path` without Hudi's meta columns, through the lake's session: started by the first suite that
+    reads, not when the suites are built (the DAG's decision builds them without Spark)."""
+    df = lake.spark.read.format("hudi").options(**hudi_configs.section("reads", "scan")).load(path)
     return df.drop(*[c for c in df.columns if c.startswith("_hoodie")])
 
 
@@ -141,11 +143,11 @@ def silver_expectations(table: TableDecl) -> list:
     return checks
 
 
-def suites(spark: SparkSession, root: str, max_age: timedelta) -> list[Suite]:
-    """Every suite of the lake: each declared table's, gold's when the declaration has its inputs; each reads its
-    data only when validated."""
+def suites(lake: Lake, max_age: timedelta) -> list[Suite]:
+    """Every suite of the lake: each table of its declaration's, gold's when the declaration has its inputs; each
+    reads its data only when validated."""
     fresh_since = datetime.now(UTC).replace(tzinfo=None) - max_age
-    decl = declared()
+    root, decl = lake.root, lake.declaration
     out: list[Suite] = []
     for name, table in decl.tables.items():
         def bronze_checks(table: TableDecl = table) -> list:
@@ -154,29 +156,29 @@ def suites(spark: SparkSession, root: str, max_age: timedelta) -> list[Suite]:
                     gxe.ExpectTableRowCountToBeBetween(min_value=1),
                     # Freshness: the newest row arrived within max_age.
                     gxe.ExpectColumnMaxToBeBetween(column="_ingested_at", min_value=fresh_since)]
-        out.append(Suite(f"bronze/{name}", "bronze", functools.partial(_read, spark, main_path(name, root)),
+        out.append(Suite(f"bronze/{name}", "bronze", functools.partial(_read, lake, main_path(name, root)),
                          bronze_checks))
 
     def silver_counts(table: str) -> list:
-        bronze = _bronze_at_silver_checkpoint(spark, root, table)
+        bronze = _bronze_at_silver_checkpoint(lake.spark, root, table)
         quarantine = quarantine_path(table, root)
-        quarantined = _read(spark, quarantine).count() if has_completed_commit(quarantine) else 0
+        quarantined = _read(lake, quarantine).count() if has_completed_commit(quarantine) else 0
         return [] if bronze is None else [gxe.ExpectTableRowCountToEqual(value=bronze - quarantined)]
 
     def silver_checks(table: TableDecl) -> list:
         return [*silver_expectations(table), *silver_counts(table.name)]
 
     for name, table in decl.tables.items():
-        out.append(Suite(f"silver/{name}", "silver", functools.partial(_read, spark, silver_path(name, root)),
+        out.append(Suite(f"silver/{name}", "silver", functools.partial(_read, lake, silver_path(name, root)),
                          functools.partial(silver_checks, table)))
     if gold_missing(decl):  # gold does not run (pipelines.transform.etl says why): nothing of it to check
         return out
 
     def ltv() -> DataFrame:
-        return _read(spark, gold_path(LTV, root))
+        return _read(lake, gold_path(LTV, root))
 
     def silver_customers() -> DataFrame:
-        return _read(spark, silver_path("customers", root))
+        return _read(lake, silver_path("customers", root))
 
     out.append(Suite("gold/customer_ltv", "gold", ltv, lambda: [
         *_key_checks("customer_id"),
@@ -188,22 +190,23 @@ def suites(spark: SparkSession, root: str, max_age: timedelta) -> list[Suite]:
                      lambda: ltv().join(silver_customers().withColumnRenamed("id", "customer_id"), "customer_id",
                                         "left_anti"),
                      lambda: [gxe.ExpectTableRowCountToEqual(value=0)]))
-    out.append(Suite(f"gold/{DAILY}", "gold", lambda: _read(spark, gold_path(DAILY, root)), lambda: [
+    out.append(Suite(f"gold/{DAILY}", "gold", lambda: _read(lake, gold_path(DAILY, root)), lambda: [
         *_key_checks(*DAILY_KEY),
         gxe.ExpectColumnValuesToBeBetween(column="orders_count", min_value=1),
         gxe.ExpectColumnValuesToBeInSet(column="currency", value_set=list(contract.CURRENCIES)),
         gxe.ExpectColumnValuesToMatchRegex(column="country", regex=f"{contract.COUNTRY_PATTERN}|^\\?\\?$"),
         gxe.ExpectColumnValuesToBeBetween(column="revenue", min_value=0)]))
     out.append(Suite(f"gold/{DAILY} -> silver/orders", "gold",
-                     lambda: _daily_vs_silver(spark, root), lambda: [gxe.ExpectTableRowCountToEqual(value=0)]))
+                     lambda: _daily_vs_silver(lake), lambda: [gxe.ExpectTableRowCountToEqual(value=0)]))
     return out
 
 
-def _daily_vs_silver(spark: SparkSession, root: str) -> DataFrame:
+def _daily_vs_silver(lake: Lake) -> DataFrame:
     """Days whose order count in daily_revenue differs from silver's counted orders of that day."""
-    orders = _read(spark, silver_path("orders", root)).filter(~F.col("status").isin("cancelled", "refunded"))
+    root = lake.root
+    orders = _read(lake, silver_path("orders", root)).filter(~F.col("status").isin("cancelled", "refunded"))
     silver = orders.groupBy("order_date").agg(F.count("*").alias("silver_orders"))
-    daily = _read(spark, gold_path(DAILY, root)).groupBy("order_date").agg(F.sum("orders_count").alias("gold_orders"))
+    daily = _read(lake, gold_path(DAILY, root)).groupBy("order_date").agg(F.sum("orders_count").alias("gold_orders"))
     return silver.join(daily, "order_date", "full_outer").filter(
         ~F.coalesce("silver_orders", F.lit(0)).eqNullSafe(F.coalesce("gold_orders", F.lit(0))))
 
@@ -218,12 +221,14 @@ def _describe(result) -> str:
     return f"{config.type}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())}): {what}"
 
 
-def run_quality(spark: SparkSession, root: str, layers: tuple[str, ...] = LAYERS,
-                max_age: timedelta = timedelta(hours=24), names: tuple[str, ...] = ()) -> list[Outcome]:
-    """Validate the suites of `layers` (only those named in `names`, when given); writes the Data Docs; returns one
-    outcome per suite."""
-    with storage.local_copy(quality_root(root)) as base:
-        return _run_quality(spark, root, base, layers, max_age, names)
+def run_quality(lake: Lake, layers: tuple[str, ...] = LAYERS, max_age: timedelta = timedelta(hours=24),
+                names: tuple[str, ...] = ()) -> list[Outcome]:
+    """Validate the lake's suites of `layers` (only those named in `names`, when given); writes the Data Docs under
+    its root; returns one outcome per suite."""
+    # The lake's session first: Great Expectations' Spark data source would otherwise start one without its settings.
+    _ = lake.spark
+    with storage.local_copy(quality_root(lake.root)) as base:
+        return _run_quality(lake, base, layers, max_age, names)
 
 
 _SITE = "lake"
@@ -247,21 +252,24 @@ def _context(base: Path):  # -> FileDataContext
     return context
 
 
-def _run_quality(spark: SparkSession, root: str, base: Path, layers: tuple[str, ...],
-                 max_age: timedelta, names: tuple[str, ...]) -> list[Outcome]:
+def _run_quality(lake: Lake, base: Path, layers: tuple[str, ...], max_age: timedelta,
+                 names: tuple[str, ...]) -> list[Outcome]:
+    """Validate the chosen suites in the quality folder `base` (the lake's, or its local copy); record those that
+    passed."""
     context = _context(base)
     # persist=False: GE would cache every frame it validates, and cached plans are what
     # Hudi's data-skipping lookups deadlock against (reads.toml [scan]).
     source = context.data_sources.add_or_update_spark(name="lake", persist=False)
     outcomes = []
-    specs = {spec.name: spec for spec in quality_suites()}
-    chosen = [suite for suite in suites(spark, root, max_age)
+    specs = {spec.name: spec for spec in quality_suites(lake.declaration)}
+    chosen = [suite for suite in suites(lake, max_age)
               if suite.layer in layers and (not names or suite.name in names)]
     for suite in console.progress(chosen, "quality suites"):
         started = time.monotonic()
         spec = specs[suite.name]
         asset_name = spec.file_name
-        versions = suite_versions(spec, root)  # before reading: a commit meanwhile leaves the suite due
+        # Before reading: a commit meanwhile leaves the suite due.
+        versions = suite_versions(spec, lake.root, lake.declaration)
         try:
             data = suite.data()
             expectations = suite.expectations()

@@ -22,9 +22,8 @@ from datetime import UTC, datetime, timedelta
 
 from pipelines.lake import storage
 from pipelines.lake.catalog import gold_declared, lake_table
-from pipelines.lake.declaration import Declaration, declared
+from pipelines.lake.declaration import Declaration
 from pipelines.lake.timeline_files import instant_datetime, timeline
-from pipelines.runtime.settings import lake_root
 from pipelines.services.due import WorkItem, chunked, log_jobs, tables_per_job, work_item
 
 log = logging.getLogger(__name__)
@@ -53,10 +52,9 @@ def _digest(value: object) -> str:
     return hashlib.sha256(repr(value).encode()).hexdigest()[:16]
 
 
-def quality_suites(decl: Declaration | None = None) -> list[SuiteSpec]:
-    """Every suite of `lakehouse quality` for the declaration in force, in its order: each declared table's bronze
-    and silver suites, then gold's when gold runs. Pure Python: the DAG decides from it."""
-    decl = decl or declared()
+def quality_suites(decl: Declaration) -> list[SuiteSpec]:
+    """Every suite of `lakehouse quality` for declaration `decl`, in its order: each declared table's bronze and
+    silver suites, then gold's when gold runs. Pure Python: the DAG decides from it."""
     specs = [SuiteSpec(f"bronze/{n}", (f"bronze/{n}",), n, _digest(t)) for n, t in decl.tables.items()]
     specs += [SuiteSpec(f"silver/{n}", (f"silver/{n}", f"silver/_quarantine/{n}"), n, _digest(t))
               for n, t in decl.tables.items()]
@@ -84,9 +82,10 @@ def newest_change(path: str) -> str | None:
     return changes[-1] if changes else None
 
 
-def suite_versions(spec: SuiteSpec, root: str) -> dict[str, str | None]:
-    """Each table the suite reads -> its newest change: what a passing check of it vouches for."""
-    return {name: newest_change(lake_table(name).path(root)) for name in spec.inputs}
+def suite_versions(spec: SuiteSpec, root: str, decl: Declaration) -> dict[str, str | None]:
+    """Each table the suite reads (of `decl`'s catalog, at `root`) -> its newest change: what a passing check of it
+    vouches for."""
+    return {name: newest_change(lake_table(name, decl).path(root)) for name in spec.inputs}
 
 
 @dataclass(frozen=True)
@@ -125,8 +124,10 @@ class SuiteDecision:
     why: str
 
 
-def _suite_decision(spec: SuiteSpec, root: str, max_age: timedelta, now: datetime) -> SuiteDecision:
-    versions = suite_versions(spec, root)
+def _suite_decision(spec: SuiteSpec, root: str, decl: Declaration, max_age: timedelta,
+                    now: datetime) -> SuiteDecision:
+    """Whether `spec` is due and why: what its last passing check vouched for against its tables now."""
+    versions = suite_versions(spec, root, decl)
     record = last_checked(root, spec)
     if record is None:
         return SuiteDecision(spec, True, "never passed a check")
@@ -141,23 +142,22 @@ def _suite_decision(spec: SuiteSpec, root: str, max_age: timedelta, now: datetim
     return SuiteDecision(spec, False, f"unchanged since its check at {record.checked_at} ({since})")
 
 
-def quality_due(root: str | None = None, max_age: timedelta = timedelta(hours=24),
+def quality_due(root: str, decl: Declaration, max_age: timedelta = timedelta(hours=24),
                 now: datetime | None = None) -> list[SuiteDecision]:
-    """Every suite with whether it is due and why (an unchanged one: since when)."""
-    root = root or lake_root()
+    """Every suite of `decl` on the lake at `root` with whether it is due and why (an unchanged one: since when)."""
     now = now or datetime.now()
-    return [_suite_decision(spec, root, max_age, now) for spec in quality_suites()]
+    return [_suite_decision(spec, root, decl, max_age, now) for spec in quality_suites(decl)]
 
 
-def quality_work(root: str | None = None, max_age: timedelta = timedelta(hours=24), now: datetime | None = None,
+def quality_work(root: str, decl: Declaration, max_age: timedelta = timedelta(hours=24), now: datetime | None = None,
                  per_job: int | None = None) -> list[WorkItem]:
-    """The `data_quality` DAG's decision: every suite logged (checked, and why, or not checked again, and since
-    when); then the declared tables with due suites (their bronze and silver ones), and gold's, in jobs of at most
-    `per_job` of them (`tables_per_job()`), in the declaration's order (gold last: its suites read silver's tables),
-    each job's tables logged."""
+    """The `data_quality` DAG's decision for the lake at `root` and its declaration `decl`: every suite logged
+    (checked, and why, or not checked again, and since when); then the declared tables with due suites (their
+    bronze and silver ones), and gold's, in jobs of at most `per_job` of them (`tables_per_job()`), in the
+    declaration's order (gold last: its suites read silver's tables), each job's tables logged."""
     per_job = per_job or tables_per_job()
     groups: dict[str, list[str]] = {}
-    for d in quality_due(root, max_age, now):
+    for d in quality_due(root, decl, max_age, now):
         log.info("%s: %s %s", d.spec.name, "checked:" if d.due else "not checked again,", d.why)
         if d.due:
             groups.setdefault(d.spec.group, []).append(d.spec.name)

@@ -47,6 +47,7 @@ from pipelines.lake.table_stats import has_completed_commit
 from pipelines.metastore import catalog_sync
 from pipelines.runtime import console
 from pipelines.runtime.hudi_client import WriteClient
+from pipelines.runtime.lake import Lake
 from pipelines.services.due import SERVICES
 
 log = logging.getLogger(__name__)
@@ -153,9 +154,10 @@ class ServicesPlan:
     per_table: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
-def run_services(spark: SparkSession, root: str, plan: ServicesPlan | None = None, *, keep_going: bool = False,
+def run_services(lake: Lake, plan: ServicesPlan | None = None, *, keep_going: bool = False,
                  timings: dict[str, dict[str, float]] | None = None) -> dict[str, dict[str, object]]:
-    """Run the `plan`'s services (all of them on every table by default); returns what each did, per table.
+    """Run the `plan`'s services on the lake's tables (all of them on every table of its declaration by default);
+    returns what each did, per table.
 
     A table that does not exist yet is skipped; compaction applies to merge-on-read tables,
     clustering and expiry to append-only ones (the change logs). With `keep_going`, a table whose
@@ -164,7 +166,7 @@ def run_services(spark: SparkSession, root: str, plan: ServicesPlan | None = Non
     hour. `timings` gets the seconds each service took, per table (the services job pushes them).
     """
     plan = plan or ServicesPlan()
-    known = {t.name: t for t in lake_tables(root)}
+    known = {t.name: t for t in lake_tables(lake.root, lake.declaration)}
     names = list(plan.tables) if plan.tables else list(known)
     if unknown := [n for n in names if n not in known]:
         raise UnknownTable(f"unknown table(s) {', '.join(unknown)}: expected some of {', '.join(known)}")
@@ -172,7 +174,7 @@ def run_services(spark: SparkSession, root: str, plan: ServicesPlan | None = Non
     for name in names:
         done: dict[str, object] = {}
         try:
-            report[name] = _run_table(spark, known[name], plan.per_table.get(name, plan.services), done,
+            report[name] = _run_table(lake.spark, known[name], plan.per_table.get(name, plan.services), done,
                                       timings.setdefault(name, {}) if timings is not None else {})
         except Exception as exc:
             if not keep_going:

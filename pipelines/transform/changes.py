@@ -25,7 +25,7 @@ import hudi_configs
 from pipelines.errors import UnknownTable
 from pipelines.ingest.plan import newest_per_key
 from pipelines.lake.catalog import change_feed_tables
-from pipelines.lake.declaration import declared
+from pipelines.lake.declaration import TableDecl
 from pipelines.lake.frames import materialized, union_all
 from pipelines.lake.hudi_timeline import (
     earliest_checkpoint,
@@ -34,9 +34,9 @@ from pipelines.lake.hudi_timeline import (
     latest_completion,
     partitions_written,
 )
-from pipelines.lake.layout import LEDGER_COLUMNS, META_COLUMNS
+from pipelines.lake.layout import LEDGER_COLUMNS, META_COLUMNS, changelog_path, ledger_path, main_path, table_path
 from pipelines.lake.table_stats import has_completed_commit
-from pipelines.runtime.settings import changelog_path, lake_root, ledger_path, main_path, table_path
+from pipelines.runtime.lake import Lake
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +118,7 @@ def keyed_read(spark: SparkSession, path: str, keys: DataFrame) -> DataFrame:
     return table.filter(F.col(column).isin(wanted))
 
 
-def bronze_changes(spark: SparkSession, table: str, w: Window, root: str,
+def bronze_changes(spark: SparkSession, decl: TableDecl, w: Window, root: str,
                    extras: Sequence[str] | None = ()) -> DataFrame | None:
     """Per key changed in bronze in window `w` of its change log: the newest change by LSN, `_deleted` if a delete.
 
@@ -132,8 +132,7 @@ def bronze_changes(spark: SparkSession, table: str, w: Window, root: str,
     changes = _changelog_window(spark, w)
     if changes is None:
         return None
-    decl = declared().table(table)
-    key = decl.key
+    table, key = decl.name, decl.key
     fixed = [*dict.fromkeys([*key, *decl.columns]), *META_COLUMNS]
     types = {f.name: f.dataType for f in changes.schema.fields}
     added = [c for c in types if c not in fixed and c != "_ingest_date" and not c.startswith("_hoodie_")]
@@ -217,20 +216,20 @@ def partition_diff(spark: SparkSession, w: Window, key: tuple[str, ...], partiti
     return upserts.unionByName(deletes, allowMissingColumns=True)
 
 
-def read_changes(spark: SparkSession, table: str, since: str | None = None, root: str | None = None) -> ChangeSet:
+def read_changes(lake: Lake, table: str, since: str | None = None) -> ChangeSet:
     """Rows of `table` ('bronze/orders', 'silver/customers', 'gold/customer_ltv', ...) changed after `since`.
 
     `since` is the checkpoint a previous call returned (None: from the start).
     """
-    feeds = change_feed_tables()
+    feeds = change_feed_tables(lake.declaration)
     if table not in feeds:
         raise UnknownTable(f"unknown table {table!r}: expected one of {', '.join(feeds)}")
-    root = root or lake_root()
+    spark, root = lake.spark, lake.root
     layer, name = table.split("/")
     key = feeds[table]
     if layer == "bronze":
         w = window(spark, changelog_path(name, root), since or None)
-        changes = bronze_changes(spark, name, w, root, extras=None)
+        changes = bronze_changes(spark, lake.declaration.table(name), w, root, extras=None)
         if changes is None:
             return ChangeSet(_empty(spark, w.path, key), w.until or "")
         rows = changes.select("*", F.when(F.col("_deleted"), "delete").otherwise("upsert").alias("_change"))

@@ -18,18 +18,18 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from pipelines.lake.catalog import gold_missing, silver_options
-from pipelines.lake.declaration import TableDecl, declared
-from pipelines.lake.erasure_registry import erasure_key, read_registry, without_erased
+from pipelines.lake.declaration import Declaration, TableDecl
+from pipelines.lake.erasure_registry import read_registry, without_erased
 from pipelines.lake.frames import materialized
-from pipelines.lake.hudi_timeline import checkpoint, consumed, repair_torn_timeline, write_with_checkpoint
-from pipelines.lake.layout import DELETED_FLAG
+from pipelines.lake.hudi_timeline import checkpoint, consumed, repair_torn_timeline
+from pipelines.lake.layout import DELETED_FLAG, changelog_path, gold_path, quarantine_path, silver_path
 from pipelines.lake.table_stats import has_completed_commit
 from pipelines.runtime import console
-from pipelines.runtime.settings import changelog_path, gold_path, lake_root, quarantine_path, silver_path
-from pipelines.runtime.spark import get_spark
+from pipelines.runtime.lake import Lake
 from pipelines.transform.changes import Window, bronze_changes, window
 from pipelines.transform.gold import DAILY, LTV, STATE, gold_cycle
 from pipelines.transform.silver import clean, silver_columns
+from pipelines.transform.writes import write_with_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -66,14 +66,14 @@ class SilverStep:
     columns: tuple[str, ...]  # what silver carries of them (`silver_columns`)
 
 
-def plan_silver(spark: SparkSession, table: str, root: str) -> SilverStep | None:
+def plan_silver(lake: Lake, table: str) -> SilverStep | None:
     """The silver step of a declared table (None: nothing new in bronze).
 
     Raises DeclarationError when the declaration's cleaning, rules or derivations name a column
     bronze lacks (`clean` checks it against the columns read): `run_etl` plans every table
     before it writes any.
     """
-    decl = declared().table(table)
+    spark, root, decl = lake.spark, lake.root, lake.declaration.table(table)
     outputs = (silver_path(table, root), quarantine_path(table, root))
     source = changelog_path(table, root)
     # Both outputs read from the older of their checkpoints: re-reading is harmless, skipping is not.
@@ -81,7 +81,7 @@ def plan_silver(spark: SparkSession, table: str, root: str) -> SilverStep | None
                 key=lambda v: v or "")
     w = _carrying_new_columns(spark, decl, window(spark, source, since or None), outputs[0])
     # Declared columns: the extras named (bronze_changes keeps those it has); none declared: every column.
-    changes = bronze_changes(spark, table, w, root, extras=decl.silver_extra if decl.columns else None)
+    changes = bronze_changes(spark, decl, w, root, extras=decl.silver_extra if decl.columns else None)
     if changes is None:
         return None
     columns = tuple(silver_columns(decl, changes.columns))
@@ -89,16 +89,17 @@ def plan_silver(spark: SparkSession, table: str, root: str) -> SilverStep | None
     return SilverStep(decl, w, changes, columns)
 
 
-def write_silver(spark: SparkSession, step: SilverStep | None, root: str) -> dict[str, int]:
+def write_silver(lake: Lake, step: SilverStep | None) -> dict[str, int]:
     """One commit to silver/<table> and one to its quarantine, each with the window as its checkpoint; counts."""
     if step is None:
         return {}
+    spark, root = lake.spark, lake.root
     table, key = step.table.name, list(step.table.key)
     outputs = (silver_path(table, root), quarantine_path(table, root))
     changes = step.changes
     # Read after the changes were planned and before they run: a change read before an erasure swept it.
     if step.table.subject and (registry := read_registry(spark, root)) is not None:
-        changes = without_erased(changes, table, materialized(registry), erasure_key())
+        changes = without_erased(changes, table, materialized(registry), lake.erasure_key, lake.declaration)
     changes = changes.persist()
     cleaned = clean(changes.filter(~F.col("_deleted")), step.table, step.columns).persist()
     try:
@@ -125,14 +126,13 @@ def write_silver(spark: SparkSession, step: SilverStep | None, root: str) -> dic
         changes.unpersist()
 
 
-def silver_cycle(spark: SparkSession, table: str, root: str) -> dict[str, int]:
+def silver_cycle(lake: Lake, table: str) -> dict[str, int]:
     """bronze/_changelog/<table> -> silver/<table> and silver/_quarantine/<table>; returns counts."""
-    return write_silver(spark, plan_silver(spark, table, root), root)
+    return write_silver(lake, plan_silver(lake, table))
 
 
-def output_paths(root: str) -> dict[str, str]:
+def output_paths(root: str, decl: Declaration) -> dict[str, str]:
     """Every table an etl cycle writes, by `layer/name` (silver, silver_quarantine, gold): the cycle's own list."""
-    decl = declared()
     outputs = {f"{layer}/{t}": where(t, root) for t in decl.tables
                for layer, where in (("silver", silver_path), ("silver_quarantine", quarantine_path))}
     if not gold_missing(decl):
@@ -140,19 +140,17 @@ def output_paths(root: str) -> dict[str, str]:
     return outputs
 
 
-def run_etl(spark: SparkSession | None = None, root: str | None = None) -> dict[str, dict[str, int]]:
+def run_etl(lake: Lake) -> dict[str, dict[str, int]]:
     """One cycle: every declared table's silver from bronze, then gold from silver when the declaration has gold's
     inputs; returns counts per output table."""
-    spark = spark or get_spark("lakehouse-etl")
-    root = root or lake_root()
-    decl = declared()
+    spark, root, decl = lake.spark, lake.root, lake.declaration
     missing = gold_missing(decl)
     # A SIGKILL while Hudi wrote a timeline file leaves it cut short on a local disk, and the table unreadable.
-    for path in output_paths(root).values():
+    for path in output_paths(root, decl).values():
         repair_torn_timeline(path)
     # Every table planned first: a declaration that does not fit bronze stops the cycle before it writes anything.
-    steps = {table: plan_silver(spark, table, root) for table in decl.tables}
-    report = {f"silver/{table}": console.timed(log, f"silver/{table}", partial(write_silver, spark, step, root))
+    steps = {table: plan_silver(lake, table) for table in decl.tables}
+    report = {f"silver/{table}": console.timed(log, f"silver/{table}", partial(write_silver, lake, step))
               for table, step in steps.items()}
     if missing:
         log.info("gold: skipped, the declaration (%s) lacks its inputs: %s", decl.path, ", ".join(missing))

@@ -29,12 +29,12 @@ from pyspark.sql import functions as F
 
 from pipelines.lake.catalog import gold_options
 from pipelines.lake.frames import materialized
-from pipelines.lake.hudi_timeline import checkpoint, consumed, write_with_checkpoint
-from pipelines.lake.layout import DELETED_FLAG
+from pipelines.lake.hudi_timeline import checkpoint, consumed
+from pipelines.lake.layout import DELETED_FLAG, gold_path
 from pipelines.lake.table_stats import has_completed_commit
 from pipelines.runtime import console
-from pipelines.runtime.settings import gold_path
 from pipelines.transform.changes import Window, cdc_last_ops, cdc_window, keyed_read, window
+from pipelines.transform.writes import write_with_checkpoint
 
 log = logging.getLogger(__name__)
 

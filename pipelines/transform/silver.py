@@ -35,7 +35,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from pipelines.errors import DeclarationError
-from pipelines.lake.declaration import Rule, RuleKind, TableDecl, declared, missing_columns
+from pipelines.lake.declaration import Rule, RuleKind, TableDecl, missing_columns
 from pipelines.lake.layout import LEDGER_COLUMNS, META_COLUMNS
 
 # The bronze metadata silver keeps: `_lsn` orders its upserts (a late re-run never moves a row back),
@@ -70,7 +70,7 @@ def silver_columns(table: TableDecl, bronze_columns: Iterable[str]) -> list[str]
     else:
         source, extra = [c for c in have if not is_metadata(c) and c not in derived], []
     if clash := [c for c in [*source, *extra] if c in SILVER_OWN]:
-        raise DeclarationError(f"{_declared_in(table)}: tables.{table.name}: column(s) {clash} take names silver "
+        raise DeclarationError(f"{table.declared_in}: tables.{table.name}: column(s) {clash} take names silver "
                                f"gives its own columns ({', '.join(SILVER_OWN)})")
     return [*source, *(c for c in KEPT_METADATA if c in have), *extra]
 
@@ -83,7 +83,7 @@ def clean(bronze: DataFrame, table: TableDecl, columns: Sequence[str], *, where:
     declares this table), the table and the field, when a cleaning step, rule or derivation names a
     column bronze lacks, or cleans a column that is not text: before anything is written.
     """
-    at = f"{where or _declared_in(table)}: tables.{table.name}"
+    at = f"{where or table.declared_in}: tables.{table.name}"
     types = {f.name: f.dataType for f in bronze.schema.fields}
     # The erasure's fields (subject, pii) are not silver's to check.
     if missing := [m for m in missing_columns(table, set(types)) if not m.startswith(("subject:", "pii:"))]:
@@ -118,15 +118,6 @@ def clean(bronze: DataFrame, table: TableDecl, columns: Sequence[str], *, where:
                for d in table.derive]
     return bronze.select(*[values.get(c, F.col(c)).alias(c) for c in columns], *derived,
                          _first_failed(checks).alias("failed_rule"))
-
-
-def _declared_in(table: TableDecl) -> str:
-    """The declaration file to name in an error: the one in force when it declares this table, as declared."""
-    try:
-        decl = declared()
-    except DeclarationError:
-        return "the declaration"
-    return decl.path if decl.tables.get(table.name) == table else "the declaration"
 
 
 def _first_failed(checks: list[tuple[str, Column]]) -> Column:

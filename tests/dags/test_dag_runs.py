@@ -14,6 +14,7 @@ import pytest
 from conftest import DAGS, LINEAGE, PROJECT, lakehouse
 
 from pipelines.monitoring import lineage
+from pipelines.runtime.lake import Lake
 from pipelines.services.due import services_due
 from tests.hudi_files import log_files, pending_compactions
 from tests.plant import BAD_STATUS
@@ -45,12 +46,13 @@ def _etl_lineage() -> None:
     transports of tests/dags/conftest.py: the task's START and COMPLETE with the datasets the task declares, and
     its Spark application with the task's run as parent and the DAG's run as root, having read every declared
     inlet and written every declared outlet (`lakehouse lineage` prints them so)."""
-    from lakehouse_common import etl_inputs, etl_outputs
+    from lakehouse_common import dag_lake, etl_inputs, etl_outputs
 
     runs = lineage.fold(lineage.read_events(sorted(LINEAGE.glob("*.jsonl"))))
     task = max((r for r in runs.values() if r.job == "lakehouse_incremental_etl.etl"), key=lambda r: r.started or "")
     assert task.events == ["START", "COMPLETE"], task.events
-    declared_in, declared_out = {a.name for a in etl_inputs()}, {a.name for a in etl_outputs()}
+    lake = dag_lake()
+    declared_in, declared_out = {a.name for a in etl_inputs(lake)}, {a.name for a in etl_outputs(lake)}
     assert {lineage.dataset_name(d) for d in task.inputs} == declared_in, task.inputs
     assert {lineage.dataset_name(d) for d in task.outputs} == declared_out, task.outputs
     (app,) = [r for r in lineage.applications(runs, "lakehouse_etl") if r.parent and r.parent[2] == task.run_id]
@@ -94,7 +96,8 @@ def test_etl_then_table_services_on_real_tables(lake: Path, monkeypatch: pytest.
         assert list((Path(path) / ".hoodie" / "timeline").glob("*.commit")), f"bronze/{t}: not compacted"
     # The run left no work: the next run's decision maps no job (what it decided this time, the mapped jobs
     # having run, test_many_tables.py checks at many tables).
-    assert services_due(str(lake)) == [], [w.line() for w in services_due(str(lake))]
+    decl = Lake.at(str(lake)).declaration
+    assert services_due(str(lake), decl) == [], [w.line() for w in services_due(str(lake), decl)]
 
     # A planted violation (from the Spark environment, as a faulty upstream job would write it): every suite is
     # due (none has passed yet), all in one job of the shop's tables and gold's; the silver check fails that job's

@@ -16,6 +16,7 @@ from typing import Any
 from lakehouse_dev.bench.common import bench_dir, broker, lakehouse, produce_backlog, save, say, table
 from lakehouse_dev.bench.plots import grouped_bars
 from pipelines.lake import contract
+from pipelines.runtime.lake import Lake
 
 FRACTIONS = (0.001, 0.01, 0.1)
 
@@ -26,7 +27,7 @@ def _metered_cycle(spark, root: str) -> dict[str, Any]:
 
     started = time.monotonic()
     with ReadMeter(spark) as meter:
-        run_etl(spark, root)
+        run_etl(Lake.at(root, spark))
     return {"seconds": round(time.monotonic() - started, 2), **meter.result.as_dict()}
 
 

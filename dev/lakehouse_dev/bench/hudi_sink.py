@@ -48,9 +48,11 @@ from pyspark.sql.streaming import StreamingQuery
 from pipelines.ingest.bronze import kafka_stream
 from pipelines.ingest.parse import parse_events
 from pipelines.ingest.plan import change_rows
+from pipelines.ingest.schema import Shape
 from pipelines.lake import contract
 from pipelines.lake.catalog import bronze_options, keyed_options
 from pipelines.lake.layout import DELETED_FLAG, META_COLUMNS
+from pipelines.runtime.lake import read_declaration
 
 # What the streaming sink needs on top of bronze main's options. Main's writer plans compactions
 # for the job's own thread to run (pipelines/ingest/compactor.py), which the sink does not have;
@@ -83,14 +85,15 @@ def sink_rows(raw: DataFrame, table: str) -> DataFrame:
     `_ingested_at` is the micro-batch's time (Spark fixes `current_timestamp()` per batch),
     as the job stamps one instant per batch.
     """
-    return change_rows(parse_events(raw, table), table).select(
+    decl = read_declaration()
+    return change_rows(parse_events(raw, table, decl), Shape.initial(decl.table(table))).select(
         *contract.COLUMNS[table], *[c for c in META_COLUMNS if c != "_ingested_at"],
         F.current_timestamp().alias("_ingested_at"), (F.col("_op") == "d").alias(DELETED_FLAG))
 
 
 def start(spark: SparkSession, base_path: str, bootstrap: str, table: str) -> StreamingQuery:
     """The streaming query of one table: its topic from earliest, once (availableNow), into Hudi."""
-    raw = kafka_stream(spark, bootstrap, (table,)).load()
+    raw = kafka_stream(spark, bootstrap, read_declaration(), (table,)).load()
     return (sink_rows(raw, table).writeStream.format("hudi").queryName(f"hudi_sink_{table}")
             .options(**sink_options(base_path, table)).outputMode("append")
             .trigger(availableNow=True).start())

@@ -13,19 +13,24 @@ from pyspark.sql import functions as F
 from pipelines.ingest.bronze import kafka_stream
 from pipelines.ingest.parse import dead_letters, parse_events
 from pipelines.ingest.plan import change_rows
+from pipelines.ingest.schema import Shape
 from pipelines.lake import contract
+from pipelines.runtime.lake import read_declaration
 
 
 def append_batch(root: str):
     """The `foreachBatch` function: per topic, parse; rows and dead letters appended as Parquet."""
 
+    decl = read_declaration()
+
     def write(batch: DataFrame, batch_id: int) -> None:
         batch = batch.persist()
         try:
             for table in contract.TABLES:
-                events = parse_events(batch.filter(F.col("topic") == contract.topic(table)), table).persist()
+                events = parse_events(batch.filter(F.col("topic") == contract.topic(table)), table, decl).persist()
                 try:
-                    change_rows(events, table).write.mode("append").parquet(f"{root}/{table}")
+                    rows = change_rows(events, Shape.initial(decl.table(table)))
+                    rows.write.mode("append").parquet(f"{root}/{table}")
                     dead_letters(events, batch_id).write.mode("append").parquet(f"{root}/_dead_letters")
                 finally:
                     events.unpersist()
@@ -37,7 +42,7 @@ def append_batch(root: str):
 
 def run_parquet_sink(spark: SparkSession, root: str, bootstrap: str) -> None:
     """Consume what is on the topics now (availableNow), like `lakehouse ingest --once`."""
-    query = (kafka_stream(spark, bootstrap).load().writeStream.queryName("parquet_sink")
+    query = (kafka_stream(spark, bootstrap, read_declaration()).load().writeStream.queryName("parquet_sink")
              .foreachBatch(append_batch(root)).option("checkpointLocation", f"{root}/_checkpoint")
              .trigger(availableNow=True).start())
     query.awaitTermination()

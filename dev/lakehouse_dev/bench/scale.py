@@ -47,6 +47,7 @@ from pipelines.ingest.batch import BatchReport
 from pipelines.ingest.writer import BronzeBatchWriter
 from pipelines.lake import contract
 from pipelines.lake.table_stats import table_stats
+from pipelines.runtime.lake import Lake
 from pipelines.runtime.settings import INGEST_TRIGGER_SECONDS
 
 SIZES = (100_000, 2_000_000)
@@ -101,7 +102,7 @@ def _batch(spark, writer: BronzeBatchWriter, bootstrap: str, start: dict, end: d
 
 def _writer(spark, root: str) -> BronzeBatchWriter:
     """A started writer that commits every table each batch (the batches here are the stream's, without its cadence)."""
-    writer = BronzeBatchWriter(spark, root, trigger_seconds=INGEST_TRIGGER_SECONDS, eager=True)
+    writer = BronzeBatchWriter(Lake.at(root, spark), trigger_seconds=INGEST_TRIGGER_SECONDS, eager=True)
     writer.start()
     return writer
 

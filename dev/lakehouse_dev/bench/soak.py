@@ -55,8 +55,9 @@ from lakehouse_dev.generator import ShopSource, WorkloadConfig
 from lakehouse_dev.source_state import database_state
 from lakehouse_dev.supervised import SupervisorError
 from pipelines.lake.contract import COLUMNS, PRIMARY_KEY, TABLES
+from pipelines.lake.layout import gold_path, main_path, quarantine_path, silver_path
 from pipelines.lake.table_stats import has_completed_commit, read_table
-from pipelines.runtime.settings import INGEST_TRIGGER_SECONDS, gold_path, main_path, quarantine_path, silver_path
+from pipelines.runtime.settings import INGEST_TRIGGER_SECONDS
 
 NAME = "soak"
 _SETTLE_TIMEOUT = 900.0

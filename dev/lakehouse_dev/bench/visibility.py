@@ -40,10 +40,10 @@ import click
 from hudi import HudiTableBuilder
 from kafka import KafkaConsumer, TopicPartition
 
-from pipelines.lake.declaration import Declaration, declared
-from pipelines.lake.layout import BATCH_ID_META, POSITIONS_META
+from pipelines.lake.declaration import Declaration
+from pipelines.lake.layout import BATCH_ID_META, POSITIONS_META, changelog_path, ingest_checkpoint_path, main_path
 from pipelines.lake.table_stats import read_table
-from pipelines.runtime.settings import changelog_path, ingest_checkpoint_path, main_path
+from pipelines.runtime.lake import read_declaration
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ Topics = dict[str, str]  # the lake's name of a table -> its topic
 
 def topics_of(declaration: Declaration | None = None) -> Topics:
     """Each declared table's topic (default: the declaration in force): what the probes watch."""
-    d = declaration or declared()
+    d = declaration or read_declaration()
     return {t: d.topic(t) for t in d.names}
 
 

@@ -157,11 +157,11 @@ def play_declared(dsn: str | None, changes: int, seed: int) -> str:
     import psycopg
 
     from lakehouse_dev.generator.declared import DeclaredWorkload
-    from pipelines.lake.declaration import declared
+    from pipelines.runtime.lake import read_declaration
 
     dsn = _source_dsn(dsn)
     with psycopg.connect(dsn, autocommit=True) as conn:
-        stats = DeclaredWorkload(conn, declared(), seed=seed).play(changes)
+        stats = DeclaredWorkload(conn, read_declaration(), seed=seed).play(changes)
     return f"played {' '.join(f'{k}={v}' for k, v in sorted(stats.items())) or 'no changes'} on {dsn}"
 
 

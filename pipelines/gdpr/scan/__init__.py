@@ -45,22 +45,23 @@ import logging
 import time
 from collections.abc import Callable
 
-from pyspark.sql import SparkSession
-
 from pipelines.gdpr.scan.files import FileScan
 from pipelines.gdpr.scan.jvm import Jvm
 from pipelines.gdpr.scan.model import Finding, ScanReport, Subject
 from pipelines.gdpr.scan.tables import find_tables, table_of
+from pipelines.runtime.lake import Lake
 
 __all__ = ["Finding", "ScanReport", "Subject", "scan_lake"]
 
 log = logging.getLogger(__name__)
 
 
-def scan_lake(spark: SparkSession, root: str, subject: Subject,
-              progress: Callable[[int, int], None] | None = None,
+def scan_lake(lake: Lake, subject: Subject, progress: Callable[[int, int], None] | None = None,
               only: Callable[[str], bool] | None = None) -> ScanReport:
-    """Decode every file under `root` and report each one that still holds data of `subject`.
+    """Decode every file under the lake's root and report each one that still holds data of `subject`.
+
+    The lake's declaration names its tables (their keys and subject columns) and the topics of its dead letters;
+    its Spark session's JVM runs Hudi's readers.
 
     `progress(done, total)` is called after each file. `only(rel)` narrows the scan to the
     files it accepts (paths relative to the root; the tables are still found from every
@@ -68,11 +69,11 @@ def scan_lake(spark: SparkSession, root: str, subject: Subject,
     clean certificate.
     """
     started = time.monotonic()
-    jvm = Jvm(spark, root)
+    jvm = Jvm(lake.spark, lake.root)
     every = jvm.list_files()
-    tables = find_tables(jvm, every)
+    tables = find_tables(jvm, every, lake.declaration)
     files = [rel for rel in every if only(rel)] if only else every
-    scan = FileScan(jvm, subject)
+    scan = FileScan(jvm, subject, lake.declaration)
     for done, rel in enumerate(files, 1):
         scan.file(rel, table_of(rel, tables))
         if progress:

@@ -14,13 +14,14 @@ import pyarrow.compute as pc
 from pipelines.gdpr.scan.match import Matcher
 from pipelines.gdpr.scan.model import ROW, TEXT, Subject
 from pipelines.gdpr.scan.tables import id_kinds
+from pipelines.lake.declaration import Declaration
 
 
 class ColumnMatcher(Matcher):
     """`Matcher` with the rules on Arrow columns."""
 
-    def __init__(self, subject: Subject) -> None:
-        super().__init__(subject)
+    def __init__(self, subject: Subject, decl: Declaration) -> None:
+        super().__init__(subject, decl)
         # Every text as a literal of one RE2 alternation: one pass over a column instead of one per
         # text, with the semantics of match_substring(ignore_case=True), which is RE2 on a literal.
         self._texts_regex = "|".join(re.sub(r"([.^$*+?{}\[\]\\|()])", r"\\\1", t) for t in self.texts)

@@ -13,13 +13,14 @@ from pipelines.gdpr.scan.columns import ColumnMatcher
 from pipelines.gdpr.scan.jvm import Jvm
 from pipelines.gdpr.scan.model import PARQUET_BATCH, TEXT, Finding, ScanReport, Subject
 from pipelines.gdpr.scan.tables import Table, decoder_of
+from pipelines.lake.declaration import Declaration
 
 
 class FileScan(ColumnMatcher):
     """Every file of a scan, decoded by its kind and matched (`ColumnMatcher`); the findings in `report`."""
 
-    def __init__(self, jvm: Jvm, subject: Subject) -> None:
-        super().__init__(subject)
+    def __init__(self, jvm: Jvm, subject: Subject, decl: Declaration) -> None:
+        super().__init__(subject, decl)
         self.jvm = jvm
         self.report = ScanReport()
 

@@ -14,7 +14,7 @@ from pyspark.sql import SparkSession
 from pipelines.errors import StorageError
 from pipelines.gdpr.scan.model import CHUNK, DATA_BLOCKS, LOG_MAGIC, Chunk
 from pipelines.lake import storage
-from pipelines.runtime.jvm import jvm_of
+from pipelines.lake.jvm import jvm_of
 
 # ----------------------------------------------------------------------------- the JVM side
 

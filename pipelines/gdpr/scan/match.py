@@ -28,13 +28,15 @@ from pipelines.gdpr.scan.model import (
     Subject,
 )
 from pipelines.gdpr.scan.tables import Table, as_int, id_kinds, key_parts, secondary_index_record_key
-from pipelines.lake.declaration import declared
+from pipelines.lake.declaration import Declaration
 
 
 class Matcher:
-    """The rules, applied to decoded values; one instance per scan, state per file."""
+    """The rules, applied to decoded values; one instance per scan, state per file. `decl` names the tables whose
+    topics the dead letters came from."""
 
-    def __init__(self, subject: Subject) -> None:
+    def __init__(self, subject: Subject, decl: Declaration) -> None:
+        self.decl = decl
         self.ids = {CUSTOMER: frozenset(subject.customer_ids), ORDER: frozenset(subject.order_ids)}
         self.texts = sorted({t.strip().casefold() for t in subject.texts if t.strip()})
         self._all_ids = self.ids[CUSTOMER] | self.ids[ORDER]
@@ -248,10 +250,10 @@ class Matcher:
         `"customer_id": N` a customer anywhere, and `"id": N` either on a topic no declared table has."""
         topic = row.get("kafka_topic")
         try:
-            source = declared().table_of_topic(topic) if isinstance(topic, str) else None
+            source = self.decl.table_of_topic(topic) if isinstance(topic, str) else None
         except UnknownTable:
             source = None
-        decl = declared().tables.get(source or "")
+        decl = self.decl.tables.get(source or "")
         fields: list[tuple[str, tuple[str, ...]]] = [("customer_id", (CUSTOMER,))]
         if decl is None:
             fields.append(("id", (CUSTOMER, ORDER)))

@@ -11,7 +11,7 @@ from functools import cached_property
 from pipelines.gdpr.scan.jvm import Jvm
 from pipelines.gdpr.scan.model import CUSTOMER, FIELD_NAME, INTEGER, LOG_NAME, ORDER
 from pipelines.lake.catalog import lake_catalog, lake_tables
-from pipelines.lake.declaration import declared
+from pipelines.lake.declaration import Declaration
 
 # ----------------------------------------------------------------------------- tables
 
@@ -46,17 +46,16 @@ class Table:
         return partition is None or partition == "record_index" or partition.startswith("secondary_index")
 
 
-def find_tables(jvm: Jvm, files: list[str]) -> dict[str, Table]:
-    """Table roots (relative) -> table: those lake_tables names, and any other with a hoodie.properties.
+def find_tables(jvm: Jvm, files: list[str], decl: Declaration) -> dict[str, Table]:
+    """Table roots (relative) -> table: those lake_tables names for `decl`, and any other with a hoodie.properties.
 
     The record key fields come from the table's hoodie.properties (what Hudi wrote), else
     from the writer options the pipeline uses.
     """
-    sources = {t.name: t.source for t in lake_catalog()}
-    decl = declared().tables
+    sources = {t.name: t.source for t in lake_catalog(decl)}
     tables = {}
-    for t in lake_tables(jvm.root):
-        source = decl.get(sources.get(t.name) or "")
+    for t in lake_tables(jvm.root, decl):
+        source = decl.tables.get(sources.get(t.name) or "")
         tables[t.name] = Table(t.name, fields_of(t.options.get("hoodie.datasource.write.recordkey.field", "")),
                                source=source.name if source else None, subject=source.subject if source else None,
                                row_key=source.key if source else ())
