@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import click
 
 from pipelines.cli.catalog import catalog, sql
+from pipelines.cli.config import config
 from pipelines.cli.lake import dead_letters, show, status
 from pipelines.cli.root import EXIT_CODES, VERSION_OPTION, LakehouseGroup
 from pipelines.deploy.connector_cli import connector
@@ -29,6 +30,7 @@ from pipelines.lake.declaration import Declaration
 from pipelines.metastore import catalog_sync
 from pipelines.runtime import console, settings
 from pipelines.runtime.commands import JSON_OPTION, TABLE, command_lake, echo_json, pass_lake
+from pipelines.runtime.config import export, load_config
 from pipelines.runtime.lake import Lake
 from pipelines.runtime.local_process import require_kafka
 
@@ -40,26 +42,32 @@ if TYPE_CHECKING:
 @VERSION_OPTION
 @click.option("-v", "--verbose", is_flag=True,
               help="The full log on the console (Spark, Hudi, libraries; debug for the pipeline), no log file.")
+@click.option("--config", "config_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="The configuration file  [default: $LAKEHOUSE_CONFIG, else ./lakehouse.toml if there is one, "
+                   "else the embedded local defaults]")
+@click.option("--profile", default=None, help="The file's profile  [default: $LAKEHOUSE_PROFILE, else local]")
 @click.pass_context
-def main(ctx: click.Context, verbose: bool) -> None:
+def main(ctx: click.Context, verbose: bool, config_file: Path | None, profile: str | None) -> None:
     """Lakehouse CDC pipeline: Debezium change events on Kafka into Apache Hudi tables (bronze, silver, gold).
 
     \b
-    Configuration comes from environment variables; the main ones:
-      LAKEHOUSE_ROOT           the lake, a path or a URI  [default: lake/ in the checkout]
-      KAFKA_BOOTSTRAP_SERVERS  Kafka's brokers  [default: 127.0.0.1:9092]
-      LAKEHOUSE_TABLES         the declared tables, a TOML file  [default: the shop's]
-      LAKEHOUSE_TARGET         where Spark runs: local or emr  [default: local]
-      LAKEHOUSE_METASTORE_URI  the Hive Metastore the tables are registered in  [default: none]
-      LAKEHOUSE_LOG_DIR        the log files  [default: .logs/ in the checkout]
-    A command's --help names the others it reads.
+    Configuration comes from one file, lakehouse.toml, with profiles (docs/configuration.md);
+    an environment variable overrides a setting of the file, a flag overrides both. The main ones:
+      [lake] root              LAKEHOUSE_ROOT           [default: lake/ in the checkout]
+      [lake] tables            LAKEHOUSE_TABLES         [default: the shop's declaration]
+      [kafka] bootstrap_servers KAFKA_BOOTSTRAP_SERVERS [default: 127.0.0.1:9092]
+      [spark] target           LAKEHOUSE_TARGET         local or emr  [default: local]
+      [catalog] metastore_uri  LAKEHOUSE_METASTORE_URI  [default: none]
+    `lakehouse config show` prints every setting and where it came from.
 
     Each command prints what it did; Spark, Hudi and library logs go to a log file under
     LAKEHOUSE_LOG_DIR, named when Spark starts and when the command fails.
     """
-    # The one lake of the command, its declaration read now: a wrong one stops the command (exit 2) before it
-    # writes anything. Its Spark session starts when the command first needs one.
-    ctx.obj = Lake.from_environment(app=f"lakehouse-{ctx.invoked_subcommand or 'lakehouse'}")
+    # The one lake of the command, its configuration and declaration read now: a wrong one stops the command
+    # (exit 2) before it writes anything. Its Spark session starts when the command first needs one.
+    loaded = load_config(config_file, profile)
+    export(loaded)  # for the jobs it starts, and the code that still reads a variable
+    ctx.obj = Lake.from_environment(app=f"lakehouse-{ctx.invoked_subcommand or 'lakehouse'}", loaded=loaded)
     console.setup(ctx.invoked_subcommand or "lakehouse", verbose)
     ctx.call_on_close(console.teardown)
     # Last commits' catalog syncs (LAKEHOUSE_METASTORE_URI) before the process ends: a no-op without any.
@@ -68,6 +76,7 @@ def main(ctx: click.Context, verbose: bool) -> None:
     logging.getLogger("py4j").setLevel(logging.WARNING)
 
 
+main.add_command(config)
 main.add_command(stream)
 main.add_command(connector)
 main.add_command(schema)

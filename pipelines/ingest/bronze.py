@@ -94,7 +94,7 @@ from pipelines.monitoring.pushgateway import JobMetrics
 from pipelines.runtime import console
 from pipelines.runtime.lake import Lake
 from pipelines.runtime.local_process import kafka_unanswered
-from pipelines.runtime.settings import INGEST_TRIGGER_SECONDS, declaration_file, kafka_bootstrap
+from pipelines.runtime.settings import INGEST_TRIGGER_SECONDS, kafka_bootstrap
 
 log = logging.getLogger(__name__)
 
@@ -473,11 +473,11 @@ def _start_query(stream: _Stream, lake: Lake) -> tuple[StreamingQuery, BronzeBat
 
 
 def _declaration_now(decl: Declaration) -> Declaration:
-    """The declaration file as it is now (`LAKEHOUSE_TABLES`), read again; `decl`, the one the stream has, when
-    the file no longer loads, with the reason in the log, so that a typo in the file does not stop a running
+    """The file of the stream's declaration (`decl.path`) as it is now, read again; `decl`, the one the stream has,
+    when the file no longer loads, with the reason in the log, so that a typo in the file does not stop a running
     stream."""
     try:
-        return load(declaration_file())
+        return load(decl.path)
     except DeclarationError as exc:
         log.error("the declaration changed and cannot be read, the stream goes on with the tables it had: %s", exc)
         return decl

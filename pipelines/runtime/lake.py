@@ -1,5 +1,5 @@
-"""The lake a job works on, in one object: where it is, which tables it holds, the Spark session that reads and
-writes it and the key of its pseudonyms.
+"""The lake a job works on, in one object: where it is, which tables it holds, the configuration it was found
+by, the Spark session that reads and writes it and the key of its pseudonyms.
 
 Built once where a job starts (a CLI command, a DAG task's command, a test) and handed down, so that every part
 of one job sees the same root and the same declaration: nothing below reads them from the environment or keeps
@@ -13,16 +13,18 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from pipelines.lake.declaration import Declaration, load
+from pipelines.lake.declaration import Declaration, load, packaged
 from pipelines.runtime import settings
+from pipelines.runtime.config import Config, Loaded, load_config
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 
-def read_declaration() -> Declaration:
-    """The declaration the environment names (`LAKEHOUSE_TABLES`, else the packaged one), read and checked now."""
-    return load(settings.declaration_file())
+def read_declaration(loaded: Loaded | None = None) -> Declaration:
+    """The declaration the configuration names (`[lake] tables`, `LAKEHOUSE_TABLES`; else the packaged one), read
+    and checked now; `loaded` default: the configuration as the environment finds it (`load_config`)."""
+    return load((loaded or load_config()).config.lake.tables or packaged())
 
 
 @dataclass
@@ -31,24 +33,34 @@ class Lake:
     `erasure_key`.
 
     `app` names the Spark application (`lakehouse-<command>`) and `spark_options` are set on the session as it
-    starts; `session` is one already running (tests, a job that made its own).
+    starts; `session` is one already running (tests, a job that made its own). `loaded` is the configuration
+    (pipelines.runtime.config) the lake was found by, with where each setting came from.
     """
 
     root: str
     declaration: Declaration
     app: str = "lakehouse"
+    loaded: Loaded = field(default_factory=lambda: Loaded(Config()), repr=False)
     spark_options: dict[str, str] = field(default_factory=dict)
     session: SparkSession | None = field(default=None, repr=False)
     key: str | None = field(default=None, repr=False)
 
     @classmethod
-    def from_environment(cls, app: str = "lakehouse", **given: object) -> Lake:
-        """The lake the environment points at: `LAKEHOUSE_ROOT`, `LAKEHOUSE_TABLES` (the checkout's `lake/` and
-        the packaged declaration when unset); `given` overrides any field."""
-        fields: dict = {"root": settings.lake_root(), "app": app, **given}
+    def from_environment(cls, app: str = "lakehouse", loaded: Loaded | None = None, **given: object) -> Lake:
+        """The lake the configuration points at (`loaded`, default: `load_config()`, the file, profile and
+        environment variables as found): its `[lake] root` and `tables`, else the checkout's `lake/` and the
+        packaged declaration; `given` overrides any field."""
+        loaded = loaded or load_config()
+        fields: dict = {"root": loaded.config.lake.root or settings.default_lake_root(), "app": app,
+                        "loaded": loaded, **given}
         if "declaration" not in fields:
-            fields["declaration"] = read_declaration()
+            fields["declaration"] = read_declaration(loaded)
         return cls(**fields)
+
+    @property
+    def config(self) -> Config:
+        """The effective configuration: every section, checked."""
+        return self.loaded.config
 
     @classmethod
     def at(cls, root: str, spark: SparkSession | None = None) -> Lake:
@@ -66,11 +78,13 @@ class Lake:
 
     @property
     def erasure_key(self) -> str:
-        """The secret of the pseudonymising hash (pipelines.runtime.secrets), read on first use."""
+        """The secret of the pseudonymising hash, read on first use: where `[lake] erasure_key` says, else as
+        pipelines.runtime.secrets finds it (its variables, else the key file)."""
         if self.key is None:
-            from pipelines.runtime.secrets import erasure_key
+            from pipelines.runtime.secrets import checked_erasure_key, erasure_key
 
-            self.key = erasure_key()
+            where = self.config.lake.erasure_key
+            self.key = erasure_key() if where is None else checked_erasure_key(where.reveal(), where.where())
         return self.key
 
     def with_declaration(self, declaration: Declaration) -> Lake:

@@ -58,8 +58,13 @@ def secrets_manager_value(secret: str, named: str | None = None) -> str:
 
 def _secret_value(secret: str) -> str:
     """The erasure key from AWS Secrets Manager, long enough to key the hash."""
-    key = secrets_manager_value(secret, f"LAKEHOUSE_ERASURE_KEY_SECRET={secret}")
+    named = f"LAKEHOUSE_ERASURE_KEY_SECRET={secret}"
+    return checked_erasure_key(secrets_manager_value(secret, named), named)
+
+
+def checked_erasure_key(key: str, named: str) -> str:
+    """`key` if it is long enough to key the hash; SecretError naming where it came from (`named`) otherwise."""
     if len(key) < 32:
-        raise SecretError(f"LAKEHOUSE_ERASURE_KEY_SECRET={secret}: the secret's string is {len(key)} characters; "
-                          "the erasure key must be at least 32 (e.g. `openssl rand -hex 32`)")
+        raise SecretError(f"{named}: the secret's string is {len(key)} characters; the erasure key must be at "
+                          "least 32 (e.g. `openssl rand -hex 32`)")
     return key

@@ -29,9 +29,14 @@ def unavailable_placeholder() -> str:
     return os.environ.get("LAKEHOUSE_UNAVAILABLE_PLACEHOLDER") or DEFAULT_UNAVAILABLE_PLACEHOLDER
 
 
+def default_lake_root() -> str:
+    """The lake when the configuration names none: `lake/` in the checkout (git-ignored)."""
+    return str(PROJECT_ROOT / "lake")
+
+
 def lake_root() -> str:
     """`LAKEHOUSE_ROOT`, a local path or a URI; default `./lake` in the checkout (git-ignored)."""
-    return os.environ.get("LAKEHOUSE_ROOT") or str(PROJECT_ROOT / "lake")
+    return os.environ.get("LAKEHOUSE_ROOT") or default_lake_root()
 
 
 def kafka_bootstrap() -> str:

@@ -1,0 +1,340 @@
+"""The pipeline's configuration: one file, `lakehouse.toml`, with profiles, checked whole by a typed model before
+anything runs.
+
+Where each setting comes from, strongest first: a command-line flag, an environment variable, the chosen
+profile's section (`[profiles.<name>.<section>]`), the file's own section (`[<section>]`, every profile's),
+the defaults below. The file is `--config`, else `LAKEHOUSE_CONFIG`, else `./lakehouse.toml`, else none (the
+defaults: the embedded local stack of a checkout); the profile is `--profile`, else `LAKEHOUSE_PROFILE`, else
+`local`. Every setting has an environment variable, `LAKEHOUSE_<SECTION>_<KEY>`; the older names
+(`LAKEHOUSE_ROOT`, `KAFKA_BOOTSTRAP_SERVERS`, ...) are kept as aliases (`ALIASES`).
+
+Secrets are never values, in the file or in these variables: a secret setting names where the secret is
+(`{ env = "NAME" }`, `{ file = "path" }`, `{ airflow_connection = "id" }`, `{ aws_secret = "arn" }`), and is read
+only when a client needs it (`Secret.reveal`). A literal value is refused, naming the key.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
+
+from pipelines.errors import SecretError, SettingError
+
+CONFIG_VARIABLE = "LAKEHOUSE_CONFIG"
+PROFILE_VARIABLE = "LAKEHOUSE_PROFILE"
+DEFAULT_FILE = Path("lakehouse.toml")
+DEFAULT_PROFILE = "local"
+
+
+class _Section(BaseModel):
+    """A section of the file: an unknown key or a value of the wrong type fails, naming both."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Secret(_Section):
+    """Where a secret is, never the secret: exactly one of an environment variable, a file, an Airflow Connection's
+    password, an AWS Secrets Manager secret (name or ARN; how EMR steps get theirs)."""
+
+    env: str | None = None
+    file: Path | None = None
+    airflow_connection: str | None = None
+    aws_secret: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _not_a_value(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            raise ValueError('a secret is never a value here: say where it is, { env = "NAME" }, { file = "path" }, '
+                             '{ airflow_connection = "id" } or { aws_secret = "arn" }')
+        return value
+
+    @model_validator(mode="after")
+    def _one_place(self) -> Secret:
+        given = [k for k in ("env", "file", "airflow_connection", "aws_secret") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"a secret is in exactly one place (env, file, airflow_connection or aws_secret); "
+                             f"got {', '.join(given) or 'none'}")
+        return self
+
+    def where(self) -> str:
+        """Where the secret is, as `config show` prints it: the place, never the value."""
+        kind, place = next((k, v) for k, v in self.model_dump().items() if v is not None)
+        return f"<secret: {kind} {place}>"
+
+    def reveal(self) -> str:
+        """The secret's value, read now; SecretError naming the place when it is not there."""
+        if self.env is not None:
+            if not (value := os.environ.get(self.env)):
+                raise SecretError(f"the secret's environment variable {self.env} is not set")
+            return value
+        if self.file is not None:
+            try:
+                return self.file.read_text().strip()
+            except OSError as exc:
+                raise SecretError(f"the secret's file {self.file} cannot be read ({exc.strerror})") from exc
+        if self.airflow_connection is not None:
+            return _airflow_password(self.airflow_connection)
+        assert self.aws_secret is not None
+        from pipelines.runtime.secrets import secrets_manager_value
+
+        return secrets_manager_value(self.aws_secret)
+
+
+def _airflow_password(connection_id: str) -> str:
+    """The password of an Airflow Connection, through the Task SDK (inside a task) or Airflow's secrets backends."""
+    try:
+        from airflow.sdk import Connection
+    except ImportError as exc:
+        raise SecretError(f"the secret is Airflow Connection {connection_id!r}, and Airflow is not installed "
+                          "here") from exc
+    try:
+        password = Connection.get(connection_id).password
+    except Exception as exc:  # the SDK raises its own kinds for a missing connection
+        raise SecretError(f"Airflow Connection {connection_id!r} cannot be read ({type(exc).__name__}: {exc})") \
+            from exc
+    if not password:
+        raise SecretError(f"Airflow Connection {connection_id!r} has no password")
+    return password
+
+
+class LakeSettings(_Section):
+    """The lake: where it is, which tables it holds, the key of its pseudonyms."""
+
+    root: str | None = None  # a path or a URI (s3://...); none: lake/ in the checkout
+    tables: str | None = None  # the declaration file; none: the packaged one
+    erasure_key: Secret | None = None  # none: a key file outside the lake, made on first use
+    hudi_overrides: tuple[str, ...] = ()  # TOML files of Hudi and Spark options over hudi_configs/
+
+
+class KafkaSettings(_Section):
+    """The brokers: the same for the stream, every client, the probes and the jobs."""
+
+    bootstrap_servers: str = "127.0.0.1:9092"
+
+
+class ConnectSettings(_Section):
+    """The Kafka Connect cluster that runs Debezium, and the connector's name there (the connector watchdog)."""
+
+    url: str = "http://127.0.0.1:8083"
+    connector: str = "shop-source"
+
+    @field_validator("url")
+    @classmethod
+    def _http(cls, url: str) -> str:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"{url!r}: expected an http:// or https:// URL")
+        return url.rstrip("/")
+
+
+class CatalogSettings(_Section):
+    """The catalog the tables are registered in by name: a Hive Metastore (thrift://), or Glue on EMR."""
+
+    metastore_uri: str | None = None
+
+
+class MetricsSettings(_Section):
+    """Where the batch jobs push their metrics."""
+
+    pushgateway: str | None = None  # host:port; none: the batch jobs push nothing
+
+
+class SparkSettings(_Section):
+    """Where Spark runs."""
+
+    target: Literal["local", "emr"] = "local"
+    master: str | None = None  # spark://host:port, a standalone cluster; none: local[2]
+    table_services: Literal["inline", "external"] | None = None  # none: the target's default
+
+
+class Config(_Section):
+    """The whole configuration, every section with its defaults."""
+
+    lake: LakeSettings = LakeSettings()
+    kafka: KafkaSettings = KafkaSettings()
+    connect: ConnectSettings = ConnectSettings()
+    catalog: CatalogSettings = CatalogSettings()
+    metrics: MetricsSettings = MetricsSettings()
+    spark: SparkSettings = SparkSettings()
+
+
+SECTIONS: dict[str, type[_Section]] = {name: f.annotation for name, f in Config.model_fields.items()}  # type: ignore[misc]
+# The variables the project read before the file existed, still honoured (and what `config show` names).
+ALIASES = {"LAKEHOUSE_ROOT": ("lake", "root"), "LAKEHOUSE_TABLES": ("lake", "tables"),
+           "LAKEHOUSE_HUDI_OVERRIDES": ("lake", "hudi_overrides"),
+           "KAFKA_BOOTSTRAP_SERVERS": ("kafka", "bootstrap_servers"),
+           "LAKEHOUSE_CONNECT_URL": ("connect", "url"), "LAKEHOUSE_CONNECTOR": ("connect", "connector"),
+           "LAKEHOUSE_METASTORE_URI": ("catalog", "metastore_uri"),
+           "LAKEHOUSE_PUSHGATEWAY": ("metrics", "pushgateway"),
+           "LAKEHOUSE_TARGET": ("spark", "target"), "LAKEHOUSE_SPARK_MASTER": ("spark", "master"),
+           "LAKEHOUSE_TABLE_SERVICES": ("spark", "table_services")}
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """The effective configuration, where each setting came from (`section.key` -> its source), the file and
+    the profile it was read with."""
+
+    config: Config
+    sources: dict[str, str] = field(default_factory=dict)
+    path: Path | None = None
+    profile: str = DEFAULT_PROFILE
+
+
+def config_path(given: Path | None = None, environ: Mapping[str, str] = os.environ) -> Path | None:
+    """The file to read: `given` (--config), else LAKEHOUSE_CONFIG, else ./lakehouse.toml if it exists, else none."""
+    if given is not None:
+        return given
+    if named := environ.get(CONFIG_VARIABLE):
+        return Path(named)
+    return DEFAULT_FILE if DEFAULT_FILE.is_file() else None
+
+
+def load_config(path: Path | None = None, profile: str | None = None, environ: Mapping[str, str] = os.environ,
+                flags: Mapping[str, Any] | None = None) -> Loaded:
+    """The configuration from the file, the profile, the environment and `flags` (`section.key` -> value), checked
+    whole; SettingError naming the file, the section and the key of what is wrong."""
+    path = config_path(path, environ)
+    profile = profile or environ.get(PROFILE_VARIABLE) or DEFAULT_PROFILE
+    layers: dict[str, dict[str, Any]] = {}
+    sources: dict[str, str] = {}
+    document = _read(path) if path is not None else {}
+    for name, section in document.items():
+        if name != "profiles":
+            _layer(layers, sources, name, section, f"{path} [{name}]", path)
+    profiles = document.get("profiles", {})
+    if profile not in profiles and profile != DEFAULT_PROFILE:
+        raise SettingError(f"{path}: no profile {profile!r} (profiles: {', '.join(profiles) or 'none'})" if path
+                           else f"profile {profile!r} ({PROFILE_VARIABLE} or --profile) needs a configuration file: "
+                                f"none given ({CONFIG_VARIABLE}, --config) and no {DEFAULT_FILE} here")
+    for name, section in profiles.get(profile, {}).items():
+        _layer(layers, sources, name, section, f"{path} [profiles.{profile}.{name}]", path)
+    for variable, (name, key) in _variables(environ).items():
+        _layer(layers, sources, name, {key: _from_text(name, key, environ[variable], variable)}, f"env {variable}",
+               None)
+    for dotted, value in (flags or {}).items():
+        name, _, key = dotted.partition(".")
+        _layer(layers, sources, name, {key: value}, f"flag {dotted}", None)
+    try:
+        config = Config.model_validate(layers)
+    except ValidationError as exc:
+        raise SettingError(_explain(exc, sources, path)) from None
+    return Loaded(config, sources, path, profile)
+
+
+def _read(path: Path) -> dict[str, Any]:
+    """The file's TOML, its top level checked: sections and `profiles` only."""
+    try:
+        document = tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise SettingError(f"{path}: cannot be read ({exc.strerror})") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise SettingError(f"{path}: not valid TOML: {exc}") from exc
+    if unknown := sorted(set(document) - {*SECTIONS, "profiles"}):
+        raise SettingError(f"{path}: unknown section(s) {', '.join(unknown)} (sections: {', '.join(SECTIONS)}, "
+                           "profiles)")
+    for profile, sections in document.get("profiles", {}).items():
+        if not isinstance(sections, dict):
+            raise SettingError(f"{path}: [profiles.{profile}]: expected sections, got {sections!r}")
+        if unknown := sorted(set(sections) - set(SECTIONS)):
+            raise SettingError(f"{path}: [profiles.{profile}]: unknown section(s) {', '.join(unknown)} "
+                               f"(sections: {', '.join(SECTIONS)})")
+    return document
+
+
+def _layer(layers: dict[str, dict[str, Any]], sources: dict[str, str], name: str, values: Any, source: str,
+           path: Path | None) -> None:
+    """Put `values` of section `name` over what is there, each key's source recorded."""
+    if not isinstance(values, dict):
+        raise SettingError(f"{source}: expected a table of settings, got {values!r}")
+    section = layers.setdefault(name, {})
+    for key, value in values.items():
+        if path is not None and key in _PATH_KEYS:
+            value = [_beside(path, v) for v in value] if isinstance(value, list) else _beside(path, value)
+        elif path is not None and isinstance(value, dict) and "file" in value:  # a secret's file
+            value = {**value, "file": _beside(path, value["file"])}
+        section[key] = value
+        sources[f"{name}.{key}"] = source
+
+
+# Settings that are paths: a relative one in the file is relative to the file, as a reader expects.
+_PATH_KEYS = {"root", "tables", "hudi_overrides"}
+
+
+def _beside(path: Path, value: Any) -> Any:
+    """A path setting of the file `path` made absolute from the file's folder; a URI (s3://...) as it is."""
+    if not isinstance(value, str) or "://" in value or Path(value).is_absolute():
+        return value
+    return str((path.parent / value).resolve())
+
+
+def _variables(environ: Mapping[str, str]) -> dict[str, tuple[str, str]]:
+    """The environment's settings: LAKEHOUSE_<SECTION>_<KEY> and the aliases, the latter first (weaker)."""
+    found = {v: target for v, target in ALIASES.items() if environ.get(v)}
+    for variable, value in environ.items():
+        if not variable.startswith("LAKEHOUSE_") or not value or variable in ALIASES:
+            continue
+        name, _, key = variable.removeprefix("LAKEHOUSE_").lower().partition("_")
+        if name in SECTIONS and key in SECTIONS[name].model_fields:
+            found[variable] = (name, key)
+    return found
+
+
+def _from_text(name: str, key: str, text: str, variable: str) -> Any:
+    """An environment variable's text as the setting's value: a list of paths split at `os.pathsep`; a secret
+    refused (say where it is in the file instead)."""
+    annotation = str(SECTIONS[name].model_fields[key].annotation)
+    if "Secret" in annotation:
+        raise SettingError(f"{variable}: a secret is never a value in the environment either; in the file, "
+                           f'[{name}] {key} = {{ env = "{variable}" }} names the variable that holds it')
+    if "tuple" in annotation:
+        return tuple(p for p in text.split(os.pathsep) if p)
+    return text
+
+
+def _explain(exc: ValidationError, sources: dict[str, str], path: Path | None) -> str:
+    """Every error of the model, each naming where the wrong value came from and its section and key."""
+    lines = []
+    for error in exc.errors():
+        where = [str(p) for p in error["loc"] if not str(p).startswith(("function-", "tagged-"))]
+        dotted = ".".join(where[:2])
+        source = sources.get(dotted) or (f"{path}" if path else "the defaults")
+        message = error["msg"].removeprefix("Value error, ")
+        if error["type"] == "extra_forbidden" and len(where) == 2 and where[0] in SECTIONS:
+            message = f"unknown key (the keys of [{where[0]}]: {', '.join(SECTIONS[where[0]].model_fields)})"
+        lines.append(f"{source}: {'.'.join(where) or 'the configuration'}: {message}")
+    return "the configuration is wrong:\n  " + "\n  ".join(lines)
+
+
+def effective(loaded: Loaded) -> list[tuple[str, Any, str]]:
+    """Every setting as `config show` prints it: (`section.key`, value with secrets masked, where it came from)."""
+    rows = []
+    for name in SECTIONS:
+        section = getattr(loaded.config, name)
+        for key in type(section).model_fields:
+            value = getattr(section, key)
+            shown = value.where() if isinstance(value, Secret) else value
+            rows.append((f"{name}.{key}", shown, loaded.sources.get(f"{name}.{key}", "default")))
+    return rows
+
+
+def export(loaded: Loaded, environ: dict[str, str] | os._Environ[str] = os.environ) -> None:
+    """Put the effective settings into `environ` under their variables (`ALIASES`), and the file and profile
+    under LAKEHOUSE_CONFIG and LAKEHOUSE_PROFILE: what the code that still reads a variable, and every job this
+    process starts (the supervised stream, spark-submit, an EMR step's environment), then find. Secrets are never
+    put there: a job reads the file and reveals them itself."""
+    if loaded.path is not None:
+        environ[CONFIG_VARIABLE] = str(loaded.path.resolve())
+        environ[PROFILE_VARIABLE] = loaded.profile
+    for variable, (name, key) in ALIASES.items():
+        if f"{name}.{key}" not in loaded.sources:
+            continue
+        value = getattr(getattr(loaded.config, name), key)
+        if value is not None:
+            environ[variable] = os.pathsep.join(value) if isinstance(value, tuple) else str(value)
