@@ -15,7 +15,7 @@ from pipelines.errors import InvalidRequest
 from pipelines.gdpr import inbox
 from pipelines.gdpr.request import MAX_IDS, ErasureRequest, parse_request, parse_requests
 from pipelines.runtime import console, settings
-from pipelines.runtime.commands import pass_lake
+from pipelines.runtime.commands import echo_json, pass_lake
 from pipelines.runtime.lake import Lake
 
 
@@ -61,7 +61,7 @@ def erase(lake: Lake, **given: Any) -> None:
                              "with them")
     filed = _pending() if options.pending else []
     if options.pending and not filed:
-        click.echo(json.dumps({"status": "no pending request", "inbox": inbox.inbox()}))
+        echo_json({"status": "no pending request", "inbox": inbox.inbox()})
         _push_inbox(lake)
         return
     requests = [f.request for f in filed] if options.pending else _given_requests(options)
@@ -129,7 +129,7 @@ def _erase(lake: Lake, requests: list[ErasureRequest], filed: list[inbox.Filed])
     job_metrics.erasure(run, certificates)
     run.push(succeeded=all(c.verified for c in certificates))
     summaries = [c.summary() for c in certificates]
-    click.echo(json.dumps(summaries[0] if len(summaries) == 1 else summaries))
+    echo_json(summaries[0] if len(summaries) == 1 else summaries)
     if not certificates[0].verified:
         failures = certificates[0].verification.failures
         _push_inbox(lake)

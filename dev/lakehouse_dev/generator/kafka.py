@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from kafka import KafkaAdminClient, KafkaProducer
+from kafka.admin import ConfigResource, ConfigResourceType
 from kafka.errors import KafkaError, TopicAlreadyExistsError
 
 from lakehouse_dev.generator.values import ACK_EVERY, PROGRESS_EVERY, Message
@@ -39,6 +40,10 @@ def produce(
     """
     batch = messages if isinstance(messages, Sequence) else list(messages)
     total = len(batch)
+    if compacted := _compacted({m.topic for m in batch if m.key is None}, bootstrap):
+        # A compacted topic (the source topics after an erasure, hudi_configs/gdpr.toml) refuses a record
+        # without a key, as it would refuse Debezium's: a keyless malformed record goes with an empty key there.
+        batch = [Message(m.topic, b"", m.value) if m.key is None and m.topic in compacted else m for m in batch]
     try:
         producer = KafkaProducer(
             bootstrap_servers=bootstrap,
@@ -78,6 +83,27 @@ def produce(
             f"Kafka at {bootstrap} did not acknowledge {len(failures)} of {total} records: {failures[0]}"
         )
     return total
+
+
+def _compacted(topics: set[str], bootstrap: str) -> set[str]:
+    """Those of `topics` whose cleanup.policy compacts (a topic not there yet is not)."""
+    if not topics:
+        return set()
+    try:
+        admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="shop-generator",
+                                 **optional_config(KafkaAdminClient, bootstrap_timeout_ms=15_000))
+    except KafkaError as exc:
+        raise KafkaUnavailableError(f"cannot reach Kafka at {bootstrap}: {exc}") from exc
+    try:
+        existing = set(admin.list_topics()) & topics
+        found = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, t, configs=["cleanup.policy"])
+                                        for t in sorted(existing)]) if existing else {}
+    except KafkaError as exc:
+        raise KafkaUnavailableError(f"reading the topics' configs on Kafka at {bootstrap} failed: {exc}") from exc
+    finally:
+        admin.close()
+    return {t for t, configs in dict(found).get("topic", {}).items()
+            if "compact" in configs.get("cleanup.policy", {}).get("value", "delete")}
 
 
 def ensure_topics(bootstrap: str, partitions: int = 3, topics: Iterable[str] | None = None) -> None:
