@@ -348,9 +348,11 @@ class FakeProducer:
 
 
 class FakeProducers(list):
-    """Every producer `produce` created; a test sets `fail_with` to make their sends fail."""
+    """Every producer `produce` created; a test sets `fail_with` to make their sends fail, and `compacted` to the
+    topics the fake brokers compact."""
 
     fail_with: Exception | None = None
+    compacted: frozenset[str] = frozenset()
 
 
 @pytest.fixture
@@ -362,6 +364,7 @@ def producers(monkeypatch) -> FakeProducers:
         return created[-1]
 
     monkeypatch.setattr(generator_kafka, "KafkaProducer", factory)
+    monkeypatch.setattr(generator_kafka, "_compacted", lambda topics, bootstrap: topics & created.compacted)
     return created
 
 
@@ -379,6 +382,17 @@ def test_produce_sends_in_order_and_reports_progress(producers) -> None:
     assert producer.config["bootstrap_servers"] == "broker:9092"
     assert calls[0] == (1000, len(messages))
     assert calls[-1] == (len(messages), len(messages))
+
+
+def test_a_keyless_record_gets_an_empty_key_on_a_compacted_topic_only(producers) -> None:
+    # The source topics after an erasure compact, and a broker refuses a record without a key there.
+    producers.compacted = frozenset({topic("orders")})
+    messages = [Message(topic("orders"), None, b"[1]"), Message(topic("customers"), None, b"[2]"),
+                Message(topic("orders"), b'{"id":1}', b"{}")]
+    generator.produce(messages, "broker:9092")
+    (producer,) = producers
+    assert producer.sent == [(topic("orders"), b"", b"[1]"), (topic("customers"), None, b"[2]"),
+                             (topic("orders"), b'{"id":1}', b"{}")]
 
 
 def test_produce_honours_the_rate(producers) -> None:
