@@ -10,8 +10,8 @@ from pipelines.ingest.cadence import BatchRecords, Cadence, CadenceLimits, Quiet
 from pipelines.ingest.schema import Shape
 from pipelines.ingest.stream import Heartbeat, Limits, judge
 from pipelines.ingest.survey import Survey
-from pipelines.lake.declaration import Declaration, load
-from pipelines.runtime.settings import declaration_file
+from pipelines.lake.declaration import Declaration
+from pipelines.runtime.lake import read_declaration
 
 pytestmark = pytest.mark.unit
 
@@ -20,7 +20,7 @@ LIMITS = CadenceLimits(busy_changes_per_second=50, parallel_tables=4, budget_sec
 
 def _declaration() -> Declaration:
     """The environment's declaration (LAKEHOUSE_TABLES), as a stream's query reads it."""
-    return load(declaration_file())
+    return read_declaration()
 
 
 def _survey(table: str, changed: bool = False, **kinds: int) -> Survey:

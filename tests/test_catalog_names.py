@@ -11,10 +11,9 @@ import pytest
 from pipelines.deploy.jobs import SparkJob
 from pipelines.errors import QueryError, SettingError, UnknownTable
 from pipelines.lake.catalog import lake_catalog, table_name, writer_options
-from pipelines.lake.declaration import load
 from pipelines.metastore.catalog_sync import catalog_kind, catalog_name, catalog_session_conf, in_lake, sync_properties
 from pipelines.metastore.query import as_of_instant, referenced_tables, with_as_of
-from pipelines.runtime.settings import declaration_file
+from pipelines.runtime.lake import read_declaration
 
 pytestmark = pytest.mark.unit
 
@@ -22,7 +21,7 @@ URI = "thrift://127.0.0.1:9083"
 
 
 def test_every_lake_table_has_one_name_in_its_layer_database() -> None:
-    decl = load(declaration_file())
+    decl = read_declaration()
     names = {catalog_name(t.name) for t in lake_catalog(decl)}
     assert len(names) == len(lake_catalog(decl))
     assert {"bronze.customers", "bronze._changelog_orders", "bronze._deletes_orders", "bronze._dead_letters",
@@ -48,7 +47,7 @@ def test_sync_is_off_without_a_metastore_and_refuses_a_wrong_uri(monkeypatch: py
 def test_local_tables_sync_to_the_metastore_with_their_writer_options(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LAKEHOUSE_METASTORE_URI", URI)
     monkeypatch.setenv("LAKEHOUSE_TARGET", "local")
-    table = next(t for t in lake_catalog(load(declaration_file())) if t.name == "bronze/_changelog/orders")
+    table = next(t for t in lake_catalog(read_declaration()) if t.name == "bronze/_changelog/orders")
     props = sync_properties("/lake/bronze/_changelog/orders", writer_options(table))
     assert props["hoodie.meta.sync.client.tool.class"] == "org.apache.hudi.hive.HiveSyncTool"
     assert props["hoodie.datasource.hive_sync.mode"] == "hms"
@@ -65,7 +64,7 @@ def test_emr_tables_sync_to_glue(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LAKEHOUSE_TARGET", "emr")
     monkeypatch.setenv("LAKEHOUSE_METASTORE_URI", URI)  # a local setting: ignored on EMR
     assert catalog_kind() == "glue"
-    table = next(t for t in lake_catalog(load(declaration_file())) if t.name == "silver/orders")
+    table = next(t for t in lake_catalog(read_declaration()) if t.name == "silver/orders")
     props = sync_properties("s3://lake/prod/silver/orders", writer_options(table))
     assert props["hoodie.meta.sync.client.tool.class"] == "org.apache.hudi.aws.sync.AwsGlueCatalogSyncTool"
     assert (props["hoodie.datasource.hive_sync.database"], props["hoodie.datasource.hive_sync.table"]) == \

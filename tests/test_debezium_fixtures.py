@@ -21,8 +21,7 @@ from lakehouse_dev.generator import Message
 from pipelines.ingest.parse import TableParse, image_columns, parse_events, parse_topics
 from pipelines.ingest.schema import Shape
 from pipelines.lake.contract import COLUMNS, TABLES, topic
-from pipelines.lake.declaration import load
-from pipelines.runtime.settings import declaration_file
+from pipelines.runtime.lake import read_declaration
 from tests.model import row_event, unwrap
 
 pytestmark = pytest.mark.integration
@@ -56,7 +55,7 @@ def test_parser_on_captured_envelopes(spark: SparkSession, name: str, wrapped: b
     assert all((schema is not None) == wrapped for r, schema, _ in envelopes if r["value"] is not None)
 
     stamp = datetime(2026, 3, 1, tzinfo=UTC)
-    decl = load(declaration_file())
+    decl = read_declaration()
     for table in TABLES:
         mine = [r for r in records if r["topic"] == topic(table)]
         raw = spark.createDataFrame(
@@ -96,7 +95,7 @@ def test_one_pass_over_every_topic_parses_each_record_as_its_table(spark: SparkS
     def by_position(df: DataFrame) -> dict[tuple[str, int], dict[str, Any]]:
         return {(p["kafka_topic"], p["kafka_offset"]): p.asDict(recursive=True) for p in df.collect()}
 
-    decl = load(declaration_file())
+    decl = read_declaration()
     one_pass = by_position(parse_topics(raw, {t: TableParse(Shape.initial(decl.table(t))) for t in TABLES}, decl))
     alone: dict[tuple[str, int], dict[str, Any]] = {}
     for table in TABLES:

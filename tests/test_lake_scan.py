@@ -24,8 +24,7 @@ from pipelines.gdpr.scan import Finding, ScanReport, Subject, scan_lake
 from pipelines.gdpr.scan.model import Chunk
 from pipelines.lake.catalog import bronze_options, gold_options, keyed_options, silver_options
 from pipelines.lake.declaration import load
-from pipelines.runtime.lake import Lake
-from pipelines.runtime.settings import declaration_file
+from pipelines.runtime.lake import Lake, read_declaration
 from pipelines.transform import gold
 
 SUBJECT = Subject(customer_ids=frozenset({42}), order_ids=frozenset({4200}),
@@ -234,7 +233,7 @@ def test_chunks_that_cannot_hold_the_subject_are_skipped_and_no_other() -> None:
     from pipelines.gdpr.scan.model import Chunk
     from pipelines.gdpr.scan.tables import Table
 
-    scan = FileScan(None, SUBJECT, load(declaration_file()))  # type: ignore[arg-type]  # no JVM for JSON texts
+    scan = FileScan(None, SUBJECT, read_declaration())  # type: ignore[arg-type]  # no JVM for JSON texts
 
     def parsed(text: str, table: Table, keys: bool = False) -> bool:
         scan._table = table

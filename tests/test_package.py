@@ -12,8 +12,7 @@ import pytest
 
 import pipelines
 from pipelines.deploy.package import build
-from pipelines.lake.declaration import load
-from pipelines.runtime.settings import declaration_file
+from pipelines.runtime.lake import read_declaration
 
 pytestmark = pytest.mark.unit
 
@@ -27,8 +26,8 @@ options = hudi_configs.writer("bronze", "changelog")
 assert options["hoodie.clean.policy"] == "KEEP_LATEST_BY_HOURS"
 step = pipelines.deploy.jobs.SparkJob("etl", ("etl",), {"LAKEHOUSE_TABLES": "/here/t.toml"}).emr_step("s3://code/lakehouse")
 print(" ".join(step["HadoopJarStep"]["Args"]))
-import pipelines.lake.declaration, pipelines.runtime.settings
-decl = pipelines.lake.declaration.load(pipelines.runtime.settings.declaration_file())
+import pipelines.lake.declaration
+decl = pipelines.lake.declaration.load(pipelines.lake.declaration.packaged())
 print("declared:", decl.path, ",".join(decl.names))
 """
 
@@ -51,7 +50,7 @@ def test_bundle_loads_from_the_zip_and_pins_what_the_cluster_lacks(tmp_path, mon
     declaration.write_text(shop.replace("[tables.orders]", "[tables.purchases]")
                            .replace("tables.orders.", "tables.purchases."))
     monkeypatch.setenv("LAKEHOUSE_TABLES", str(declaration))
-    files = {p.name: p for p in build(tmp_path / "bundle", load(declaration_file()))}
+    files = {p.name: p for p in build(tmp_path / "bundle", read_declaration())}
     monkeypatch.delenv("LAKEHOUSE_TABLES")
     assert set(files) == {"lakehouse.zip", "cli.py", "requirements.txt", "bootstrap.sh"}
     names = zipfile.ZipFile(files["lakehouse.zip"]).namelist()

@@ -8,9 +8,8 @@ from datetime import timedelta
 
 import pytest
 
-from pipelines.lake.declaration import load, parse
-from pipelines.runtime.lake import Lake
-from pipelines.runtime.settings import declaration_file
+from pipelines.lake.declaration import parse
+from pipelines.runtime.lake import Lake, read_declaration
 from pipelines.services.quality import silver_expectations, suites
 from pipelines.services.quality_due import quality_suites, quality_work
 
@@ -51,7 +50,7 @@ derive = [{ column = "day", date_of = "at" }]
 
 
 def test_the_shop_suites_check_the_contract_rules() -> None:
-    shop = load(declaration_file())
+    shop = read_declaration()
     customers, orders = _checks(shop.table("customers")), _checks(shop.table("orders"))
     for checks in (customers, orders):
         assert ("expect_column_values_to_be_unique", (("column", "id"),)) in checks
@@ -93,7 +92,7 @@ def test_the_dags_quality_jobs_take_a_few_tables_each(tables: int, jobs: list[li
     (tmp_path / "jobs.toml").write_text("[table_services.jobs]\ntables_per_job = 2\n")
     overrides = [os.environ.get("LAKEHOUSE_HUDI_OVERRIDES"), str(tmp_path / "jobs.toml")]
     monkeypatch.setenv("LAKEHOUSE_HUDI_OVERRIDES", os.pathsep.join(filter(None, overrides)))
-    decl = load(declaration_file())
+    decl = read_declaration()
     decided = quality_work(str(tmp_path / "lake"), decl)  # reads no table: none exists
     assert [job["tables"] for job in decided] == jobs
     suites = {spec.name: spec.group for spec in quality_suites(decl)}

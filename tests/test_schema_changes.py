@@ -25,12 +25,11 @@ from lakehouse_dev.generator import Message, WorkloadConfig
 from pipelines.ingest.bronze import run_ingest
 from pipelines.ingest.schema import COLUMNS_META, Shape
 from pipelines.lake.contract import COLUMNS, topic
-from pipelines.lake.declaration import SHOP, load
+from pipelines.lake.declaration import SHOP
 from pipelines.lake.hudi_timeline import latest_meta
 from pipelines.lake.layout import main_path, quarantine_path, silver_path
 from pipelines.lake.table_stats import read_table
-from pipelines.runtime.lake import Lake
-from pipelines.runtime.settings import declaration_file
+from pipelines.runtime.lake import Lake, read_declaration
 from pipelines.transform.changes import read_changes
 from pipelines.transform.etl import run_etl
 from tests.lake import (
@@ -122,7 +121,7 @@ def test_mixed_shapes_in_one_batch_and_old_shape_replays(spark: SparkSession, la
         wrong = [(k, got[k], want[k]) for k in want if got[k] != want[k]]
         assert not wrong, f"{reader}: {len(wrong)} rows differ in the added columns, e.g. {wrong[:1]!r:.600}"
     assert any(r["notes"] for r in expected["customers"].values())
-    shape = Shape.from_meta(load(declaration_file()).table("customers"),
+    shape = Shape.from_meta(read_declaration().table("customers"),
                             latest_meta(spark, main_path("customers", lake.root), COLUMNS_META))
     assert {c: shape.columns[c].type for c in ADDED} == {"loyalty_tier": "string", "points": "bigint",
                                                          "notes": "string"}
@@ -210,7 +209,7 @@ def test_shape_decisions() -> None:
         return [(name, *bronze_column({"type": kind}, typed=False)) for name, kind in connect]
 
     contract_shape = [(c, "int64" if c in ("id", "customer_id") else "string") for c in COLUMNS["orders"]]
-    orders = load(declaration_file()).table("orders")
+    orders = read_declaration().table("orders")
     start = Shape.initial(orders)
     added = decide(start, [fields([*contract_shape, ("points", "int32")])], [], {"note": "string"}, set(), 7)
     assert added.changed and not added.held_declared

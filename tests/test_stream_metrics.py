@@ -29,12 +29,11 @@ from pipelines import cli
 from pipelines.ingest.batch import BatchReport
 from pipelines.ingest.exporter import TOTAL_PHASE
 from pipelines.ingest.stream import ControlFiles
-from pipelines.lake.declaration import load
 from pipelines.lake.layout import changelog_path, main_path
 from pipelines.lake.timeline_files import timeline
 from pipelines.monitoring import dashboard, metric_names
+from pipelines.runtime.lake import read_declaration
 from pipelines.runtime.local_process import HOST, free_port
-from pipelines.runtime.settings import declaration_file
 from tests.kill import beside_job
 from tests.lake import with_overrides
 from tests.model import is_malformed
@@ -67,7 +66,7 @@ def test_the_stream_exports_what_its_batch_lines_say(broker: KafkaBroker, tmp_pa
     sent = source.snapshot(WORKLOAD) + source.changes(WORKLOAD)
     ensure_topics(broker.bootstrap)
     produce(sent, broker.bootstrap)
-    decl = load(declaration_file())  # the stream's, as the environment declares it
+    decl = read_declaration()  # the stream's, as the environment declares it
     tables = {decl.topic(t): t for t in decl.names}
 
     port, ui_port, gateway_port = free_port(), free_port(), free_port()

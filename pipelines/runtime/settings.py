@@ -88,10 +88,3 @@ def source_state_file() -> Path:
 def erasure_key_file() -> Path:
     """Key of the ids' pseudonyms when LAKEHOUSE_ERASURE_KEY is unset: outside the lake, like the source state."""
     return Path(os.environ.get("LAKEHOUSE_ERASURE_KEY_FILE") or PROJECT_ROOT / ".secrets" / "erasure.key")
-
-
-def declaration_file() -> str:
-    """`LAKEHOUSE_TABLES`, the declared tables' TOML file; unset, the declaration packaged with the code."""
-    from pipelines.lake.declaration import packaged
-
-    return os.environ.get("LAKEHOUSE_TABLES") or packaged()

@@ -17,12 +17,12 @@ from pathlib import Path
 from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
-from pipelines.lake.declaration import Declaration, load
+from pipelines.lake.declaration import Declaration
 from pipelines.lake.jvm import jvm_of
 from pipelines.runtime import console
 from pipelines.runtime.code_archive import write_archive
+from pipelines.runtime.lake import read_declaration
 from pipelines.runtime.local_process import process_started
-from pipelines.runtime.settings import declaration_file
 from pipelines.runtime.spark_conf import cluster_master, event_log_dir, spark_conf
 
 log = logging.getLogger(__name__)
@@ -33,7 +33,7 @@ def get_spark(app_name: str = "lakehouse", conf: dict[str, str] | None = None,
     """The process's SparkSession (created on first call with the target's options, then `conf`).
 
     On a local standalone cluster the executors get the project's code with `declaration` (pipelines.runtime.lake
-    passes its own; None: the environment's, `LAKEHOUSE_TABLES`).
+    passes its own; None: the configuration's, `read_declaration`).
     """
     started = time.monotonic()
     on_cluster = cluster_master() is not None and SparkContext._active_spark_context is None
@@ -65,7 +65,7 @@ def get_spark(app_name: str = "lakehouse", conf: dict[str, str] | None = None,
     spark.sparkContext.setLogLevel("WARN")
     no_local_checksums(spark)
     if on_cluster:
-        ship_code(spark, declaration or load(declaration_file()))
+        ship_code(spark, declaration or read_declaration())
     if folder := spark.conf.get("spark.checkpoint.dir", None):
         use_checkpoint_dir(spark, folder)
     if (path := console.log_file()) is not None:
