@@ -114,9 +114,33 @@ class LakeSettings(_Section):
 
 
 class KafkaSettings(_Section):
-    """The brokers: the same for the stream, every client, the probes and the jobs."""
+    """The brokers and how to reach them: the same for the stream, every client, the probes and the EMR steps."""
 
     bootstrap_servers: str = "127.0.0.1:9092"
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "AWS_MSK_IAM"] | None = None
+    sasl_username: str | None = None
+    sasl_password: Secret | None = None
+    ssl_ca_file: Path | None = None  # the CA that signed the brokers' certificates; none: the system's
+    ssl_cert_file: Path | None = None  # a client certificate (mutual TLS)
+    ssl_key_file: Path | None = None
+    ssl_key_password: Secret | None = None
+    ssl_check_hostname: bool = True
+
+    @model_validator(mode="after")
+    def _authentication_whole(self) -> KafkaSettings:
+        sasl = self.security_protocol.startswith("SASL_")
+        if sasl and self.sasl_mechanism is None:
+            raise ValueError(f"security_protocol {self.security_protocol} needs a sasl_mechanism")
+        if not sasl and self.sasl_mechanism is not None:
+            raise ValueError(f"sasl_mechanism {self.sasl_mechanism} needs a SASL_SSL or SASL_PLAINTEXT "
+                             f"security_protocol (it is {self.security_protocol})")
+        if self.sasl_mechanism in ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512") \
+                and (self.sasl_username is None or self.sasl_password is None):
+            raise ValueError(f"sasl_mechanism {self.sasl_mechanism} needs sasl_username and sasl_password")
+        if (self.ssl_cert_file is None) != (self.ssl_key_file is None):
+            raise ValueError("a client certificate needs both ssl_cert_file and ssl_key_file")
+        return self
 
 
 class ConnectSettings(_Section):
@@ -264,7 +288,7 @@ def _layer(layers: dict[str, dict[str, Any]], sources: dict[str, str], name: str
 
 
 # Settings that are paths: a relative one in the file is relative to the file, as a reader expects.
-_PATH_KEYS = {"root", "tables", "hudi_overrides"}
+_PATH_KEYS = {"root", "tables", "hudi_overrides", "ssl_ca_file", "ssl_cert_file", "ssl_key_file"}
 
 
 def _beside(path: Path, value: Any) -> Any:

@@ -1,0 +1,74 @@
+"""How every client of the project reaches Kafka: the options of kafka-python's clients and of Spark's Kafka source,
+both from the one `[kafka]` section (pipelines.runtime.config), so that the stream, the probes, the erasure's
+tombstones and the replay of dead letters authenticate alike.
+
+A password is revealed when the options are made, and only into them: not into a log, an argument or the
+environment. Spark redacts option values that look like secrets (`spark.redaction.regex` matches `password`),
+so the JAAS line does not show in its UI or event log.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipelines.runtime.config import KafkaSettings
+
+_JAAS = {"PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
+         "SCRAM-SHA-256": "org.apache.kafka.common.security.scram.ScramLoginModule",
+         "SCRAM-SHA-512": "org.apache.kafka.common.security.scram.ScramLoginModule"}
+MSK_IAM_LOGIN = "software.amazon.msk.auth.iam.IAMLoginModule"
+MSK_IAM_CALLBACK = "software.amazon.msk.auth.iam.IAMClientCallbackHandler"
+
+
+def python_options(kafka: KafkaSettings, bootstrap: str | None = None) -> dict[str, Any]:
+    """kafka-python's options (KafkaConsumer, KafkaProducer, KafkaAdminClient) for `kafka`, at `bootstrap` if
+    given (a command's --bootstrap)."""
+    options: dict[str, Any] = {"bootstrap_servers": bootstrap or kafka.bootstrap_servers,
+                               "security_protocol": kafka.security_protocol}
+    if kafka.sasl_mechanism is not None:
+        options["sasl_mechanism"] = kafka.sasl_mechanism
+    if kafka.sasl_username is not None and kafka.sasl_password is not None:
+        options |= {"sasl_plain_username": kafka.sasl_username, "sasl_plain_password": kafka.sasl_password.reveal()}
+    if kafka.security_protocol in ("SSL", "SASL_SSL"):
+        options["ssl_check_hostname"] = kafka.ssl_check_hostname
+        for key, path in (("ssl_cafile", kafka.ssl_ca_file), ("ssl_certfile", kafka.ssl_cert_file),
+                          ("ssl_keyfile", kafka.ssl_key_file)):
+            if path is not None:
+                options[key] = str(path)
+        if kafka.ssl_key_password is not None:
+            options["ssl_password"] = kafka.ssl_key_password.reveal()
+    return options
+
+
+def spark_options(kafka: KafkaSettings, bootstrap: str | None = None) -> dict[str, str]:
+    """Spark's Kafka source options (`kafka.`-prefixed consumer settings) for `kafka`: the same brokers and
+    authentication as `python_options`, in the Java client's words (PEM files for TLS, a JAAS line for SASL)."""
+    options = {"kafka.bootstrap.servers": bootstrap or kafka.bootstrap_servers,
+               "kafka.security.protocol": kafka.security_protocol}
+    if kafka.sasl_mechanism == "AWS_MSK_IAM":
+        options |= {"kafka.sasl.mechanism": "AWS_MSK_IAM", "kafka.sasl.jaas.config": f"{MSK_IAM_LOGIN} required;",
+                    "kafka.sasl.client.callback.handler.class": MSK_IAM_CALLBACK}
+    elif kafka.sasl_mechanism is not None:
+        assert kafka.sasl_username is not None and kafka.sasl_password is not None  # the model requires both
+        options |= {"kafka.sasl.mechanism": kafka.sasl_mechanism,
+                    "kafka.sasl.jaas.config": f'{_JAAS[kafka.sasl_mechanism]} required '
+                                              f'username="{_quoted(kafka.sasl_username)}" '
+                                              f'password="{_quoted(kafka.sasl_password.reveal())}";'}
+    if kafka.security_protocol in ("SSL", "SASL_SSL"):
+        if not kafka.ssl_check_hostname:
+            options["kafka.ssl.endpoint.identification.algorithm"] = ""
+        if kafka.ssl_ca_file is not None:
+            options |= {"kafka.ssl.truststore.type": "PEM", "kafka.ssl.truststore.location": str(kafka.ssl_ca_file)}
+        if kafka.ssl_cert_file is not None and kafka.ssl_key_file is not None:
+            # The Java client takes a PEM key store as one file: the key, then its certificate chain.
+            options |= {"kafka.ssl.keystore.type": "PEM",
+                        "kafka.ssl.keystore.certificate.chain": kafka.ssl_cert_file.read_text(),
+                        "kafka.ssl.keystore.key": kafka.ssl_key_file.read_text()}
+            if kafka.ssl_key_password is not None:
+                options["kafka.ssl.key.password"] = kafka.ssl_key_password.reveal()
+    return options
+
+
+def _quoted(value: str) -> str:
+    """A value inside a JAAS line's double quotes."""
+    return value.replace("\\", "\\\\").replace('"', '\\"')
