@@ -19,6 +19,7 @@ from pathlib import Path
 
 import click
 
+from lakehouse_dev.tls import LocalTls, secret_file
 from pipelines.runtime.commands import echo_json
 from pipelines.runtime.local_process import HOST, LocalProcess, free_port, java_command, port_open
 from pipelines.runtime.settings import PROJECT_ROOT, jvm_dir
@@ -82,6 +83,9 @@ def _read_properties(path: Path) -> dict[str, str]:
     return {key.strip(): value.strip() for key, value in pairs if not key.lstrip().startswith("#")}
 
 
+SCRAM_USER = "lakehouse"
+
+
 @dataclass
 class KafkaBroker(LocalProcess):
     """One broker+controller node whose whole state lives in `data_dir`.
@@ -114,6 +118,10 @@ class KafkaBroker(LocalProcess):
     # `proxied_port` (0: a free port, chosen by `start`). None: no PROXIED listener.
     proxy_port: int | None = None
     proxied_port: int = 0
+    # A SASL_SSL listener, SECURE, on this port (0: a free one): TLS with the state folder's own CA
+    # (lakehouse_dev.tls) and SCRAM-SHA-512 for the user SCRAM_USER, whose password is `scram_password_file`.
+    # None: no such listener.
+    secure_port: int | None = None
 
     def __post_init__(self) -> None:
         # Absolute, because the paths are written into configs and matched against the java command line.
@@ -173,6 +181,7 @@ class KafkaBroker(LocalProcess):
             self.controller_port = self._stored_controller_port() or 0
         choose_controller = self.controller_port == 0
         choose_proxied = self.proxy_port is not None and self.proxied_port == 0
+        choose_secure = self.secure_port == 0
         for attempt in range(1, PORT_ATTEMPTS + 1):
             if choose_port:
                 self.port = free_port()
@@ -180,13 +189,16 @@ class KafkaBroker(LocalProcess):
                 self.controller_port = free_port()
             if choose_proxied:
                 self.proxied_port = free_port()
+            if choose_secure:
+                self.secure_port = free_port()
             log_start = self.log_size()
             try:
                 self.launch(deadline)
                 return self
             except RuntimeError:
                 chosen = {port for port, mine in ((self.port, choose_port), (self.controller_port, choose_controller),
-                                                  (self.proxied_port, choose_proxied)) if mine}
+                                                  (self.proxied_port, choose_proxied),
+                                                  (self.secure_port, choose_secure)) if mine}
                 if attempt == PORT_ATTEMPTS or self._taken_port(log_start) not in chosen:
                     raise
         raise AssertionError("unreachable")
@@ -230,6 +242,21 @@ class KafkaBroker(LocalProcess):
         voters = _read_properties(self.config_path)["controller.quorum.voters"]
         return int(voters.rsplit(":", 1)[1])
 
+    @property
+    def tls(self) -> LocalTls:
+        """The CA and server certificate of the SECURE listener (clients trust `tls.ca_file`)."""
+        return LocalTls(self.data_dir / "tls")
+
+    @property
+    def scram_password_file(self) -> Path:
+        return self.data_dir / "tls" / "scram-password"
+
+    @property
+    def secure_bootstrap(self) -> str:
+        if self.secure_port is None:
+            raise RuntimeError("this broker has no SECURE listener (secure_port unset)")
+        return f"{HOST}:{self.secure_port}"
+
     def _write_configs(self) -> None:
         listeners = f"PLAINTEXT://{HOST}:{self.port},CONTROLLER://{HOST}:{self.controller_port}"
         advertised = f"PLAINTEXT://{HOST}:{self.port}"
@@ -238,6 +265,12 @@ class KafkaBroker(LocalProcess):
             listeners += f",PROXIED://{HOST}:{self.proxied_port}"
             advertised += f",PROXIED://{HOST}:{self.proxy_port}"
             protocols += ",PROXIED:PLAINTEXT"
+        secure: dict[str, str] = {}
+        if self.secure_port is not None:
+            listeners += f",SECURE://{HOST}:{self.secure_port}"
+            advertised += f",SECURE://{HOST}:{self.secure_port}"
+            protocols += ",SECURE:SASL_SSL"
+            secure = self._secure_settings()
         settings = {
             "process.roles": "broker,controller",
             "node.id": "1",
@@ -256,9 +289,19 @@ class KafkaBroker(LocalProcess):
             "auto.create.topics.enable": "true",
             # Test and demo data must outlive the default 7 days.
             "log.retention.hours": "-1",
+            **secure,
         }
         self.config_path.write_text("".join(f"{key}={value}\n" for key, value in settings.items()))
         (self.data_dir / "log4j.properties").write_text(LOG4J_PROPERTIES)
+
+    def _secure_settings(self) -> dict[str, str]:
+        """The SECURE listener's TLS (a PEM key store: the server's key and chain in one file) and SCRAM."""
+        tls = self.tls.ensure()
+        return {"sasl.enabled.mechanisms": "SCRAM-SHA-512",
+                "listener.name.secure.ssl.keystore.type": "PEM",
+                "listener.name.secure.ssl.keystore.location": str(tls.server_pem),
+                "listener.name.secure.scram-sha-512.sasl.jaas.config":
+                    "org.apache.kafka.common.security.scram.ScramLoginModule required;"}
 
     def _cluster_id(self) -> str:
         """Generated once per data_dir: formatted log dirs only accept the id they were formatted with."""
@@ -277,7 +320,7 @@ class KafkaBroker(LocalProcess):
             return  # formatted by an earlier start; skip a JVM launch
         command = self._java_command(
             "kafka.tools.StorageTool", "format", "-t", self._cluster_id(),
-            "-c", str(self.config_path), "--ignore-formatted",
+            "-c", str(self.config_path), "--ignore-formatted", *self._scram_users(),
         )  # fmt: skip
         result = subprocess.run(command, check=False, capture_output=True, cwd=self.data_dir, timeout=120)
         with self.log_path.open("ab") as log:
@@ -286,6 +329,17 @@ class KafkaBroker(LocalProcess):
             raise RuntimeError(
                 self.failure(f"formatting KRaft storage failed (exit code {result.returncode})", log_start)
             )
+
+    def _scram_users(self) -> list[str]:
+        """The storage tool's arguments that create SCRAM_USER (KRaft keeps SCRAM credentials in its metadata).
+
+        The password is on the tool's command line for the second it runs, on this machine, for a password
+        made for the local stack alone; a broker started by a team's own deployment has its users already.
+        """
+        if self.secure_port is None:
+            return []
+        password = secret_file(self.scram_password_file)
+        return ["--add-scram", f"SCRAM-SHA-512=[name={SCRAM_USER},password={password}]"]
 
     def _java_command(self, main_class: str, *args: str) -> list[str]:
         jars = jvm_dir() / "kafka"
