@@ -92,9 +92,11 @@ from pipelines.lake.layout import ingest_checkpoint_path
 from pipelines.monitoring import metric_names, pushgateway
 from pipelines.monitoring.pushgateway import JobMetrics
 from pipelines.runtime import console
+from pipelines.runtime.config import KafkaSettings
+from pipelines.runtime.kafka_clients import probe_tls, python_options, spark_options
 from pipelines.runtime.lake import Lake
 from pipelines.runtime.local_process import kafka_unanswered
-from pipelines.runtime.settings import INGEST_TRIGGER_SECONDS, kafka_bootstrap
+from pipelines.runtime.settings import INGEST_TRIGGER_SECONDS
 
 log = logging.getLogger(__name__)
 
@@ -170,18 +172,26 @@ class _Stream:
     restarts a query Kafka failed.
     """
 
-    bootstrap: str
+    brokers: KafkaSettings
     once: bool
     options: IngestOptions
     exporter: StreamExporter | None
     kafka: KafkaWait
 
+    @property
+    def bootstrap(self) -> str:
+        return self.brokers.bootstrap_servers
 
-def kafka_stream(spark: SparkSession, bootstrap: str, decl: Declaration,
+    def unanswered(self) -> str | None:
+        """Why no broker answers a Kafka request now (None: one does), through TLS where the brokers speak it."""
+        return kafka_unanswered(self.bootstrap, self.kafka.probe_seconds, probe_tls(self.brokers))
+
+
+def kafka_stream(spark: SparkSession, brokers: KafkaSettings, decl: Declaration,
                  tables: tuple[str, ...] | None = None) -> DataStreamReader:
-    """The reader of the source topics of `tables` (every table of `decl` if None) as a stream, with bronze.toml's
-    Kafka options (also the benchmarks' readers)."""
-    return (spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap)
+    """The reader of the source topics of `tables` (every table of `decl` if None) as a stream, with the brokers'
+    address and authentication and bronze.toml's Kafka options (also the benchmarks' readers)."""
+    return (spark.readStream.format("kafka").options(**spark_options(brokers))
             .option("subscribe", ",".join(decl.topic(t) for t in tables or decl.names))
             .options(**hudi_configs.section("bronze", "kafka")))
 
@@ -198,11 +208,11 @@ def starting_offsets(start: dict[str, int], partitions: dict[str, list[int]]) ->
     return json.dumps(found, sort_keys=True)
 
 
-def topic_partitions(bootstrap: str, decl: Declaration) -> dict[str, list[int]]:
+def topic_partitions(brokers: KafkaSettings, decl: Declaration) -> dict[str, list[int]]:
     """The partitions of the topic of every table of `decl` that the brokers have."""
     from kafka import KafkaConsumer
 
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, request_timeout_ms=30000)
+    consumer = KafkaConsumer(**python_options(brokers), request_timeout_ms=30000)
     try:
         topics = consumer.topics()
         return {t: sorted(consumer.partitions_for_topic(t) or ()) for t in map(decl.topic, decl.names)
@@ -229,7 +239,8 @@ def run_ingest(lake: Lake, *, once: bool, bootstrap: str | None = None, options:
     driver's own metrics when `options.spark_ui_port` is set.
     """
     options = options or IngestOptions()
-    bootstrap = bootstrap or kafka_bootstrap()
+    brokers = lake.config.kafka if bootstrap is None else \
+        lake.config.kafka.model_copy(update={"bootstrap_servers": bootstrap})
     # Before Spark and the lease: a port in use fails the start at once, and holds nothing.
     exporter = StreamExporter.serve(options.metrics_port) if options.metrics_port else None
     run = JobMetrics(metric_names.INGEST_ONCE, lake.root, metric_names.INGEST_ONCE_METRICS) \
@@ -242,7 +253,7 @@ def run_ingest(lake: Lake, *, once: bool, bootstrap: str | None = None, options:
         ui = lake.spark.sparkContext.uiWebUrl
         log.info("Spark's metrics: %s/metrics/prometheus and %s/metrics/executors/prometheus", ui, ui)
     try:
-        _run_ingest(lake, once, bootstrap, options, exporter)
+        _run_ingest(lake, once, brokers, options, exporter)
     except BaseException:
         if run is not None:
             run.push(succeeded=False)
@@ -255,7 +266,7 @@ def run_ingest(lake: Lake, *, once: bool, bootstrap: str | None = None, options:
         run.push(*([exporter.registry] if exporter.registry is not run.registry else []))
 
 
-def _run_ingest(lake: Lake, once: bool, bootstrap: str, options: IngestOptions,
+def _run_ingest(lake: Lake, once: bool, brokers: KafkaSettings, options: IngestOptions,
                 exporter: StreamExporter | None) -> None:
     """`run_ingest`'s stream, its figures to `exporter` (None: none kept).
 
@@ -272,7 +283,7 @@ def _run_ingest(lake: Lake, once: bool, bootstrap: str, options: IngestOptions,
     # Inline mode: main's compactions run beside the batches (a plan left by a killed process first).
     compactor = Compactor(lake, every=options.trigger_seconds).start() if compactions_run_here() else None
     stopped = False  # a run to its end, a stop request or an interrupt: not a failure
-    stream = _Stream(bootstrap, once, options, exporter, kafka_wait())
+    stream = _Stream(brokers, once, options, exporter, kafka_wait())
     kafka_failures = 0
     try:
         while True:
@@ -321,12 +332,12 @@ def _restart_after(stream: _Stream, lease: StreamLease, exc: StreamingQueryExcep
     own, and so is one that Kafka causes more than `kafka.restarts` times in a row while it answers.
     """
     kafka, bootstrap = stream.kafka, stream.bootstrap
-    why = kafka_unanswered(bootstrap, kafka.probe_seconds)
+    why = stream.unanswered()
     if why is None and (not kafka_caused(exc) or failures > kafka.restarts):
         raise exc
     log.warning("the query failed while Kafka at %s %s: %s", bootstrap,
                 "did not answer" if why else "was failing its clients", str(exc).splitlines()[0])
-    return _wait_for_kafka(lease, bootstrap, kafka, why, stream.exporter)
+    return _wait_for_kafka(lease, stream, why)
 
 
 def _moved(lake: Lake, decl: Declaration) -> Lake:
@@ -361,15 +372,14 @@ def _release(lease: StreamLease, failed: BaseException | None) -> None:
         log.warning("the stream's heartbeat could not be marked stopped: %s", console.first_line(exc))
 
 
-def _wait_for_kafka(lease: StreamLease, bootstrap: str, kafka: KafkaWait, why: str | None,
-                    exporter: StreamExporter | None = None) -> bool:
-    """Wait until Kafka at `bootstrap` answers, beating meanwhile; False if a stop request came first.
+def _wait_for_kafka(lease: StreamLease, stream: _Stream, why: str | None) -> bool:
+    """Wait until the stream's Kafka answers, beating meanwhile; False if a stop request came first.
 
     The heartbeat says what the stream waits for (`lakehouse stream status`); the exporter's heartbeat
     time follows it (the stream is alive: LakehouseStreamHeartbeatStale must not fire for a wait). Past
     `kafka.wait_seconds` the stream gives up with `KafkaUnavailable`, and exits naming Kafka.
     """
-    what = f"Kafka at {bootstrap}"
+    what, kafka, exporter = f"Kafka at {stream.bootstrap}", stream.kafka, stream.exporter
     started = time.monotonic()
     while why is not None:
         lease.waiting(what, why)
@@ -384,7 +394,7 @@ def _wait_for_kafka(lease: StreamLease, bootstrap: str, kafka: KafkaWait, why: s
             raise KafkaUnavailable(f"{what} did not answer for {time.monotonic() - started:.0f} s "
                                    f"(stream.toml [kafka] wait_seconds {kafka.wait_seconds:.0f}): {why}")
         time.sleep(lease.lim.heartbeat_seconds)
-        why = kafka_unanswered(bootstrap, kafka.probe_seconds)
+        why = stream.unanswered()
     lease.waiting(what, None)
     log.warning("%s answers again after %.0f s: the query starts again from the positions in bronze's commits",
                 what, time.monotonic() - started)
@@ -399,7 +409,7 @@ def _run_query(stream: _Stream, lake: Lake, lease: StreamLease) -> Declaration |
     heartbeat says that the stream waits for it, though Spark's Kafka clients are still retrying inside
     the query and the query has not failed (it may never: a broker back within their timeouts resumes it).
     """
-    bootstrap, once, kafka, exporter = stream.bootstrap, stream.once, stream.kafka, stream.exporter
+    bootstrap, once, exporter = stream.bootstrap, stream.once, stream.exporter
     trigger_seconds, stop_timeout = stream.options.trigger_seconds, stream.options.stop_timeout
     what = f"Kafka at {bootstrap}"
     query, batches = _start_query(stream, lake)
@@ -415,7 +425,7 @@ def _run_query(stream: _Stream, lake: Lake, lease: StreamLease) -> Declaration |
                 continue
             beat_at = time.monotonic()
             progress, tables = query.lastProgress, batches.freshness()
-            why = kafka_unanswered(bootstrap, kafka.probe_seconds)
+            why = stream.unanswered()
             if why is None and lease.hb.waiting_for is not None:
                 log.warning("%s answers again (the stream waited %.0f s)", what,
                             time.time() - (lease.hb.waiting_since or time.time()))
@@ -459,9 +469,9 @@ def _start_query(stream: _Stream, lake: Lake) -> tuple[StreamingQuery, BronzeBat
     root, once, options = lake.root, stream.once, stream.options
     trigger_seconds, max_offsets_per_trigger = options.trigger_seconds, options.max_offsets_per_trigger
     batches = BronzeBatchWriter(lake, trigger_seconds=trigger_seconds, eager=once, exporter=stream.exporter)
-    reader = kafka_stream(lake.spark, stream.bootstrap, lake.declaration)
+    reader = kafka_stream(lake.spark, stream.brokers, lake.declaration)
     storage.remove_tree(ingest_checkpoint_path(root))
-    if start := starting_offsets(batches.start(), topic_partitions(stream.bootstrap, lake.declaration)):
+    if start := starting_offsets(batches.start(), topic_partitions(stream.brokers, lake.declaration)):
         log.info("the stream starts from the positions in bronze's commits %s", start)
         reader = reader.option("startingOffsets", start)
     if max_offsets_per_trigger:

@@ -9,6 +9,7 @@ so the JAAS line does not show in its UI or event log.
 
 from __future__ import annotations
 
+import ssl
 from typing import Any
 
 from pipelines.runtime.config import KafkaSettings
@@ -72,3 +73,16 @@ def spark_options(kafka: KafkaSettings, bootstrap: str | None = None) -> dict[st
 def _quoted(value: str) -> str:
     """A value inside a JAAS line's double quotes."""
     return value.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def probe_tls(kafka: KafkaSettings) -> ssl.SSLContext | None:
+    """The TLS of a probe of the brokers (pipelines.runtime.local_process.kafka_unanswered), None for a plaintext
+    listener. A broker answers ApiVersions before SASL authenticates, so the probe needs TLS alone."""
+    if kafka.security_protocol not in ("SSL", "SASL_SSL"):
+        return None
+    context = ssl.create_default_context(cafile=str(kafka.ssl_ca_file) if kafka.ssl_ca_file else None)
+    context.check_hostname = kafka.ssl_check_hostname
+    if kafka.ssl_cert_file is not None and kafka.ssl_key_file is not None:
+        password = kafka.ssl_key_password.reveal() if kafka.ssl_key_password is not None else None
+        context.load_cert_chain(str(kafka.ssl_cert_file), str(kafka.ssl_key_file), password)
+    return context

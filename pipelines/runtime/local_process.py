@@ -20,6 +20,7 @@ import re
 import shutil
 import signal
 import socket
+import ssl
 import struct
 import subprocess
 import time
@@ -81,18 +82,19 @@ def require_kafka(bootstrap: str, error: Callable[[str], Exception] = KafkaUnava
 API_VERSIONS_PROBE = struct.pack(">hhih", 18, 0, 0x1A4E, 9) + b"lakehouse"
 
 
-def kafka_unanswered(bootstrap: str, timeout: float = 5.0) -> str | None:
+def kafka_unanswered(bootstrap: str, timeout: float = 5.0, tls: ssl.SSLContext | None = None) -> str | None:
     """None when a broker of `bootstrap` answers a Kafka request, else why none did (per server).
 
     A request, not a TCP connect: a proxy in a blackout, a half-dead broker or a network that drops
     packets accepts connections, or holds them open, and answers nothing. What the ingest stream's
-    heartbeat names as what it waits for (pipelines/ingest/stream.py).
+    heartbeat names as what it waits for (pipelines/ingest/stream.py). `tls`: the brokers' listener speaks TLS
+    (pipelines.runtime.kafka_clients.probe_tls).
     """
     why = []
     for server in bootstrap.split(","):
         host, _, port = server.strip().rpartition(":")
         try:
-            with socket.create_connection((host.strip("[]") or HOST, int(port)), timeout=timeout) as sock:
+            with _connected(host.strip("[]") or HOST, int(port), timeout, tls) as sock:
                 sock.settimeout(timeout)
                 sock.sendall(struct.pack(">i", len(API_VERSIONS_PROBE)) + API_VERSIONS_PROBE)
                 answer = sock.recv(8)
@@ -102,6 +104,18 @@ def kafka_unanswered(bootstrap: str, timeout: float = 5.0) -> str | None:
         except (OSError, ValueError) as error:
             why.append(f"{server.strip()}: {error or type(error).__name__}")
     return "; ".join(why)
+
+
+def _connected(host: str, port: int, timeout: float, tls: ssl.SSLContext | None) -> socket.socket:
+    """A connection to `host:port`, through TLS when `tls` is given (the handshake within `timeout` too)."""
+    sock = socket.create_connection((host, port), timeout=timeout)
+    if tls is None:
+        return sock
+    try:
+        return tls.wrap_socket(sock, server_hostname=host)
+    except BaseException:
+        sock.close()
+        raise
 
 
 def process_started(pid: int) -> float | None:

@@ -52,6 +52,7 @@ from pipelines.ingest.schema import Shape
 from pipelines.lake import contract
 from pipelines.lake.catalog import bronze_options, keyed_options
 from pipelines.lake.layout import DELETED_FLAG, META_COLUMNS
+from pipelines.runtime.config import KafkaSettings
 from pipelines.runtime.lake import read_declaration
 
 # What the streaming sink needs on top of bronze main's options. Main's writer plans compactions
@@ -93,7 +94,7 @@ def sink_rows(raw: DataFrame, table: str) -> DataFrame:
 
 def start(spark: SparkSession, base_path: str, bootstrap: str, table: str) -> StreamingQuery:
     """The streaming query of one table: its topic from earliest, once (availableNow), into Hudi."""
-    raw = kafka_stream(spark, bootstrap, read_declaration(), (table,)).load()
+    raw = kafka_stream(spark, KafkaSettings(bootstrap_servers=bootstrap), read_declaration(), (table,)).load()
     return (sink_rows(raw, table).writeStream.format("hudi").queryName(f"hudi_sink_{table}")
             .options(**sink_options(base_path, table)).outputMode("append")
             .trigger(availableNow=True).start())

@@ -15,6 +15,7 @@ from pipelines.ingest.parse import dead_letters, parse_events
 from pipelines.ingest.plan import change_rows
 from pipelines.ingest.schema import Shape
 from pipelines.lake import contract
+from pipelines.runtime.config import KafkaSettings
 from pipelines.runtime.lake import read_declaration
 
 
@@ -42,7 +43,8 @@ def append_batch(root: str):
 
 def run_parquet_sink(spark: SparkSession, root: str, bootstrap: str) -> None:
     """Consume what is on the topics now (availableNow), like `lakehouse ingest --once`."""
-    query = (kafka_stream(spark, bootstrap, read_declaration()).load().writeStream.queryName("parquet_sink")
+    reader = kafka_stream(spark, KafkaSettings(bootstrap_servers=bootstrap), read_declaration())
+    query = (reader.load().writeStream.queryName("parquet_sink")
              .foreachBatch(append_batch(root)).option("checkpointLocation", f"{root}/_checkpoint")
              .trigger(availableNow=True).start())
     query.awaitTermination()
