@@ -71,7 +71,7 @@ def test_a_flag_beats_a_variable_beats_the_profile_beats_the_file_beats_the_defa
 
 @pytest.mark.parametrize(("text", "message"), [
     ("[kafka]\nbootstrap = 'x'\n", r"\[kafka\]: kafka\.bootstrap: unknown key \(the keys of \[kafka\]: "
-                                   r"bootstrap_servers\)"),
+                                   r"bootstrap_servers, security_protocol, "),
     ("[spark]\ntarget = 'yarn'\n", r"\[spark\]: spark\.target: Input should be 'local' or 'emr'"),
     ("[lake]\nerasure_key = 'a-literal-key'\n", r"\[lake\]: lake\.erasure_key: a secret is never a value here"),
     ("[lake]\nerasure_key = { env = 'A', file = 'b' }\n", r"lake\.erasure_key: a secret is in exactly one place"),

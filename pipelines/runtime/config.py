@@ -143,11 +143,42 @@ class KafkaSettings(_Section):
         return self
 
 
+class SourceSettings(_Section):
+    """The PostgreSQL database whose changes Debezium captures, as the source commands reach it (`lakehouse source
+    sync|check`, `lakehouse doctor`), and the names Debezium's connector uses there."""
+
+    host: str = "127.0.0.1"
+    port: int = 5433
+    database: str = "shop"
+    user: str = "postgres"
+    password: Secret | None = None  # none: the server asks for none (the local dev source)
+    sslmode: Literal["disable", "allow", "prefer", "require", "verify-ca", "verify-full"] = "prefer"
+    sslrootcert: Path | None = None  # the CA that signed the server's certificate (verify-ca, verify-full)
+    publication: str = "shop_publication"
+    slot: str = "shop_debezium"
+    signal_table: str = "public.debezium_signal"
+
+    @model_validator(mode="after")
+    def _verified_against_a_ca(self) -> SourceSettings:
+        if self.sslmode in ("verify-ca", "verify-full") and self.sslrootcert is None:
+            raise ValueError(f"sslmode {self.sslmode} needs sslrootcert, the CA that signed the server's certificate")
+        return self
+
+
 class ConnectSettings(_Section):
     """The Kafka Connect cluster that runs Debezium, and the connector's name there (the connector watchdog)."""
 
     url: str = "http://127.0.0.1:8083"
     connector: str = "shop-source"
+    username: str | None = None  # HTTP basic authentication of the REST API; none: an open REST port
+    password: Secret | None = None
+    ssl_ca_file: Path | None = None  # the CA of an https:// REST API; none: the system's
+
+    @model_validator(mode="after")
+    def _both_or_neither(self) -> ConnectSettings:
+        if (self.username is None) != (self.password is None):
+            raise ValueError("basic authentication needs both username and password")
+        return self
 
     @field_validator("url")
     @classmethod
@@ -182,6 +213,7 @@ class Config(_Section):
 
     lake: LakeSettings = LakeSettings()
     kafka: KafkaSettings = KafkaSettings()
+    source: SourceSettings = SourceSettings()
     connect: ConnectSettings = ConnectSettings()
     catalog: CatalogSettings = CatalogSettings()
     metrics: MetricsSettings = MetricsSettings()
@@ -288,7 +320,8 @@ def _layer(layers: dict[str, dict[str, Any]], sources: dict[str, str], name: str
 
 
 # Settings that are paths: a relative one in the file is relative to the file, as a reader expects.
-_PATH_KEYS = {"root", "tables", "hudi_overrides", "ssl_ca_file", "ssl_cert_file", "ssl_key_file"}
+_PATH_KEYS = {"root", "tables", "hudi_overrides", "ssl_ca_file", "ssl_cert_file", "ssl_key_file",
+              "sslrootcert"}
 
 
 def _beside(path: Path, value: Any) -> Any:

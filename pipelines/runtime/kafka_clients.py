@@ -42,31 +42,38 @@ def python_options(kafka: KafkaSettings, bootstrap: str | None = None) -> dict[s
 
 
 def spark_options(kafka: KafkaSettings, bootstrap: str | None = None) -> dict[str, str]:
-    """Spark's Kafka source options (`kafka.`-prefixed consumer settings) for `kafka`: the same brokers and
-    authentication as `python_options`, in the Java client's words (PEM files for TLS, a JAAS line for SASL)."""
-    options = {"kafka.bootstrap.servers": bootstrap or kafka.bootstrap_servers,
-               "kafka.security.protocol": kafka.security_protocol}
+    """Spark's Kafka source options for `kafka`: the Java client's properties, `kafka.`-prefixed."""
+    return {f"kafka.{key}": value for key, value in java_properties(kafka, bootstrap).items()}
+
+
+def java_properties(kafka: KafkaSettings, bootstrap: str | None = None) -> dict[str, str]:
+    """The Java Kafka client's properties for `kafka` (Spark's source, Kafka Connect's worker): the same brokers
+    and authentication as `python_options`, in the Java client's words (PEM for TLS, a JAAS line for SASL).
+
+    A client certificate goes in as PEM text rather than a file's location: Spark's executors on a cluster get
+    the options, not the driver's files. spark.toml's `spark.sql.redaction.options.regex` masks it, and the JAAS
+    line, wherever Spark shows a source's options.
+    """
+    options = {"bootstrap.servers": bootstrap or kafka.bootstrap_servers, "security.protocol": kafka.security_protocol}
     if kafka.sasl_mechanism == "AWS_MSK_IAM":
-        options |= {"kafka.sasl.mechanism": "AWS_MSK_IAM", "kafka.sasl.jaas.config": f"{MSK_IAM_LOGIN} required;",
-                    "kafka.sasl.client.callback.handler.class": MSK_IAM_CALLBACK}
+        options |= {"sasl.mechanism": "AWS_MSK_IAM", "sasl.jaas.config": f"{MSK_IAM_LOGIN} required;",
+                    "sasl.client.callback.handler.class": MSK_IAM_CALLBACK}
     elif kafka.sasl_mechanism is not None:
         assert kafka.sasl_username is not None and kafka.sasl_password is not None  # the model requires both
-        options |= {"kafka.sasl.mechanism": kafka.sasl_mechanism,
-                    "kafka.sasl.jaas.config": f'{_JAAS[kafka.sasl_mechanism]} required '
-                                              f'username="{_quoted(kafka.sasl_username)}" '
-                                              f'password="{_quoted(kafka.sasl_password.reveal())}";'}
+        options |= {"sasl.mechanism": kafka.sasl_mechanism,
+                    "sasl.jaas.config": f'{_JAAS[kafka.sasl_mechanism]} required '
+                                        f'username="{_quoted(kafka.sasl_username)}" '
+                                        f'password="{_quoted(kafka.sasl_password.reveal())}";'}
     if kafka.security_protocol in ("SSL", "SASL_SSL"):
         if not kafka.ssl_check_hostname:
-            options["kafka.ssl.endpoint.identification.algorithm"] = ""
+            options["ssl.endpoint.identification.algorithm"] = ""
         if kafka.ssl_ca_file is not None:
-            options |= {"kafka.ssl.truststore.type": "PEM", "kafka.ssl.truststore.location": str(kafka.ssl_ca_file)}
+            options |= {"ssl.truststore.type": "PEM", "ssl.truststore.location": str(kafka.ssl_ca_file)}
         if kafka.ssl_cert_file is not None and kafka.ssl_key_file is not None:
-            # The Java client takes a PEM key store as one file: the key, then its certificate chain.
-            options |= {"kafka.ssl.keystore.type": "PEM",
-                        "kafka.ssl.keystore.certificate.chain": kafka.ssl_cert_file.read_text(),
-                        "kafka.ssl.keystore.key": kafka.ssl_key_file.read_text()}
+            options |= {"ssl.keystore.type": "PEM", "ssl.keystore.certificate.chain": kafka.ssl_cert_file.read_text(),
+                        "ssl.keystore.key": kafka.ssl_key_file.read_text()}
             if kafka.ssl_key_password is not None:
-                options["kafka.ssl.key.password"] = kafka.ssl_key_password.reveal()
+                options["ssl.key.password"] = kafka.ssl_key_password.reveal()
     return options
 
 
