@@ -194,6 +194,8 @@ class KafkaBroker(LocalProcess):
             log_start = self.log_size()
             try:
                 self.launch(deadline)
+                if self.secure_port is not None:
+                    self._add_scram_user()
                 return self
             except RuntimeError:
                 chosen = {port for port, mine in ((self.port, choose_port), (self.controller_port, choose_controller),
@@ -320,7 +322,7 @@ class KafkaBroker(LocalProcess):
             return  # formatted by an earlier start; skip a JVM launch
         command = self._java_command(
             "kafka.tools.StorageTool", "format", "-t", self._cluster_id(),
-            "-c", str(self.config_path), "--ignore-formatted", *self._scram_users(),
+            "-c", str(self.config_path), "--ignore-formatted",
         )  # fmt: skip
         result = subprocess.run(command, check=False, capture_output=True, cwd=self.data_dir, timeout=120)
         with self.log_path.open("ab") as log:
@@ -330,16 +332,21 @@ class KafkaBroker(LocalProcess):
                 self.failure(f"formatting KRaft storage failed (exit code {result.returncode})", log_start)
             )
 
-    def _scram_users(self) -> list[str]:
-        """The storage tool's arguments that create SCRAM_USER (KRaft keeps SCRAM credentials in its metadata).
+    def _add_scram_user(self) -> None:
+        """Give SCRAM_USER its SCRAM-SHA-512 credential (KRaft keeps them in its metadata), through the PLAINTEXT
+        listener, which takes no authentication: a request, so that the password is on no command line, as the
+        storage tool's `--add-scram` would put it. Run after every start: an upsert, and the file is the truth."""
+        from kafka.admin import KafkaAdminClient, ScramMechanism, UserScramCredentialUpsertion
 
-        The password is on the tool's command line for the second it runs, on this machine, for a password
-        made for the local stack alone; a broker started by a team's own deployment has its users already.
-        """
-        if self.secure_port is None:
-            return []
         password = secret_file(self.scram_password_file)
-        return ["--add-scram", f"SCRAM-SHA-512=[name={SCRAM_USER},password={password}]"]
+        admin = KafkaAdminClient(bootstrap_servers=self.bootstrap, client_id="lakehouse-dev-broker")
+        try:
+            failed = admin.alter_user_scram_credentials(
+                [UserScramCredentialUpsertion(SCRAM_USER, ScramMechanism.SCRAM_SHA_512, password)])
+        finally:
+            admin.close()
+        if any(failed.values()):
+            raise RuntimeError(self.failure(f"creating the SCRAM user {SCRAM_USER} failed: {failed}", 0))
 
     def _java_command(self, main_class: str, *args: str) -> list[str]:
         jars = jvm_dir() / "kafka"

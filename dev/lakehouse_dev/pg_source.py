@@ -31,8 +31,10 @@ from lakehouse_dev import source_sync
 from lakehouse_dev.connect_config import DATABASE, PG_USER, SIGNAL_DDL, connector_config
 from lakehouse_dev.connect_worker import ConnectWorker, SourceError
 from pipelines.lake.declaration import Declaration
+from pipelines.runtime.config import KafkaSettings
+from pipelines.runtime.kafka_clients import require_kafka
 from pipelines.runtime.lake import read_declaration
-from pipelines.runtime.local_process import HOST, LocalProcess, require_kafka
+from pipelines.runtime.local_process import HOST, LocalProcess
 from pipelines.runtime.settings import PROJECT_ROOT, kafka_bootstrap
 
 # Debian's PostgreSQL 15 binaries, not on PATH (LAKEHOUSE_PG_BIN points elsewhere).
@@ -220,7 +222,8 @@ class RealSource:
         the connector created with them; an adopted connector, or tables declared since the last
         run, are brought in line as `sync` does (new tables' rows by an incremental snapshot)."""
         declaration = declaration or read_declaration()
-        require_kafka(self.bootstrap, SourceError)  # Connect would only log (and retry) while Kafka is away
+        # Connect would only log (and retry) while Kafka is away.
+        require_kafka(KafkaSettings(bootstrap_servers=self.bootstrap), SourceError)
         self.home.mkdir(parents=True, exist_ok=True)
         if os.geteuid() == 0:
             os.chmod(self.home, 0o755)  # the `postgres` user runs the cluster below it

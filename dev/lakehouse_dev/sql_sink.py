@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError
 
+from lakehouse_dev.generator.kafka import Brokers, client_options, where
 from lakehouse_dev.generator.values import Message
 from pipelines.lake.contract import PRIMARY_KEY, TABLES, table_of_topic, topic
 from pipelines.runtime.settings import unavailable_placeholder
@@ -169,7 +170,7 @@ def apply(messages: Iterable[Message], dsn: str) -> SqlRun:
     return run
 
 
-def play(messages: Iterable[Message], dsn: str, bootstrap: str) -> SqlRun:
+def play(messages: Iterable[Message], dsn: str, bootstrap: Brokers) -> SqlRun:
     """Play the changes on the database at `dsn` (:func:`apply`), then wait until Debezium delivered the
     last of them to Kafka at `bootstrap`: whoever reads the topics next finds every change there."""
     since = end_offsets(bootstrap, [topic(table) for table in TABLES])
@@ -179,7 +180,7 @@ def play(messages: Iterable[Message], dsn: str, bootstrap: str) -> SqlRun:
     return run
 
 
-def mark(dsn: str, bootstrap: str, table: str = "customers") -> None:
+def mark(dsn: str, bootstrap: Brokers, table: str = "customers") -> None:
     """Touch one row of `table` (its `updated_at` set to itself) and wait until Debezium delivered that change:
     it delivers in commit order, so then every change committed before the call is on Kafka too. Touches no
     row the generator's simulation would know changed (values stay), unlike playing more of its changes."""
@@ -200,12 +201,12 @@ def _wal_insert_lsn(conn: Any) -> int:
     return int(row[0])
 
 
-def end_offsets(bootstrap: str, topics: Iterable[str]) -> dict[TopicPartition, int]:
+def end_offsets(bootstrap: Brokers, topics: Iterable[str]) -> dict[TopicPartition, int]:
     """Where each partition of `topics` ends now (missing topics: nothing), to wait from there."""
     try:
-        consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+        consumer = KafkaConsumer(**client_options(bootstrap), enable_auto_commit=False)
     except KafkaError as exc:
-        raise RuntimeError(f"cannot reach Kafka at {bootstrap}: {exc}") from exc
+        raise RuntimeError(f"cannot reach Kafka at {where(bootstrap)}: {exc}") from exc
     try:
         parts = [TopicPartition(t, p) for t in topics for p in consumer.partitions_for_topic(t) or ()]
         return consumer.end_offsets(parts) if parts else {}
@@ -213,14 +214,14 @@ def end_offsets(bootstrap: str, topics: Iterable[str]) -> dict[TopicPartition, i
         consumer.close()
 
 
-def wait_published(bootstrap: str, table: str, lsn: int, since: dict[TopicPartition, int],
+def wait_published(bootstrap: Brokers, table: str, lsn: int, since: dict[TopicPartition, int],
                    timeout: float = 300.0) -> None:
     """Wait until Debezium delivered an event of `table` at or after WAL position `lsn` to Kafka.
 
     `since` (from :func:`end_offsets` before the changes) spares reading the topic from its start.
     """
     name = topic(table)
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, consumer_timeout_ms=1000)
+    consumer = KafkaConsumer(**client_options(bootstrap), enable_auto_commit=False, consumer_timeout_ms=1000)
     deadline = time.monotonic() + timeout
     try:
         while True:
@@ -228,7 +229,7 @@ def wait_published(bootstrap: str, table: str, lsn: int, since: dict[TopicPartit
             if parts:
                 break
             if time.monotonic() >= deadline:
-                raise TimeoutError(f"topic {name} never appeared on {bootstrap}: is the connector running?")
+                raise TimeoutError(f"topic {name} never appeared on {where(bootstrap)}: is the connector running?")
             time.sleep(0.5)
         consumer.assign(parts)
         for part in parts:

@@ -31,8 +31,8 @@ from pipelines.metastore import catalog_sync
 from pipelines.runtime import console, settings
 from pipelines.runtime.commands import JSON_OPTION, TABLE, command_lake, echo_json, pass_lake
 from pipelines.runtime.config import export, load_config
+from pipelines.runtime.kafka_clients import at, described, require_kafka
 from pipelines.runtime.lake import Lake
-from pipelines.runtime.local_process import require_kafka
 
 if TYPE_CHECKING:
     from pipelines.monitoring.lineage import Run
@@ -103,7 +103,7 @@ for entry in metadata.entry_points(group="lakehouse.commands"):
               help="Micro-batch interval when running continuously.")
 @click.option("--max-offsets-per-trigger", type=click.IntRange(min=1), default=None,
               help="Cap on Kafka records per micro-batch  [default: bronze.toml [kafka] maxOffsetsPerTrigger]")
-@click.option("--bootstrap", default=None, help="Kafka brokers  [default: $KAFKA_BOOTSTRAP_SERVERS]")
+@click.option("--bootstrap", default=None, help="Kafka brokers  [default: [kafka] bootstrap_servers]")
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
               help="Port of the stream's Prometheus exporter on 127.0.0.1 (batches, commits, freshness, lag, dead "
                    "letters, heartbeat; scraped by `lakehouse dev metrics start`), 0 for none  "
@@ -118,14 +118,15 @@ def ingest(once: bool, trigger_seconds: float, max_offsets_per_trigger: int | No
     from pipelines.ingest.bronze import IngestOptions, run_ingest
     from pipelines.ingest.exporter import configured_port, configured_spark_ui_port
 
-    brokers = bootstrap or settings.kafka_bootstrap()
+    lake = command_lake()
+    brokers = at(lake.config.kafka, bootstrap)
     require_kafka(brokers, click.ClickException)
     # SIGTERM (how schedulers and `kill` stop a job) ends the stream like Ctrl-C: the query is
     # stopped; a batch cut short is re-run on the next start, by design.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     started = time.monotonic()
     try:
-        run_ingest(command_lake(), once=once, bootstrap=brokers, options=IngestOptions(
+        run_ingest(lake, once=once, bootstrap=bootstrap, options=IngestOptions(
             trigger_seconds=trigger_seconds, max_offsets_per_trigger=max_offsets_per_trigger,
             metrics_port=configured_port() if metrics_port is None else metrics_port,
             spark_ui_port=configured_spark_ui_port() if spark_ui_port is None else spark_ui_port))
@@ -135,7 +136,7 @@ def ingest(once: bool, trigger_seconds: float, max_offsets_per_trigger: int | No
     except Exception as exc:  # the stream's failure, already logged by Spark: name it and exit 1
         raise click.ClickException(console.failure("ingest", exc)) from exc
     if once:
-        click.echo(f"ingest: caught up with {brokers} in {time.monotonic() - started:.1f} s")
+        click.echo(f"ingest: caught up with {described(brokers)} in {time.monotonic() - started:.1f} s")
 
 
 @main.command()

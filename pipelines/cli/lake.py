@@ -11,10 +11,9 @@ import time
 import click
 
 from pipelines.lake.catalog import Table, lake_catalog, lake_table
-from pipelines.runtime import settings
 from pipelines.runtime.commands import JSON_OPTION, TABLE, echo_json, pass_lake
+from pipelines.runtime.kafka_clients import at, described, python_options, require_kafka
 from pipelines.runtime.lake import Lake
-from pipelines.runtime.local_process import require_kafka
 
 
 def _deleted_keys(root: str, table: str, key: tuple[str, ...]) -> int:
@@ -215,7 +214,7 @@ def dead_letters_list(lake: Lake, limit: int, as_json: bool) -> None:
 @click.option("--all", "replay_all", is_flag=True, help="Replay every dead letter.")
 @click.option("--reason", "reason", default=None, help="Replay the dead letters whose reason starts with this "
               "(e.g. `schema`: the events a schema change held).")
-@click.option("--bootstrap", default=None, help="Kafka brokers  [default: $KAFKA_BOOTSTRAP_SERVERS]")
+@click.option("--bootstrap", default=None, help="Kafka brokers  [default: [kafka] bootstrap_servers]")
 @pass_lake
 def dead_letters_replay(lake: Lake, positions: tuple[str, ...], replay_all: bool, reason: str | None,
                         bootstrap: str | None) -> None:
@@ -238,11 +237,11 @@ def dead_letters_replay(lake: Lake, positions: tuple[str, ...], replay_all: bool
     missing = set(positions) - {r["position"] for r in rows}
     if missing:
         raise click.ClickException(f"no dead letter at {', '.join(sorted(missing))}")
-    brokers = bootstrap or settings.kafka_bootstrap()
+    brokers = at(lake.config.kafka, bootstrap)
     require_kafka(brokers, click.ClickException)
-    producer = KafkaProducer(bootstrap_servers=brokers, acks="all")
+    producer = KafkaProducer(**python_options(brokers), acks="all")
     for r in wanted:
         producer.send(r["kafka_topic"], key=r["key"], value=r["value"])
     producer.flush()
     producer.close()
-    click.echo(f"replayed {len(wanted)} dead letters to {brokers}")
+    click.echo(f"replayed {len(wanted)} dead letters to {described(brokers)}")

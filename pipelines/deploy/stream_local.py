@@ -30,7 +30,7 @@ from pipelines.ingest.stream import ControlFiles, Health, Limits, StreamState, j
 from pipelines.runtime.commands import JSON_OPTION, command_lake, echo_json
 from pipelines.runtime.lake import Lake
 from pipelines.runtime.local_process import LocalProcess
-from pipelines.runtime.settings import INGEST_TRIGGER_SECONDS, PROJECT_ROOT, kafka_bootstrap
+from pipelines.runtime.settings import INGEST_TRIGGER_SECONDS, PROJECT_ROOT
 
 
 def default_run_dir() -> Path:
@@ -146,7 +146,7 @@ class LocalStream(StreamTarget):
     def wait(self, timeout: float) -> str:
         """Wait until the stream has committed everything on its topics at the call (`not_caught_up`)."""
         started, topics = time.monotonic(), list(self.lake.declaration.topics())
-        ends = kafka_ends(kafka_bootstrap(), topics)
+        ends = kafka_ends(self.lake.config.kafka, topics)
         while why := not_caught_up(self.files.heartbeat(), ends):
             if time.monotonic() - started > timeout:
                 raise StreamError(f"not caught up after {timeout:g} s: {why}")

@@ -14,7 +14,7 @@ import click
 from pipelines.errors import InvalidRequest
 from pipelines.gdpr import inbox
 from pipelines.gdpr.request import MAX_IDS, ErasureRequest, parse_request, parse_requests
-from pipelines.runtime import console, settings
+from pipelines.runtime import console
 from pipelines.runtime.commands import echo_json, pass_lake
 from pipelines.runtime.lake import Lake
 
@@ -120,7 +120,7 @@ def _erase(lake: Lake, requests: list[ErasureRequest], filed: list[inbox.Filed])
     references = ", ".join(r.reference for r in requests)
     run = JobMetrics(metric_names.ERASE, lake.root)
     try:
-        certificates = erase_all(lake, requests, bootstrap=settings.kafka_bootstrap(),
+        certificates = erase_all(lake, requests,
                                  progress=lambda line: click.echo(line, err=True))
     except Exception as exc:  # Spark/Hudi failures: name them and exit 1
         run.push(succeeded=False)

@@ -81,8 +81,9 @@ from pipelines.lake.erasure_registry import read_registry, registry_path, row_ps
 from pipelines.lake.hudi_timeline import extra_meta_after, latest_completion, pending_writes, repair_torn_timeline
 from pipelines.lake.layout import BATCH_ID_META, REGISTRY_META
 from pipelines.lake.table_stats import has_completed_commit
+from pipelines.runtime.config import KafkaSettings
+from pipelines.runtime.kafka_clients import at, python_options
 from pipelines.runtime.lake import Lake
-from pipelines.runtime.settings import kafka_bootstrap
 from pipelines.services.quality import redact_subject
 
 log = logging.getLogger(__name__)
@@ -167,7 +168,8 @@ def _now_instant() -> str:
 # ---------------------------------------------------------------- Kafka
 
 
-def kafka_tombstones(bootstrap: str, target: Target, key_types: dict[str, tuple[str, ...]]) -> dict[str, object]:
+def kafka_tombstones(brokers: KafkaSettings, target: Target,
+                     key_types: dict[str, tuple[str, ...]]) -> dict[str, object]:
     """Tombstones for the erased keys, and log compaction on the source topics, so Kafka drops the raw events.
 
     The topics are those of the target's declaration. A table keyed by its subject gets one per
@@ -180,7 +182,7 @@ def kafka_tombstones(bootstrap: str, target: Target, key_types: dict[str, tuple[
     configs = hudi_configs.section("gdpr", "kafka_topics")
     decl = target.decl
     topics = list(decl.topics())
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="lakehouse-gdpr")
+    admin = KafkaAdminClient(**python_options(brokers), client_id="lakehouse-gdpr")
     try:
         admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, t, configs=configs) for t in topics])
     finally:
@@ -195,7 +197,7 @@ def kafka_tombstones(bootstrap: str, target: Target, key_types: dict[str, tuple[
             values = json.loads(text)
             keys.append((name, {c: int(v) if v is not None and i < len(types) and types[i] in _INTEGERS else v
                                 for i, (c, v) in enumerate(zip(table.key, values, strict=True))}))
-    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    producer = KafkaProducer(**python_options(brokers), acks="all")
     try:
         for name, record_key in keys:
             producer.send(decl.topic(name), key=json.dumps(record_key).encode(), value=None)
@@ -339,7 +341,7 @@ def erase_all(lake: Lake, requests: list[ErasureRequest], *, bootstrap: str | No
     once per request: a data-protection officer's week of requests is one purge. Each
     request keeps its own reference, certificate and audit line; all of them carry the
     same run's tables, purge and checks, and name the references erased with them.
-    The tables are the lake's declaration's; `bootstrap` is Kafka's (KAFKA_BOOTSTRAP_SERVERS when None).
+    The tables are the lake's declaration's; Kafka is its configuration's, at the brokers `bootstrap` if given.
     """
     _validate(requests, lake.declaration)
     run = _Run(lake, lake.erasure_key, tuple(requests), progress, _Clock())
@@ -348,7 +350,7 @@ def erase_all(lake: Lake, requests: list[ErasureRequest], *, bootstrap: str | No
     registered = _register_run(run, held)
     swept = _sweep(run, held, registered)
     with run.clock.step("kafka"):
-        kafka = _tombstones(bootstrap or kafka_bootstrap(), held)
+        kafka = _tombstones(at(lake.config.kafka, bootstrap), held)
     purged = _purge_held(run, held, swept, registered)
     with run.clock.step("quality results"):
         quality = redact_subject(run.root, set(held.texts), set(run.customers), set(held.target.orders))
@@ -418,10 +420,10 @@ def _sweep(run: _Run, held: _Held, registered: _Registered) -> _Swept:
     return swept
 
 
-def _tombstones(bootstrap: str, held: _Held) -> dict[str, object]:
+def _tombstones(brokers: KafkaSettings, held: _Held) -> dict[str, object]:
     """Step: Kafka's copy of the raw events; a broker that fails is reported, the lake is erased regardless."""
     try:
-        return kafka_tombstones(bootstrap, held.target, held.found.key_types)
+        return kafka_tombstones(brokers, held.target, held.found.key_types)
     except Exception as exc:  # the certificate says what Kafka still holds
         return {"error": f"{type(exc).__name__}: {exc}"}
 

@@ -41,6 +41,8 @@ from typing import Any, Literal
 import hudi_configs
 from pipelines.errors import AnotherStreamRunning
 from pipelines.lake import storage
+from pipelines.runtime.config import KafkaSettings
+from pipelines.runtime.kafka_clients import python_options
 from pipelines.runtime.local_process import process_started
 
 log = logging.getLogger(__name__)
@@ -301,11 +303,11 @@ def kafka_offsets(progress: dict[str, Any] | None, which: str) -> dict[str, dict
     return {t: {str(p): int(o) for p, o in parts.items()} for t, parts in value.items() if isinstance(parts, dict)}
 
 
-def kafka_ends(bootstrap: str, topics: list[str]) -> dict[str, dict[str, int]]:
+def kafka_ends(brokers: KafkaSettings, topics: list[str]) -> dict[str, dict[str, int]]:
     """Where each partition of `topics` ends on Kafka now, {topic: {partition: next offset}}."""
     from kafka import KafkaConsumer, TopicPartition  # here: Airflow's environment imports this module
 
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap)
+    consumer = KafkaConsumer(**python_options(brokers))
     try:
         parts = [TopicPartition(t, p) for t in topics for p in sorted(consumer.partitions_for_topic(t) or ())]
         ends: dict[str, dict[str, int]] = {t: {} for t in topics}

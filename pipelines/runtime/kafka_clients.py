@@ -9,9 +9,14 @@ so the JAAS line does not show in its UI or event log.
 
 from __future__ import annotations
 
+import json
 import ssl
+import subprocess
+import sys
+from collections.abc import Callable, Iterable
 from typing import Any
 
+from pipelines.errors import KafkaUnavailable
 from pipelines.runtime.config import KafkaSettings
 
 _JAAS = {"PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
@@ -19,6 +24,11 @@ _JAAS = {"PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
          "SCRAM-SHA-512": "org.apache.kafka.common.security.scram.ScramLoginModule"}
 MSK_IAM_LOGIN = "software.amazon.msk.auth.iam.IAMLoginModule"
 MSK_IAM_CALLBACK = "software.amazon.msk.auth.iam.IAMClientCallbackHandler"
+
+
+def at(kafka: KafkaSettings, bootstrap: str | None) -> KafkaSettings:
+    """`kafka` at the brokers `bootstrap` (a command's --bootstrap), with the same authentication; None: as it is."""
+    return kafka if bootstrap is None else kafka.model_copy(update={"bootstrap_servers": bootstrap})
 
 
 def python_options(kafka: KafkaSettings, bootstrap: str | None = None) -> dict[str, Any]:
@@ -93,3 +103,42 @@ def probe_tls(kafka: KafkaSettings) -> ssl.SSLContext | None:
         password = kafka.ssl_key_password.reveal() if kafka.ssl_key_password is not None else None
         context.load_cert_chain(str(kafka.ssl_cert_file), str(kafka.ssl_key_file), password)
     return context
+
+
+def described(kafka: KafkaSettings) -> str:
+    """The brokers and how they are reached, as an error names them: never a secret."""
+    how = kafka.security_protocol + (f"/{kafka.sasl_mechanism}" if kafka.sasl_mechanism else "")
+    user = f" as {kafka.sasl_username}" if kafka.sasl_username else ""
+    return f"Kafka at {kafka.bootstrap_servers} ({how}{user})"
+
+
+def kafka_refusal(kafka: KafkaSettings, *, timeout: float = 10.0, topics: Iterable[str] = ()) -> str | None:
+    """None when a real client with `kafka`'s authentication bootstraps and sees every topic of `topics`, else
+    why not, in words a person acts on (pipelines.runtime.kafka_probe, in a child process)."""
+    request = json.dumps({"options": python_options(kafka), "timeout_ms": int(timeout * 1000),
+                          "topics": sorted(topics)})
+    try:
+        done = subprocess.run([sys.executable, "-m", "pipelines.runtime.kafka_probe"], input=request,
+                              capture_output=True, text=True, timeout=timeout + 30, check=False)
+    except subprocess.TimeoutExpired:
+        return f"{described(kafka)}: the probe did not finish within {timeout + 30:.0f} s"
+    if done.returncode != 0:
+        return f"{described(kafka)}: the probe failed: {(done.stderr.strip().splitlines() or ['?'])[-1]}"
+    answer = json.loads(done.stdout)
+    if not answer["ok"]:
+        return f"{described(kafka)}: {answer['why']}"
+    if answer["missing"]:
+        return (f"{described(kafka)}: no topic {', '.join(answer['missing'])} (missing, or this principal has no "
+                "DESCRIBE permission on it)")
+    return None
+
+
+def require_kafka(kafka: KafkaSettings, error: Callable[[str], Exception] = KafkaUnavailable,
+                  timeout: float = 10.0) -> None:
+    """Fail at once with a clear message, raised as `error`, when the brokers do not take this client.
+
+    Spark's Kafka source and Kafka Connect would only log and retry for minutes instead, and say nothing of a
+    wrong password or an untrusted certificate.
+    """
+    if (why := kafka_refusal(kafka, timeout=timeout)) is not None:
+        raise error(why)

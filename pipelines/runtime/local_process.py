@@ -8,7 +8,7 @@ recorded if it does not; stop with a polite signal, then SIGKILL. A subclass say
 its command, its files, how it shows it is ready.
 
 Pure standard library: the Airflow environment (no pyspark) imports the deploy modules that use it,
-and the EMR bundle's CLI uses `require_kafka`.
+and the EMR bundle's CLI imports it.
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ import struct
 import subprocess
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, ClassVar, Self
 
-from pipelines.errors import KafkaUnavailable, ProcessError, SetupError, StartFailed
+from pipelines.errors import ProcessError, SetupError, StartFailed
 
 HOST = "127.0.0.1"
 LOG_TAIL_LINES = 30
@@ -62,20 +62,6 @@ def port_open(port: int, host: str = HOST, timeout: float = 1.0) -> bool:
             return True
     except OSError:
         return False
-
-
-def require_kafka(bootstrap: str, error: Callable[[str], Exception] = KafkaUnavailable, timeout: float = 5.0) -> None:
-    """Fail at once with a clear message, raised as `error`, when no broker of `bootstrap` answers.
-
-    Spark's Kafka source and Kafka Connect would only log and retry for minutes instead. One
-    reachable server is enough: a client bootstraps from any of the list.
-    """
-    for server in bootstrap.split(","):
-        host, _, port = server.strip().rpartition(":")
-        if port.isdigit() and port_open(int(port), host.strip("[]") or HOST, timeout):
-            return
-    raise error(f"cannot reach Kafka at {bootstrap} (KAFKA_BOOTSTRAP_SERVERS); "
-                "is the broker up? `make kafka-up` starts a local one")
 
 
 # ApiVersions (key 18), version 0: the one request every Kafka broker answers before anything else.

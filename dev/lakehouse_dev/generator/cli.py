@@ -15,6 +15,9 @@ from lakehouse_dev.generator.source import STAT_KEYS, ShopSource
 from lakehouse_dev.generator.values import Message, WorkloadConfig
 from lakehouse_dev.sql_sink import play
 from pipelines.runtime import settings
+from pipelines.runtime.commands import command_lake
+from pipelines.runtime.config import KafkaSettings
+from pipelines.runtime.kafka_clients import at
 
 
 def summary_of(stats: Counter[str]) -> str:
@@ -49,7 +52,7 @@ DEFAULTS = WorkloadConfig()
 @click.option("--state-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Saved simulation  [default: $LAKEHOUSE_SOURCE_STATE or .source/shop_state.json]")
 @click.option("--bootstrap", default=None,
-              help="Kafka brokers  [default: $KAFKA_BOOTSTRAP_SERVERS or 127.0.0.1:9092]")
+              help="Kafka brokers, with [kafka]'s authentication  [default: [kafka] bootstrap_servers]")
 @click.option("--sink", type=click.Choice(["kafka", "sql"]), default="kafka", show_default=True,
               help="kafka: produce the simulated connector's records; sql: play the changes as SQL transactions "
                    "on the real source's database (`make source-up`) and wait until Debezium delivered them.")
@@ -88,7 +91,7 @@ def generate(
     still follows the simulation, so that later runs continue it.
     """
     path = state_file or settings.source_state_file()
-    brokers = bootstrap or settings.kafka_bootstrap()
+    brokers = at(command_lake().config.kafka, bootstrap)
     if declared:
         if sink != "sql":
             raise click.UsageError("--declared plays SQL on the real source: add --sink sql")
@@ -119,7 +122,7 @@ def generate(
     if sink == "sql":
         summary = play_sql(messages, dsn, brokers)
         save_state(source, path)
-        click.echo(f"{summary}, delivered by Debezium to {brokers}; state {path}")
+        click.echo(f"{summary}, delivered by Debezium to {brokers.bootstrap_servers}; state {path}")
         return
     try:
         ensure_topics(brokers, partitions)
@@ -131,7 +134,8 @@ def generate(
         raise click.ClickException(str(exc)) from exc
     save_state(source, path)
     verb = "continued" if resumed else "snapshot +"
-    click.echo(f"{verb} {sent} records to {brokers} ({summary_of(run_stats)}); lsn={source.lsn}; state {path}")
+    click.echo(f"{verb} {sent} records to {brokers.bootstrap_servers} ({summary_of(run_stats)}); lsn={source.lsn}; "
+               f"state {path}")
 
 
 def save_state(source: ShopSource, path: Path) -> None:
@@ -165,7 +169,7 @@ def play_declared(dsn: str | None, changes: int, seed: int) -> str:
     return f"played {' '.join(f'{k}={v}' for k, v in sorted(stats.items())) or 'no changes'} on {dsn}"
 
 
-def play_sql(messages: list[Message], dsn: str | None, brokers: str) -> str:
+def play_sql(messages: list[Message], dsn: str | None, brokers: KafkaSettings) -> str:
     """The changes as SQL on the real source, then wait until Debezium put the last one on Kafka."""
     dsn = _source_dsn(dsn)
     try:

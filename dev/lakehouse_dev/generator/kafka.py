@@ -13,11 +13,27 @@ from kafka.errors import KafkaError, TopicAlreadyExistsError
 
 from lakehouse_dev.generator.values import ACK_EVERY, PROGRESS_EVERY, Message
 from pipelines.lake.contract import TABLES, topic
+from pipelines.runtime.config import KafkaSettings
+from pipelines.runtime.kafka_clients import python_options
+
+# The brokers: an address (a PLAINTEXT listener, as the tests' brokers have) or a whole [kafka] section, with
+# its authentication.
+Brokers = str | KafkaSettings
 
 # --- Kafka ---------------------------------------------------------------------------------------------
 
 class KafkaUnavailableError(RuntimeError):
     """The brokers could not be reached or did not take the records."""
+
+
+def client_options(brokers: Brokers) -> dict[str, Any]:
+    """kafka-python's options for `brokers`."""
+    return python_options(brokers if isinstance(brokers, KafkaSettings) else KafkaSettings(bootstrap_servers=brokers))
+
+
+def where(brokers: Brokers) -> str:
+    """The brokers' address, as an error names them."""
+    return brokers.bootstrap_servers if isinstance(brokers, KafkaSettings) else brokers
 
 
 def optional_config(client: type, **config: Any) -> dict[str, Any]:
@@ -28,7 +44,7 @@ def optional_config(client: type, **config: Any) -> dict[str, Any]:
 
 def produce(
     messages: Iterable[Message],
-    bootstrap: str,
+    bootstrap: Brokers,
     *,
     rate: float | None = None,
     progress: Callable[[int, int], None] | None = None,
@@ -46,7 +62,7 @@ def produce(
         batch = [Message(m.topic, b"", m.value) if m.key is None and m.topic in compacted else m for m in batch]
     try:
         producer = KafkaProducer(
-            bootstrap_servers=bootstrap,
+            **client_options(bootstrap),
             acks="all",
             linger_ms=20,
             # Batches of up to 1 MiB instead of kafka-python's 16 KiB: a record with its Connect
@@ -57,7 +73,7 @@ def produce(
             **optional_config(KafkaProducer, enable_idempotence=True, bootstrap_timeout_ms=15_000),
         )
     except KafkaError as exc:
-        raise KafkaUnavailableError(f"cannot reach Kafka at {bootstrap}: {exc}") from exc
+        raise KafkaUnavailableError(f"cannot reach Kafka at {where(bootstrap)}: {exc}") from exc
     failures: list[BaseException] = []
     try:
         started = time.monotonic()
@@ -75,38 +91,39 @@ def produce(
                 progress(sent, total)
         producer.flush()
     except KafkaError as exc:
-        raise KafkaUnavailableError(f"producing to Kafka at {bootstrap} failed: {exc}") from exc
+        raise KafkaUnavailableError(f"producing to Kafka at {where(bootstrap)} failed: {exc}") from exc
     finally:
         producer.close(timeout=10)  # after a failure, do not hang on records that will never go out
     if failures:
         raise KafkaUnavailableError(
-            f"Kafka at {bootstrap} did not acknowledge {len(failures)} of {total} records: {failures[0]}"
+            f"Kafka at {where(bootstrap)} did not acknowledge {len(failures)} of {total} records: {failures[0]}"
         )
     return total
 
 
-def _compacted(topics: set[str], bootstrap: str) -> set[str]:
+def _compacted(topics: set[str], bootstrap: Brokers) -> set[str]:
     """Those of `topics` whose cleanup.policy compacts (a topic not there yet is not)."""
     if not topics:
         return set()
     try:
-        admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="shop-generator",
+        admin = KafkaAdminClient(**client_options(bootstrap), client_id="shop-generator",
                                  **optional_config(KafkaAdminClient, bootstrap_timeout_ms=15_000))
     except KafkaError as exc:
-        raise KafkaUnavailableError(f"cannot reach Kafka at {bootstrap}: {exc}") from exc
+        raise KafkaUnavailableError(f"cannot reach Kafka at {where(bootstrap)}: {exc}") from exc
     try:
         existing = set(admin.list_topics()) & topics
         found = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, t, configs=["cleanup.policy"])
                                         for t in sorted(existing)]) if existing else {}
     except KafkaError as exc:
-        raise KafkaUnavailableError(f"reading the topics' configs on Kafka at {bootstrap} failed: {exc}") from exc
+        raise KafkaUnavailableError(f"reading the topics' configs on Kafka at {where(bootstrap)} failed: "
+                                    f"{exc}") from exc
     finally:
         admin.close()
     return {t for t, configs in dict(found).get("topic", {}).items()
             if "compact" in configs.get("cleanup.policy", {}).get("value", "delete")}
 
 
-def ensure_topics(bootstrap: str, partitions: int = 3, topics: Iterable[str] | None = None) -> None:
+def ensure_topics(bootstrap: Brokers, partitions: int = 3, topics: Iterable[str] | None = None) -> None:
     """Create the source topics if missing (`topics`, default the shop's), so the keyed records spread over
     several partitions: a broker would create a topic it is first sent to with one partition.
 
@@ -115,12 +132,12 @@ def ensure_topics(bootstrap: str, partitions: int = 3, topics: Iterable[str] | N
     """
     try:
         admin = KafkaAdminClient(
-            bootstrap_servers=bootstrap,
+            **client_options(bootstrap),
             client_id="shop-generator",
             **optional_config(KafkaAdminClient, bootstrap_timeout_ms=15_000),
         )
     except KafkaError as exc:
-        raise KafkaUnavailableError(f"cannot reach Kafka at {bootstrap}: {exc}") from exc
+        raise KafkaUnavailableError(f"cannot reach Kafka at {where(bootstrap)}: {exc}") from exc
     try:
         existing = set(admin.list_topics())
         for name in topics if topics is not None else map(topic, TABLES):
@@ -129,6 +146,6 @@ def ensure_topics(bootstrap: str, partitions: int = 3, topics: Iterable[str] | N
             with contextlib.suppress(TopicAlreadyExistsError):  # another run created it meanwhile: fine
                 admin.create_topics({name: {"num_partitions": partitions}}, wait_for_metadata=True)
     except KafkaError as exc:
-        raise KafkaUnavailableError(f"creating topics on Kafka at {bootstrap} failed: {exc}") from exc
+        raise KafkaUnavailableError(f"creating topics on Kafka at {where(bootstrap)} failed: {exc}") from exc
     finally:
         admin.close()
