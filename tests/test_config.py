@@ -4,6 +4,8 @@ that are never values, and the commands reading it."""
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -34,6 +36,16 @@ bootstrap_servers = "prod:9092"
 [profiles.prod.lake]
 erasure_key = { file = "key.txt" }
 """
+
+
+@pytest.fixture(autouse=True)
+def environment_kept() -> Iterator[None]:
+    """The environment as it was: a command exports the settings it loaded into it (`export`), and a later
+    test in this process must not find them."""
+    before = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(before)
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ import click
 
 from pipelines.cli.catalog import catalog, sql
 from pipelines.cli.config import config
+from pipelines.cli.doctor import doctor
 from pipelines.cli.lake import dead_letters, show, status
 from pipelines.cli.root import EXIT_CODES, VERSION_OPTION, LakehouseGroup
 from pipelines.deploy.connector_cli import connector
@@ -77,6 +78,7 @@ def main(ctx: click.Context, verbose: bool, config_file: Path | None, profile: s
 
 
 main.add_command(config)
+main.add_command(doctor)
 main.add_command(stream)
 main.add_command(connector)
 main.add_command(schema)

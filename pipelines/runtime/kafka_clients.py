@@ -126,11 +126,32 @@ def kafka_refusal(kafka: KafkaSettings, *, timeout: float = 10.0, topics: Iterab
         return f"{described(kafka)}: the probe failed: {(done.stderr.strip().splitlines() or ['?'])[-1]}"
     answer = json.loads(done.stdout)
     if not answer["ok"]:
-        return f"{described(kafka)}: {answer['why']}"
+        return f"{described(kafka)}: {_refined(kafka, answer['why'], timeout)}"
     if answer["missing"]:
         return (f"{described(kafka)}: no topic {', '.join(answer['missing'])} (missing, or this principal has no "
                 "DESCRIBE permission on it)")
     return None
+
+
+def _refined(kafka: KafkaSettings, why: str, timeout: float) -> str:
+    """`why` made exact where the client's log could not tell: a broker that closes the connections of a SASL
+    login it refused sometimes logs only the disconnects. One request without SASL settles it: answered over
+    the same TLS, the login was refused; answered over TLS by a listener this client spoke plaintext to, the
+    listener wants TLS."""
+    from pipelines.runtime.kafka_probe import AUTHENTICATION_FAILED, CLOSED, PLAINTEXT_TO_TLS, TIMED_OUT
+    from pipelines.runtime.local_process import kafka_unanswered
+
+    if why not in (CLOSED, TIMED_OUT):
+        return why
+    bootstrap, seconds = kafka.bootstrap_servers, min(timeout, 5.0)
+    if kafka.security_protocol.startswith("SASL_") and kafka_unanswered(bootstrap, seconds, probe_tls(kafka)) is None:
+        return AUTHENTICATION_FAILED
+    if kafka.security_protocol in ("PLAINTEXT", "SASL_PLAINTEXT"):
+        any_tls = ssl.create_default_context()
+        any_tls.check_hostname, any_tls.verify_mode = False, ssl.CERT_NONE  # only: does it speak TLS at all?
+        if kafka_unanswered(bootstrap, seconds, any_tls) is None:
+            return PLAINTEXT_TO_TLS
+    return why
 
 
 def require_kafka(kafka: KafkaSettings, error: Callable[[str], Exception] = KafkaUnavailable,

@@ -19,11 +19,16 @@ import logging
 import sys
 from typing import Any
 
+AUTHENTICATION_FAILED = ("authentication failed: the brokers refused the SASL username or password ([kafka] "
+                         "sasl_username, sasl_password)")
+PLAINTEXT_TO_TLS = "plaintext to a TLS listener ([kafka] security_protocol: SSL or SASL_SSL)"
+CLOSED = ("the brokers closed every connection before answering: plaintext to a TLS listener, or SASL expected "
+          "([kafka] security_protocol)")
+TIMED_OUT = "no answer within the timeout: a firewall or security group dropping the packets?"
 # What a connection's failure says, and what a person does about it, the most telling first: a refused password
 # is followed in the log by the disconnects it causes.
 CAUSES = (
-    ("SaslAuthenticationFailed", "authentication failed: the brokers refused the SASL username or password "
-                                 "([kafka] sasl_username, sasl_password)"),
+    ("SaslAuthenticationFailed", AUTHENTICATION_FAILED),
     ("CERTIFICATE_VERIFY_FAILED", "the brokers' certificate is not signed by a CA this client trusts "
                                   "([kafka] ssl_ca_file)"),
     ("Hostname mismatch", "the brokers' certificate does not name the host connected to ([kafka] "
@@ -33,11 +38,10 @@ CAUSES = (
                                      "client's certificate ([kafka] security_protocol, ssl_cert_file)"),
     ("UnsupportedSaslMechanism", "the brokers do not offer this SASL mechanism ([kafka] sasl_mechanism)"),
     ("IllegalSaslState", "the listener does not speak SASL ([kafka] security_protocol)"),
-    ("Invalid frame length", "plaintext to a TLS listener ([kafka] security_protocol: SSL or SASL_SSL)"),
-    ("socket disconnected", "the brokers closed every connection before answering: plaintext to a TLS "
-                            "listener, or SASL expected ([kafka] security_protocol)"),
+    ("Invalid frame length", PLAINTEXT_TO_TLS),
+    ("socket disconnected", CLOSED),
     ("ECONNREFUSED", "connection refused: nothing listens at that address ([kafka] bootstrap_servers)"),
-    ("timed out", "no answer within the timeout: a firewall or security group dropping the packets?"),
+    ("timed out", TIMED_OUT),
 )
 
 

@@ -1,0 +1,150 @@
+"""The pipeline on a broker that takes only TLS and SASL/SCRAM, configured by a `lakehouse.toml` alone: `doctor`
+names each way a client can be refused (a wrong password, a CA that did not sign the broker's certificate,
+plaintext to the TLS listener) and a refused `ingest` writes nothing; the right configuration ingests exactly,
+across a SIGKILL; and the password is in no log, no process's command line and no file of the lake.
+
+The records reach the broker through its PLAINTEXT listener (the test is the source); every client of the
+pipeline uses the SECURE one (SASL_SSL, SCRAM-SHA-512, the local stack's own CA: dev/lakehouse_dev/tls.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import trustme
+from pyspark.sql import SparkSession
+
+from hudi_configs import test_profile as suite_profile
+from lakehouse_dev.generator import ShopSource, WorkloadConfig, ensure_topics, produce
+from lakehouse_dev.kafka_local import SCRAM_USER, KafkaBroker
+from pipelines.lake.layout import main_path
+from pipelines.lake.table_stats import has_completed_commit
+from pipelines.runtime.settings import log_dir
+from tests.kill import inflight, run_until
+from tests.lake import assert_bronze_equals_model
+from tests.model import fold_with_lsn
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def secure_broker(tmp_path: Path) -> Iterator[KafkaBroker]:
+    broker = KafkaBroker(tmp_path / "kafka", secure_port=0).start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+def write_config(where: Path, broker: KafkaBroker, **kafka: str) -> Path:
+    """A lakehouse.toml for the lake in `where`, reaching the broker's SECURE listener; `kafka` replaces keys of
+    its [kafka] section (TOML values, as written)."""
+    (where / "erasure.key").write_text("ab" * 32)
+    section = {"bootstrap_servers": f'"{broker.secure_bootstrap}"', "security_protocol": '"SASL_SSL"',
+               "sasl_mechanism": '"SCRAM-SHA-512"', "sasl_username": f'"{SCRAM_USER}"',
+               "sasl_password": f'{{ file = "{broker.scram_password_file}" }}',
+               "ssl_ca_file": f'"{broker.tls.ca_file}"', **kafka}
+    path = where / f"lakehouse-{len(list(where.glob('lakehouse*.toml')))}.toml"
+    path.write_text("\n".join([
+        "[lake]", 'root = "lake"', 'erasure_key = { file = "erasure.key" }',
+        f'hudi_overrides = ["{suite_profile()}"]', "", "[kafka]",
+        *(f"{key} = {value}" for key, value in section.items() if value)]) + "\n")
+    return path
+
+
+def own_environment() -> dict[str, str]:
+    """This process's environment without a setting of the pipeline's: the file is all a job is told."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("LAKEHOUSE_", "KAFKA_"))}
+
+
+def lakehouse(config: Path, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "pipelines.cli", "--config", str(config), *args],
+                            env=own_environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def refused(tmp_path: Path, broker: KafkaBroker) -> None:
+    """Each wrong configuration: doctor says what is wrong, naming the setting, and exits 1."""
+    wrong_password = tmp_path / "wrong-password"
+    wrong_password.write_text("not-the-password")
+    stranger = tmp_path / "stranger-ca.pem"
+    trustme.CA(organization_name="nobody the broker knows").cert_pem.write_to_path(str(stranger))
+    cases = {"authentication failed": {"sasl_password": f'{{ file = "{wrong_password}" }}'},
+             "not signed by a CA this client trusts ([kafka] ssl_ca_file)": {"ssl_ca_file": f'"{stranger}"'},
+             "security_protocol": {"security_protocol": '"PLAINTEXT"', "sasl_mechanism": "",
+                                   "sasl_username": "", "sasl_password": "", "ssl_ca_file": ""}}
+    runs = {words: lakehouse(write_config(tmp_path, broker, **kafka), "doctor", "--timeout", "4", "--json")
+            for words, kafka in cases.items()}
+    for words, run in runs.items():
+        out, err = run.communicate(timeout=120)
+        assert run.returncode == 1, err
+        kafka = next(f for f in json.loads(out) if f["endpoint"] == "kafka")
+        assert kafka["status"] == "failed" and words in kafka["detail"], kafka
+        assert broker.secure_bootstrap in kafka["where"]
+
+
+def watching_command_lines(secret: str, point: Callable[[str], bool]) -> tuple[Callable[[str], bool], list[str]]:
+    """`point`, which also reads every process's command line each time it is asked; the second item lists the
+    processes whose command line held `secret`."""
+    seen: list[str] = []
+
+    def look(log: str) -> bool:
+        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+            try:
+                if secret.encode() in cmdline.read_bytes():
+                    seen.append(cmdline.parent.name)
+            except OSError:
+                continue  # a process gone meanwhile
+        return point(log)
+    return look, seen
+
+
+def files_holding(secret: str, *folders: Path, since: float = 0.0) -> list[str]:
+    return [str(p) for folder in folders for p in folder.rglob("*")
+            if p.is_file() and p.stat().st_mtime >= since and secret.encode() in p.read_bytes()]
+
+
+def test_a_secured_broker_is_reached_by_the_file_alone_and_refusals_are_named(
+        secure_broker: KafkaBroker, spark: SparkSession, tmp_path: Path) -> None:
+    started = time.time()
+    source = ShopSource(53)
+    cfg = WorkloadConfig(seed=53, customers=40, orders=120, changes=250, malformed_fraction=0.02)
+    sent = source.snapshot(cfg) + source.changes(cfg)
+    ensure_topics(secure_broker.bootstrap)
+    produce(sent, secure_broker.bootstrap)
+    refused(tmp_path, secure_broker)
+
+    # A refused ingest fails at once, naming Kafka and the setting, and the lake gets nothing.
+    wrong = tmp_path / "wrong"
+    wrong.write_text("not-the-password")
+    bad = lakehouse(write_config(tmp_path, secure_broker, sasl_password=f'{{ file = "{wrong}" }}'), "ingest",
+                    "--once")
+    _, err = bad.communicate(timeout=180)
+    assert bad.returncode != 0 and "authentication failed" in err and "[kafka] sasl_username" in err, err
+    assert not (tmp_path / "lake").exists(), "a refused ingest wrote to the lake"
+
+    config = write_config(tmp_path, secure_broker)
+    good = lakehouse(config, "doctor", "--json")
+    out, err = good.communicate(timeout=120)
+    assert next(f for f in json.loads(out) if f["endpoint"] == "kafka")["status"] == "ok", out + err
+
+    # Over SASL_SSL, killed while bronze's first commit is in flight, then run again to its end.
+    secret = secure_broker.scram_password_file.read_text().strip()
+    point, seen = watching_command_lines(secret, inflight(tmp_path / "lake", "bronze/*", "deltacommit"))
+    cmd = [sys.executable, "-m", "pipelines.cli", "--config", str(config), "ingest", "--once"]
+    assert run_until(cmd, own_environment(), tmp_path / "killed.log", point), "the ingest was not killed"
+    assert not run_until(cmd, own_environment(), tmp_path / "ingest.log", lambda _log: False)
+    root = str(tmp_path / "lake")
+    assert all(has_completed_commit(main_path(t, root)) for t in ("customers", "orders"))
+    assert_bronze_equals_model(spark, root, *fold_with_lsn(sent))
+
+    assert not seen, f"the SCRAM password was on the command line of processes {sorted(set(seen))}"
+    leaked = files_holding(secret, tmp_path / "lake", tmp_path, log_dir(), since=started)
+    leaked = [p for p in leaked if Path(p) != secure_broker.scram_password_file]
+    assert not leaked, f"the SCRAM password is written in {leaked}"
