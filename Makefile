@@ -51,10 +51,11 @@ $(AF_VENV)/.installed: dags/requirements.txt pyproject.toml dev/pyproject.toml
 	touch $@
 
 .jvm/.resolved: jvm/pom.xml
-	rm -rf .jvm/spark .jvm/kafka .jvm/connect
+	rm -rf .jvm/spark .jvm/kafka .jvm/connect .jvm/msk
 	$(MVN) -P spark dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(CURDIR)/.jvm/spark
 	$(MVN) -P kafka dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(CURDIR)/.jvm/kafka
 	$(MVN) -P connect dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(CURDIR)/.jvm/connect
+	$(MVN) -P msk dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(CURDIR)/.jvm/msk
 	touch $@
 
 # The driver JVM's classes, parsed and verified once (pipelines/deploy/jvm_archive.py): each local

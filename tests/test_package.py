@@ -52,7 +52,7 @@ def test_bundle_loads_from_the_zip_and_pins_what_the_cluster_lacks(tmp_path, mon
     monkeypatch.setenv("LAKEHOUSE_TABLES", str(declaration))
     files = {p.name: p for p in build(tmp_path / "bundle", read_declaration())}
     monkeypatch.delenv("LAKEHOUSE_TABLES")
-    assert set(files) == {"lakehouse.zip", "cli.py", "requirements.txt", "bootstrap.sh"}
+    assert set(files) == {"lakehouse.zip", "cli.py", "requirements.txt", "bootstrap.sh", "aws-msk-iam-auth.jar"}
     names = zipfile.ZipFile(files["lakehouse.zip"]).namelist()
     assert {"pipelines/cli/app.py", "hudi_configs/__init__.py", "hudi_configs/bronze.toml"} <= set(names)
     assert not [n for n in names if "__pycache__" in n or n.startswith(("tests/", "dev/lakehouse_dev/"))]

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pipelines.runtime.settings import PROJECT_ROOT, spark_home
 from pipelines.runtime.spark_conf import spark_conf
 
+MSK_IAM_JAR = "aws-msk-iam-auth.jar"  # in the EMR bundle (pipelines/deploy/package.py)
+
 # Environment variables every job receives (on EMR as YARN application-master and executor env).
 # The erasure key travels as a file path or a secret's name only, never itself: step arguments
 # are visible in the EMR console.
@@ -41,8 +43,10 @@ class SparkJob:
     args: tuple[str, ...]  # the `lakehouse` command line, e.g. ("services", "--table", "bronze/orders")
     env: dict[str, str] = field(default_factory=dict)
 
-    def _conf(self, target: str) -> list[str]:
+    def _conf(self, target: str, jars: tuple[str, ...] = ()) -> list[str]:
         conf = spark_conf(target)
+        if jars:  # beside the cluster's own (spark.toml [emr] spark.jars): `--jars` would replace them
+            conf["spark.jars"] = ",".join([*filter(None, [conf.get("spark.jars")]), *jars])
         if target == "local":
             python = str(PROJECT_ROOT / ".venv" / "bin" / "python")
             conf |= {"spark.pyspark.python": python, "spark.pyspark.driver.python": python}
@@ -78,6 +82,7 @@ class SparkJob:
         """The EMR step of this job; `code_uri` holds lakehouse.zip (the project's packages) and cli.py."""
         code = code_uri.rstrip("/")
         args = ["spark-submit", "--deploy-mode", "cluster", "--name", f"lakehouse-{self.name}",
-                *self._conf("emr"), "--py-files", f"{code}/lakehouse.zip", f"{code}/cli.py", *self.args]
+                *self._conf("emr", jars=(f"{code}/{MSK_IAM_JAR}",)), "--py-files", f"{code}/lakehouse.zip",
+                f"{code}/cli.py", *self.args]
         return {"Name": f"lakehouse {self.name}", "ActionOnFailure": "CONTINUE",
                 "HadoopJarStep": {"Jar": "command-runner.jar", "Args": args}}

@@ -11,6 +11,8 @@ An EMR step runs `spark-submit --deploy-mode cluster --py-files <uri>/lakehouse.
   `pipelines/lake/tables.toml`, which the jobs on the cluster read (`pipelines.lake.declaration`): a
   declaration changed here reaches EMR with the next `lakehouse package` and upload;
 - `cli.py`: the entry point, pipelines/cli/__main__.py as is;
+- `aws-msk-iam-auth.jar`: Amazon MSK's IAM login for Spark's Kafka source (`[kafka] sasl_mechanism =
+  "AWS_MSK_IAM"`), on every step's classpath (`--jars`); resolved by `make setup` from jvm/pom.xml;
 - `requirements.txt`: the project's pure-Python dependencies, pinned as installed here,
   without pyspark (the cluster's own Spark is used);
 - `bootstrap.sh`: the cluster's bootstrap action (argument: the code URI). The code needs
@@ -26,11 +28,14 @@ from __future__ import annotations
 from importlib import metadata
 from pathlib import Path
 
+from pipelines.deploy.jobs import MSK_IAM_JAR
+from pipelines.errors import SetupError
 from pipelines.lake.declaration import Declaration
 from pipelines.runtime.code_archive import write_archive
-from pipelines.runtime.settings import PROJECT_ROOT
+from pipelines.runtime.settings import PROJECT_ROOT, jvm_dir
 
 DISTRIBUTION = "lakehouse-cdc"
+
 # Provided by the cluster.
 NOT_SHIPPED = {"pyspark"}
 PYTHON = "/usr/bin/python3.11"
@@ -72,4 +77,14 @@ def build(out: Path, decl: Declaration) -> list[Path]:
     bootstrap = out / "bootstrap.sh"
     bootstrap.write_text(BOOTSTRAP.format(python=PYTHON))
     bootstrap.chmod(0o755)
-    return [archive, cli, reqs, bootstrap]
+    msk = out / MSK_IAM_JAR
+    msk.write_bytes(_msk_iam_jar().read_bytes())
+    return [archive, cli, reqs, bootstrap, msk]
+
+
+def _msk_iam_jar() -> Path:
+    """The resolved aws-msk-iam-auth jar (jvm/pom.xml, profile msk)."""
+    found = sorted((jvm_dir() / "msk").glob("aws-msk-iam-auth-*.jar"))
+    if not found:
+        raise SetupError(f"no aws-msk-iam-auth jar in {jvm_dir() / 'msk'}: run `make setup`")
+    return found[-1]

@@ -115,6 +115,13 @@ def described(kafka: KafkaSettings) -> str:
 def kafka_refusal(kafka: KafkaSettings, *, timeout: float = 10.0, topics: Iterable[str] = ()) -> str | None:
     """None when a real client with `kafka`'s authentication bootstraps and sees every topic of `topics`, else
     why not, in words a person acts on (pipelines.runtime.kafka_probe, in a child process)."""
+    from pipelines.runtime.kafka_probe import REFUSED
+    from pipelines.runtime.local_process import HOST, port_open
+
+    servers = [s.strip().rpartition(":") for s in kafka.bootstrap_servers.split(",")]
+    if not any(port.isdigit() and port_open(int(port), host.strip("[]") or HOST, min(timeout, 3.0))
+               for host, _, port in servers):
+        return f"{described(kafka)}: {REFUSED}"  # at once: a client would retry until its timeout
     request = json.dumps({"options": python_options(kafka), "timeout_ms": int(timeout * 1000),
                           "topics": sorted(topics)})
     try:

@@ -24,6 +24,7 @@ AUTHENTICATION_FAILED = ("authentication failed: the brokers refused the SASL us
 PLAINTEXT_TO_TLS = "plaintext to a TLS listener ([kafka] security_protocol: SSL or SASL_SSL)"
 CLOSED = ("the brokers closed every connection before answering: plaintext to a TLS listener, or SASL expected "
           "([kafka] security_protocol)")
+REFUSED = "connection refused: nothing listens at that address ([kafka] bootstrap_servers)"
 TIMED_OUT = "no answer within the timeout: a firewall or security group dropping the packets?"
 # What a connection's failure says, and what a person does about it, the most telling first: a refused password
 # is followed in the log by the disconnects it causes.
@@ -40,7 +41,7 @@ CAUSES = (
     ("IllegalSaslState", "the listener does not speak SASL ([kafka] security_protocol)"),
     ("Invalid frame length", PLAINTEXT_TO_TLS),
     ("socket disconnected", CLOSED),
-    ("ECONNREFUSED", "connection refused: nothing listens at that address ([kafka] bootstrap_servers)"),
+    ("ECONNREFUSED", REFUSED),
     ("timed out", TIMED_OUT),
 )
 

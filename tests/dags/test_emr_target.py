@@ -83,7 +83,8 @@ def test_etl_step_carries_spark_submit_arguments_and_configs(emr_env) -> None:
     assert args[args.index("--py-files") + 1] == f"{CODE_URI}/lakehouse.zip"
     confs = dict(args[i + 1].split("=", 1) for i, a in enumerate(args) if a == "--conf")
     # The cluster's own Hudi bundle, nothing of the local .jvm folder.
-    assert confs["spark.jars"] == "/usr/lib/hudi/hudi-spark-bundle.jar"
+    # MSK's IAM login, from the bundle, beside it.
+    assert confs["spark.jars"] == f"/usr/lib/hudi/hudi-spark-bundle.jar,{CODE_URI}/aws-msk-iam-auth.jar"
     assert not any(".jvm" in v for v in confs.values())
     assert confs["spark.serializer"] == "org.apache.spark.serializer.KryoSerializer"
     assert confs["spark.sql.extensions"] == "org.apache.spark.sql.hudi.HoodieSparkSessionExtension"
