@@ -11,9 +11,6 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
-import trustme
-from cryptography.hazmat.primitives import serialization
-
 from pipelines.runtime.local_process import HOST
 
 
@@ -36,6 +33,10 @@ class LocalTls:
         """Make the CA and a certificate for 127.0.0.1 and localhost, unless the folder has them."""
         if self.ca_file.exists() and self.server_pem.exists():
             return self
+        # Here, not at the top: Airflow's environment imports the dev tools without their dependencies.
+        import trustme
+        from cryptography.hazmat.primitives import serialization
+
         self.folder.mkdir(parents=True, exist_ok=True)
         ca = trustme.CA(organization_name="lakehouse local stack")
         server = ca.issue_cert(HOST, "localhost")
