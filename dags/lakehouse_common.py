@@ -1,11 +1,12 @@
 """What the lakehouse DAGs share: defaults, and how a Spark job becomes tasks on the configured target.
 
-The target is one setting of the Airflow deployment, `LAKEHOUSE_TARGET` (local | emr), read
+The target is one setting of the Airflow deployment, `[spark] target` of its lakehouse.toml (`LAKEHOUSE_CONFIG`,
+`LAKEHOUSE_PROFILE`; `LAKEHOUSE_TARGET` over it), local | emr, read
 when the DAGs are parsed because it decides the operators (`spark_task` for one fixed job,
 `mapped_spark_tasks` for the jobs a run decides on: one per work item, a group of tables, by dynamic task
 mapping):
 - local: a BashOperator running `spark-submit` of the project's CLI in the project's .venv;
-- emr: EmrAddStepsOperator + EmrStepSensor on the cluster whose id is the Airflow Variable
+- emr: EmrAddStepsOperator + a deferrable EmrStepSensor on the cluster whose id is the Airflow Variable
   `lakehouse_emr_cluster_id`, through the Airflow connection `aws_default`, with the code
   from Variable `lakehouse_code_uri` (an s3:// prefix holding lakehouse.zip and cli.py).
 Nothing here imports Spark.
@@ -71,7 +72,9 @@ def alerting(late_after: timedelta) -> dict:
 # The jobs that write the lake beside the stream (etl, table services, quality's Data Docs,
 # erasure) take the one slot of this pool in turn: an erasure never interleaves with an etl
 # cycle, nor with a compaction or clean of the tables it purges. `dags/airflow_local.sh`
-# creates it (ensure_pool); any other deployment once: airflow pools set lakehouse_lake 1 "...".
+# creates it (ensure_pool); any other deployment once: airflow pools set lakehouse_lake 1 "..." --include-deferred.
+# Deferred tasks count: an EMR step's sensor waits deferred (in the triggerer, no worker slot) and still holds the
+# slot, so that no other job's step starts on the lake while its step runs.
 LAKE_POOL = "lakehouse_lake"
 LAKE_POOL_DESCRIPTION = "Lakehouse jobs writing the lake beside the stream: one at a time"
 
@@ -80,7 +83,7 @@ def ensure_pool() -> None:
     """Create LAKE_POOL (one slot) in the Airflow database, or set it back to one slot."""
     from airflow.models.pool import Pool
 
-    Pool.create_or_update_pool(LAKE_POOL, 1, LAKE_POOL_DESCRIPTION, include_deferred=False)
+    Pool.create_or_update_pool(LAKE_POOL, 1, LAKE_POOL_DESCRIPTION, include_deferred=True)
 
 
 def job(name: str, *args: str) -> SparkJob:
@@ -149,8 +152,8 @@ def spark_task(spark_job: SparkJob, outlets: list[Asset] | None = None, doc_md: 
 
     cluster = "{{ var.value.lakehouse_emr_cluster_id }}"
     # Adding a step is not retried: a retry after a timeout would add the step twice
-    # (apache/airflow#28704); the sensor retries. The sensor pokes (it holds the pool's slot
-    # until the step ends; rescheduling would free it for another job's step meanwhile).
+    # (apache/airflow#28704); the sensor retries. The sensor waits deferred, holding the pool's slot (the pool
+    # counts deferred tasks) but no worker slot until the step ends.
     with TaskGroup(spark_job.name, tooltip=doc_md) as group:
         # The step's environment names the add_step task's run as the job's parent (rendered with the steps).
         with_parent = SparkJob(spark_job.name, spark_job.args, {**spark_job.env, **LINEAGE_ENV})
@@ -159,7 +162,7 @@ def spark_task(spark_job: SparkJob, outlets: list[Asset] | None = None, doc_md: 
                             retries=0, pool=LAKE_POOL, inlets=inlets or []) >> \
             EmrStepSensor(task_id="wait_for_step", job_flow_id=cluster, aws_conn_id="aws_default",
                           step_id=f"{{{{ ti.xcom_pull(task_ids='{spark_job.name}.add_step')[0] }}}}",
-                          poke_interval=60, mode="poke", pool=LAKE_POOL, outlets=outlets or [])
+                          poke_interval=60, deferrable=True, pool=LAKE_POOL, outlets=outlets or [])
     return group
 
 
@@ -186,14 +189,14 @@ def mapped_spark_tasks(name: str, work: PlainXComArg, doc_md: str) -> MappedOper
     from airflow.providers.amazon.aws.sensors.emr import EmrStepSensor
 
     cluster = "{{ var.value.lakehouse_emr_cluster_id }}"
-    # As in spark_task: adding a step is not retried, the sensor pokes and holds the pool's slot. Map index i of
+    # As in spark_task: adding a step is not retried, the sensor waits deferred holding the pool's slot. Map index i of
     # either task is work item i: the sensor waits for the step its add_step of the same index added.
     with TaskGroup(name, tooltip=doc_md) as group:
         added = EmrAddStepsOperator.partial(task_id="add_step", job_flow_id=cluster, aws_conn_id="aws_default",
                                             doc_md=doc_md, retries=0, pool=LAKE_POOL, map_index_template=label
                                             ).expand(steps=work.map(emr_steps))
         EmrStepSensor.partial(task_id="wait_for_step", job_flow_id=cluster, aws_conn_id="aws_default",
-                              poke_interval=60, mode="poke", pool=LAKE_POOL, map_index_template=label
+                              poke_interval=60, deferrable=True, pool=LAKE_POOL, map_index_template=label
                               ).expand(step_id=added.output.map(added_step))
     return group
 
@@ -223,10 +226,11 @@ def added_step(step_ids: list[str]) -> str:
 
 
 def _target() -> str:
-    target = os.environ.get("LAKEHOUSE_TARGET", "local")
-    if target not in ("local", "emr"):
-        raise ValueError(f"LAKEHOUSE_TARGET={target!r}: expected local or emr")
-    return target
+    """`[spark] target` of the deployment's configuration (its file, LAKEHOUSE_TARGET over it), read at parse time:
+    it decides the operators."""
+    from pipelines.runtime.config import load_config
+
+    return load_config().config.spark.target
 
 
 def stream_task(doc_md: str):

@@ -121,6 +121,8 @@ def test_table_services_map_a_step_per_group_of_due_tables(emr_env) -> None:
     assert args[-6:] == [f"{CODE_URI}/cli.py", *work["args"]]
     assert added_step([step_id]) == step_id
     assert sensor.partial_kwargs["job_flow_id"] == "{{ var.value.lakehouse_emr_cluster_id }}"
+    # It waits in the triggerer, holding the lake pool's slot (the pool counts deferred tasks) but no worker's.
+    assert sensor.partial_kwargs["deferrable"] is True and sensor.partial_kwargs["pool"] == "lakehouse_lake"
     # Map index i of either task is the decision's item i: its label is that item's.
     other = {"label": "silver/orders", "tables": ["silver/orders"],
              "args": ["services", "--table", "silver/orders:clean,archive"]}
