@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import site
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import pytest
 
 import pipelines
 from pipelines.deploy.package import build
+from pipelines.runtime.config import load_config
 from pipelines.runtime.lake import read_declaration
 
 pytestmark = pytest.mark.unit
@@ -40,6 +42,8 @@ sys.path.extend(sys.argv[2:])
 import pipelines.cli.app
 assert pipelines.cli.app.__file__.startswith(sys.argv[1]), pipelines.cli.app.__file__
 print(" ".join(pipelines.cli.app.main.commands))
+from pipelines.runtime.config import load_config
+print("config:", load_config(environ={}).config.model_dump_json())
 """
 
 
@@ -50,7 +54,13 @@ def test_bundle_loads_from_the_zip_and_pins_what_the_cluster_lacks(tmp_path, mon
     declaration.write_text(shop.replace("[tables.orders]", "[tables.purchases]")
                            .replace("tables.orders.", "tables.purchases."))
     monkeypatch.setenv("LAKEHOUSE_TABLES", str(declaration))
-    files = {p.name: p for p in build(tmp_path / "bundle", read_declaration())}
+    # The configuration of the profile it is built with travels too, written out: the cluster has no file either.
+    (tmp_path / "lakehouse.toml").write_text(
+        '[kafka]\nbootstrap_servers = "local:9092"\n\n[profiles.emr.kafka]\nbootstrap_servers = "b-1.msk:9098"\n'
+        'security_protocol = "SASL_SSL"\nsasl_mechanism = "AWS_MSK_IAM"\n\n[profiles.emr.lake]\n'
+        'root = "s3://lake/prod"\nerasure_key = { aws_secret = "arn:aws:secretsmanager:eu-west-1:1:secret:k" }\n')
+    config = load_config(tmp_path / "lakehouse.toml", "emr", environ={}).config
+    files = {p.name: p for p in build(tmp_path / "bundle", read_declaration(), config)}
     monkeypatch.delenv("LAKEHOUSE_TABLES")
     assert set(files) == {"lakehouse.zip", "cli.py", "requirements.txt", "bootstrap.sh", "aws-msk-iam-auth.jar"}
     names = zipfile.ZipFile(files["lakehouse.zip"]).namelist()
@@ -71,7 +81,11 @@ def test_bundle_loads_from_the_zip_and_pins_what_the_cluster_lacks(tmp_path, mon
                          capture_output=True, text=True, timeout=60)
     assert cli.returncode == 0, cli.stderr
     assert set(cli.stdout.split()) >= {"ingest", "etl", "gdpr", "services", "quality", "stream"}, cli.stdout
-    assert not set(cli.stdout.split()) & {"dev", "generate", "source", "kafka", "s3", "bench"}, cli.stdout
+    assert not set(cli.stdout.split()) & {"dev", "generate", "kafka", "s3", "bench"}, cli.stdout
+    bundled = json.loads(cli.stdout.split("config: ", 1)[1])
+    assert bundled["kafka"] == {**config.kafka.model_dump(mode="json")} and bundled["kafka"]["sasl_mechanism"] == \
+        "AWS_MSK_IAM"
+    assert bundled["lake"]["root"] == "s3://lake/prod" and bundled["lake"]["erasure_key"]["aws_secret"].endswith(":k")
 
     pins = files["requirements.txt"].read_text().split()
     assert all("==" in p for p in pins) and not [p for p in pins if p.startswith("pyspark")], pins

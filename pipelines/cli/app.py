@@ -377,13 +377,18 @@ def changes(lake: Lake, table: str, since: str | None, checkpoint_file: Path | N
               show_default=True, help="Folder to write the bundle into.")
 @pass_lake
 def package(lake: Lake, out: Path) -> None:
-    """Build the EMR target's code bundle: lakehouse.zip, cli.py, requirements.txt, bootstrap.sh.
+    """Build the EMR target's code bundle: lakehouse.zip (with the configuration of the chosen profile, from its
+    file alone, and the declaration), cli.py, requirements.txt, bootstrap.sh, aws-msk-iam-auth.jar.
 
     Copy the folder to the s3:// prefix named by the Airflow Variable `lakehouse_code_uri`, and
     give the cluster `bootstrap.sh <that prefix>` as a bootstrap action.
     """
     from pipelines.deploy.package import build
+    from pipelines.runtime.config import load_config
 
-    for path in build(out, lake.declaration):
+    # The file's values only: this machine's variables (a local LAKEHOUSE_ROOT) are not the cluster's.
+    config = load_config(lake.loaded.path, lake.loaded.profile, environ={}).config
+    click.echo(f"configuration: {lake.loaded.path or 'the defaults'}, profile {lake.loaded.profile}", err=True)
+    for path in build(out, lake.declaration, config):
         click.echo(f"{path} ({path.stat().st_size:,} bytes)")
 

@@ -33,8 +33,9 @@ JOB_ENV = ("LAKEHOUSE_ROOT", "KAFKA_BOOTSTRAP_SERVERS", "LAKEHOUSE_TABLE_SERVICE
            "LAKEHOUSE_LINEAGE_DIR", "LAKEHOUSE_CONFIG", "LAKEHOUSE_PROFILE")
 # LAKEHOUSE_CONFIG names the configuration file of this machine (pipelines/runtime/config.py), as LAKEHOUSE_TABLES.
 # LAKEHOUSE_LINEAGE_DIR is where the local OpenLineage file transport appends: EMR's jobs report to the console.
+# LAKEHOUSE_PROFILE too: the bundle's configuration is the chosen profile's, written out without profiles.
 LOCAL_ONLY_ENV = ("LAKEHOUSE_TABLES", "LAKEHOUSE_SPARK_MASTER", "LAKEHOUSE_METASTORE_URI", "LAKEHOUSE_LINEAGE_DIR",
-                  "LAKEHOUSE_CONFIG")
+                  "LAKEHOUSE_CONFIG", "LAKEHOUSE_PROFILE")
 
 
 @dataclass(frozen=True)

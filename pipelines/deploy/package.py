@@ -9,7 +9,10 @@ An EMR step runs `spark-submit --deploy-mode cluster --py-files <uri>/lakehouse.
   offers the pipeline's commands only);
   and the declaration of tables in force where it is built (`LAKEHOUSE_TABLES`, or the shop's) as
   `pipelines/lake/tables.toml`, which the jobs on the cluster read (`pipelines.lake.declaration`): a
-  declaration changed here reaches EMR with the next `lakehouse package` and upload;
+  declaration changed here reaches EMR with the next `lakehouse package` and upload; and the configuration of
+  the profile it is built with (`lakehouse --profile emr package`), its file's values alone (not this machine's
+  environment), every setting written out, as `pipelines/runtime/bundled.toml`, which the jobs read when given
+  no file (pipelines.runtime.config);
 - `cli.py`: the entry point, pipelines/cli/__main__.py as is;
 - `aws-msk-iam-auth.jar`: Amazon MSK's IAM login for Spark's Kafka source (`[kafka] sasl_mechanism =
   "AWS_MSK_IAM"`), on every step's classpath (`--jars`); resolved by `make setup` from jvm/pom.xml;
@@ -32,6 +35,7 @@ from pipelines.deploy.jobs import MSK_IAM_JAR
 from pipelines.errors import SetupError
 from pipelines.lake.declaration import Declaration
 from pipelines.runtime.code_archive import write_archive
+from pipelines.runtime.config import Config, bundled_text
 from pipelines.runtime.settings import PROJECT_ROOT, jvm_dir
 
 DISTRIBUTION = "lakehouse-cdc"
@@ -66,10 +70,11 @@ def requirements() -> list[str]:
     return sorted(pins, key=str.lower)
 
 
-def build(out: Path, decl: Declaration) -> list[Path]:
-    """Write the bundle into `out`, with `decl` as the tables its jobs declare; returns its files."""
+def build(out: Path, decl: Declaration, config: Config | None = None) -> list[Path]:
+    """Write the bundle into `out`, with `decl` as the tables its jobs declare and `config` as their configuration
+    (none: the defaults); returns its files."""
     out.mkdir(parents=True, exist_ok=True)
-    archive = write_archive(out / "lakehouse.zip", decl)
+    archive = write_archive(out / "lakehouse.zip", decl, bundled_text(config or Config()))
     cli = out / "cli.py"
     cli.write_text((PROJECT_ROOT / "pipelines" / "cli" / "__main__.py").read_text())
     reqs = out / "requirements.txt"

@@ -15,6 +15,8 @@ only when a client needs it (`Secret.reveal`). A literal value is refused, namin
 
 from __future__ import annotations
 
+import importlib.resources
+import json
 import os
 import tomllib
 from collections.abc import Mapping
@@ -30,6 +32,9 @@ CONFIG_VARIABLE = "LAKEHOUSE_CONFIG"
 PROFILE_VARIABLE = "LAKEHOUSE_PROFILE"
 DEFAULT_FILE = Path("lakehouse.toml")
 DEFAULT_PROFILE = "local"
+# In lakehouse.zip only: the configuration the EMR steps run with (`lakehouse package`, pipelines/deploy/package.py),
+# read when no file is given: a cluster's node has no file of the machine that built the bundle.
+BUNDLED_FILE = "bundled.toml"
 
 
 class _Section(BaseModel):
@@ -260,10 +265,10 @@ def load_config(path: Path | None = None, profile: str | None = None, environ: M
     profile = profile or environ.get(PROFILE_VARIABLE) or DEFAULT_PROFILE
     layers: dict[str, dict[str, Any]] = {}
     sources: dict[str, str] = {}
-    document = _read(path) if path is not None else {}
+    document = _read(path) if path is not None else _bundled()
     for name, section in document.items():
         if name != "profiles":
-            _layer(layers, sources, name, section, f"{path} [{name}]", path)
+            _layer(layers, sources, name, section, f"{path or 'the bundle'} [{name}]", path)
     profiles = document.get("profiles", {})
     if profile not in profiles and profile != DEFAULT_PROFILE:
         raise SettingError(f"{path}: no profile {profile!r} (profiles: {', '.join(profiles) or 'none'})" if path
@@ -282,6 +287,36 @@ def load_config(path: Path | None = None, profile: str | None = None, environ: M
     except ValidationError as exc:
         raise SettingError(_explain(exc, sources, path)) from None
     return Loaded(config, sources, path, profile)
+
+
+def _bundled() -> dict[str, Any]:
+    """The bundle's configuration (BUNDLED_FILE beside this module, inside lakehouse.zip), else nothing."""
+    found = importlib.resources.files(__package__ or "pipelines.runtime") / BUNDLED_FILE
+    return tomllib.loads(found.read_text()) if found.is_file() else {}
+
+
+def bundled_text(config: Config) -> str:
+    """`config` as a file of sections without profiles: what the EMR bundle carries (BUNDLED_FILE). Every value
+    is written, resolved as `config` holds it (paths absolute, secrets as where they are), so that a step runs
+    with what `config show` printed where the bundle was built; the declaration travels in the bundle on its own,
+    so `[lake] tables` does not."""
+    lines = ["# The configuration of the EMR steps, written by `lakehouse package`: edit the source file instead."]
+    for name, section in config.model_dump(mode="json", exclude_none=True).items():
+        if name == "lake":
+            section.pop("tables", None)
+        lines += ["", f"[{name}]", *(f"{key} = {_toml(value)}" for key, value in section.items())]
+    return "\n".join(lines) + "\n"
+
+
+def _toml(value: Any) -> str:
+    """A TOML value of the JSON-like `value` (a JSON string is a TOML basic string)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{k} = {_toml(v)}" for k, v in value.items() if v is not None) + " }"
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    return json.dumps(value)
 
 
 def _read(path: Path) -> dict[str, Any]:
