@@ -33,6 +33,7 @@ from pipelines.runtime.commands import JSON_OPTION, TABLE, command_lake, echo_js
 from pipelines.runtime.config import export, load_config
 from pipelines.runtime.lake import Lake
 from pipelines.runtime.local_process import require_kafka
+from pipelines.source.cli import source
 
 if TYPE_CHECKING:
     from pipelines.monitoring.lineage import Run
@@ -79,6 +80,7 @@ def main(ctx: click.Context, verbose: bool, config_file: Path | None, profile: s
 main.add_command(config)
 main.add_command(stream)
 main.add_command(connector)
+main.add_command(source)
 main.add_command(schema)
 main.add_command(gdpr)
 main.add_command(catalog)
