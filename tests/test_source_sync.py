@@ -31,9 +31,9 @@ from lakehouse_dev.connect_config import CONNECTOR, PUBLICATION, SIGNAL_DDL, SIG
 from lakehouse_dev.kafka_local import KafkaBroker, free_port
 from lakehouse_dev.pg_source import RealSource
 from lakehouse_dev.pg_source_cli import source
-from lakehouse_dev.source_sync import connector_settings
 from pipelines.lake.declaration import DECLARATION_VARIABLE, SHOP
 from pipelines.runtime.settings import PROJECT_ROOT
+from pipelines.source.connect_rest import ConnectClient
 from tests.declared_capture import payload, topic_records, wait_records
 
 CUSTOMERS, PAYMENTS = "shop.public.customers", "shop.public.payments"
@@ -90,7 +90,7 @@ def state(real: RealSource) -> tuple[list[tuple[str, str]], dict[str, str], str]
         tables = conn.execute("SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s "
                               "ORDER BY 1, 2", (PUBLICATION,)).fetchall()
         identity = conn.execute("SELECT relreplident FROM pg_class WHERE relname = 'payments'").fetchone()[0]
-    return tables, connector_settings(real.connect.url), identity
+    return tables, ConnectClient(real.connect.url).config(CONNECTOR), identity
 
 
 def ops(records: list[dict[str, Any]], topic: str) -> list[tuple[str, Any, str]]:
