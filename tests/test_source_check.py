@@ -172,6 +172,15 @@ def test_the_connector_against_the_declaration_and_the_section() -> None:
     assert unreachable[0].check == "connect" and "username/password" in unreachable[0].fix
 
 
+def test_a_shared_publication_and_debezium_s_filtered_mode() -> None:
+    published = frozenset({"public.payments", "Sales.OrderLines", SIGNAL, "public.audit"})
+    facts = healthy_facts(publication=Publication(published, published))
+    assert judged(facts) == []  # all_tables, Debezium's default, leaves an existing publication alone
+    shared = judged(facts, healthy_connector(**{"publication.autocreate.mode": "filtered"}))
+    assert [(f.check, f.severity) for f in shared] == [("publication", "warning")]
+    assert "also publishes public.audit" in shared[0].problem and "autocreate.mode=disabled" in shared[0].fix
+
+
 def test_include_lists_are_debezium_s_anchored_case_insensitive_regular_expressions() -> None:
     listed = include_list(["public.orders", "Sales.OrderLines", "odd.t$1"])
     assert listed == r"public\.orders,Sales\.OrderLines,odd\.t\$1"

@@ -20,7 +20,8 @@ from pipelines.source.connect_rest import ConnectClient
 
 DEBEZIUM_POSTGRES = "io.debezium.connector.postgresql.PostgresConnector"
 # Debezium's own defaults, for a config that leaves a key out.
-DEBEZIUM_DEFAULTS = {"publication.name": "dbz_publication", "slot.name": "debezium", "plugin.name": "decoderbufs"}
+DEBEZIUM_DEFAULTS = {"publication.name": "dbz_publication", "slot.name": "debezium", "plugin.name": "decoderbufs",
+                     "publication.autocreate.mode": "all_tables"}
 _REGEX_SPECIALS = re.compile(r"([\\.^$|?*+()\[\]{}])")
 
 

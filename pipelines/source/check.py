@@ -240,6 +240,24 @@ def slot_findings(facts: SourceFacts, settings: SourceSettings) -> list[Finding]
     return out
 
 
+def shared_publication_findings(facts: SourceFacts, connector: ConnectorFacts, settings: SourceSettings
+                                ) -> list[Finding]:
+    """A publication that names tables the connector does not capture is shared with another tool; Debezium's
+    `publication.autocreate.mode=filtered` sets it to the connector's own tables at each start of its task."""
+    pub, config = facts.publication, connector.config
+    if pub is None or config is None or connector.setting("publication.autocreate.mode") != "filtered":
+        return []
+    patterns = config.get("table.include.list")
+    others = sorted(s for s in pub.members if s != settings.signal_table and not captured_by(patterns, s))
+    if not others:
+        return []
+    return [Finding(None, "publication", f"publication {settings.publication} also publishes {', '.join(others)}, "
+                    f"which connector {connector.name} does not capture, and its publication.autocreate.mode=filtered "
+                    "sets the publication to its own tables whenever its task starts: those would be removed",
+                    "publication.autocreate.mode=disabled on the connector (the sync keeps the publication), or a "
+                    "publication of its own", "warning")]
+
+
 # --------------------------------------------------------------------------- the connector
 
 def connector_findings(found: ConnectorFacts, declaration: Declaration, settings: SourceSettings) -> list[Finding]:
@@ -296,6 +314,7 @@ def findings(facts: SourceFacts, connector: ConnectorFacts, declaration: Declara
     found = [*server_findings(facts), *slot_findings(facts, settings),
              *connector_findings(connector, declaration, settings),
              *publication_findings(facts, declaration, settings),
+             *shared_publication_findings(facts, connector, settings),
              *declaration_findings(facts, declaration, settings, schemas)]
     order = {name: i for i, name in enumerate(declaration.tables)}
     return sorted(found, key=lambda f: -1 if f.table is None else order.get(f.table, len(order)))
