@@ -280,3 +280,52 @@ def test_the_postgres_client_reveals_the_password_only_into_the_connect_call(mon
     assert postgres.reason('FATAL:  password authentication failed for user "lake"').startswith("wrong password")
     assert "sslrootcert" in postgres.reason("SSL error: certificate verify failed")
     assert postgres.reason('FATAL:  database "nope" does not exist').startswith("no such database")
+
+
+# --------------------------------------------------------------------------- the sync's statements
+
+class _Recorder:
+    """A connection that records each statement as PostgreSQL would receive it."""
+
+    def __init__(self) -> None:
+        self.statements: list[str] = []
+
+    def execute(self, query: Any, params: Any = None) -> None:
+        self.statements.append(query if isinstance(query, str) else query.as_string(None))
+
+
+def test_the_sync_adds_and_drops_only_the_tables_it_manages(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipelines.source import sync as source_sync
+
+    shared = Publication(frozenset({"public.payments", "public.audit", "public.old", SIGNAL}),
+                         frozenset({"public.payments", "public.audit", "public.old", SIGNAL}))
+    monkeypatch.setattr(source_sync, "read_publication", lambda conn, name: shared)
+    conn = _Recorder()
+    changed = source_sync.update_publication(conn, SETTINGS, healthy_facts(), ["public.payments", "Sales.OrderLines"],
+                                             ["public.old"])
+    assert changed and conn.statements == ['ALTER PUBLICATION "shop_publication" ADD TABLE "Sales"."OrderLines"',
+                                           'ALTER PUBLICATION "shop_publication" DROP TABLE "public"."old"']
+    # The tables the connector captured before: those its include list matches; none listed, none dropped.
+    connector = healthy_connector(**{"table.include.list": r"public\.payments,public\.old"})
+    facts = healthy_facts(publication=shared)
+    before = source_sync.captured_before(connector, facts, source_sync.SyncOptions(), ["public.payments"])
+    assert before == {"public.payments", "public.old"}
+    open_list = healthy_connector(**{"table.include.list": None})
+    assert source_sync.captured_before(open_list, facts, source_sync.SyncOptions(), ["public.payments"]) is None
+    monkeypatch.setattr(source_sync, "read_publication", lambda conn, name: None)
+    parted = SourceTable(PAYMENTS.columns, ("id",), "d", partitioned=True)
+    created = _Recorder()
+    source_sync.update_publication(created, SETTINGS, healthy_facts(tables={"public.payments": parted}),
+                                   ["public.payments"], [])
+    assert created.statements == ['CREATE PUBLICATION "shop_publication" FOR TABLE "public"."payments", '
+                                  '"public"."debezium_signal" WITH (publish_via_partition_root = true)']
+
+
+def test_a_refused_statement_names_its_step_and_the_privileges() -> None:
+    import psycopg
+
+    with pytest.raises(SourceSyncError) as refused, postgres.answering(SETTINGS, "a change of publication p"):
+        raise psycopg.errors.InsufficientPrivilege("must be owner of publication p")
+    assert str(refused.value) == ("PostgreSQL postgres@127.0.0.1:5433/shop refused a change of publication p: must "
+                                  "be owner of publication p; the [source] user postgres lacks a privilege "
+                                  '(docs/tables.md, "The privileges it needs")')

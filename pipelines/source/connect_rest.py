@@ -59,8 +59,10 @@ class ConnectClient:
             return None
         return ssl.create_default_context(cafile=str(self.ssl_ca_file) if self.ssl_ca_file else None)
 
-    def call(self, path: str, method: str = "GET", body: Any = None, timeout: float | None = None) -> Any:
-        """The JSON answer of `method path` ({} for an empty body); ConnectError naming the URL and why."""
+    def call(self, path: str, method: str = "GET", body: Any = None, timeout: float | None = None, *,
+             missing: Any = ConnectError) -> Any:
+        """The JSON answer of `method path` ({} for an empty body); ConnectError naming the URL and why. `missing`:
+        what a 404 gives instead of the error, when given."""
         url = f"{self.url}{path}"
         data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(url, data=data, method=method, headers=self._headers(data is not None))
@@ -68,6 +70,8 @@ class ConnectClient:
             with urllib.request.urlopen(request, timeout=timeout or self.timeout, context=self._context()) as answer:
                 raw = answer.read()
         except urllib.error.HTTPError as exc:
+            if exc.code == 404 and missing is not ConnectError:
+                return missing
             detail = exc.read().decode(errors="replace")[:500]
             if exc.code in (401, 403):
                 who = f"as {self.username!r}" if self.username else "without credentials"
@@ -83,13 +87,7 @@ class ConnectClient:
 
     def exists(self, name: str) -> bool:
         """Whether Connect runs a connector of that name (a 404 is no)."""
-        try:
-            self.call(self.connector_path(name))
-        except ConnectError as exc:
-            if " 404 to " in str(exc):
-                return False
-            raise
-        return True
+        return self.call(self.connector_path(name), missing=None) is not None
 
     def config(self, name: str) -> dict[str, str]:
         """The connector's config (`GET /connectors/<name>/config`), its `name` included."""

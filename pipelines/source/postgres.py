@@ -8,9 +8,11 @@ address, the database's name), with libpq's own first line after it.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from pipelines.errors import SourceUnavailable
+from pipelines.errors import SourceSyncError, SourceUnavailable
 
 if TYPE_CHECKING:
     import psycopg
@@ -61,6 +63,22 @@ def reason(message: str) -> str:
         if needle in lowered:
             return meaning
     return "the connection failed"
+
+
+@contextmanager
+def answering(settings: SourceSettings, doing: str) -> Iterator[None]:
+    """PostgreSQL's refusal of a statement as a SourceSyncError naming the database, what was being done and, for a
+    missing privilege, which privileges the sync needs."""
+    import psycopg
+
+    try:
+        yield
+    except psycopg.Error as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        privilege = isinstance(exc, psycopg.errors.InsufficientPrivilege) or "must be owner" in first
+        hint = (f"; the [source] user {settings.user} lacks a privilege (docs/tables.md, \"The privileges it "
+                "needs\")") if privilege else ""
+        raise SourceSyncError(f"PostgreSQL {where(settings)} refused {doing}: {first}{hint}") from exc
 
 
 def connect(settings: SourceSettings, *, timeout: float = 10.0, autocommit: bool = True) -> psycopg.Connection:

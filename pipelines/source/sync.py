@@ -12,18 +12,20 @@ What a sync does, in this order:
 2. The signal table exists, and every declared table (each partition of a partitioned one) has `REPLICA
    IDENTITY DEFAULT` (the contract's: a delete's `before` holds the key; a table with a primary key needs
    nothing more).
-3. The connector's config (Connect REST `PUT /connectors/<name>/config`: the config it has, only the changed
-   keys replaced) names the declared tables in `table.include.list` and the signal table in
-   `signal.data.collection`; a changed config restarts its task, which resumes from its committed offset
-   (Connect commits it when it stops the old task): changes of tables already captured go on, none lost. The
-   sync waits until the new task streams (the replication slot active again, under a new walsender).
-4. The publication publishes the declared tables and the signal table. It may be shared with other tools
+3. The publication publishes the declared tables and the signal table. It may be shared with other tools
    (another connector, a logical replica), so the sync adds what is missing (`ALTER PUBLICATION ... ADD
    TABLE`) and drops only the tables the connector captured before and the declaration no longer declares
    (`DROP TABLE`), never `SET TABLE`, which would remove every other tool's tables. A missing publication is
    created, with `publish_via_partition_root` when a declared table is partitioned. Debezium's
    `publication.autocreate.mode=filtered` sets the list itself when its task starts (docs/tables.md: what that
-   means for a shared publication); the sync does not rely on it.
+   means for a shared publication); the sync does not rely on it. The publication comes before the
+   connector: a refusal here (the publication's owner is another role) leaves the connector as it was, so the
+   sync run again once that is fixed still finds the new tables uncaptured and snapshots them.
+4. The connector's config (Connect REST `PUT /connectors/<name>/config`: the config it has, only the changed
+   keys replaced) names the declared tables in `table.include.list` and the signal table in
+   `signal.data.collection`; a changed config restarts its task, which resumes from its committed offset
+   (Connect commits it when it stops the old task): changes of tables already captured go on, none lost. The
+   sync waits until the new task streams (the replication slot active again, under a new walsender).
 5. Tables that were not captured before (not in the connector's include list) get their existing rows
    through Debezium's incremental snapshot: one `execute-snapshot` row in the signal table, read by the
    connector from the change stream. The snapshot runs in chunks while the stream goes on, and re-snapshots
@@ -224,7 +226,7 @@ def update_publication(conn: Any, settings: SourceSettings, facts: SourceFacts, 
 
     name = sql.Identifier(settings.publication)
     wanted = [*declared, settings.signal_table]
-    pub = read_publication(conn, settings.publication)  # now: the restarted task may have set it
+    pub = read_publication(conn, settings.publication)  # as it is now: another tool may have changed it
     if pub is None:
         via_root = any(t is not None and t.partitioned for t in facts.tables.values())
         conn.execute(sql.SQL("CREATE PUBLICATION {} FOR TABLE {}{}").format(
@@ -256,26 +258,31 @@ def request_snapshot(conn: Any, signal_table: str, tables: list[str]) -> str:
 
 def _apply(conn: Any, target: Target, declaration: Declaration, options: SyncOptions,
            state: tuple[SourceFacts, ConnectorFacts]) -> SyncReport:
-    """Steps 2-5 on a source the check let through."""
+    """Steps 2-5 on a source the check let through, each PostgreSQL refusal naming its step."""
+    from pipelines.source.postgres import answering
+
     facts, connector = state
     settings = target.source
     report = SyncReport(target.connect.connector, settings.publication, settings.signal_table)
     declared = [t.source for t in declaration.tables.values()]
     before = captured_before(connector, facts, options, declared)
-    report.notes = prepare(conn, settings, declaration, facts)
     if before is not None:
         report.added = [s for s in declared if s not in before]
         report.removed = sorted(before - set(declared) - {settings.signal_table})
+    with answering(settings, "the signal table or a replica identity"):
+        report.notes = prepare(conn, settings, declaration, facts)
+    with answering(settings, f"a change of publication {settings.publication} (the connector is unchanged)"):
+        report.publication_updated = update_publication(conn, settings, facts, declared, report.removed)
     current = dict(connector.config or {})
     wanted = {k: v for k, v in options.overrides.items() if k != "name"} | {
         "table.include.list": include_list(declared), "signal.data.collection": settings.signal_table}
     if changed := {k: v for k, v in wanted.items() if current.get(k) != v}:
         update_connector(conn, target, current, changed, options.timeout)
         report.connector_updated = sorted(changed)
-    report.publication_updated = update_publication(conn, settings, facts, declared, report.removed)
     if report.added and not options.initial_snapshot:
         report.snapshot = list(report.added)
-        report.signal_id = request_snapshot(conn, settings.signal_table, report.added)
+        with answering(settings, f"the snapshot signal in {settings.signal_table}"):
+            report.signal_id = request_snapshot(conn, settings.signal_table, report.added)
     return report
 
 
