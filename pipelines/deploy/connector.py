@@ -18,7 +18,6 @@ project's other dependencies.
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -26,18 +25,12 @@ from typing import Any
 from pipelines.errors import ConnectError
 from pipelines.source.connect_rest import ConnectClient
 
+# The configuration's variables of [connect] url and connector (pipelines.runtime.config.ALIASES), as the
+# commands' help names them.
 CONNECT_URL_VARIABLE = "LAKEHOUSE_CONNECT_URL"
 CONNECTOR_VARIABLE = "LAKEHOUSE_CONNECTOR"
 DEFAULT_CONNECT_URL = "http://127.0.0.1:8083"
 DEFAULT_CONNECTOR = "shop-source"  # the name `lakehouse dev source start` gives it (lakehouse_dev.connect_config)
-
-
-def connect_url() -> str:
-    return (os.environ.get(CONNECT_URL_VARIABLE) or DEFAULT_CONNECT_URL).rstrip("/")
-
-
-def connector_name() -> str:
-    return os.environ.get(CONNECTOR_VARIABLE) or DEFAULT_CONNECTOR
 
 
 @dataclass(frozen=True)
