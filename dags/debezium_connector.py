@@ -17,8 +17,10 @@ resumes where it stopped, and what it sends again is a replay, harmless to the l
 
 **Configure** with the Airflow Variables `lakehouse_connect_url` (Kafka Connect's REST API,
 e.g. `http://connect.internal:8083`) and `lakehouse_connector` (the connector's name); without
-them, the worker's `LAKEHOUSE_CONNECT_URL` and `LAKEHOUSE_CONNECTOR`, else the local source's
-(`lakehouse dev source start`: http://127.0.0.1:8083, `shop-source`). The same from a shell:
+them, the worker's configuration's `[connect]` (lakehouse.toml, `LAKEHOUSE_CONNECT_URL`,
+`LAKEHOUSE_CONNECTOR`), else the local source's (`lakehouse dev source start`:
+http://127.0.0.1:8083, `shop-source`). `[connect]`'s username, password (e.g.
+`{ airflow_connection = "kafka_connect" }`) and CA go with every call. The same from a shell:
 `lakehouse connector status` and `lakehouse connector ensure`.
 """
 
@@ -35,12 +37,16 @@ log = logging.getLogger(__name__)
 
 @task(execution_timeout=timedelta(minutes=5))
 def ensure_connector() -> str:
-    """Restart what failed, and wait until it runs (pipelines.deploy.connector: standard library only, no Spark)."""
+    """Restart what failed, and wait until it runs (pipelines.deploy.connector: standard library only, no Spark),
+    with `[connect]`'s credentials."""
     from pipelines.deploy import connector as watch
+    from pipelines.runtime.config import load_config
+    from pipelines.source.connect_rest import ConnectClient
 
-    url = Variable.get("lakehouse_connect_url", default=None) or watch.connect_url()
-    name = Variable.get("lakehouse_connector", default=None) or watch.connector_name()
-    found, after = watch.ensure_running(url, name, wait_seconds=120.0)
+    settings = load_config().config.connect
+    url = Variable.get("lakehouse_connect_url", default=None) or settings.url
+    name = Variable.get("lakehouse_connector", default=None) or settings.connector
+    found, after = watch.ensure_running(ConnectClient.from_settings(settings, url), name, wait_seconds=120.0)
     if after is None:
         log.info("%s at %s: nothing to do", found.line(), url)
         return found.line()

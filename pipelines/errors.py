@@ -50,11 +50,25 @@ class KafkaUnavailable(LakehouseError, RuntimeError):
 
 
 class SourceError(LakehouseError, RuntimeError):
-    """The change-data source (Kafka Connect and its Debezium connector) failed or refused a request."""
+    """The change-data source (the PostgreSQL database, Kafka Connect and its Debezium connector) failed or refused a
+    request."""
+
+
+class SourceUnavailable(SourceError):
+    """The source database cannot be reached or refuses the login; the message names host:port/database and user,
+    and what failed (never the password)."""
 
 
 class ConnectError(SourceError):
     """Kafka Connect did not answer, refused a request, or the connector did not come back."""
+
+
+class SourceSyncError(SourceError):
+    """The source could not be made to follow the declaration; the message says which step and why."""
+
+
+class DeclarationMismatch(SourceSyncError):
+    """The declaration does not match the source database; one line per problem, nothing was changed."""
 
 
 class StorageError(LakehouseError, ValueError):

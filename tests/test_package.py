@@ -80,7 +80,7 @@ def test_bundle_loads_from_the_zip_and_pins_what_the_cluster_lacks(tmp_path, mon
     cli = subprocess.run([sys.executable, "-S", "-c", CLI_PROBE, str(files["lakehouse.zip"]), *site.getsitepackages()],
                          capture_output=True, text=True, timeout=60)
     assert cli.returncode == 0, cli.stderr
-    assert set(cli.stdout.split()) >= {"ingest", "etl", "gdpr", "services", "quality", "stream"}, cli.stdout
+    assert set(cli.stdout.split()) >= {"ingest", "etl", "gdpr", "services", "quality", "stream", "source"}, cli.stdout
     assert not set(cli.stdout.split()) & {"dev", "generate", "kafka", "s3", "bench"}, cli.stdout
     bundled = json.loads(cli.stdout.split("config: ", 1)[1])
     assert bundled["kafka"] == {**config.kafka.model_dump(mode="json")} and bundled["kafka"]["sasl_mechanism"] == \

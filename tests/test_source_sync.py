@@ -10,6 +10,11 @@ a TOML in tmp_path:
 - `payments` declared: its existing rows arrive (an incremental snapshot), its new changes too,
   the shop's topics go on and are not snapshotted again;
 - `payments` no longer declared: its changes are not captured any more.
+
+The product's `lakehouse source check` and `lakehouse source sync` on the same source, reached through the
+configuration alone (`[source]` and `[connect]` from the environment): the check names a declared table missing
+from the publication and a REPLICA IDENTITY NOTHING table, each with its fix; the sync fixes them, a table of
+another schema with a mixed-case name included, and the check then finds no error.
 """
 
 from __future__ import annotations
@@ -31,9 +36,11 @@ from lakehouse_dev.connect_config import CONNECTOR, PUBLICATION, SIGNAL_DDL, SIG
 from lakehouse_dev.kafka_local import KafkaBroker, free_port
 from lakehouse_dev.pg_source import RealSource
 from lakehouse_dev.pg_source_cli import source
-from lakehouse_dev.source_sync import connector_settings
+from lakehouse_dev.source_target import dev_environment
+from pipelines.cli import main
 from pipelines.lake.declaration import DECLARATION_VARIABLE, SHOP
 from pipelines.runtime.settings import PROJECT_ROOT
+from pipelines.source.connect_rest import ConnectClient
 from tests.declared_capture import payload, topic_records, wait_records
 
 CUSTOMERS, PAYMENTS = "shop.public.customers", "shop.public.payments"
@@ -45,6 +52,11 @@ CREATE TABLE payments (id bigint PRIMARY KEY, customer_id bigint NOT NULL, metho
 INSERT INTO payments SELECT g, g % 2 + 1, 'card', g * 10.25 FROM generate_series(1, 5) g;
 ALTER TABLE payments REPLICA IDENTITY FULL;
 CREATE TABLE ledger (region text, entry_no bigint, PRIMARY KEY (region, entry_no));
+CREATE TABLE notes (id bigint PRIMARY KEY, body text);
+INSERT INTO notes VALUES (1, 'first');
+ALTER TABLE notes REPLICA IDENTITY NOTHING;
+CREATE SCHEMA "Sales";
+CREATE TABLE "Sales"."OrderLines" (id bigint PRIMARY KEY, sku text);
 """
 PAYMENTS_TOML = """
 [tables.payments]
@@ -53,6 +65,17 @@ key = ["id"]
 subject = "customer_id"
 pii = ["method"]
 """
+# A table whose replica identity is NOTHING, and one of another schema whose names need quoting.
+MORE_TOML = """
+[tables.notes]
+source = "public.notes"
+key = ["id"]
+
+[tables.order_lines]
+source = "Sales.OrderLines"
+key = ["id"]
+"""
+NOTES, ORDER_LINES = "shop.public.notes", "shop.Sales.OrderLines"
 
 
 def shop_toml() -> str:
@@ -83,6 +106,14 @@ def sync(real: RealSource, declaration: Path) -> Any:
                               env={DECLARATION_VARIABLE: str(declaration)})
 
 
+def product(real: RealSource, declaration: Path, *args: str) -> Any:
+    """`lakehouse ARGS` with the dev source as the configuration's [source] and [connect]."""
+    env = dev_environment(real.pg_port, real.connect.url) | {
+        DECLARATION_VARIABLE: str(declaration), "LAKEHOUSE_ROOT": str(declaration.parent / "lake"),
+        "LAKEHOUSE_RUN_DIR": str(declaration.parent / "run")}
+    return CliRunner().invoke(main, list(args), env=env)
+
+
 def state(real: RealSource) -> tuple[list[tuple[str, str]], dict[str, str], str]:
     """The publication's tables, the connector's config and payments' replica identity: what a refused
     sync must leave alone."""
@@ -90,7 +121,7 @@ def state(real: RealSource) -> tuple[list[tuple[str, str]], dict[str, str], str]
         tables = conn.execute("SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s "
                               "ORDER BY 1, 2", (PUBLICATION,)).fetchall()
         identity = conn.execute("SELECT relreplident FROM pg_class WHERE relname = 'payments'").fetchone()[0]
-    return tables, connector_settings(real.connect.url), identity
+    return tables, ConnectClient(real.connect.url).config(CONNECTOR), identity
 
 
 def ops(records: list[dict[str, Any]], topic: str) -> list[tuple[str, Any, str]]:
@@ -135,6 +166,24 @@ def test_sync_follows_the_declaration(real: RealSource, tmp_path: Path) -> None:
         assert re.search(re.escape(str(path)) + ": " + message, result.output), f"{name}: {result.output}"
         assert "nothing was changed" in result.output
         assert state(real) == before, f"{name}: a refused sync changed the source"
+
+    # The product's check: each reason a declared table's changes would not arrive, with its fix.
+    everything = tmp_path / "everything.toml"
+    everything.write_text(shop + PAYMENTS_TOML + MORE_TOML)
+    checked = product(real, everything, "source", "check")
+    assert checked.exit_code == 1, checked.output
+    lines = checked.stdout.splitlines()
+    assert ("error: public.payments is not in publication shop_publication: its changes are not decoded; fix: "
+            "`lakehouse source sync` adds it (ALTER PUBLICATION shop_publication ADD TABLE ...)") in lines, lines
+    assert ("error: public.notes has REPLICA IDENTITY NOTHING: PostgreSQL refuses its UPDATEs and DELETEs once it "
+            "is published, and a delete would carry no key; fix: `lakehouse source sync` sets it, or ALTER TABLE "
+            '"public"."notes" REPLICA IDENTITY DEFAULT') in lines, lines
+    as_json = json.loads(product(real, everything, "source", "check", "--json", "--table", "notes").stdout)
+    assert {(f["table"], f["check"], f["severity"]) for f in as_json} >= {
+        ("notes", "replica_identity", "error"), ("notes", "publication", "error"),
+        ("notes", "table.include.list", "error"), (None, "max_slot_wal_keep_size", "warning")}, as_json
+    assert {f["table"] for f in as_json} == {"notes", None}
+    assert state(real) == before, "a check changed the source"
 
     # A table that already holds rows, declared: its rows arrive, the stream goes on.
     with_payments = tmp_path / "with_payments.toml"
@@ -195,6 +244,23 @@ def test_sync_follows_the_declaration(real: RealSource, tmp_path: Path) -> None:
     time.sleep(2)
     late = ops(topic_records(bootstrap, [PAYMENTS]), PAYMENTS)
     assert ("c", 7, "false") not in late and ("u", 2, "false") not in late, late
+
+    # The product's sync fixes what the check found, then the check finds no error.
+    synced = product(real, everything, "source", "sync")
+    assert synced.exit_code == 0, synced.output
+    assert "captured from now on: public.payments, public.notes, Sales.OrderLines" in synced.output
+    assert "public.notes: replica identity set to DEFAULT (was 'n'" in synced.output
+    tables, config, _ = state(real)
+    assert {("public", "payments"), ("public", "notes"), ("Sales", "OrderLines")} <= set(tables)
+    assert config["table.include.list"] == r"public\.customers,public\.orders,public\.payments,public\.notes," \
+        r"Sales\.OrderLines"
+    clean = product(real, everything, "source", "check", "--json")
+    assert clean.exit_code == 0 and all(f["severity"] == "warning" for f in json.loads(clean.stdout)), clean.output
+    with real.postgres.connect() as conn:
+        conn.execute("UPDATE notes SET body = 'second' WHERE id = 1")
+        conn.execute('''INSERT INTO "Sales"."OrderLines" VALUES (1, 'sku-1')''')
+    wait_records(bootstrap, [NOTES, ORDER_LINES], lambda rs: ("u", 1, "false") in ops(rs, NOTES)
+                 and ("c", 1, "false") in ops(rs, ORDER_LINES))
 
 
 @pytest.mark.unit

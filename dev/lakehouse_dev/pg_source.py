@@ -11,7 +11,7 @@ belongs to (a stale offsets file against a new slot resumes from an LSN that no 
 
 The captured tables are the declaration's (contract section 7, `LAKEHOUSE_TABLES`): `source start` checks it
 against the database before Connect starts and creates the connector with the declared tables;
-`sync` makes a running source follow a changed declaration (dev/lakehouse_dev/source_sync.py).
+`sync` makes a running source follow a changed declaration (the product's pipelines/source/sync.py).
 """
 
 from __future__ import annotations
@@ -27,15 +27,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lakehouse_dev import source_sync
-from lakehouse_dev.connect_config import DATABASE, PG_USER, SIGNAL_DDL, connector_config
+from lakehouse_dev.connect_config import CONNECTOR, DATABASE, PG_USER, SIGNAL_DDL, connector_config
 from lakehouse_dev.connect_worker import ConnectWorker, SourceError
+from lakehouse_dev.source_target import check_and_prepare, dev_target, published
 from pipelines.lake.declaration import Declaration
 from pipelines.runtime.config import KafkaSettings
 from pipelines.runtime.kafka_clients import require_kafka
 from pipelines.runtime.lake import read_declaration
 from pipelines.runtime.local_process import HOST, LocalProcess
 from pipelines.runtime.settings import PROJECT_ROOT, kafka_bootstrap
+from pipelines.source.sync import SyncOptions, SyncReport
+from pipelines.source.sync import sync as sync_source
 
 # Debian's PostgreSQL 15 binaries, not on PATH (LAKEHOUSE_PG_BIN points elsewhere).
 PG_BIN_DEFAULT = "/usr/lib/postgresql/15/bin"
@@ -218,7 +220,7 @@ class RealSource:
 
     def up(self, declaration: Declaration | None = None) -> tuple[PostgresCluster, ConnectWorker]:
         """Start (or adopt) PostgreSQL and Connect, capturing the declared tables (`declaration`, else
-        the one in force): checked against the database first (source_sync.DeclarationMismatch),
+        the one in force): checked against the database first (pipelines.errors.DeclarationMismatch),
         the connector created with them; an adopted connector, or tables declared since the last
         run, are brought in line as `sync` does (new tables' rows by an incremental snapshot)."""
         declaration = declaration or read_declaration()
@@ -232,9 +234,8 @@ class RealSource:
              "schemas_enable": self.schemas_enable, "debezium_port": self.debezium_port}))
         postgres = self.postgres.start()
         with postgres.connect() as conn:
-            source_sync.check(conn, declaration, schemas_enable=self.schemas_enable)
-            source_sync.prepare(conn, declaration)
-            before = source_sync.published(conn)  # Debezium sets it to its own tables when its task starts
+            check_and_prepare(conn, dev_target(self.pg_port, self.connect.url, self.schemas_enable), declaration)
+            before = published(conn)  # Debezium sets it to its own tables when its task starts
         worker = self.connect
         worker.declaration = declaration
         try:
@@ -245,8 +246,9 @@ class RealSource:
         self._apply(declaration, before)
         return postgres, worker
 
-    def sync(self, declaration: Declaration | None = None, timeout: float = 120.0) -> source_sync.SyncReport:
-        """Make the running source capture exactly the declared tables (dev/lakehouse_dev/source_sync.py)."""
+    def sync(self, declaration: Declaration | None = None, timeout: float = 120.0) -> SyncReport:
+        """Make the running source capture exactly the declared tables (the product's `lakehouse source sync`,
+        pipelines/source/sync.py, on this source's database and Connect)."""
         declaration = declaration or read_declaration()
         postgres, worker = self.postgres, self.connect
         if not postgres.is_running():
@@ -256,20 +258,24 @@ class RealSource:
             raise SourceError(f"Kafka Connect does not answer at {worker.url} (log {worker.log_path}); "
                               "`lakehouse dev source start` first")
         with postgres.connect() as conn:
-            source_sync.check(conn, declaration, schemas_enable=self.schemas_enable)
-            notes = source_sync.prepare(conn, declaration)
-            before = source_sync.published(conn)
-        report = self._apply(declaration, before, timeout)
-        report.notes[:0] = notes
-        return report
+            before = published(conn)
+        return self._apply(declaration, before, timeout)
 
     def _apply(self, declaration: Declaration, before: set[str] | None,
-               timeout: float = 120.0) -> source_sync.SyncReport:
+               timeout: float = 120.0) -> SyncReport:
+        """The product's sync with this source's whole connector config; `before`: the publication's tables
+        before anything changed (None: there was none, the connector's initial snapshot reads every table).
+        Connect standalone keeps the new config in memory only: connector.json, which its next launch reads,
+        is rewritten with it."""
         worker = self.connect
-        with self.postgres.connect() as conn:
-            return source_sync.apply(conn, worker.url, connector_config(worker.database_port, declaration=declaration),
-                                     declaration, before, connector_file=worker.work_dir / "connector.json",
-                                     timeout=timeout)
+        target = dev_target(self.pg_port, worker.url, self.schemas_enable)
+        options = SyncOptions(timeout, overrides=connector_config(worker.database_port, declaration=declaration),
+                              captured_before=None if before is None else frozenset(before),
+                              initial_snapshot=before is None)
+        report = sync_source(target, declaration, options)
+        config = target.client().config(CONNECTOR)
+        (worker.work_dir / "connector.json").write_text(json.dumps(config, indent=2))
+        return report
 
     def down(self) -> None:
         self.connect.stop()

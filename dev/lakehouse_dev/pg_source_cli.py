@@ -13,8 +13,8 @@ import click
 from lakehouse_dev.connect_config import CONNECTOR, PUBLICATION, SLOT
 from lakehouse_dev.connect_worker import SourceError, slot_status
 from lakehouse_dev.pg_source import DEFAULT_HOME, RealSource
-from lakehouse_dev.source_sync import SyncError, published
-from pipelines.errors import DeclarationError
+from lakehouse_dev.source_target import published
+from pipelines.errors import LakehouseError
 from pipelines.runtime.commands import echo_json
 from pipelines.runtime.lake import read_declaration
 from pipelines.runtime.settings import kafka_bootstrap
@@ -47,7 +47,7 @@ def start(home: Path, pg_port: int, rest_port: int, bootstrap: str | None, schem
     try:
         declaration = read_declaration()
         postgres, _ = real.up(declaration)
-    except (SourceError, SyncError, DeclarationError) as exc:
+    except (SourceError, LakehouseError) as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(f"source streaming: {postgres.dsn} -> Debezium -> Kafka {real.bootstrap} "
                f"(topics {', '.join(declaration.topics())})")
@@ -58,13 +58,14 @@ def start(home: Path, pg_port: int, rest_port: int, bootstrap: str | None, schem
 @click.option("--timeout", default=120.0, show_default=True,
               help="Seconds to wait for the connector's task to stream again after its config changed.")
 def sync(home: Path, timeout: float) -> None:
-    """Make the running source capture exactly the declared tables (LAKEHOUSE_TABLES, else the shop).
+    """Make the running source capture exactly the declared tables (LAKEHOUSE_TABLES, else the shop): the
+    product's `lakehouse source sync` on this source's PostgreSQL and Connect, found from --home.
 
     First checks the declaration against PostgreSQL's catalog (each table exists, `key` is its
     primary key in order, every named column exists) and changes nothing if it does not match.
     Then: REPLICA IDENTITY DEFAULT on the declared tables; the connector's `table.include.list`
     (its task restarts from its committed offset: nothing is lost or re-snapshotted); the
-    publication (`ALTER PUBLICATION ... SET TABLE`); and for each newly declared table, an
+    publication (`ALTER PUBLICATION ... ADD TABLE` / `DROP TABLE`); and for each newly declared table, an
     incremental snapshot through Debezium's signal table, which delivers its existing rows while
     the stream goes on (it may still run when sync returns). A table no longer declared stops
     being captured; its topic stays.
@@ -74,7 +75,7 @@ def sync(home: Path, timeout: float) -> None:
     try:
         declaration = read_declaration()
         report = RealSource(home).sync(declaration, timeout)
-    except (SourceError, SyncError, DeclarationError) as exc:
+    except (SourceError, LakehouseError) as exc:
         raise click.ClickException(str(exc)) from exc
     tables = ", ".join(f"{n} ({t.source})" for n, t in declaration.tables.items())
     click.echo(f"declaration {declaration.path}: {tables}")

@@ -34,6 +34,7 @@ from pipelines.runtime.commands import JSON_OPTION, TABLE, command_lake, echo_js
 from pipelines.runtime.config import export, load_config
 from pipelines.runtime.kafka_clients import at, described, require_kafka
 from pipelines.runtime.lake import Lake
+from pipelines.source.cli import source
 
 if TYPE_CHECKING:
     from pipelines.monitoring.lineage import Run
@@ -81,6 +82,7 @@ main.add_command(config)
 main.add_command(doctor)
 main.add_command(stream)
 main.add_command(connector)
+main.add_command(source)
 main.add_command(schema)
 main.add_command(gdpr)
 main.add_command(catalog)

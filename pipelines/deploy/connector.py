@@ -10,35 +10,27 @@ holds the database's WAL, and the lake's freshness slips.
 `ensure_running` is that someone, run every few minutes (the `debezium_connector` DAG, or
 `lakehouse connector ensure` from cron). It restarts only what failed (Connect's `onlyFailed`,
 KIP-745): the connector's offsets and slot are untouched, the task resumes where it stopped, and what
-it sends again is a replay, harmless to the lake (the LSN rule). Standard library only: the Airflow
-worker imports it without Spark or the project's other dependencies.
+it sends again is a replay, harmless to the lake (the LSN rule). Each call goes through
+pipelines.source.connect_rest, so it carries `[connect]`'s credentials and CA when given a `ConnectClient`
+(a bare URL is an open REST port). Standard library only: the Airflow worker imports it without Spark or the
+project's other dependencies.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
 from pipelines.errors import ConnectError
+from pipelines.source.connect_rest import ConnectClient
 
+# The configuration's variables of [connect] url and connector (pipelines.runtime.config.ALIASES), as the
+# commands' help names them.
 CONNECT_URL_VARIABLE = "LAKEHOUSE_CONNECT_URL"
 CONNECTOR_VARIABLE = "LAKEHOUSE_CONNECTOR"
 DEFAULT_CONNECT_URL = "http://127.0.0.1:8083"
 DEFAULT_CONNECTOR = "shop-source"  # the name `lakehouse dev source start` gives it (lakehouse_dev.connect_config)
-
-
-def connect_url() -> str:
-    return (os.environ.get(CONNECT_URL_VARIABLE) or DEFAULT_CONNECT_URL).rstrip("/")
-
-
-def connector_name() -> str:
-    return os.environ.get(CONNECTOR_VARIABLE) or DEFAULT_CONNECTOR
 
 
 @dataclass(frozen=True)
@@ -71,34 +63,26 @@ class ConnectorState:
                    traces[0].strip().splitlines()[0][:300] if traces else None)
 
 
-def _call(url: str, method: str = "GET", timeout: float = 10.0) -> dict[str, Any]:
-    request = urllib.request.Request(url, method=method, headers={"Accept": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            body = response.read()
-    except urllib.error.HTTPError as exc:
-        detail = exc.read().decode(errors="replace")[:500]
-        raise ConnectError(f"Kafka Connect answered {exc.code} to {method} {url}: {detail}") from exc
-    except (urllib.error.URLError, OSError) as exc:
-        raise ConnectError(f"Kafka Connect does not answer at {url}: {exc}") from exc
-    return json.loads(body) if body else {}
+def client(target: str | ConnectClient) -> ConnectClient:
+    """The REST client of `target`: itself, or an unauthenticated one at a bare URL."""
+    return target if isinstance(target, ConnectClient) else ConnectClient(target.rstrip("/"))
 
 
-def connector_state(url: str, name: str, timeout: float = 10.0) -> ConnectorState:
+def connector_state(target: str | ConnectClient, name: str, timeout: float = 10.0) -> ConnectorState:
     """The connector's state as Connect reports it now."""
-    return ConnectorState.parse(name, _call(f"{url}/connectors/{urllib.parse.quote(name)}/status", timeout=timeout))
+    return ConnectorState.parse(name, client(target).status(name, timeout=timeout))
 
 
-def restart_failed(url: str, name: str) -> ConnectorState | None:
+def restart_failed(target: str | ConnectClient, name: str) -> ConnectorState | None:
     """Restart the connector's failed parts (its offsets kept); what was found failed, else None (nothing done)."""
-    found = connector_state(url, name)
+    found = connector_state(target, name)
     if not found.failed:
         return None
-    _call(f"{url}/connectors/{urllib.parse.quote(name)}/restart?includeTasks=true&onlyFailed=true", "POST")
+    client(target).restart(name, only_failed=True)
     return found
 
 
-def ensure_running(url: str, name: str, *, wait_seconds: float = 60.0, poll_seconds: float = 1.0
+def ensure_running(target: str | ConnectClient, name: str, *, wait_seconds: float = 60.0, poll_seconds: float = 1.0
                    ) -> tuple[ConnectorState, ConnectorState | None]:
     """Restart the connector's failed parts, if any, and wait until every task runs.
 
@@ -106,12 +90,12 @@ def ensure_running(url: str, name: str, *, wait_seconds: float = 60.0, poll_seco
     when Connect does not answer, or when the restarted task has not run within `wait_seconds` (the
     database still away: the next call tries again).
     """
-    found = restart_failed(url, name)
+    found = restart_failed(target, name)
     if found is None:
-        return connector_state(url, name), None
+        return connector_state(target, name), None
     deadline = time.monotonic() + wait_seconds
     while True:
-        now = connector_state(url, name)
+        now = connector_state(target, name)
         if now.running:
             return found, now
         if time.monotonic() >= deadline:
