@@ -92,6 +92,46 @@ def erasure_key_finding(lake: Lake) -> Finding:
     return Finding("erasure key", named, "ok", "read and well formed")
 
 
+def source_finding(lake: Lake, timeout: float) -> Finding:
+    """The source database, logged in as the configuration says (`lakehouse source check` says what it lacks)."""
+    from pipelines.source.postgres import connect, where
+
+    settings = lake.config.source
+    try:
+        with connect(settings, timeout=timeout) as conn:
+            row = conn.execute("SELECT current_setting('server_version'), current_setting('wal_level')").fetchone()
+    except LakehouseError as exc:
+        return Finding("source", where(settings), "failed", str(exc).removeprefix(f"PostgreSQL {where(settings)} "))
+    version, wal_level = row if row else ("?", "?")
+    if wal_level != "logical":
+        return Finding("source", where(settings), "warn", f"PostgreSQL {version}, but wal_level is {wal_level}: "
+                       "Debezium needs logical (`lakehouse source check`)")
+    return Finding("source", where(settings), "ok", f"PostgreSQL {version}, wal_level logical, sslmode "
+                                                    f"{settings.sslmode}")
+
+
+def connect_finding(lake: Lake, timeout: float) -> Finding:
+    """Kafka Connect's REST API with its credentials, and the state of the configured connector and its tasks."""
+    from pipelines.source.connect_rest import ConnectClient
+
+    settings = lake.config.connect
+    client = ConnectClient.from_settings(settings, timeout=timeout)
+    try:
+        if not client.exists(settings.connector):
+            return Finding("connect", settings.url, "warn", f"no connector {settings.connector!r} yet "
+                           "([connect] connector; `lakehouse source sync` needs one to change)")
+        status = client.status(settings.connector)
+    except LakehouseError as exc:
+        return Finding("connect", settings.url, "failed", str(exc))
+    states = [status.get("connector", {}).get("state", "?"), *(t.get("state", "?") for t in status.get("tasks", []))]
+    if any(state != "RUNNING" for state in states) or len(states) < 2:
+        failed = next((t for t in status.get("tasks", []) if t.get("state") == "FAILED"), None)
+        trace = (str(failed.get("trace") or "").strip().splitlines() or [""])[0] if failed else ""
+        return Finding("connect", settings.url, "failed", f"connector {settings.connector}: "
+                       f"{' / '.join(states)}{': ' + trace if trace else ''} (`lakehouse connector ensure`)")
+    return Finding("connect", settings.url, "ok", f"connector {settings.connector} and its tasks RUNNING")
+
+
 def metastore_finding(lake: Lake) -> Finding:
     """The Hive Metastore, when one is configured."""
     uri = lake.config.catalog.metastore_uri
@@ -124,7 +164,8 @@ def findings(lake: Lake, timeout: float) -> Iterator[Finding]:
     """Every endpoint's finding, in the order a pipeline needs them."""
     yield from kafka_findings(lake, timeout)
     checks: list[Callable[[], Finding]] = [
-        lambda: lake_finding(lake), lambda: erasure_key_finding(lake), lambda: metastore_finding(lake),
+        lambda: source_finding(lake, timeout), lambda: connect_finding(lake, timeout), lambda: lake_finding(lake),
+        lambda: erasure_key_finding(lake), lambda: metastore_finding(lake),
         lambda: pushgateway_finding(lake, timeout)]
     for check in checks:
         yield check()
@@ -136,8 +177,9 @@ def findings(lake: Lake, timeout: float) -> Iterator[Finding]:
 @JSON_OPTION
 @pass_lake
 def doctor(lake: Lake, timeout: float, as_json: bool) -> None:
-    """Try every configured endpoint for real (Kafka with its authentication, the lake's store, the erasure key,
-    the metastore, the Pushgateway): one line each, exit 1 when any failed."""
+    """Try every configured endpoint for real (Kafka with its authentication, the source database, Kafka Connect
+    and its connector, the lake's store, the erasure key, the metastore, the Pushgateway): one line each, exit 1
+    when any failed."""
     found = []
     for finding in findings(lake, timeout):
         found.append(finding)
