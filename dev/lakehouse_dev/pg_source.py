@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from lakehouse_dev import source_sync
-from lakehouse_dev.connect_config import DATABASE, PG_USER, SIGNAL_DDL, psycopg_options
+from lakehouse_dev.connect_config import DATABASE, PG_USER, SIGNAL_DDL, connector_config, psycopg_options  # noqa: F401
 from lakehouse_dev.connect_worker import ConnectWorker, SourceError
 from lakehouse_dev.tls import LocalTls, private_file, scram_sha_256, secret_file
 from pipelines.lake.declaration import Declaration
