@@ -126,11 +126,6 @@ def worker_config(bootstrap: str, rest_port: int, offsets: Path, *, schemas_enab
     }
 
 
-# Kafka Connect's FileConfigProvider (KIP-297 for connector configs, KIP-421 for the worker's own): a
-# `${file:<path>:<key>}` in a value is replaced, when Connect reads it, by `key` of the properties file
-# `path`; the config keeps the reference, which is all that its REST API returns and its log shows.
-FILE_PROVIDER = {"config.providers": "file",
-                 "config.providers.file.class": "org.apache.kafka.common.config.provider.FileConfigProvider"}
 BASIC_AUTH_EXTENSION = "org.apache.kafka.connect.rest.basic.auth.extension.BasicAuthSecurityRestExtension"
 # The Java client's properties that hold a secret (their type is PASSWORD): always through the provider.
 SECRET_PROPERTIES = frozenset({"sasl.jaas.config", "ssl.key.password", "ssl.keystore.key", "ssl.keystore.password",
@@ -138,6 +133,17 @@ SECRET_PROPERTIES = frozenset({"sasl.jaas.config", "ssl.key.password", "ssl.keys
 # The worker's own clients (its admin client at start-up, unprefixed), a source task's producer, a sink's
 # consumer and the topic creation's admin client: each takes its security from its own prefix.
 CLIENT_PREFIXES = ("", "producer.", "consumer.", "admin.")
+
+
+def file_provider(folder: Path) -> dict[str, str]:
+    """Kafka Connect's FileConfigProvider (KIP-297 for connector configs, KIP-421 for the worker's own): a
+    `${file:<path>:<key>}` in a value is replaced, when Connect reads it, by `key` of the properties file
+    `path`; the config keeps the reference, which is all that its REST API returns and its log shows.
+    `allowed.paths` (KIP-993) keeps it to `folder`: a connector created through the REST API reads no other file.
+    """
+    return {"config.providers": "file",
+            "config.providers.file.class": "org.apache.kafka.common.config.provider.FileConfigProvider",
+            "config.providers.file.param.allowed.paths": str(folder)}
 
 
 def file_reference(secrets: Path, key: str) -> str:

@@ -23,10 +23,10 @@ from lakehouse_dev.connect_config import (
     CONNECT_LOG4J,
     CONNECTOR,
     DATABASE,
-    FILE_PROVIDER,
     PG_USER,
     SLOT,
     connector_config,
+    file_provider,
     file_reference,
     kafka_client_config,
     properties_text,
@@ -161,7 +161,7 @@ class ConnectWorker(LocalProcess):
             settings |= clients
             secrets |= kept
         if secrets:
-            settings |= FILE_PROVIDER
+            settings |= file_provider(self.work_dir)
             private_file(self.secrets_path, properties_text(secrets))
         if self.rest_auth:
             users = private_file(self.work_dir / "rest-users.properties",
