@@ -250,7 +250,7 @@ class PostgresCluster(LocalProcess):
         self.hba_file.write_text(SECURE_HBA)
         self.hba_file.chmod(0o644)
         password = secret_file(self.password_file)
-        private_file(self.passfile, f"{HOST}:{self.port}:*:{PG_USER}:{password}\n")
+        private_file(self.passfile, f"{HOST}:*:*:{PG_USER}:{password}\n")  # any port: a proxy in front too
 
     def _create_database(self) -> None:
         with self.connect("postgres") as conn:
