@@ -27,15 +27,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lakehouse_dev.connect_config import CONNECTOR, DATABASE, PG_USER, SIGNAL_DDL, connector_config
+from lakehouse_dev.connect_config import CONNECTOR, DATABASE, PG_USER, SIGNAL_DDL, connector_config, psycopg_options  # noqa: F401
 from lakehouse_dev.connect_worker import ConnectWorker, SourceError
 from lakehouse_dev.source_target import check_and_prepare, dev_target, published
+from lakehouse_dev.tls import LocalTls, private_file, scram_sha_256, secret_file
 from pipelines.lake.declaration import Declaration
-from pipelines.runtime.config import KafkaSettings
+from pipelines.runtime.config import KafkaSettings, Secret, SourceSettings
 from pipelines.runtime.kafka_clients import require_kafka
 from pipelines.runtime.lake import read_declaration
 from pipelines.runtime.local_process import HOST, LocalProcess
 from pipelines.runtime.settings import PROJECT_ROOT, kafka_bootstrap
+from pipelines.source.check import Target
 from pipelines.source.sync import SyncOptions, SyncReport
 from pipelines.source.sync import sync as sync_source
 
@@ -66,9 +68,22 @@ def _as_postgres_user() -> dict[str, Any]:
     return {"user": PG_USER, "group": PG_USER}
 
 
+# A secure cluster's pg_hba.conf: TLS and scram-sha-256 only, for the captured database and Debezium's
+# replication connection alike; a connection without TLS or without the password matches no line.
+SECURE_HBA = """\
+hostssl all all 127.0.0.1/32 scram-sha-256
+hostssl replication all 127.0.0.1/32 scram-sha-256
+"""
+
+
 @dataclass
 class PostgresCluster(LocalProcess):
     """A PostgreSQL cluster of its own in `data_dir`, on 127.0.0.1:`port` only (no Unix socket), trust auth.
+
+    `secure`: TLS (a certificate for 127.0.0.1 and localhost signed by the state folder's own CA,
+    lakehouse_dev.tls) and scram-sha-256 with a generated password for the `postgres` role, in a 0600
+    file of the state folder (`password_file`); no line of its pg_hba.conf admits a connection without
+    both. The password reaches the server only as its SCRAM verifier, through initdb's --pwfile.
 
     The postmaster runs detached, found again through the postmaster.pid it writes itself.
     """
@@ -83,13 +98,45 @@ class PostgresCluster(LocalProcess):
 
     data_dir: Path
     port: int = 5433
+    secure: bool = False
 
     def __post_init__(self) -> None:
         self.data_dir = Path(self.data_dir).resolve()
 
     @property
     def dsn(self) -> str:
-        return f"postgresql://{PG_USER}@{HOST}:{self.port}/{DATABASE}"
+        """libpq's URI of `shop`; a secure cluster's names its CA and a passfile, never the password."""
+        plain = f"postgresql://{PG_USER}@{HOST}:{self.port}/{DATABASE}"
+        if not self.secure:
+            return plain
+        return f"{plain}?sslmode=verify-full&sslrootcert={self.tls.ca_file}&passfile={self.passfile}"
+
+    @property
+    def tls(self) -> LocalTls:
+        """The secure cluster's CA and server certificate, beside the data folder."""
+        return LocalTls(self.data_dir.parent / "tls")
+
+    @property
+    def password_file(self) -> Path:
+        """The `postgres` role's password (a secure cluster's), readable by its owner alone."""
+        return self.data_dir.parent / "password"
+
+    @property
+    def passfile(self) -> Path:
+        """The same password as libpq's passfile (`host:port:database:user:password`), for `dsn`."""
+        return self.data_dir.parent / "pgpass"
+
+    @property
+    def hba_file(self) -> Path:
+        return self.data_dir.parent / "pg_hba.conf"
+
+    def source_settings(self) -> SourceSettings:
+        """The [source] section that reaches this cluster: a secure one's password as a file, its CA, verify-full."""
+        if not self.secure:
+            return SourceSettings(host=HOST, port=self.port, database=DATABASE, user=PG_USER)
+        return SourceSettings(host=HOST, port=self.port, database=DATABASE, user=PG_USER,
+                              password=Secret(file=self.password_file), sslmode="verify-full",
+                              sslrootcert=self.tls.ca_file)
 
     @property
     def log_path(self) -> Path:
@@ -106,9 +153,14 @@ class PostgresCluster(LocalProcess):
     def command(self) -> list[str]:
         # TCP on 127.0.0.1 only (no socket folder to own); a throwaway cluster trades durability
         # for speed (fsync, synchronous commit off): a crashed machine means a new source.
-        return [str(pg_bin() / "postgres"), "-D", str(self.data_dir), "-c", "wal_level=logical",
-                "-c", f"listen_addresses={HOST}", "-p", str(self.port), "-c", "unix_socket_directories=",
-                "-c", "fsync=off", "-c", "synchronous_commit=off"]
+        plain = [str(pg_bin() / "postgres"), "-D", str(self.data_dir), "-c", "wal_level=logical",
+                 "-c", f"listen_addresses={HOST}", "-p", str(self.port), "-c", "unix_socket_directories=",
+                 "-c", "fsync=off", "-c", "synchronous_commit=off"]
+        if not self.secure:
+            return plain
+        return [*plain, "-c", "ssl=on", "-c", f"ssl_cert_file={self.tls.server_cert}",
+                "-c", f"ssl_key_file={self.tls.server_key}", "-c", "password_encryption=scram-sha-256",
+                "-c", f"hba_file={self.hba_file}"]
 
     def popen_options(self) -> dict[str, Any]:
         return {"cwd": self.data_dir, **_as_postgres_user()}
@@ -120,6 +172,8 @@ class PostgresCluster(LocalProcess):
                               "`make setup` installs Debian's postgresql-15")
         if not (self.data_dir / "PG_VERSION").exists():
             self._init(_as_postgres_user())
+        if self.secure and self.pid() is None:
+            self._secure_files(_as_postgres_user())
         super().start(timeout)
         self._create_database()
         return self
@@ -156,9 +210,10 @@ class PostgresCluster(LocalProcess):
                 time.sleep(0.05)
 
     def connect(self, dbname: str = DATABASE) -> Any:
+        """A connection in autocommit mode; a secure cluster's with its password, verifying its certificate."""
         import psycopg
 
-        return psycopg.connect(host=HOST, port=self.port, user=PG_USER, dbname=dbname, autocommit=True)
+        return psycopg.connect(**psycopg_options(self.source_settings(), dbname), autocommit=True)  # type: ignore[arg-type]
 
     def _init(self, as_pg: dict[str, Any]) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -170,12 +225,36 @@ class PostgresCluster(LocalProcess):
             if blocked:
                 raise SourceError(f"the `{PG_USER}` user cannot reach {self.data_dir}: {blocked[0]} is not "
                                   "traversable by others; put the source's folder elsewhere")
-        initdb = subprocess.run([str(pg_bin() / "initdb"), "-D", str(self.data_dir), "--auth=trust",
-                                 f"--username={PG_USER}", "--encoding=UTF8", "--no-locale"],
-                                check=False, capture_output=True, text=True, **as_pg)
+        auth = ["--auth=trust"]
+        pwfile = self.data_dir.parent / "initdb-verifier"
+        if self.secure:
+            # initdb reads the file as the `postgres` user; it holds the SCRAM verifier, not the password.
+            private_file(pwfile, scram_sha_256(secret_file(self.password_file)) + "\n")
+            if as_pg:
+                shutil.chown(pwfile, PG_USER, PG_USER)
+            auth = ["--auth=scram-sha-256", f"--pwfile={pwfile}"]
+        try:
+            initdb = subprocess.run([str(pg_bin() / "initdb"), "-D", str(self.data_dir), *auth,
+                                     f"--username={PG_USER}", "--encoding=UTF8", "--no-locale"],
+                                    check=False, capture_output=True, text=True, **as_pg)
+        finally:
+            pwfile.unlink(missing_ok=True)
         if initdb.returncode != 0:
             raise SourceError(f"initdb of {self.data_dir} failed (exit {initdb.returncode}): "
                               f"{(initdb.stderr or initdb.stdout).strip()}")
+
+    def _secure_files(self, as_pg: dict[str, Any]) -> None:
+        """The certificate, its key (0600, the server's user's, as PostgreSQL demands), pg_hba.conf, the passfile."""
+        if not self.password_file.exists():
+            raise SourceError(f"{self.data_dir} was made without a password (not secure); "
+                              "a secure source needs a folder of its own")
+        tls = self.tls.ensure()
+        if as_pg:
+            shutil.chown(tls.server_key, PG_USER, PG_USER)
+        self.hba_file.write_text(SECURE_HBA)
+        self.hba_file.chmod(0o644)
+        password = secret_file(self.password_file)
+        private_file(self.passfile, f"{HOST}:*:*:{PG_USER}:{password}\n")  # any port: a proxy in front too
 
     def _create_database(self) -> None:
         with self.connect("postgres") as conn:
@@ -198,6 +277,11 @@ class RealSource:
     offset_flush_ms: int = 1000
     # Where Debezium reaches PostgreSQL when not at pg_port: a proxy in front of it (the fault tests' Toxiproxy).
     debezium_port: int | None = None
+    # PostgreSQL with TLS and a password (PostgresCluster.secure), Connect's REST API with basic authentication.
+    secure: bool = False
+    # How Connect's Kafka clients reach the brokers (connect_worker.secure_kafka: a broker's SASL_SSL listener);
+    # None: PLAINTEXT at `bootstrap`.
+    kafka: KafkaSettings | None = None
 
     def __post_init__(self) -> None:
         self.home = Path(self.home).resolve()
@@ -208,15 +292,21 @@ class RealSource:
             doc = json.loads(saved.read_text())
             self.pg_port, self.rest_port, self.bootstrap = doc["pg_port"], doc["rest_port"], doc["bootstrap"]
             self.schemas_enable, self.debezium_port = doc["schemas_enable"], doc.get("debezium_port")
+            self.secure = doc.get("secure", False)
+            self.kafka = KafkaSettings.model_validate(doc["kafka"]) if doc.get("kafka") else None
+        if self.kafka is not None:
+            self.bootstrap = self.kafka.bootstrap_servers
 
     @property
     def postgres(self) -> PostgresCluster:
-        return PostgresCluster(self.home / "postgres" / "data", self.pg_port)
+        return PostgresCluster(self.home / "postgres" / "data", self.pg_port, secure=self.secure)
 
     @property
     def connect(self) -> ConnectWorker:
         return ConnectWorker(self.home / "connect", self.bootstrap, self.pg_port, self.rest_port,
-                             self.schemas_enable, self.offset_flush_ms, debezium_port=self.debezium_port)
+                             self.schemas_enable, self.offset_flush_ms, debezium_port=self.debezium_port,
+                             source=self.postgres.source_settings() if self.secure else None, kafka=self.kafka,
+                             rest_auth=self.secure)
 
     def up(self, declaration: Declaration | None = None) -> tuple[PostgresCluster, ConnectWorker]:
         """Start (or adopt) PostgreSQL and Connect, capturing the declared tables (`declaration`, else
@@ -229,12 +319,14 @@ class RealSource:
         self.home.mkdir(parents=True, exist_ok=True)
         if os.geteuid() == 0:
             os.chmod(self.home, 0o755)  # the `postgres` user runs the cluster below it
+        kafka = None if self.kafka is None else self.kafka.model_dump(mode="json", exclude_none=True)
         (self.home / "source.json").write_text(json.dumps(
             {"pg_port": self.pg_port, "rest_port": self.rest_port, "bootstrap": self.bootstrap,
-             "schemas_enable": self.schemas_enable, "debezium_port": self.debezium_port}))
+             "schemas_enable": self.schemas_enable, "debezium_port": self.debezium_port,
+             "secure": self.secure, "kafka": kafka}))
         postgres = self.postgres.start()
         with postgres.connect() as conn:
-            check_and_prepare(conn, dev_target(self.pg_port, self.connect.url, self.schemas_enable), declaration)
+            check_and_prepare(conn, self.target(), declaration)
             before = published(conn)  # Debezium sets it to its own tables when its task starts
         worker = self.connect
         worker.declaration = declaration
@@ -261,6 +353,14 @@ class RealSource:
             before = published(conn)
         return self._apply(declaration, before, timeout)
 
+    def target(self) -> Target:
+        """The product's view of this source: its [source] (a secure cluster's password file, CA and verify-full)
+        and its worker's [connect] (a secure worker's basic authentication)."""
+        names = dev_target(self.pg_port, self.connect.url, self.schemas_enable)
+        reach = self.postgres.source_settings()
+        source = names.source.model_copy(update={k: getattr(reach, k) for k in ("password", "sslmode", "sslrootcert")})
+        return Target(source, self.connect.connect_settings(), self.schemas_enable)
+
     def _apply(self, declaration: Declaration, before: set[str] | None,
                timeout: float = 120.0) -> SyncReport:
         """The product's sync with this source's whole connector config; `before`: the publication's tables
@@ -268,8 +368,8 @@ class RealSource:
         Connect standalone keeps the new config in memory only: connector.json, which its next launch reads,
         is rewritten with it."""
         worker = self.connect
-        target = dev_target(self.pg_port, worker.url, self.schemas_enable)
-        options = SyncOptions(timeout, overrides=connector_config(worker.database_port, declaration=declaration),
+        target = self.target()
+        options = SyncOptions(timeout, overrides=worker.connector(declaration),
                               captured_before=None if before is None else frozenset(before),
                               initial_snapshot=before is None)
         report = sync_source(target, declaration, options)

@@ -138,7 +138,7 @@ def source_status(real: RealSource) -> dict[str, Any]:
     slot: dict[str, Any] = {"name": SLOT, "exists": None, "error": None}
     if running:
         try:
-            found = slot_status(real.pg_port) or {}
+            found = slot_status(real.pg_port, postgres.source_settings()) or {}
             slot |= {"exists": bool(found), **{key: value for key, value in found.items() if key != "slot"}}
         except SourceError as exc:
             slot["error"] = str(exc)

@@ -1,5 +1,6 @@
 """A certificate authority of the local stack's own, and the certificates it signs: what the secured broker
-(lakehouse_dev.kafka_local, `secure_port`) serves, and what its clients trust (`ca.pem`).
+(lakehouse_dev.kafka_local, `secure_port`) and the secure real source's PostgreSQL (lakehouse_dev.pg_source)
+serve, and what their clients trust (`ca.pem`).
 
 Made once per state folder with trustme (python-trio/trustme), kept there, never committed: a test that
 needs a CA nobody trusts makes a second one.
@@ -7,6 +8,9 @@ needs a CA nobody trusts makes a second one.
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,8 +20,9 @@ from pipelines.runtime.local_process import HOST
 
 @dataclass(frozen=True)
 class LocalTls:
-    """The files of one folder's CA: its certificate, and a server's key and certificate chain in one PEM file
-    (the form Kafka's PEM key store takes)."""
+    """The files of one folder's CA: its certificate, and a server's key and certificate chain, both in one PEM
+    file (the form Kafka's PEM key store takes) and in two (the form PostgreSQL's `ssl_key_file` and
+    `ssl_cert_file` take). The CA's own key is never kept: one folder's certificates are all made at once."""
 
     folder: Path
 
@@ -29,9 +34,17 @@ class LocalTls:
     def server_pem(self) -> Path:
         return self.folder / "server.pem"
 
+    @property
+    def server_cert(self) -> Path:
+        return self.folder / "server.crt"
+
+    @property
+    def server_key(self) -> Path:
+        return self.folder / "server.key"
+
     def ensure(self) -> LocalTls:
         """Make the CA and a certificate for 127.0.0.1 and localhost, unless the folder has them."""
-        if self.ca_file.exists() and self.server_pem.exists():
+        if all(p.exists() for p in (self.ca_file, self.server_pem, self.server_cert, self.server_key)):
             return self
         # Here, not at the top: Airflow's environment imports the dev tools without their dependencies.
         import trustme
@@ -43,12 +56,14 @@ class LocalTls:
         ca.cert_pem.write_to_path(str(self.ca_file))
         # Kafka's PEM key store reads a PKCS#8 key only; trustme writes the EC key in SEC1's form.
         key = serialization.load_pem_private_key(server.private_key_pem.bytes(), password=None)
-        with self.server_pem.open("wb") as out:
-            out.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                        serialization.NoEncryption()))
-            for blob in server.cert_chain_pems:
-                out.write(blob.bytes())
-        self.server_pem.chmod(0o600)
+        key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                    serialization.NoEncryption())
+        chain = b"".join(blob.bytes() for blob in server.cert_chain_pems)
+        for path, blob in ((self.server_pem, key_pem + chain), (self.server_key, key_pem)):
+            path.touch(mode=0o600)
+            path.chmod(0o600)  # before the key is in it
+            path.write_bytes(blob)
+        self.server_cert.write_bytes(chain)
         return self
 
 
@@ -56,6 +71,31 @@ def secret_file(path: Path) -> str:
     """The secret in `path`, made on first use (32 random bytes as hex), readable by its owner alone."""
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch(mode=0o600)
+        path.chmod(0o600)  # before the secret is in it
         path.write_text(secrets.token_hex(32))
-        path.chmod(0o600)
     return path.read_text().strip()
+
+
+def private_file(path: Path, text: str) -> Path:
+    """`path` with `text`, readable by its owner alone from before the text is in it (a file holding a secret)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch(mode=0o600)
+    path.chmod(0o600)
+    path.write_text(text)
+    return path
+
+
+def scram_sha_256(password: str, iterations: int = 4096) -> str:
+    """PostgreSQL's stored form of `password` for scram-sha-256 (RFC 5802, 7677): what `ALTER ROLE ... PASSWORD`
+    and initdb's `--pwfile` take instead of the password, so that the password itself never reaches the server.
+
+    An ASCII password (secret_file's hex) needs no SASLprep.
+    """
+    salt = secrets.token_bytes(16)
+    salted = hashlib.pbkdf2_hmac("sha256", password.encode(), salt, iterations)
+    client_key = hmac.digest(salted, b"Client Key", "sha256")
+    server_key = hmac.digest(salted, b"Server Key", "sha256")
+    stored_key = hashlib.sha256(client_key).digest()
+    salt64, stored64, server64 = (base64.b64encode(raw).decode() for raw in (salt, stored_key, server_key))
+    return f"SCRAM-SHA-256${iterations}:{salt64}${stored64}:{server64}"

@@ -1,0 +1,131 @@
+"""The real source secured end to end: PostgreSQL with TLS and scram-sha-256, Debezium reaching it with
+verify-full and a password Connect's FileConfigProvider resolves, Connect's REST API behind basic
+authentication, and Connect's own Kafka clients over the broker's SASL_SSL listener (SCRAM-SHA-512).
+
+One source for all of it (a real source is about a minute of the suite's budget): a row inserted in
+PostgreSQL reaches its topic, read over SASL_SSL; what lacks the password or TLS is refused; no
+generated password is in the logs, the configs Connect shows, or any process's command line.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import psycopg
+import pytest
+from kafka import KafkaConsumer, TopicPartition
+
+from lakehouse_dev.connect_config import CONNECTOR, psycopg_options
+from lakehouse_dev.connect_worker import secure_kafka, slot_status
+from lakehouse_dev.kafka_local import KafkaBroker, free_port
+from lakehouse_dev.pg_source import RealSource
+from pipelines.lake.contract import topic
+from pipelines.runtime.config import KafkaSettings
+from pipelines.runtime.kafka_clients import python_options
+
+pytestmark = [pytest.mark.integration]
+
+ROW_ID = 424242
+
+
+def _change(kafka: KafkaSettings, row_id: int, timeout: float = 90.0) -> dict:
+    """The envelope of the first change of customers' row `row_id` on its topic, read over `kafka`'s security."""
+    consumer = KafkaConsumer(**python_options(kafka), enable_auto_commit=False, consumer_timeout_ms=2000)
+    try:
+        name = topic("customers")
+        deadline = time.monotonic() + timeout
+        while not (partitions := consumer.partitions_for_topic(name)):
+            assert time.monotonic() < deadline, f"no topic {name}"
+            time.sleep(0.5)
+        consumer.assign([TopicPartition(name, p) for p in partitions])
+        consumer.seek_to_beginning()
+        while time.monotonic() < deadline:
+            for record in consumer:
+                if record.key and json.loads(record.key) == {"id": row_id} and record.value:
+                    return json.loads(record.value)
+        raise AssertionError(f"no change of customers {row_id} on {name} in {timeout:.0f} s")
+    finally:
+        consumer.close()
+
+
+def _rest_code(url: str, headers: dict[str, str]) -> int:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as response:
+            return response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def _command_lines() -> str:
+    lines = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            lines.append(cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+        except OSError:
+            continue  # gone meanwhile
+    return "\n".join(lines)
+
+
+def test_real_source_secure(tmp_path: Path) -> None:
+    home = Path(tempfile.mkdtemp(prefix="lakehouse-pg-secure-"))  # PostgreSQL runs as `postgres`: not under 0700
+    home.chmod(0o755)
+    with KafkaBroker(tmp_path / "kafka", secure_port=0) as broker:
+        kafka = secure_kafka(broker)
+        real = RealSource(home, free_port(), free_port(), schemas_enable=False, secure=True, kafka=kafka)
+        try:
+            postgres, worker = real.up()
+            assert RealSource(home).secure and RealSource(home).kafka == kafka, "source.json keeps the security"
+            settings, connect = postgres.source_settings(), worker.connect_settings()
+            assert settings.password is not None and connect.password is not None
+            passwords = {"postgres": settings.password.reveal(), "rest": connect.password.reveal(),
+                         "kafka": broker.scram_password_file.read_text().strip()}
+
+            with postgres.connect() as conn:
+                conn.execute("INSERT INTO customers VALUES (%s, 'secure@example.com', 'Sec Ure', 'DE', now(), now())",
+                             (ROW_ID,))
+            change = _change(kafka, ROW_ID)
+            assert change["op"] == "c" and change["after"]["email"] == "secure@example.com", change
+            assert (slot_status(real.pg_port, settings) or {}).get("active"), "Debezium does not stream"
+
+            # PostgreSQL: the wrong password, and the right one without TLS, are refused.
+            with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
+                psycopg.connect(**psycopg_options(settings) | {"password": "not-the-password"})  # type: ignore[arg-type]
+            with pytest.raises(psycopg.OperationalError, match=r"no pg_hba\.conf entry"):
+                psycopg.connect(**psycopg_options(settings) | {"sslmode": "disable"})  # type: ignore[arg-type]
+            with psycopg.connect(postgres.dsn) as conn:  # the DSN: a passfile and the CA, no password
+                assert conn.execute("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()").fetchone() == (True,)
+
+            # Connect's REST API: 401 without the credentials; the connector's config names its password's file.
+            status = f"{worker.url}/connectors/{CONNECTOR}/status"
+            assert _rest_code(status, {}) == 401
+            assert _rest_code(status, {"Authorization": "Basic bm9ib2R5Om5vdGhpbmc="}) == 401
+            assert _rest_code(status, worker.headers()) == 200
+            request = urllib.request.Request(f"{worker.url}/connectors/{CONNECTOR}/config", headers=worker.headers())
+            with urllib.request.urlopen(request, timeout=10) as response:
+                shown = response.read().decode()
+            assert json.loads(shown)["database.password"].startswith("${file:"), shown
+            assert json.loads(shown)["database.sslmode"] == "verify-full", shown
+
+            # No generated password in the logs, the configs Connect reads, or any process's command line.
+            files = [worker.log_path, postgres.log_path, worker.work_dir / "worker.properties",
+                     worker.work_dir / "connector.json", worker.work_dir / "rest-jaas.conf"]
+            everything = {str(f): f.read_text(errors="replace") for f in files} | {"/proc/*/cmdline": _command_lines()}
+            for name, password in passwords.items():
+                for where, text in everything.items():
+                    assert password not in text, f"the {name} password is in {where}"
+            assert "security.protocol=SASL_SSL" in everything[str(worker.work_dir / "worker.properties")]
+            for secret in (worker.secrets_path, postgres.password_file, postgres.tls.server_key,
+                           worker.rest_password_file):
+                assert secret.stat().st_mode & 0o077 == 0, f"{secret} is readable by others"
+        finally:
+            real.down()
+            for log in (real.connect.log_path, real.postgres.log_path):  # kept for a failure's reader
+                if log.exists():
+                    shutil.copy(log, tmp_path / log.name)
+            shutil.rmtree(home, ignore_errors=True)
