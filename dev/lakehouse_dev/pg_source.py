@@ -315,7 +315,7 @@ class RealSource:
         run, are brought in line as `sync` does (new tables' rows by an incremental snapshot)."""
         declaration = declaration or read_declaration()
         # Connect would only log (and retry) while Kafka is away.
-        require_kafka(KafkaSettings(bootstrap_servers=self.bootstrap), SourceError)
+        require_kafka(self.kafka or KafkaSettings(bootstrap_servers=self.bootstrap), SourceError)
         self.home.mkdir(parents=True, exist_ok=True)
         if os.geteuid() == 0:
             os.chmod(self.home, 0o755)  # the `postgres` user runs the cluster below it
