@@ -1,5 +1,6 @@
 """The ingest stream's Prometheus exporter: what its batches did and how far each table is behind, served by the
-stream's driver on 127.0.0.1 for Prometheus' job `lakehouse_stream` (docker/prometheus/prometheus.yml).
+stream's driver on 127.0.0.1 (LAKEHOUSE_EXPORTER_HOST: another address, 0.0.0.0 in docker/compose.yaml's containers)
+for Prometheus' job `lakehouse_stream` (docker/prometheus/prometheus.yml).
 
 The stream already says all of it, in each batch's line (`batch.BatchReport`) and in its heartbeat (the
 cadence's freshness per table, Spark's progress): the exporter keeps those figures as metrics, and
@@ -23,6 +24,7 @@ Port: hudi_configs/stream.toml `[metrics] port` (`lakehouse ingest --metrics-por
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import prometheus_client
@@ -40,6 +42,12 @@ from pipelines.runtime.local_process import HOST
 PHASE_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 # The phase label of a micro-batch's whole time (the line's "in 8.9s"); a commit between batches has none.
 TOTAL_PHASE = "total"
+# The address the exporter listens on, default 127.0.0.1; 0.0.0.0 where Prometheus runs in another container.
+HOST_VARIABLE = "LAKEHOUSE_EXPORTER_HOST"
+
+
+def bind_host() -> str:
+    return os.environ.get(HOST_VARIABLE) or HOST
 
 
 def configured_port() -> int:
@@ -95,7 +103,7 @@ class StreamExporter:
 
     @classmethod
     def serve(cls, port: int) -> StreamExporter:
-        """An exporter answering Prometheus' scrapes on 127.0.0.1:`port` (a daemon thread of the library's).
+        """An exporter answering Prometheus' scrapes on `bind_host()`:`port` (a daemon thread of the library's).
 
         A port in use fails the stream's start, naming it: a stream that ran anyway would leave its
         job's scrapes to whatever holds the port, another stream's figures taken for its own.
@@ -103,11 +111,11 @@ class StreamExporter:
         # Counters' and histograms' `_created` series: a second series per label set that nothing here
         # queries (the rules use rate() and increase(), which see a reset without them).
         prometheus_client.disable_created_metrics()
-        exporter = cls()
+        exporter, host = cls(), bind_host()
         try:
-            exporter._server, _ = prometheus_client.start_http_server(port, addr=HOST, registry=exporter.registry)
+            exporter._server, _ = prometheus_client.start_http_server(port, addr=host, registry=exporter.registry)
         except OSError as error:
-            raise StreamError(f"the stream's metrics exporter cannot listen on {HOST}:{port}: {error}; another "
+            raise StreamError(f"the stream's metrics exporter cannot listen on {host}:{port}: {error}; another "
                               "stream there? `lakehouse ingest --metrics-port` takes another port (0: no exporter)") \
                 from error
         return exporter
