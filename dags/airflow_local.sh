@@ -14,9 +14,9 @@ export AIRFLOW__API__BASE_URL="http://127.0.0.1:$port"
 export AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS="${AIRFLOW_USER:-admin}:admin"
 # The users' passwords: a file of your own (JSON, user to password), or the one standalone generates.
 passwords="${AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE:-$AIRFLOW_HOME/simple_auth_manager_passwords.json.generated}"
-# What the DAGs' Spark tasks receive (see dags/lakehouse_common.py).
-export LAKEHOUSE_ROOT="${LAKEHOUSE_ROOT:-$project/lake}"
-export LAKEHOUSE_TARGET="${LAKEHOUSE_TARGET:-local}"
+# Where the lake is and which target runs the jobs come from the configuration (LAKEHOUSE_CONFIG and
+# LAKEHOUSE_PROFILE, else ./lakehouse.toml, else the defaults: this checkout's lake/, the local target), which the
+# DAGs and every Spark task they start read alike (dags/lakehouse_common.py).
 # OpenLineage (docs/deploying.md, "Lineage"): the provider's events of every task, and those of the Spark jobs the tasks
 # start (hudi_configs/spark.toml [lineage]), appended to one folder that `lakehouse lineage` reads. A real
 # backend instead (Marquez): set AIRFLOW__OPENLINEAGE__TRANSPORT yourself, e.g. '{"type": "http", "url": "..."}'.
