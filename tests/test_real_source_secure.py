@@ -3,14 +3,20 @@ verify-full and a password Connect's FileConfigProvider resolves, Connect's REST
 authentication, and Connect's own Kafka clients over the broker's SASL_SSL listener (SCRAM-SHA-512).
 
 One source for all of it (a real source is about a minute of the suite's budget): a row inserted in
-PostgreSQL reaches its topic, read over SASL_SSL; what lacks the password or TLS is refused; no
-generated password is in the logs, the configs Connect shows, or any process's command line.
+PostgreSQL reaches its topic, read over SASL_SSL; what lacks the password or TLS is refused. Then the pipeline,
+told nothing but a `lakehouse.toml` (no LAKEHOUSE_* or KAFKA_* variable): `doctor` and `source check` pass on
+every endpoint, `ingest --once` over SASL_SSL is killed while its first commit is in flight and run again,
+bronze and silver hold exactly what PostgreSQL holds; and no password is in the logs, the configs Connect shows,
+any process's command line, or the lake.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 import urllib.error
@@ -21,13 +27,17 @@ import psycopg
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 
+from hudi_configs import test_profile as suite_profile
 from lakehouse_dev.connect_config import CONNECTOR, psycopg_options
 from lakehouse_dev.connect_worker import secure_kafka, slot_status
 from lakehouse_dev.kafka_local import KafkaBroker, free_port
 from lakehouse_dev.pg_source import RealSource
 from pipelines.lake.contract import topic
-from pipelines.runtime.config import KafkaSettings
+from pipelines.lake.layout import main_path, silver_path
+from pipelines.lake.table_stats import read_table
+from pipelines.runtime.config import ConnectSettings, KafkaSettings, SourceSettings
 from pipelines.runtime.kafka_clients import python_options
+from tests.kill import inflight, run_until
 
 pytestmark = [pytest.mark.integration]
 
@@ -72,6 +82,72 @@ def _command_lines() -> str:
     return "\n".join(lines)
 
 
+def _toml(value: object) -> str:
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{k} = {_toml(v)}" for k, v in value.items() if v is not None) + " }"
+    return json.dumps(value) if not isinstance(value, bool) else str(value).lower()
+
+
+def write_config(where: Path, kafka: KafkaSettings, source: SourceSettings, connect: ConnectSettings) -> Path:
+    """The file that tells the pipeline everything: the lake in `where`, the three secured endpoints."""
+    (where / "erasure.key").write_text("cd" * 32)
+    sections = {"lake": {"root": str(where / "lake"), "erasure_key": {"file": str(where / "erasure.key")},
+                         "hudi_overrides": f'["{suite_profile()}"]'},
+                "kafka": kafka.model_dump(mode="json", exclude_none=True),
+                "source": source.model_dump(mode="json", exclude_none=True),
+                "connect": connect.model_dump(mode="json", exclude_none=True)}
+    lines = []
+    for name, section in sections.items():
+        lines += [f"[{name}]", *(f"{k} = {v if k == 'hudi_overrides' else _toml(v)}" for k, v in section.items()), ""]
+    path = where / "lakehouse.toml"
+    path.write_text("\n".join(lines))
+    return path
+
+
+def own_environment() -> dict[str, str]:
+    """This process's environment without a setting of the pipeline's: the file is all a job is told."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("LAKEHOUSE_", "KAFKA_"))}
+
+
+def _lakehouse(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pipelines.cli", "--config", str(config), *args],
+                          env=own_environment(), capture_output=True, text=True, timeout=600, check=False)
+
+
+def _workload(conn: psycopg.Connection) -> None:
+    """Customers and their orders, some changed, some deleted: what the lake must end up holding."""
+    for i in range(1, 21):
+        conn.execute("INSERT INTO customers VALUES (%s, %s, %s, 'FR', now(), now())",
+                     (i, f"c{i}@example.com", f"C {i}"))
+        conn.execute("INSERT INTO orders VALUES (%s, %s, 'placed', %s, 'EUR', now(), now())", (100 + i, i, f"{i}.50"))
+    conn.execute("UPDATE customers SET email = 'changed' || id || '@example.com', updated_at = now() WHERE id <= 8")
+    conn.execute("UPDATE orders SET status = 'shipped', updated_at = now() WHERE id % 3 = 0")
+    conn.execute("DELETE FROM orders WHERE customer_id IN (19, 20)")
+    conn.execute("DELETE FROM customers WHERE id IN (19, 20)")
+
+
+def _pipeline_from_the_file(tmp_path: Path, config: Path, conn: psycopg.Connection) -> None:
+    """doctor, source check, an ingest killed and run again, an etl: bronze and silver are PostgreSQL's rows."""
+    doctor = _lakehouse(config, "doctor", "--json")
+    found = {f["endpoint"]: f for f in json.loads(doctor.stdout)}
+    assert all(found[e]["status"] == "ok" for e in ("kafka", "source", "connect")), doctor.stdout + doctor.stderr
+    check = _lakehouse(config, "source", "check", "--json")
+    assert check.returncode == 0, check.stdout + check.stderr
+    root = tmp_path / "lake"
+    cmd = [sys.executable, "-m", "pipelines.cli", "--config", str(config), "ingest", "--once"]
+    assert run_until(cmd, own_environment(), tmp_path / "killed.log", inflight(root, "bronze/*", "deltacommit"))
+    assert not run_until(cmd, own_environment(), tmp_path / "ingest.log", lambda _log: False)
+    etl = _lakehouse(config, "etl")
+    assert etl.returncode == 0, etl.stderr[-3000:]
+    for table, columns in (("customers", "id, email"), ("orders", "id, status")):
+        expected = dict(conn.execute(f"SELECT {columns} FROM {table}").fetchall())
+        names = [c.strip() for c in columns.split(",")]
+        bronze = {r[names[0]]: r[names[1]] for r in read_table(main_path(table, str(root)), names).to_pylist()}
+        assert bronze == expected, f"bronze/{table} differs from PostgreSQL"
+        silver = {r["id"] for r in read_table(silver_path(table, str(root)), ["id"]).to_pylist()}
+        assert silver == set(expected), f"silver/{table} differs from PostgreSQL"
+
+
 def test_real_source_secure(tmp_path: Path) -> None:
     home = Path(tempfile.mkdtemp(prefix="lakehouse-pg-secure-"))  # PostgreSQL runs as `postgres`: not under 0700
     home.chmod(0o755)
@@ -92,6 +168,11 @@ def test_real_source_secure(tmp_path: Path) -> None:
             change = _change(kafka, ROW_ID)
             assert change["op"] == "c" and change["after"]["email"] == "secure@example.com", change
             assert (slot_status(real.pg_port, settings) or {}).get("active"), "Debezium does not stream"
+            with postgres.connect() as conn:
+                conn.execute("DELETE FROM customers WHERE id = %s", (ROW_ID,))
+                _workload(conn)
+                config = write_config(tmp_path, kafka, real.target().source, connect)
+                _pipeline_from_the_file(tmp_path, config, conn)
 
             # PostgreSQL: the wrong password, and the right one without TLS, are refused.
             with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
@@ -114,8 +195,10 @@ def test_real_source_secure(tmp_path: Path) -> None:
 
             # No generated password in the logs, the configs Connect reads, or any process's command line.
             files = [worker.log_path, postgres.log_path, worker.work_dir / "worker.properties",
-                     worker.work_dir / "connector.json", worker.work_dir / "rest-jaas.conf"]
-            everything = {str(f): f.read_text(errors="replace") for f in files} | {"/proc/*/cmdline": _command_lines()}
+                     worker.work_dir / "connector.json", worker.work_dir / "rest-jaas.conf",
+                     tmp_path / "killed.log", tmp_path / "ingest.log", *(tmp_path / "lake").rglob("*")]
+            everything = {str(f): f.read_bytes().decode(errors="replace") for f in files if f.is_file()} | \
+                {"/proc/*/cmdline": _command_lines()}
             for name, password in passwords.items():
                 for where, text in everything.items():
                     assert password not in text, f"the {name} password is in {where}"
