@@ -6,7 +6,8 @@ One source for all of it (a real source is about a minute of the suite's budget)
 PostgreSQL reaches its topic, read over SASL_SSL; what lacks the password or TLS is refused. Then the pipeline,
 told nothing but a `lakehouse.toml` (no LAKEHOUSE_* or KAFKA_* variable): `doctor` and `source check` pass on
 every endpoint, `ingest --once` over SASL_SSL is killed while its first commit is in flight and run again,
-bronze and silver hold exactly what PostgreSQL holds; and no password is in the logs, the configs Connect shows,
+bronze and silver hold exactly what PostgreSQL holds, an erasure is verified and sends its tombstones over
+SASL_SSL; and no password is in the logs, the configs Connect shows,
 any process's command line, or the lake.
 """
 
@@ -127,7 +128,8 @@ def _workload(conn: psycopg.Connection) -> None:
 
 
 def _pipeline_from_the_file(tmp_path: Path, config: Path, conn: psycopg.Connection) -> None:
-    """doctor, source check, an ingest killed and run again, an etl: bronze and silver are PostgreSQL's rows."""
+    """doctor, source check, an ingest killed and run again, an etl (bronze and silver are PostgreSQL's rows), an
+    erasure."""
     doctor = _lakehouse(config, "doctor", "--json")
     found = {f["endpoint"]: f for f in json.loads(doctor.stdout)}
     assert all(found[e]["status"] == "ok" for e in ("kafka", "source", "connect")), doctor.stdout + doctor.stderr
@@ -146,6 +148,14 @@ def _pipeline_from_the_file(tmp_path: Path, config: Path, conn: psycopg.Connecti
         assert bronze == expected, f"bronze/{table} differs from PostgreSQL"
         silver = {r["id"] for r in read_table(silver_path(table, str(root)), ["id"]).to_pylist()}
         assert silver == set(expected), f"silver/{table} differs from PostgreSQL"
+    # An erasure: the lake forgets customer 5, its tombstones reach the source topics over SASL_SSL.
+    erase = _lakehouse(config, "gdpr", "erase", "--customer-id", "5", "--reference", "REQ-SECURE-1")
+    assert erase.returncode == 0, erase.stdout + erase.stderr[-3000:]
+    summary = json.loads(erase.stdout.splitlines()[-1])
+    assert summary["verified"] and summary["status"] == "erased", summary
+    kafka = json.loads(Path(summary["certificate"]).read_text())["kafka"]
+    assert "error" not in kafka and kafka["tombstones"] >= 2, kafka  # the customer and their order
+    assert 5 not in {r["id"] for r in read_table(main_path("customers", str(root)), ["id"]).to_pylist()}
 
 
 def test_real_source_secure(tmp_path: Path) -> None:
