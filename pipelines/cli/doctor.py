@@ -23,7 +23,7 @@ import click
 from pipelines.errors import LakehouseError
 from pipelines.runtime import console
 from pipelines.runtime.commands import JSON_OPTION, echo_json, pass_lake
-from pipelines.runtime.kafka_clients import described, kafka_refusal
+from pipelines.runtime.kafka_clients import described, kafka_answer
 from pipelines.runtime.lake import Lake
 from pipelines.runtime.settings import erasure_key_file
 
@@ -44,14 +44,15 @@ def kafka_findings(lake: Lake, timeout: float) -> Iterator[Finding]:
     """The brokers with their authentication, then whether the declared tables' topics are there to read."""
     kafka = lake.config.kafka
     where = described(kafka).removeprefix("Kafka at ")
-    if (why := kafka_refusal(kafka, timeout=timeout)) is not None:
-        yield Finding("kafka", where, "failed", why.removeprefix(described(kafka) + ": "))
+    topics = sorted(lake.declaration.topics())
+    why, missing = kafka_answer(kafka, timeout=timeout, topics=topics)
+    if why is not None:
+        yield Finding("kafka", where, "failed", why)
         return
     yield Finding("kafka", where, "ok", "a client bootstraps and lists the topics")
-    topics = sorted(lake.declaration.topics())
-    if (why := kafka_refusal(kafka, timeout=timeout, topics=topics)) is not None:
-        yield Finding("kafka topics", where, "warn", why.removeprefix(described(kafka) + ": ") +
-                      "; Debezium creates a table's topic with its first change")
+    if missing:
+        yield Finding("kafka topics", where, "warn", f"no topic {', '.join(missing)} (missing, or this principal "
+                      "has no DESCRIBE permission on it); Debezium creates a table's topic with its first change")
     else:
         yield Finding("kafka topics", where, "ok", f"all {len(topics)} declared tables' topics are there")
 

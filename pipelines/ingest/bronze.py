@@ -93,7 +93,7 @@ from pipelines.monitoring import metric_names, pushgateway
 from pipelines.monitoring.pushgateway import JobMetrics
 from pipelines.runtime import console
 from pipelines.runtime.config import KafkaSettings
-from pipelines.runtime.kafka_clients import probe_tls, python_options, spark_options
+from pipelines.runtime.kafka_clients import at, probe_tls, python_options, spark_options
 from pipelines.runtime.lake import Lake
 from pipelines.runtime.local_process import kafka_unanswered
 from pipelines.runtime.settings import INGEST_TRIGGER_SECONDS
@@ -239,8 +239,7 @@ def run_ingest(lake: Lake, *, once: bool, bootstrap: str | None = None, options:
     driver's own metrics when `options.spark_ui_port` is set.
     """
     options = options or IngestOptions()
-    brokers = lake.config.kafka if bootstrap is None else \
-        lake.config.kafka.model_copy(update={"bootstrap_servers": bootstrap})
+    brokers = at(lake.config.kafka, bootstrap)
     # Before Spark and the lease: a port in use fails the start at once, and holds nothing.
     exporter = StreamExporter.serve(options.metrics_port) if options.metrics_port else None
     run = JobMetrics(metric_names.INGEST_ONCE, lake.root, metric_names.INGEST_ONCE_METRICS) \

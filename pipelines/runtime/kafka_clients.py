@@ -3,8 +3,8 @@ both from the one `[kafka]` section (pipelines.runtime.config), so that the stre
 tombstones and the replay of dead letters authenticate alike.
 
 A password is revealed when the options are made, and only into them: not into a log, an argument or the
-environment. Spark redacts option values that look like secrets (`spark.redaction.regex` matches `password`),
-so the JAAS line does not show in its UI or event log.
+environment. Spark masks the JAAS line and a client key wherever it shows a source's options
+(`spark.sql.redaction.options.regex`, hudi_configs/spark.toml).
 """
 
 from __future__ import annotations
@@ -31,10 +31,9 @@ def at(kafka: KafkaSettings, bootstrap: str | None) -> KafkaSettings:
     return kafka if bootstrap is None else kafka.model_copy(update={"bootstrap_servers": bootstrap})
 
 
-def python_options(kafka: KafkaSettings, bootstrap: str | None = None) -> dict[str, Any]:
-    """kafka-python's options (KafkaConsumer, KafkaProducer, KafkaAdminClient) for `kafka`, at `bootstrap` if
-    given (a command's --bootstrap)."""
-    options: dict[str, Any] = {"bootstrap_servers": bootstrap or kafka.bootstrap_servers,
+def python_options(kafka: KafkaSettings) -> dict[str, Any]:
+    """kafka-python's options (KafkaConsumer, KafkaProducer, KafkaAdminClient) for `kafka`."""
+    options: dict[str, Any] = {"bootstrap_servers": kafka.bootstrap_servers,
                                "security_protocol": kafka.security_protocol}
     if kafka.sasl_mechanism is not None:
         options["sasl_mechanism"] = kafka.sasl_mechanism
@@ -51,12 +50,12 @@ def python_options(kafka: KafkaSettings, bootstrap: str | None = None) -> dict[s
     return options
 
 
-def spark_options(kafka: KafkaSettings, bootstrap: str | None = None) -> dict[str, str]:
+def spark_options(kafka: KafkaSettings) -> dict[str, str]:
     """Spark's Kafka source options for `kafka`: the Java client's properties, `kafka.`-prefixed."""
-    return {f"kafka.{key}": value for key, value in java_properties(kafka, bootstrap).items()}
+    return {f"kafka.{key}": value for key, value in java_properties(kafka).items()}
 
 
-def java_properties(kafka: KafkaSettings, bootstrap: str | None = None) -> dict[str, str]:
+def java_properties(kafka: KafkaSettings) -> dict[str, str]:
     """The Java Kafka client's properties for `kafka` (Spark's source, Kafka Connect's worker): the same brokers
     and authentication as `python_options`, in the Java client's words (PEM for TLS, a JAAS line for SASL).
 
@@ -64,7 +63,7 @@ def java_properties(kafka: KafkaSettings, bootstrap: str | None = None) -> dict[
     the options, not the driver's files. spark.toml's `spark.sql.redaction.options.regex` masks it, and the JAAS
     line, wherever Spark shows a source's options.
     """
-    options = {"bootstrap.servers": bootstrap or kafka.bootstrap_servers, "security.protocol": kafka.security_protocol}
+    options = {"bootstrap.servers": kafka.bootstrap_servers, "security.protocol": kafka.security_protocol}
     if kafka.sasl_mechanism == "AWS_MSK_IAM":
         options |= {"sasl.mechanism": "AWS_MSK_IAM", "sasl.jaas.config": f"{MSK_IAM_LOGIN} required;",
                     "sasl.client.callback.handler.class": MSK_IAM_CALLBACK}
@@ -112,32 +111,30 @@ def described(kafka: KafkaSettings) -> str:
     return f"Kafka at {kafka.bootstrap_servers} ({how}{user})"
 
 
-def kafka_refusal(kafka: KafkaSettings, *, timeout: float = 10.0, topics: Iterable[str] = ()) -> str | None:
-    """None when a real client with `kafka`'s authentication bootstraps and sees every topic of `topics`, else
-    why not, in words a person acts on (pipelines.runtime.kafka_probe, in a child process)."""
+def kafka_answer(kafka: KafkaSettings, *, timeout: float = 10.0,
+                 topics: Iterable[str] = ()) -> tuple[str | None, list[str]]:
+    """What a real client with `kafka`'s authentication meets (pipelines.runtime.kafka_probe, in a child
+    process): why it could not bootstrap (None: it did), and which of `topics` it does not see."""
     from pipelines.runtime.kafka_probe import REFUSED
     from pipelines.runtime.local_process import HOST, port_open
 
     servers = [s.strip().rpartition(":") for s in kafka.bootstrap_servers.split(",")]
     if not any(port.isdigit() and port_open(int(port), host.strip("[]") or HOST, min(timeout, 3.0))
                for host, _, port in servers):
-        return f"{described(kafka)}: {REFUSED}"  # at once: a client would retry until its timeout
+        return REFUSED, []  # at once: a client would retry until its timeout
     request = json.dumps({"options": python_options(kafka), "timeout_ms": int(timeout * 1000),
                           "topics": sorted(topics)})
     try:
         done = subprocess.run([sys.executable, "-m", "pipelines.runtime.kafka_probe"], input=request,
                               capture_output=True, text=True, timeout=timeout + 30, check=False)
     except subprocess.TimeoutExpired:
-        return f"{described(kafka)}: the probe did not finish within {timeout + 30:.0f} s"
+        return f"the probe did not finish within {timeout + 30:.0f} s", []
     if done.returncode != 0:
-        return f"{described(kafka)}: the probe failed: {(done.stderr.strip().splitlines() or ['?'])[-1]}"
+        return f"the probe failed: {(done.stderr.strip().splitlines() or ['?'])[-1]}", []
     answer = json.loads(done.stdout)
     if not answer["ok"]:
-        return f"{described(kafka)}: {_refined(kafka, answer['why'], timeout)}"
-    if answer["missing"]:
-        return (f"{described(kafka)}: no topic {', '.join(answer['missing'])} (missing, or this principal has no "
-                "DESCRIBE permission on it)")
-    return None
+        return _refined(kafka, answer["why"], timeout), []
+    return None, answer["missing"]
 
 
 def _refined(kafka: KafkaSettings, why: str, timeout: float) -> str:
@@ -168,5 +165,6 @@ def require_kafka(kafka: KafkaSettings, error: Callable[[str], Exception] = Kafk
     Spark's Kafka source and Kafka Connect would only log and retry for minutes instead, and say nothing of a
     wrong password or an untrusted certificate.
     """
-    if (why := kafka_refusal(kafka, timeout=timeout)) is not None:
-        raise error(why)
+    why, _ = kafka_answer(kafka, timeout=timeout)
+    if why is not None:
+        raise error(f"{described(kafka)}: {why}")
