@@ -60,9 +60,7 @@ class LocalTls:
                                     serialization.NoEncryption())
         chain = b"".join(blob.bytes() for blob in server.cert_chain_pems)
         for path, blob in ((self.server_pem, key_pem + chain), (self.server_key, key_pem)):
-            path.touch(mode=0o600)
-            path.chmod(0o600)  # before the key is in it
-            path.write_bytes(blob)
+            private_file(path, blob.decode("ascii"))
         self.server_cert.write_bytes(chain)
         return self
 
@@ -70,10 +68,7 @@ class LocalTls:
 def secret_file(path: Path) -> str:
     """The secret in `path`, made on first use (32 random bytes as hex), readable by its owner alone."""
     if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.touch(mode=0o600)
-        path.chmod(0o600)  # before the secret is in it
-        path.write_text(secrets.token_hex(32))
+        private_file(path, secrets.token_hex(32))
     return path.read_text().strip()
 
 
