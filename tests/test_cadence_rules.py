@@ -11,7 +11,7 @@ from pipelines.ingest.schema import Shape
 from pipelines.ingest.stream import Heartbeat, Limits, judge
 from pipelines.ingest.survey import Survey
 from pipelines.lake.declaration import Declaration
-from pipelines.runtime.lake import read_declaration
+from pipelines.runtime.declared import read_declaration
 
 pytestmark = pytest.mark.unit
 

@@ -13,7 +13,7 @@ from pipelines.errors import QueryError, SettingError, UnknownTable
 from pipelines.lake.catalog import lake_catalog, table_name, writer_options
 from pipelines.metastore.catalog_sync import catalog_kind, catalog_name, catalog_session_conf, in_lake, sync_properties
 from pipelines.metastore.query import as_of_instant, referenced_tables, with_as_of
-from pipelines.runtime.lake import read_declaration
+from pipelines.runtime.declared import read_declaration
 
 pytestmark = pytest.mark.unit
 

@@ -19,7 +19,7 @@ from pipelines.cli.root import LakehouseGroup
 from pipelines.errors import DeclarationError, KafkaUnavailable, LakehouseError, UnknownTable
 from pipelines.ingest.stream import HEARTBEAT, ControlFiles, Heartbeat
 from pipelines.lake.catalog import lake_catalog, table_name
-from pipelines.runtime.lake import read_declaration
+from pipelines.runtime.declared import read_declaration
 
 pytestmark = pytest.mark.unit
 

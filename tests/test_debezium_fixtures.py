@@ -21,7 +21,7 @@ from lakehouse_dev.generator import Message
 from pipelines.ingest.parse import TableParse, image_columns, parse_events, parse_topics
 from pipelines.ingest.schema import Shape
 from pipelines.lake.contract import COLUMNS, TABLES, topic
-from pipelines.runtime.lake import read_declaration
+from pipelines.runtime.declared import read_declaration
 from tests.model import row_event, unwrap
 
 pytestmark = pytest.mark.integration

@@ -14,7 +14,7 @@ from pipelines.errors import DeclarationError
 from pipelines.lake import contract
 from pipelines.lake.catalog import change_feed_tables, erasure_uncovered, gold_declared, names
 from pipelines.lake.declaration import load
-from pipelines.runtime.lake import read_declaration
+from pipelines.runtime.declared import read_declaration
 
 pytestmark = pytest.mark.unit
 

@@ -29,7 +29,8 @@ from pipelines.lake.hudi_timeline import checkpoint
 from pipelines.lake.layout import quarantine_path, silver_path
 from pipelines.lake.table_stats import has_completed_commit, table_stats
 from pipelines.monitoring import lineage
-from pipelines.runtime.lake import Lake, read_declaration
+from pipelines.runtime.declared import read_declaration
+from pipelines.runtime.lake import Lake
 from pipelines.transform.changes import read_changes
 from pipelines.transform.etl import run_etl
 from tests.kill import inflight, run_until

@@ -24,7 +24,8 @@ from pipelines.gdpr.scan import Finding, ScanReport, Subject, scan_lake
 from pipelines.gdpr.scan.model import Chunk
 from pipelines.lake.catalog import bronze_options, gold_options, keyed_options, silver_options
 from pipelines.lake.declaration import load
-from pipelines.runtime.lake import Lake, read_declaration
+from pipelines.runtime.declared import read_declaration
+from pipelines.runtime.lake import Lake
 from pipelines.transform import gold
 
 SUBJECT = Subject(customer_ids=frozenset({42}), order_ids=frozenset({4200}),

@@ -14,7 +14,7 @@ import pytest
 import pipelines
 from pipelines.deploy.package import build
 from pipelines.runtime.config import load_config
-from pipelines.runtime.lake import read_declaration
+from pipelines.runtime.declared import read_declaration
 
 pytestmark = pytest.mark.unit
 

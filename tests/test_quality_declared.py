@@ -9,7 +9,8 @@ from datetime import timedelta
 import pytest
 
 from pipelines.lake.declaration import parse
-from pipelines.runtime.lake import Lake, read_declaration
+from pipelines.runtime.declared import read_declaration
+from pipelines.runtime.lake import Lake
 from pipelines.services.quality import silver_expectations, suites
 from pipelines.services.quality_due import quality_suites, quality_work
 

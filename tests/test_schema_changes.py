@@ -29,7 +29,8 @@ from pipelines.lake.declaration import SHOP
 from pipelines.lake.hudi_timeline import latest_meta
 from pipelines.lake.layout import main_path, quarantine_path, silver_path
 from pipelines.lake.table_stats import read_table
-from pipelines.runtime.lake import Lake, read_declaration
+from pipelines.runtime.declared import read_declaration
+from pipelines.runtime.lake import Lake
 from pipelines.transform.changes import read_changes
 from pipelines.transform.etl import run_etl
 from tests.lake import (

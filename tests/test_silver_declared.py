@@ -18,7 +18,8 @@ from pipelines.ingest.parse import row_schema
 from pipelines.lake import contract
 from pipelines.lake.catalog import gold_missing
 from pipelines.lake.declaration import TableDecl, parse
-from pipelines.runtime.lake import Lake, read_declaration
+from pipelines.runtime.declared import read_declaration
+from pipelines.runtime.lake import Lake
 from pipelines.transform.silver import clean, silver_columns
 
 

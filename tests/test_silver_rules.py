@@ -10,7 +10,7 @@ from pyspark.sql import functions as F
 from lakehouse_dev.generator import ShopSource, WorkloadConfig
 from pipelines.ingest.parse import row_schema
 from pipelines.lake.contract import COLUMNS, TABLES
-from pipelines.runtime.lake import read_declaration
+from pipelines.runtime.declared import read_declaration
 from pipelines.transform.silver import clean, silver_columns
 from tests.model import SILVER_RULES
 

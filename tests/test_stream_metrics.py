@@ -32,7 +32,7 @@ from pipelines.ingest.stream import ControlFiles
 from pipelines.lake.layout import changelog_path, main_path
 from pipelines.lake.timeline_files import timeline
 from pipelines.monitoring import dashboard, metric_names
-from pipelines.runtime.lake import read_declaration
+from pipelines.runtime.declared import read_declaration
 from pipelines.runtime.local_process import HOST, free_port
 from tests.kill import beside_job
 from tests.lake import with_overrides

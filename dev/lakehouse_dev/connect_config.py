@@ -2,7 +2,7 @@
 standalone worker that runs it, and the names both share with PostgreSQL (database, slot, publication,
 signal table).
 
-The captured tables are the declaration's (`pipelines.runtime.lake.read_declaration()`, contract section 7):
+The captured tables are the declaration's (`pipelines.runtime.declared.read_declaration()`, contract section 7):
 `lakehouse dev source start` creates the connector with them, `lakehouse dev source sync` changes them while it
 runs (the product's sync, pipelines/source/sync.py).
 
@@ -18,7 +18,7 @@ from pathlib import Path
 from pipelines.deploy.connector import DEFAULT_CONNECTOR
 from pipelines.lake.declaration import Declaration
 from pipelines.runtime.config import SourceSettings
-from pipelines.runtime.lake import read_declaration
+from pipelines.runtime.declared import read_declaration
 from pipelines.runtime.local_process import HOST
 from pipelines.runtime.settings import unavailable_placeholder
 

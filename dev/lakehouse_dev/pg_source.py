@@ -33,8 +33,8 @@ from lakehouse_dev.source_target import check_and_prepare, dev_target, published
 from lakehouse_dev.tls import LocalTls, private_file, scram_sha_256, secret_file
 from pipelines.lake.declaration import Declaration
 from pipelines.runtime.config import KafkaSettings, Secret, SourceSettings
+from pipelines.runtime.declared import read_declaration
 from pipelines.runtime.kafka_clients import require_kafka
-from pipelines.runtime.lake import read_declaration
 from pipelines.runtime.local_process import HOST, LocalProcess
 from pipelines.runtime.settings import PROJECT_ROOT, kafka_bootstrap
 from pipelines.source.check import Target

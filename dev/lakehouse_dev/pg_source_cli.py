@@ -16,7 +16,7 @@ from lakehouse_dev.pg_source import DEFAULT_HOME, RealSource
 from lakehouse_dev.source_target import published
 from pipelines.errors import LakehouseError
 from pipelines.runtime.commands import echo_json
-from pipelines.runtime.lake import read_declaration
+from pipelines.runtime.declared import read_declaration
 from pipelines.runtime.settings import kafka_bootstrap
 
 HOME_OPTION = click.option(

@@ -13,18 +13,13 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from pipelines.lake.declaration import Declaration, load, packaged
+from pipelines.lake.declaration import Declaration
 from pipelines.runtime import settings
 from pipelines.runtime.config import Config, Loaded, load_config
+from pipelines.runtime.declared import read_declaration
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
-
-
-def read_declaration(loaded: Loaded | None = None) -> Declaration:
-    """The declaration the configuration names (`[lake] tables`, `LAKEHOUSE_TABLES`; else the packaged one), read
-    and checked now; `loaded` default: the configuration as the environment finds it (`load_config`)."""
-    return load((loaded or load_config()).config.lake.tables or packaged())
 
 
 @dataclass

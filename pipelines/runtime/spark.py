@@ -21,7 +21,7 @@ from pipelines.lake.declaration import Declaration
 from pipelines.lake.jvm import jvm_of
 from pipelines.runtime import console
 from pipelines.runtime.code_archive import write_archive
-from pipelines.runtime.lake import read_declaration
+from pipelines.runtime.declared import read_declaration
 from pipelines.runtime.local_process import process_started
 from pipelines.runtime.spark_conf import cluster_master, event_log_dir, spark_conf
 

@@ -53,7 +53,7 @@ from pipelines.lake import contract
 from pipelines.lake.catalog import bronze_options, keyed_options
 from pipelines.lake.layout import DELETED_FLAG, META_COLUMNS
 from pipelines.runtime.config import KafkaSettings
-from pipelines.runtime.lake import read_declaration
+from pipelines.runtime.declared import read_declaration
 
 # What the streaming sink needs on top of bronze main's options. Main's writer plans compactions
 # for the job's own thread to run (pipelines/ingest/compactor.py), which the sink does not have;

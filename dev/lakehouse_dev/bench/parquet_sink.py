@@ -16,7 +16,7 @@ from pipelines.ingest.plan import change_rows
 from pipelines.ingest.schema import Shape
 from pipelines.lake import contract
 from pipelines.runtime.config import KafkaSettings
-from pipelines.runtime.lake import read_declaration
+from pipelines.runtime.declared import read_declaration
 
 
 def append_batch(root: str):

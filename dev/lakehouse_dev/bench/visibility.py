@@ -43,7 +43,7 @@ from kafka import KafkaConsumer, TopicPartition
 from pipelines.lake.declaration import Declaration
 from pipelines.lake.layout import BATCH_ID_META, POSITIONS_META, changelog_path, ingest_checkpoint_path, main_path
 from pipelines.lake.table_stats import read_table
-from pipelines.runtime.lake import read_declaration
+from pipelines.runtime.declared import read_declaration
 
 log = logging.getLogger(__name__)
 

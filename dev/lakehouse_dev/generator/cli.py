@@ -161,7 +161,7 @@ def play_declared(dsn: str | None, changes: int, seed: int) -> str:
     import psycopg
 
     from lakehouse_dev.generator.declared import DeclaredWorkload
-    from pipelines.runtime.lake import read_declaration
+    from pipelines.runtime.declared import read_declaration
 
     dsn = _source_dsn(dsn)
     with psycopg.connect(dsn, autocommit=True) as conn:
