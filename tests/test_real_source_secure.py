@@ -36,7 +36,15 @@ from lakehouse_dev.pg_source import RealSource
 from pipelines.lake.contract import topic
 from pipelines.lake.layout import main_path, silver_path
 from pipelines.lake.table_stats import read_table
-from pipelines.runtime.config import ConnectSettings, KafkaSettings, SourceSettings
+from pipelines.runtime.config import (
+    Config,
+    ConnectSettings,
+    KafkaSettings,
+    LakeSettings,
+    Secret,
+    SourceSettings,
+    config_text,
+)
 from pipelines.runtime.kafka_clients import python_options
 from tests.kill import inflight, run_until
 
@@ -83,25 +91,13 @@ def _command_lines() -> str:
     return "\n".join(lines)
 
 
-def _toml(value: object) -> str:
-    if isinstance(value, dict):
-        return "{ " + ", ".join(f"{k} = {_toml(v)}" for k, v in value.items() if v is not None) + " }"
-    return json.dumps(value) if not isinstance(value, bool) else str(value).lower()
-
-
 def write_config(where: Path, kafka: KafkaSettings, source: SourceSettings, connect: ConnectSettings) -> Path:
     """The file that tells the pipeline everything: the lake in `where`, the three secured endpoints."""
     (where / "erasure.key").write_text("cd" * 32)
-    sections = {"lake": {"root": str(where / "lake"), "erasure_key": {"file": str(where / "erasure.key")},
-                         "hudi_overrides": f'["{suite_profile()}"]'},
-                "kafka": kafka.model_dump(mode="json", exclude_none=True),
-                "source": source.model_dump(mode="json", exclude_none=True),
-                "connect": connect.model_dump(mode="json", exclude_none=True)}
-    lines = []
-    for name, section in sections.items():
-        lines += [f"[{name}]", *(f"{k} = {v if k == 'hudi_overrides' else _toml(v)}" for k, v in section.items()), ""]
+    lake = LakeSettings(root=str(where / "lake"), erasure_key=Secret(file=where / "erasure.key"),
+                        hudi_overrides=(str(suite_profile()),))
     path = where / "lakehouse.toml"
-    path.write_text("\n".join(lines))
+    path.write_text(config_text(Config(lake=lake, kafka=kafka, source=source, connect=connect), "the test's"))
     return path
 
 

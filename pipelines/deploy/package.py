@@ -35,7 +35,7 @@ from pipelines.deploy.jobs import MSK_IAM_JAR
 from pipelines.errors import SetupError
 from pipelines.lake.declaration import Declaration
 from pipelines.runtime.code_archive import write_archive
-from pipelines.runtime.config import Config, bundled_text
+from pipelines.runtime.config import Config, config_text
 from pipelines.runtime.settings import PROJECT_ROOT, jvm_dir
 
 DISTRIBUTION = "lakehouse-cdc"
@@ -74,7 +74,12 @@ def build(out: Path, decl: Declaration, config: Config | None = None) -> list[Pa
     """Write the bundle into `out`, with `decl` as the tables its jobs declare and `config` as their configuration
     (none: the defaults); returns its files."""
     out.mkdir(parents=True, exist_ok=True)
-    archive = write_archive(out / "lakehouse.zip", decl, bundled_text(config or Config()))
+    config = config or Config()
+    # The declaration travels in the bundle on its own: a path of this machine in [lake] tables would mislead.
+    steps = config.model_copy(update={"lake": config.lake.model_copy(update={"tables": None})})
+    archive = write_archive(out / "lakehouse.zip", decl,
+                            config_text(steps, "The EMR steps' configuration, written by `lakehouse package`: edit "
+                                               "the file it was built from instead."))
     cli = out / "cli.py"
     cli.write_text((PROJECT_ROOT / "pipelines" / "cli" / "__main__.py").read_text())
     reqs = out / "requirements.txt"

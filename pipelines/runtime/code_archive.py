@@ -20,7 +20,7 @@ def write_archive(archive: Path, decl: Declaration, config: str | None = None) -
     """The packages the jobs import, TOML files included (read through importlib.resources, which
     reads them inside the zip); the job's declaration of tables (`decl`, checked whole when it was read)
     as `pipelines/lake/tables.toml`, which jobs on a cluster read; and the configuration `config` (a file's text,
-    pipelines.runtime.config.bundled_text), which they read when given no file."""
+    pipelines.runtime.config.config_text), which they read when given no file."""
     with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zf:
         for package in PACKAGES:
             for path in sorted((PROJECT_ROOT / package).rglob("*")):

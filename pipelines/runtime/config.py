@@ -295,15 +295,12 @@ def _bundled() -> dict[str, Any]:
     return tomllib.loads(found.read_text()) if found.is_file() else {}
 
 
-def bundled_text(config: Config) -> str:
-    """`config` as a file of sections without profiles: what the EMR bundle carries (BUNDLED_FILE). Every value
-    is written, resolved as `config` holds it (paths absolute, secrets as where they are), so that a step runs
-    with what `config show` printed where the bundle was built; the declaration travels in the bundle on its own,
-    so `[lake] tables` does not."""
-    lines = ["# The configuration of the EMR steps, written by `lakehouse package`: edit the source file instead."]
+def config_text(config: Config, heading: str) -> str:
+    """`config` as a file of sections without profiles, `heading` its first comment: every value written, resolved
+    as `config` holds it (paths absolute, secrets as where they are), so that the file loads to `config` again
+    (the EMR bundle's BUNDLED_FILE, pipelines/deploy/package.py)."""
+    lines = [f"# {heading}"]
     for name, section in config.model_dump(mode="json", exclude_none=True).items():
-        if name == "lake":
-            section.pop("tables", None)
         lines += ["", f"[{name}]", *(f"{key} = {_toml(value)}" for key, value in section.items())]
     return "\n".join(lines) + "\n"
 
