@@ -86,6 +86,12 @@ def with_overrides(path: Path, text: str) -> str:
     return os.pathsep.join([str(test_profile()), str(path)])
 
 
+def own_environment() -> dict[str, str]:
+    """This process's environment without a setting of the pipeline's: for a job told nothing but its
+    lakehouse.toml (`--config`)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("LAKEHOUSE_", "KAFKA_"))}
+
+
 def run_cli(*args: str, env: dict[str, str] | None = None) -> Result:
     """The `lakehouse` command line in this process: its Spark session is the test run's, no JVM to start.
 

@@ -9,7 +9,6 @@ source, is tests/test_real_source_secure.py.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ import trustme
 from hudi_configs import test_profile as suite_profile
 from lakehouse_dev.kafka_local import SCRAM_USER, KafkaBroker
 from pipelines.runtime.settings import log_dir
+from tests.lake import own_environment
 
 pytestmark = pytest.mark.integration
 
@@ -49,11 +49,6 @@ def write_config(where: Path, broker: KafkaBroker, **kafka: str) -> Path:
         f'hudi_overrides = ["{suite_profile()}"]', "", "[kafka]",
         *(f"{key} = {value}" for key, value in section.items() if value)]) + "\n")
     return path
-
-
-def own_environment() -> dict[str, str]:
-    """This process's environment without a setting of the pipeline's: the file is all a job is told."""
-    return {k: v for k, v in os.environ.items() if not k.startswith(("LAKEHOUSE_", "KAFKA_"))}
 
 
 def lakehouse(config: Path, *args: str) -> subprocess.Popen[str]:

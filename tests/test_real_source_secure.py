@@ -14,7 +14,6 @@ any process's command line, or the lake.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -47,6 +46,7 @@ from pipelines.runtime.config import (
 )
 from pipelines.runtime.kafka_clients import python_options
 from tests.kill import inflight, run_until
+from tests.lake import own_environment
 
 pytestmark = [pytest.mark.integration]
 
@@ -99,11 +99,6 @@ def write_config(where: Path, kafka: KafkaSettings, source: SourceSettings, conn
     path = where / "lakehouse.toml"
     path.write_text(config_text(Config(lake=lake, kafka=kafka, source=source, connect=connect), "the test's"))
     return path
-
-
-def own_environment() -> dict[str, str]:
-    """This process's environment without a setting of the pipeline's: the file is all a job is told."""
-    return {k: v for k, v in os.environ.items() if not k.startswith(("LAKEHOUSE_", "KAFKA_"))}
 
 
 def _lakehouse(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
