@@ -91,6 +91,18 @@ def run_until(cmd: list[str], env: dict[str, str], log_path: Path, point: Callab
             proc.wait()
 
 
+def command_lines() -> dict[str, str]:
+    """Every process's command line now, by pid, its arguments joined by spaces (a process gone meanwhile left
+    out): where a secret must never be."""
+    lines = {}
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            lines[cmdline.parent.name] = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue  # gone meanwhile
+    return lines
+
+
 def torn_read(condition: Callable[[], bool]) -> bool:
     """`condition()`, False when hudi-rs met a timeline file the running job was still writing.
 

@@ -12,7 +12,7 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,6 +21,7 @@ import trustme
 from hudi_configs import test_profile as suite_profile
 from lakehouse_dev.kafka_local import SCRAM_USER, KafkaBroker
 from pipelines.runtime.settings import log_dir
+from tests.kill import command_lines
 from tests.lake import own_environment
 
 pytestmark = pytest.mark.integration
@@ -76,22 +77,6 @@ def refused(tmp_path: Path, broker: KafkaBroker) -> None:
         assert broker.secure_bootstrap in kafka["where"]
 
 
-def watching_command_lines(secret: str, point: Callable[[str], bool]) -> tuple[Callable[[str], bool], list[str]]:
-    """`point`, which also reads every process's command line each time it is asked; the second item lists the
-    processes whose command line held `secret`."""
-    seen: list[str] = []
-
-    def look(log: str) -> bool:
-        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-            try:
-                if secret.encode() in cmdline.read_bytes():
-                    seen.append(cmdline.parent.name)
-            except OSError:
-                continue  # a process gone meanwhile
-        return point(log)
-    return look, seen
-
-
 def files_holding(secret: str, *folders: Path, since: float = 0.0) -> list[str]:
     return [str(p) for folder in folders for p in folder.rglob("*")
             if p.is_file() and p.stat().st_mtime >= since and secret.encode() in p.read_bytes()]
@@ -114,10 +99,10 @@ def test_a_secured_broker_s_refusals_are_named_and_nothing_is_written(
     # The right file: doctor's Kafka line is ok (the ingest itself over SASL_SSL, across a SIGKILL, is
     # tests/test_real_source_secure.py's), and the password was written nowhere.
     secret = secure_broker.scram_password_file.read_text().strip()
-    point, seen = watching_command_lines(secret, lambda _log: False)
+    seen: set[str] = set()
     good = lakehouse(write_config(tmp_path, secure_broker), "doctor", "--json")
     while good.poll() is None:
-        point("")
+        seen |= {pid for pid, line in command_lines().items() if secret in line}
         time.sleep(0.2)
     out, err = good.communicate(timeout=120)
     assert next(f for f in json.loads(out) if f["endpoint"] == "kafka")["status"] == "ok", out + err

@@ -45,7 +45,7 @@ from pipelines.runtime.config import (
     config_text,
 )
 from pipelines.runtime.kafka_clients import python_options
-from tests.kill import inflight, run_until
+from tests.kill import command_lines, inflight, run_until
 from tests.lake import own_environment
 
 pytestmark = [pytest.mark.integration]
@@ -79,16 +79,6 @@ def _rest_code(url: str, headers: dict[str, str]) -> int:
             return response.status
     except urllib.error.HTTPError as exc:
         return exc.code
-
-
-def _command_lines() -> str:
-    lines = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            lines.append(cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace"))
-        except OSError:
-            continue  # gone meanwhile
-    return "\n".join(lines)
 
 
 def write_config(where: Path, kafka: KafkaSettings, source: SourceSettings, connect: ConnectSettings) -> Path:
@@ -199,7 +189,7 @@ def test_real_source_secure(tmp_path: Path) -> None:
                      worker.work_dir / "connector.json", worker.work_dir / "rest-jaas.conf",
                      tmp_path / "killed.log", tmp_path / "ingest.log", *(tmp_path / "lake").rglob("*")]
             everything = {str(f): f.read_bytes().decode(errors="replace") for f in files if f.is_file()} | \
-                {"/proc/*/cmdline": _command_lines()}
+                {"/proc/*/cmdline": "\n".join(command_lines().values())}
             for name, password in passwords.items():
                 for where, text in everything.items():
                     assert password not in text, f"the {name} password is in {where}"
