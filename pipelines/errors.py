@@ -118,3 +118,20 @@ class ErasureError(LakehouseError, ValueError):
 
 class InvalidRequest(ErasureError):
     """The request cannot run as given; the message lists every problem."""
+
+
+# --------------------------------------------------------------------------- writes
+
+class WriteFailed(LakehouseError, RuntimeError):
+    """A Hudi commit recorded records it failed to write (`totalWriteErrors` of its write stats), and was rolled back.
+
+    Hudi's bulk insert through its row writer catches a record that fails to write, commits the others, and says
+    so only in the commit's metadata: without this error the batch would look whole and miss those records. The
+    attributes say which table (`table`, its path), which commit (`instant`), how many records (`errors`) and in
+    which files (`files`: partition and file name, errors there).
+    """
+
+    def __init__(self, message: str, *, table: str, instant: str, errors: int,
+                 files: tuple[tuple[str, str, int], ...] = ()) -> None:
+        super().__init__(message)
+        self.table, self.instant, self.errors, self.files = table, instant, errors, files
