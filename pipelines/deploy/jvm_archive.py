@@ -33,6 +33,8 @@ def _warm_up(where: Path, dump: Path) -> None:
     """A small bronze (merge-on-read, bucket index) and silver (copy-on-write, record index, CDC) upsert and read."""
     from pyspark.sql import functions as F
 
+    from pipelines.runtime.hudi_writes import save
+
     # The session every local job gets, its JVM writing the archive at exit. Quiet: the dump
     # names every class it cannot keep (generated or signed ones), by design.
     java = spark_conf()["spark.driver.extraJavaOptions"]
@@ -43,7 +45,7 @@ def _warm_up(where: Path, dump: Path) -> None:
     for options, path in ((bronze_options("table", "warm_bronze", **keyed_options(("id",))), where / "bronze"),
                           (silver_options("warm_silver"), where / "silver")):
         for _ in range(2):  # a first commit, then an update of the same keys
-            rows.write.format("hudi").options(**options).mode("append").save(str(path))
+            save(rows, str(path), options)
             rows = rows.withColumn("_lsn", F.col("_lsn") + 1)
         spark.read.format("hudi").load(str(path)).filter("id < 10").collect()
     spark.read.format("hudi").option("hoodie.datasource.query.type", "incremental") \

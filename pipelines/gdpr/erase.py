@@ -82,6 +82,7 @@ from pipelines.lake.hudi_timeline import extra_meta_after, latest_completion, pe
 from pipelines.lake.layout import BATCH_ID_META, REGISTRY_META
 from pipelines.lake.table_stats import has_completed_commit
 from pipelines.runtime.config import KafkaSettings
+from pipelines.runtime.hudi_writes import save
 from pipelines.runtime.kafka_clients import at, python_options
 from pipelines.runtime.lake import Lake
 from pipelines.services.quality import redact_subject
@@ -118,8 +119,7 @@ def _register(lake: Lake, requests: list[ErasureRequest], target: Target) -> int
              and tables[name].key != (tables[name].subject,) for text in sorted(texts)]
     df = lake.spark.createDataFrame(rows, "subject string, kind string, request string") \
         .dropDuplicates(["subject"]).withColumn("registered_at", F.current_timestamp())
-    df.write.format("hudi").options(**hudi_configs.writer("gdpr", REGISTRY_OPTIONS)) \
-        .mode("append").save(registry_path(lake.root))
+    save(df, registry_path(lake.root), hudi_configs.writer("gdpr", REGISTRY_OPTIONS))
     return len(rows)
 
 

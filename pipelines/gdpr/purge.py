@@ -24,6 +24,7 @@ from pipelines.lake.layout import DELETED_FLAG, dead_letter_path, gold_path, sil
 from pipelines.lake.table_stats import has_completed_commit
 from pipelines.metastore import catalog_sync
 from pipelines.runtime.hudi_client import WriteClient
+from pipelines.runtime.hudi_writes import save
 from pipelines.runtime.lake import Lake
 from pipelines.transform import gold
 
@@ -46,7 +47,7 @@ def _delete_rows(spark: SparkSession, table: LakeTable, rows: DataFrame) -> None
     else:
         operation = "delete"
     options = {**table.options, "hoodie.datasource.write.operation": operation}
-    data.write.format("hudi").options(**options).mode("append").save(table.path)
+    save(data, table.path, options)
     catalog_sync.committed(spark, table.path, table.options)
 
 
@@ -296,8 +297,7 @@ def _rewrite(spark: SparkSession, table: LakeTable, file_ids: list[str]) -> int:
     rows = materialized(rows.drop(*[c for c in rows.columns if c.startswith("_hoodie_") and c != DELETED_FLAG]))
     if rows.isEmpty():
         return 0
-    rows.write.format("hudi").options(**{**table.options, "hoodie.datasource.write.operation": "upsert"}) \
-        .mode("append").save(table.path)
+    save(rows, table.path, {**table.options, "hoodie.datasource.write.operation": "upsert"})
     return len(file_ids)
 
 

@@ -17,6 +17,7 @@ from pyspark.sql import DataFrame
 
 from pipelines.metastore import catalog_sync
 from pipelines.monitoring.lineage import named_for_lineage
+from pipelines.runtime.hudi_writes import save
 
 _BATCH_LINE = re.compile(r"batch (\d+): (\d+) records in ([\d.]+)s")
 
@@ -138,5 +139,5 @@ def append(rows: DataFrame, path: str, options: dict[str, str], n: int | None = 
     """One Hudi commit of `rows` at `path`; a bulk insert of `n` rows in as few files as `in_files` says."""
     if n is not None:
         rows = in_files(rows, n, options)
-    rows.write.format("hudi").options(**named_for_lineage(path, options)).mode("append").save(path)
+    save(rows, path, named_for_lineage(path, options))
     catalog_sync.committed(rows.sparkSession, path, options)

@@ -11,6 +11,7 @@ import hudi_configs
 from pipelines.lake.catalog import LakeTable
 from pipelines.lake.hudi_timeline import meta_client
 from pipelines.lake.jvm import jvm_of
+from pipelines.lake.write_errors import check_commit, commit_of
 
 
 class Plans(TypedDict):
@@ -57,6 +58,12 @@ class WriteClient:
             found.append(pending.next().requestedTime())
         return found
 
+    def _check(self, requested: str) -> None:
+        """WriteFailed, the commit rolled back, when the service's commit `requested` failed some of its records: a
+        compaction or clustering that left records out of the files it wrote would lose them from every read."""
+        if (done := commit_of(self.table.path, requested)) is not None:
+            check_commit(self.table.path, done[0], done[1], self.config.getTableName() or None, self.client.rollback)
+
     def compact(self) -> Plans:
         planned = self.client.scheduleCompaction(self.jvm.org.apache.hudi.common.util.Option.empty())
         return {"planned": planned.get() if planned.isPresent() else None, "executed": self.run_compactions()}
@@ -66,6 +73,7 @@ class WriteClient:
         done = []
         for instant in self._pending("Compaction"):
             self.client.compact(instant)
+            self._check(instant)
             done.append(instant)
         return done
 
@@ -75,6 +83,7 @@ class WriteClient:
         done = []
         for instant in self._pending("Clustering"):
             self.client.cluster(instant, True)
+            self._check(instant)
             done.append(instant)
         return {"planned": planned.get() if planned.isPresent() else None, "executed": done}
 

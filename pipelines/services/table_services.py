@@ -47,6 +47,7 @@ from pipelines.lake.table_stats import has_completed_commit
 from pipelines.metastore import catalog_sync
 from pipelines.runtime import console
 from pipelines.runtime.hudi_client import WriteClient
+from pipelines.runtime.hudi_writes import save
 from pipelines.runtime.lake import Lake
 from pipelines.services.due import SERVICES
 
@@ -127,7 +128,7 @@ class ServicesClient(WriteClient):
                                .select("d.*"))
         n = deletes.count()
         if n:
-            deletes.write.format("hudi").options(**hudi_configs.services(options)).mode("append").save(path)
+            save(deletes, path, hudi_configs.services(options))
             catalog_sync.committed(self.spark, path, options)
         return n
 
@@ -135,12 +136,11 @@ class ServicesClient(WriteClient):
         # Through the datasource: its commit carries the write options' `_lakehouse.*` metadata.
         empty = self.spark.read.format("hudi").load(self.table.path).limit(0)
         empty = empty.drop(*[c for c in empty.columns if c.startswith("_hoodie")])
-        writer = empty.write.format("hudi").options(**hudi_configs.services(self.table.options)) \
-            .option("hoodie.datasource.write.operation", "delete_partition") \
-            .option("hoodie.datasource.write.partitions.to.delete", ",".join(days))
+        options = {**hudi_configs.services(self.table.options), "hoodie.datasource.write.operation": "delete_partition",
+                   "hoodie.datasource.write.partitions.to.delete": ",".join(days)}
         if readable_from:
-            writer = writer.option(READABLE_FROM_META, readable_from)
-        writer.mode("append").save(self.table.path)
+            options[READABLE_FROM_META] = readable_from
+        save(empty, self.table.path, options)
 
 
 

@@ -14,6 +14,7 @@ from pipelines.lake.hudi_timeline import CHECKPOINT_META
 from pipelines.lake.layout import lake_relative
 from pipelines.metastore import catalog_sync
 from pipelines.monitoring.lineage import named_for_lineage
+from pipelines.runtime.hudi_writes import save
 
 
 def write_with_checkpoint(df: DataFrame, path: str, options: dict[str, str], marks: dict[str, str]) -> None:
@@ -23,6 +24,5 @@ def write_with_checkpoint(df: DataFrame, path: str, options: dict[str, str], mar
     relative to the lake root, so the lake can move (a local lake copied to an object store).
     """
     keyed = {lake_relative(source): mark for source, mark in marks.items()}
-    df.write.format("hudi").options(**named_for_lineage(path, options)) \
-        .option(CHECKPOINT_META, json.dumps(keyed, sort_keys=True)).mode("append").save(path)
+    save(df, path, {**named_for_lineage(path, options), CHECKPOINT_META: json.dumps(keyed, sort_keys=True)})
     catalog_sync.committed(df.sparkSession, path, options)
