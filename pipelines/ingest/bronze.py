@@ -69,22 +69,19 @@ stream (`run_ingest`).
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass
 
 from py4j.java_gateway import JavaObject
 from pyspark.errors import StreamingQueryException
-from pyspark.sql import SparkSession
-from pyspark.sql.streaming import DataStreamReader, StreamingQuery
+from pyspark.sql.streaming import StreamingQuery
 
-import hudi_configs
 from pipelines.errors import DeclarationError, KafkaUnavailable
 from pipelines.ingest.compactor import Compactor, compactions_run_here
 from pipelines.ingest.exporter import StreamExporter, spark_metrics_conf
-from pipelines.ingest.held_letters import EARLIEST
 from pipelines.ingest.stream import STOP_REQUEST, KafkaWait, StreamLease, kafka_wait
+from pipelines.ingest.topics import Subscription, kafka_stream, starting_offsets
 from pipelines.ingest.writer import BronzeBatchWriter
 from pipelines.lake import storage
 from pipelines.lake.declaration import Declaration, load
@@ -93,7 +90,7 @@ from pipelines.monitoring import metric_names, pushgateway
 from pipelines.monitoring.pushgateway import JobMetrics
 from pipelines.runtime import console
 from pipelines.runtime.config import KafkaSettings
-from pipelines.runtime.kafka_clients import at, probe_tls, python_options, spark_options
+from pipelines.runtime.kafka_clients import at, probe_tls
 from pipelines.runtime.lake import Lake
 from pipelines.runtime.local_process import kafka_unanswered
 from pipelines.runtime.settings import INGEST_TRIGGER_SECONDS
@@ -185,40 +182,6 @@ class _Stream:
     def unanswered(self) -> str | None:
         """Why no broker answers a Kafka request now (None: one does), through TLS where the brokers speak it."""
         return kafka_unanswered(self.bootstrap, self.kafka.probe_seconds, probe_tls(self.brokers))
-
-
-def kafka_stream(spark: SparkSession, brokers: KafkaSettings, decl: Declaration,
-                 tables: tuple[str, ...] | None = None) -> DataStreamReader:
-    """The reader of the source topics of `tables` (every table of `decl` if None) as a stream, with the brokers'
-    address and authentication and bronze.toml's Kafka options (also the benchmarks' readers)."""
-    return (spark.readStream.format("kafka").options(**spark_options(brokers))
-            .option("subscribe", ",".join(decl.topic(t) for t in tables or decl.names))
-            .options(**hudi_configs.section("bronze", "kafka")))
-
-
-def starting_offsets(start: dict[str, int], partitions: dict[str, list[int]]) -> str | None:
-    """Spark's `startingOffsets` for the stream: each topic partition from `start` ({"topic/partition": offset},
-    `BronzeBatchWriter.start`). `partitions` lists every partition of each table's topic (Spark wants all of
-    them); a partition without a position starts at the earliest offset (-2). None when no table has a
-    position: the first run of a lake starts from the earliest.
-    """
-    if not any(o >= 0 for o in start.values()):
-        return None
-    found = {t: {str(p): start.get(f"{t}/{p}", EARLIEST) for p in ps} for t, ps in partitions.items() if ps}
-    return json.dumps(found, sort_keys=True)
-
-
-def topic_partitions(brokers: KafkaSettings, decl: Declaration) -> dict[str, list[int]]:
-    """The partitions of the topic of every table of `decl` that the brokers have."""
-    from kafka import KafkaConsumer
-
-    consumer = KafkaConsumer(**python_options(brokers), request_timeout_ms=30000)
-    try:
-        topics = consumer.topics()
-        return {t: sorted(consumer.partitions_for_topic(t) or ()) for t in map(decl.topic, decl.names)
-                if t in topics}
-    finally:
-        consumer.close()
 
 
 def run_ingest(lake: Lake, *, once: bool, bootstrap: str | None = None, options: IngestOptions | None = None) -> None:
@@ -401,8 +364,8 @@ def _wait_for_kafka(lease: StreamLease, stream: _Stream, why: str | None) -> boo
 
 
 def _run_query(stream: _Stream, lake: Lake, lease: StreamLease) -> Declaration | None:
-    """Run one ingest query over the tables of `lake.declaration` until it ends, is asked to stop, or the declared
-    tables change (then the declaration the next query runs with).
+    """Run one ingest query over the tables of `lake.declaration` until it ends, is asked to stop, the declared
+    tables change, or a declared table's topic appears (then the declaration the next query runs with).
 
     At every heartbeat Kafka is probed (`kafka`: how long a probe waits): while it does not answer, the
     heartbeat says that the stream waits for it, though Spark's Kafka clients are still retrying inside
@@ -411,7 +374,7 @@ def _run_query(stream: _Stream, lake: Lake, lease: StreamLease) -> Declaration |
     bootstrap, once, exporter = stream.bootstrap, stream.once, stream.exporter
     trigger_seconds, stop_timeout = stream.options.trigger_seconds, stream.options.stop_timeout
     what = f"Kafka at {bootstrap}"
-    query, batches = _start_query(stream, lake)
+    query, batches, reading = _start_query(stream, lake)
     beat_at = 0.0
     try:
         # Every trigger interval, what came due between batches (no batch runs without new records);
@@ -438,6 +401,10 @@ def _run_query(stream: _Stream, lake: Lake, lease: StreamLease) -> Declaration |
                 log.info("stop requested (%s): stopping after the batch in progress", STOP_REQUEST)
                 _let_batch_finish(query, stop_timeout)
                 return None
+            if not once and (appeared := reading.appeared(stream.brokers, lake.declaration)):
+                log.info("the topics of %s exist now: the stream starts a query that reads them", ", ".join(appeared))
+                _let_batch_finish(query, stop_timeout)
+                return lake.declaration
             if not once and (moved := _declaration_changed(lake.declaration)) is not None:
                 _let_batch_finish(query, stop_timeout)
                 return moved
@@ -457,8 +424,9 @@ def _run_query(stream: _Stream, lake: Lake, lease: StreamLease) -> Declaration |
             exporter.beat(time.time(), batches.freshness(), query.lastProgress)
 
 
-def _start_query(stream: _Stream, lake: Lake) -> tuple[StreamingQuery, BronzeBatchWriter]:
-    """The ingest query over the topics of the tables of `lake.declaration`, from the positions in bronze's commits.
+def _start_query(stream: _Stream, lake: Lake) -> tuple[StreamingQuery, BronzeBatchWriter, Subscription]:
+    """The ingest query over the topics of the tables of `lake.declaration` that exist (`Subscription`), from the
+    positions in bronze's commits, with what it reads.
 
     Progress has one truth, the tables' own commits: Structured Streaming's checkpoint would resume
     after the batches it has seen, and a table that let its changes wait (`cadence`) and was killed
@@ -468,9 +436,12 @@ def _start_query(stream: _Stream, lake: Lake) -> tuple[StreamingQuery, BronzeBat
     root, once, options = lake.root, stream.once, stream.options
     trigger_seconds, max_offsets_per_trigger = options.trigger_seconds, options.max_offsets_per_trigger
     batches = BronzeBatchWriter(lake, trigger_seconds=trigger_seconds, eager=once, exporter=stream.exporter)
-    reader = kafka_stream(lake.spark, stream.brokers, lake.declaration)
+    reading = Subscription.now(stream.brokers, lake.declaration)
+    if reading.waiting:
+        log.info("no topic yet for %s: the stream reads it once its topic exists", ", ".join(reading.waiting))
+    reader = kafka_stream(lake.spark, stream.brokers, lake.declaration, reading.tables)
     storage.remove_tree(ingest_checkpoint_path(root))
-    if start := starting_offsets(batches.start(), topic_partitions(stream.brokers, lake.declaration)):
+    if start := starting_offsets(batches.start(), reading.partitions):
         log.info("the stream starts from the positions in bronze's commits %s", start)
         reader = reader.option("startingOffsets", start)
     if max_offsets_per_trigger:
@@ -478,7 +449,7 @@ def _start_query(stream: _Stream, lake: Lake) -> tuple[StreamingQuery, BronzeBat
     writer = (reader.load().writeStream.queryName("bronze_ingest").foreachBatch(batches)
               .option("checkpointLocation", ingest_checkpoint_path(root)))
     writer = writer.trigger(availableNow=True) if once else writer.trigger(processingTime=f"{trigger_seconds} seconds")
-    return writer.start(), batches
+    return writer.start(), batches, reading
 
 
 def _declaration_now(decl: Declaration) -> Declaration:

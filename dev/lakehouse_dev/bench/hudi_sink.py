@@ -45,10 +45,10 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from pipelines.ingest.bronze import kafka_stream
 from pipelines.ingest.parse import parse_events
 from pipelines.ingest.plan import change_rows
 from pipelines.ingest.schema import Shape
+from pipelines.ingest.topics import kafka_stream
 from pipelines.lake import contract
 from pipelines.lake.catalog import bronze_options, keyed_options
 from pipelines.lake.layout import DELETED_FLAG, META_COLUMNS

@@ -10,10 +10,10 @@ from __future__ import annotations
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from pipelines.ingest.bronze import kafka_stream
 from pipelines.ingest.parse import dead_letters, parse_events
 from pipelines.ingest.plan import change_rows
 from pipelines.ingest.schema import Shape
+from pipelines.ingest.topics import kafka_stream
 from pipelines.lake import contract
 from pipelines.runtime.config import KafkaSettings
 from pipelines.runtime.declared import read_declaration
