@@ -7,20 +7,24 @@ PostgreSQL reaches its topic, read over SASL_SSL; what lacks the password or TLS
 told nothing but a `lakehouse.toml` (no LAKEHOUSE_* or KAFKA_* variable): `doctor` and `source check` pass on
 every endpoint, `ingest --once` over SASL_SSL is killed while its first commit is in flight and run again,
 bronze and silver hold exactly what PostgreSQL holds, an erasure is verified and sends its tombstones over
-SASL_SSL; and no password is in the logs, the configs Connect shows,
-any process's command line, or the lake.
+SASL_SSL; a table created and declared while the stream runs is onboarded by `source sync` and followed by the
+running stream; and no password is in the logs, the configs Connect shows,
+any process's command line, the jobs' Spark event logs and OpenLineage events, or the lake.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.error
 import urllib.request
+from importlib import resources
 from pathlib import Path
 
 import psycopg
@@ -33,8 +37,9 @@ from lakehouse_dev.connect_worker import secure_kafka, slot_status
 from lakehouse_dev.kafka_local import KafkaBroker, free_port
 from lakehouse_dev.pg_source import RealSource
 from pipelines.lake.contract import topic
+from pipelines.lake.declaration import SHOP
 from pipelines.lake.layout import main_path, silver_path
-from pipelines.lake.table_stats import read_table
+from pipelines.lake.table_stats import has_completed_commit, read_table
 from pipelines.runtime.config import (
     Config,
     ConnectSettings,
@@ -45,12 +50,26 @@ from pipelines.runtime.config import (
     config_text,
 )
 from pipelines.runtime.kafka_clients import python_options
+from pipelines.runtime.settings import PROJECT_ROOT
 from tests.kill import command_lines, inflight, run_until
 from tests.lake import own_environment
 
 pytestmark = [pytest.mark.integration]
 
 ROW_ID = 424242
+# The table onboarded while the stream runs: numbered, of the shop's orders, without personal data.
+PAYMENTS_DDL = ("CREATE TABLE public.payments (id bigint PRIMARY KEY, order_id bigint NOT NULL, "
+                "amount numeric(10,2) NOT NULL, paid_at timestamptz NOT NULL DEFAULT now())")
+PAYMENTS_TOML = """
+[tables.payments]
+source = "public.payments"
+key = ["id"]
+typed = false  # the source's topics come without a Connect schema, as the shop's do
+columns = { id = "bigint", order_id = "bigint", amount = "string", paid_at = "string" }
+"""
+# OpenLineage's listener on for the jobs here (the suite's profile turns it off): its events carry each
+# source's options, and must not carry Kafka's JAAS line.
+LINEAGE_ON = "[spark.lineage]\nenabled = true\n"
 
 
 def _change(kafka: KafkaSettings, row_id: int, timeout: float = 90.0) -> dict:
@@ -82,10 +101,14 @@ def _rest_code(url: str, headers: dict[str, str]) -> int:
 
 
 def write_config(where: Path, kafka: KafkaSettings, source: SourceSettings, connect: ConnectSettings) -> Path:
-    """The file that tells the pipeline everything: the lake in `where`, the three secured endpoints."""
+    """The file that tells the pipeline everything: the lake in `where`, its declaration (the shop's, in a file of
+    its own that a table is added to later), the three secured endpoints."""
     (where / "erasure.key").write_text("cd" * 32)
-    lake = LakeSettings(root=str(where / "lake"), erasure_key=Secret(file=where / "erasure.key"),
-                        hudi_overrides=(str(suite_profile()),))
+    (where / "lineage.toml").write_text(LINEAGE_ON)
+    (where / "tables.toml").write_text(resources.files("pipelines.lake").joinpath(SHOP).read_text())
+    lake = LakeSettings(root=str(where / "lake"), tables=str(where / "tables.toml"),
+                        erasure_key=Secret(file=where / "erasure.key"),
+                        hudi_overrides=(str(suite_profile()), str(where / "lineage.toml")))
     path = where / "lakehouse.toml"
     path.write_text(config_text(Config(lake=lake, kafka=kafka, source=source, connect=connect), "the test's"))
     return path
@@ -139,7 +162,57 @@ def _pipeline_from_the_file(tmp_path: Path, config: Path, conn: psycopg.Connecti
     assert 5 not in {r["id"] for r in read_table(main_path("customers", str(root)), ["id"]).to_pylist()}
 
 
+def _onboard_while_streaming(tmp_path: Path, config: Path, conn: psycopg.Connection) -> None:
+    """A table created in PostgreSQL and declared while the stream runs over SASL_SSL: `source sync` captures it
+    (publication, connector, an incremental snapshot of its rows) and the running stream reads its new topic,
+    which Connect creates meanwhile; bronze then holds what PostgreSQL holds, changes after the sync included."""
+    root = tmp_path / "lake"
+    log_path = tmp_path / "stream.log"
+    cmd = [sys.executable, "-m", "pipelines.cli", "--config", str(config), "ingest", "--trigger-seconds", "1",
+           "--metrics-port", "0", "--spark-ui-port", "0"]
+    with log_path.open("w") as log_file:
+        stream = subprocess.Popen(cmd, env=own_environment(), stdout=log_file, stderr=subprocess.STDOUT,
+                                  start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while "the stream starts from the positions" not in log_path.read_text(errors="replace"):
+            assert stream.poll() is None, "the stream exited: " + log_path.read_text(errors="replace")[-3000:]
+            assert time.monotonic() < deadline, "the stream did not start its query"
+            time.sleep(0.5)
+        conn.execute(PAYMENTS_DDL)
+        conn.execute("INSERT INTO payments SELECT g, 100 + g, g * 1.25 FROM generate_series(1, 30) g")
+        with (tmp_path / "tables.toml").open("a") as tables:
+            tables.write(PAYMENTS_TOML)
+        synced = _lakehouse(config, "source", "sync", "--json")
+        assert synced.returncode == 0, synced.stdout + synced.stderr[-3000:]
+        conn.execute("UPDATE payments SET order_id = order_id + 1000 WHERE id % 4 = 0")
+        conn.execute("DELETE FROM payments WHERE id % 7 = 0")
+        conn.execute("INSERT INTO payments SELECT g, 100 + g, g * 1.25 FROM generate_series(31, 40) g")
+        expected = dict(conn.execute("SELECT id, order_id FROM payments").fetchall())
+        deadline, held = time.monotonic() + 240, None
+        while held != expected:
+            assert stream.poll() is None, "the stream exited: " + log_path.read_text(errors="replace")[-3000:]
+            assert time.monotonic() < deadline, f"bronze/payments is not PostgreSQL's: {held}"
+            time.sleep(2)
+            if has_completed_commit(path := main_path("payments", str(root))):
+                held = {r["id"]: r["order_id"] for r in read_table(path, ["id", "order_id"]).to_pylist()}
+    finally:
+        stream.send_signal(signal.SIGTERM)
+        try:
+            stream.wait(120)
+        except subprocess.TimeoutExpired:
+            os.killpg(stream.pid, signal.SIGKILL)
+            stream.wait()
+    assert stream.returncode == 0, log_path.read_text(errors="replace")[-3000:]
+
+
+def _written_since(folder: Path, started: float) -> list[Path]:
+    """The files below `folder` written since `started` (the folder is shared with the rest of the suite)."""
+    return [f for f in folder.rglob("*") if f.is_file() and f.stat().st_mtime >= started] if folder.is_dir() else []
+
+
 def test_real_source_secure(tmp_path: Path) -> None:
+    started = time.time()
     home = Path(tempfile.mkdtemp(prefix="lakehouse-pg-secure-"))  # PostgreSQL runs as `postgres`: not under 0700
     home.chmod(0o755)
     with KafkaBroker(tmp_path / "kafka", secure_port=0) as broker:
@@ -164,6 +237,7 @@ def test_real_source_secure(tmp_path: Path) -> None:
                 _workload(conn)
                 config = write_config(tmp_path, kafka, real.target().source, connect)
                 _pipeline_from_the_file(tmp_path, config, conn)
+                _onboard_while_streaming(tmp_path, config, conn)
 
             # PostgreSQL: the wrong password, and the right one without TLS, are refused.
             with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
@@ -184,16 +258,22 @@ def test_real_source_secure(tmp_path: Path) -> None:
             assert json.loads(shown)["database.password"].startswith("${file:"), shown
             assert json.loads(shown)["database.sslmode"] == "verify-full", shown
 
-            # No generated password in the logs, the configs Connect reads, or any process's command line.
+            # No generated password in the logs, the configs Connect reads, any process's command line, or what the
+            # jobs wrote in their log folder (a job told nothing but its file logs to the checkout's .logs/: its
+            # log, Spark's event log, the OpenLineage events).
             files = [worker.log_path, postgres.log_path, worker.work_dir / "worker.properties",
                      worker.work_dir / "connector.json", worker.work_dir / "rest-jaas.conf",
-                     tmp_path / "killed.log", tmp_path / "ingest.log", *(tmp_path / "lake").rglob("*")]
+                     tmp_path / "killed.log", tmp_path / "ingest.log", tmp_path / "stream.log",
+                     *(tmp_path / "lake").rglob("*"),
+                     *_written_since(PROJECT_ROOT / ".logs", started)]
             everything = {str(f): f.read_bytes().decode(errors="replace") for f in files if f.is_file()} | \
                 {"/proc/*/cmdline": "\n".join(command_lines().values())}
             for name, password in passwords.items():
                 for where, text in everything.items():
                     assert password not in text, f"the {name} password is in {where}"
             assert "security.protocol=SASL_SSL" in everything[str(worker.work_dir / "worker.properties")]
+            lineage = [text for where, text in everything.items() if where.endswith("spark.jsonl")]
+            assert any("kafka://" in text for text in lineage), "no OpenLineage event of a Kafka read to look in"
             for secret in (worker.secrets_path, postgres.password_file, postgres.tls.server_key,
                            worker.rest_password_file):
                 assert secret.stat().st_mode & 0o077 == 0, f"{secret} is readable by others"
