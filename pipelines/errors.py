@@ -122,6 +122,11 @@ class InvalidRequest(ErasureError):
 
 # --------------------------------------------------------------------------- writes
 
+class ReconcileError(LakehouseError, RuntimeError):
+    """A table that cannot be reconciled (no such source table, a key that cannot be compared, no bronze commit);
+    the message names the table and why."""
+
+
 class WriteFailed(LakehouseError, RuntimeError):
     """A Hudi commit recorded records it failed to write (`totalWriteErrors` of its write stats), and was rolled back.
 

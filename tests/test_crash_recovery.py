@@ -41,7 +41,7 @@ from tests.model import fold_with_lsn, is_malformed
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
-KILLS = 12
+KILLS = 8
 MAIN_TABLES = {f"bronze/{t}" for t in TABLES}
 CRASH_SEED = int(os.environ.get("LAKEHOUSE_CRASH_SEED", "2027"))
 
@@ -138,7 +138,7 @@ def _kill_at(root: Path, rng: random.Random) -> tuple[str, Callable[[str], bool]
     return f"{delay:.2f}s after timeline file {k}", due
 
 
-# Twelve cold job JVMs and more: up to eight minutes on a slow 2-core machine.
+# Eight cold job JVMs and more: up to six minutes on a slow 2-core machine.
 @pytest.mark.timeout(2400)
 def test_random_sigkills_then_restart_give_the_model(broker, spark, tmp_path, monkeypatch) -> None:
     rng = random.Random(CRASH_SEED)

@@ -232,6 +232,12 @@ def test_declared_tables_on_the_real_source(spark: SparkSession, real, tmp_path:
 
         columns = {name: list(next(iter(rows.values()))) for name, rows in expected.items()}
         _wait(caught_up, "bronze to hold what PostgreSQL holds", job, log_path)
+        with real.postgres.connect() as conn:
+            conn.autocommit = True
+            clean = _reconciled(Lake.at(root, spark).with_declaration(full), conn, rounds=2)  # the stream runs on
+        assert all(not r.drift and not r.not_compared and not r.counts["unsettled"] for r in clean), clean
+        assert {r.table: r.source_rows for r in clean} == {n: len(rows) for n, rows in expected.items()}
+        assert {r.table: r.lake_rows for r in clean} == {n: len(rows) for n, rows in expected.items()}
         ControlFiles(root).request_stop("test")
         assert job.wait(120) == 0, log_path.read_text(errors="replace")[-3000:]
         assert "the declared tables changed" in log_path.read_text(errors="replace")
@@ -257,3 +263,43 @@ def test_declared_tables_on_the_real_source(spark: SparkSession, real, tmp_path:
                 got = _keyed(read(quarantine_path(name, root), [*t.key, "failed_rule"]), t.key)
                 assert {k: r["failed_rule"] for k, r in got.items()} == held, f"{reader} quarantine of {name}"
     assert len(expected["late_rows"]) >= 25  # with the rows it held before it was declared
+    _drift_behind_the_pipelines_back(spark, Lake.at(root, spark).with_declaration(full), real)
+
+
+def _reconciled(lake: Lake, conn: Any, rounds: int) -> list[Any]:
+    from pipelines.reconcile.compare import Options, reconcile_table
+
+    return [reconcile_table(lake, conn, name, Options(settle=2.0, rounds=rounds)) for name in lake.declaration.names]
+
+
+def _drift_behind_the_pipelines_back(spark: SparkSession, lake: Lake, real: RealSource) -> None:
+    """Rows of bronze changed, deleted and added by Hudi writes of the test's own (the stream and the source know
+    nothing of them): reconcile names each key with its kind, and for a changed row the column."""
+    from pipelines.lake.catalog import lake_table, writer_options
+
+    tampered = {}
+    for name, column in (("all_types", "label"), ("orders_by_region", "note")):
+        path, key = main_path(name, lake.root), lake.declaration.tables[name].key
+        rows = spark.read.format("hudi").load(path)
+        rows = rows.drop(*[c for c in rows.columns if c.startswith("_hoodie_") and c != "_hoodie_is_deleted"])
+        picked = rows.orderBy(*key).limit(3).collect()
+        changed, gone, copied = (spark.createDataFrame([r], rows.schema) for r in picked)
+        options = writer_options(lake_table(f"bronze/{name}", lake.declaration))
+        changed = changed.withColumn(column, F.lit("changed behind its back")).withColumn("_lsn", F.col("_lsn") + 1)
+        last = key[-1]
+        copied = copied.withColumn(last, (F.col(last) + 10**9).cast(dict(rows.dtypes)[last]))
+        for frame, operation in ((changed, "upsert"), (copied, "upsert"), (gone, "delete")):
+            frame.write.format("hudi").options(**options).option("hoodie.datasource.write.operation", operation) \
+                .mode("append").save(path)
+        tampered[name] = ({k: str(picked[0][k]) for k in key}, {k: str(picked[1][k]) for k in key},
+                          {k: str(copied.first()[k]) for k in key}, column)
+    with real.postgres.connect() as conn:
+        reports = {r.table: r for r in _reconciled(lake, conn, rounds=0)}
+    assert not reports["late_rows"].drift, reports["late_rows"]
+    for name, (changed_key, gone_key, extra_key, column) in tampered.items():
+        report = reports[name]
+        assert report.drift and report.counts == {"missing": 1, "extra": 1, "differ": 1, "unsettled": 0}, report
+        assert report.missing == [gone_key] and report.extra == [extra_key], report
+        assert [d["key"] for d in report.differ] == [changed_key], report
+        assert list(report.differ[0]["columns"]) == [column], report
+        assert report.buckets_differing <= 3 and report.rows_read["source"] < report.source_rows, report

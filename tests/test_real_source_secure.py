@@ -7,9 +7,10 @@ PostgreSQL reaches its topic, read over SASL_SSL; what lacks the password or TLS
 told nothing but a `lakehouse.toml` (no LAKEHOUSE_* or KAFKA_* variable): `doctor` and `source check` pass on
 every endpoint, `ingest --once` over SASL_SSL is killed while its first commit is in flight and run again,
 bronze and silver hold exactly what PostgreSQL holds, an erasure is verified and sends its tombstones over
-SASL_SSL; a table created and declared while the stream runs is onboarded by `source sync` and followed by the
-running stream; and no password is in the logs, the configs Connect shows,
-any process's command line, the jobs' Spark event logs and OpenLineage events, or the lake.
+SASL_SSL, `reconcile` finds bronze equal to PostgreSQL but for the erased customer's rows; a table created and
+declared while the stream runs is onboarded by `source sync` and followed by the running stream; and no password
+is in the logs, the configs Connect shows, any process's command line, the jobs' Spark event logs and OpenLineage
+events, or the lake.
 """
 
 from __future__ import annotations
@@ -160,6 +161,12 @@ def _pipeline_from_the_file(tmp_path: Path, config: Path, conn: psycopg.Connecti
     kafka = json.loads(Path(summary["certificate"]).read_text())["kafka"]
     assert "error" not in kafka and kafka["tombstones"] >= 2, kafka  # the customer and their order
     assert 5 not in {r["id"] for r in read_table(main_path("customers", str(root)), ["id"]).to_pylist()}
+    # Reconciled with PostgreSQL, which still holds customer 5 and their order: erased, so not drift.
+    reconciled = _lakehouse(config, "reconcile", "--rounds", "0", "--json")
+    assert reconciled.returncode == 0, reconciled.stdout + reconciled.stderr[-3000:]
+    reports = {r["table"]: r for r in json.loads(reconciled.stdout)}
+    assert {t: (r["source_rows"], r["erased_left_out"], r["drift"]) for t, r in reports.items()} == {
+        "customers": (18, 1, False), "orders": (18, 1, False)}, reports
 
 
 def _onboard_while_streaming(tmp_path: Path, config: Path, conn: psycopg.Connection) -> None:

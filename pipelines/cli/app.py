@@ -29,6 +29,7 @@ from pipelines.ingest.schema_cli import schema
 from pipelines.lake.catalog import change_feed_tables, table_name
 from pipelines.lake.declaration import Declaration
 from pipelines.metastore import catalog_sync
+from pipelines.reconcile.cli import reconcile
 from pipelines.runtime import console, settings
 from pipelines.runtime.commands import JSON_OPTION, TABLE, command_lake, echo_json, pass_lake
 from pipelines.runtime.config import export, load_config
@@ -83,6 +84,7 @@ main.add_command(doctor)
 main.add_command(stream)
 main.add_command(connector)
 main.add_command(source)
+main.add_command(reconcile)
 main.add_command(schema)
 main.add_command(gdpr)
 main.add_command(catalog)

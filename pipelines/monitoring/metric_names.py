@@ -37,6 +37,7 @@ SERVICES = "lakehouse_services"
 QUALITY = "lakehouse_quality"
 ERASE = "lakehouse_gdpr_erase"
 INBOX = "lakehouse_gdpr_inbox"
+RECONCILE = "lakehouse_reconcile"
 BATCH = "*"
 
 
@@ -114,6 +115,14 @@ QUALITY_SUITES = Metric(
 QUALITY_SUITE_PASSED = Metric(
     "lakehouse_quality_suite_passed", "gauge", ("suite",),
     "1 when the suite passed the last time it ran, 0 when it failed.", QUALITY)
+RECONCILE_ROWS = Metric(
+    "lakehouse_reconcile_rows", "gauge", ("table", "side"),
+    "Rows the last reconciliation of the table compared on each side: source (PostgreSQL) and lake (bronze).",
+    RECONCILE)
+RECONCILE_DRIFT = Metric(
+    "lakehouse_reconcile_drift_rows", "gauge", ("table", "kind"),
+    "Rows that differed between the lake and the source at the last reconciliation of the table, by kind: "
+    "missing (from the lake), extra (only in the lake), differ (values); 0 when it matched.", RECONCILE)
 JOB_DURATION = Metric(
     "lakehouse_job_duration_seconds", "gauge", (),
     "Seconds the batch job's last run took, pushed by each run, succeeded or not.", BATCH)
@@ -145,7 +154,8 @@ ALL: tuple[Metric, ...] = (
     QUARANTINED_ROWS, SILVER_CHECKED_ROWS, ETL_WRITTEN_ROWS, ETL_DELETED_ROWS,
     ERASURE_OLDEST_PENDING, ERASURE_PENDING,
     ERASURE_REQUESTS, ERASURE_ROWS, SERVICE_COMPACTIONS, SERVICE_CLUSTERINGS, SERVICE_CLEANS, SERVICE_CLEANED_FILES,
-    SERVICE_DURATION, SERVICE_FAILURES, QUALITY_SUITES, QUALITY_SUITE_PASSED, JOB_DURATION, JOB_LAST_SUCCESS)
+    SERVICE_DURATION, SERVICE_FAILURES, QUALITY_SUITES, QUALITY_SUITE_PASSED, RECONCILE_ROWS, RECONCILE_DRIFT,
+    JOB_DURATION, JOB_LAST_SUCCESS)
 # What `lakehouse ingest --once` pushes of the stream's figures: per table and topic, not the stream's
 # heartbeat (a run that ended does not beat; the heartbeat's alert would take it for a hung stream).
 INGEST_ONCE_METRICS = (BATCH_RECORDS, BATCH_BYTES, DEAD_LETTERS, COMMITS, TABLE_FRESHNESS, TABLE_FRESHNESS_TARGET,

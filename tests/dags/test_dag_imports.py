@@ -10,7 +10,7 @@ from conftest import DAGS
 pytestmark = pytest.mark.integration
 
 EXPECTED = {"lakehouse_incremental_etl", "hudi_table_services", "data_quality", "gdpr_erasure", "bronze_ingest_stream",
-            "debezium_connector"}
+            "debezium_connector", "lakehouse_reconcile"}
 
 
 def _dagbag():

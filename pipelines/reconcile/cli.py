@@ -1,0 +1,95 @@
+"""`lakehouse reconcile`: each declared table's bronze rows against the source database (pipelines.reconcile)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import click
+
+from pipelines.runtime.commands import JSON_OPTION, echo_json, pass_lake
+from pipelines.runtime.lake import Lake
+
+if TYPE_CHECKING:
+    from pipelines.monitoring.pushgateway import JobMetrics
+    from pipelines.reconcile.compare import TableReport
+
+
+@click.command("reconcile")
+@click.option("--table", "tables", multiple=True, metavar="NAME",
+              help="A declared table to reconcile; repeatable  [default: every declared table]")
+@click.option("--settle", type=click.FloatRange(min=0), default=30.0, show_default=True,
+              help="Seconds between two looks at a row that differs: a running stream is behind the source by up "
+                   "to a table's freshness target, so a difference seen once may be a change on its way.")
+@click.option("--rounds", type=click.IntRange(min=0), default=3, show_default=True,
+              help="How many times a differing row is looked at again; 0: what differs at the first look is drift "
+                   "(a lake no stream writes).")
+@click.option("--limit", type=click.IntRange(min=0), default=20, show_default=True,
+              help="Keys of each kind listed per table (the counts are whole).")
+@JSON_OPTION
+@pass_lake
+def reconcile(lake: Lake, tables: tuple[str, ...], settle: float, rounds: int, limit: int, as_json: bool) -> None:
+    """Compare bronze with the source database ([source] of lakehouse.toml), table by table, without moving every
+    row: per table, the rows on each side, the keys the lake lacks, the keys it holds that the source does not,
+    and the keys whose values differ (with the columns). Exit 1 when any table drifted."""
+    from pipelines.monitoring import metric_names
+    from pipelines.monitoring.pushgateway import JobMetrics
+    from pipelines.reconcile.compare import Options, reconcile_table
+    from pipelines.source.postgres import connect
+
+    unknown = [t for t in tables if t not in lake.declaration.tables]
+    if unknown:
+        raise click.BadParameter(f"{', '.join(unknown)}: not declared in {lake.declaration.path} (its tables: "
+                                 f"{', '.join(lake.declaration.tables)})", param_hint="--table")
+    run = JobMetrics(metric_names.RECONCILE, lake.root)
+    options = Options(settle=settle, rounds=rounds, listed=limit)
+    reports = []
+    try:
+        with connect(lake.config.source) as conn:
+            for name in tables or lake.declaration.names:
+                click.echo(f"reconciling {name} ...", err=True)
+                reports.append(reconcile_table(lake, conn, name, options))
+                _record(run, reports[-1])
+                if not as_json:
+                    click.echo(_lines(reports[-1]))
+    except Exception:
+        run.push(succeeded=False)
+        raise
+    run.push()
+    if as_json:
+        echo_json([r.document() for r in reports])
+    if any(r.drift for r in reports):
+        raise SystemExit(1)
+
+
+def _record(run: JobMetrics, report: TableReport) -> None:
+    """The table's figures as the run's metrics (pushed at its end, with LAKEHOUSE_PUSHGATEWAY)."""
+    from pipelines.monitoring import metric_names
+
+    rows = run.gauge(metric_names.RECONCILE_ROWS)
+    rows.labels(report.table, "source").set(report.source_rows)
+    rows.labels(report.table, "lake").set(report.lake_rows)
+    for kind in ("missing", "extra", "differ"):
+        run.gauge(metric_names.RECONCILE_DRIFT).labels(report.table, kind).set(report.counts.get(kind, 0))
+
+
+def _lines(report: TableReport) -> str:
+    """A table's result as a person reads it."""
+    counts = report.counts
+    state = "DRIFT" if report.drift else "ok"
+    lines = [f"{report.table} ({report.source}): {state}: source {report.source_rows} rows, lake {report.lake_rows}; "
+             f"missing from the lake {counts.get('missing', 0)}, only in the lake {counts.get('extra', 0)}, "
+             f"values differ {counts.get('differ', 0)}, still changing {counts.get('unsettled', 0)} "
+             f"({report.buckets_differing} of {report.buckets} buckets differed; rows read: source "
+             f"{report.rows_read.get('source', 0)}, lake {report.rows_read.get('lake', 0)}; {report.seconds:.1f} s)"]
+    lines += [f"  missing: {k}" for k in report.missing]
+    lines += [f"  only in the lake: {k}" for k in report.extra]
+    lines += [f"  differs: {d['key']}: " + ", ".join(f"{c} source {v['source']!r} lake {v['lake']!r}"
+                                                    for c, v in d["columns"].items()) for d in report.differ]
+    lines += [f"  still changing: {k}" for k in report.unsettled]
+    if report.erased_left_out:
+        lines.append(f"  {report.erased_left_out} source rows of erased customers left out (the lake erased them)")
+    if report.source_only:
+        lines.append(f"  columns bronze does not hold yet (not compared): {', '.join(report.source_only)}")
+    if report.not_compared:
+        lines.append(f"  columns of a type reconcile does not compare: {', '.join(report.not_compared)}")
+    return "\n".join(lines)

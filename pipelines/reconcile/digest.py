@@ -1,0 +1,106 @@
+"""Each side's digest of a table: per bucket of key hashes, the number of rows and the sum of their row hashes,
+and, for the buckets that differ, each row's key, hash and column texts.
+
+A bucket is the first `digits` hex digits of the md5 of a row's key text, so a key falls in the same bucket on
+both sides whatever its type; a row's hash is the md5 of its canonical text (`canonical`), of which the first 15
+hex digits (60 bits) are summed, so the sums of two buckets differ when any row in them does (data-diff's
+checksum). One scan of each side gives every bucket's sum; the buckets that differ are read row by row in one
+more scan, restricted to them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from psycopg import sql
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from pipelines.reconcile.canonical import SourceColumn, pg_row_text, pg_text, row_text, spark_text
+
+# Rows per bucket aimed at: the rows of a differing bucket are what is read row by row.
+ROWS_PER_BUCKET = 64
+MAX_DIGITS = 5  # 1,048,576 buckets: 64 rows each at 67M rows
+
+
+@dataclass(frozen=True)
+class Row:
+    """A row as reconciliation sees it: its canonical column texts (in the compared columns' order) and hash."""
+
+    texts: tuple[str | None, ...]
+    hash: str
+
+
+def digits_for(rows: int) -> int:
+    """How many hex digits name a bucket for a table of about `rows` rows."""
+    return max(1, min(MAX_DIGITS, math.ceil(math.log(max(rows, 1) / ROWS_PER_BUCKET, 16)) if rows > 0 else 1))
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What is compared of one table: its columns (`columns`, each with bronze's Spark type in `dtypes`) and which
+    of them form the key, and how many hex digits name a bucket."""
+
+    columns: tuple[SourceColumn, ...]
+    key: tuple[str, ...]
+    dtypes: dict[str, str]
+    digits: int
+
+    @property
+    def key_columns(self) -> list[SourceColumn]:
+        by_name = {c.name: c for c in self.columns}
+        return [by_name[k] for k in self.key]
+
+
+def _pg_parts(shape: Shape) -> tuple[sql.Composable, sql.Composable, list[sql.Composable]]:
+    texts = [pg_text(c) for c in shape.columns]
+    key = pg_row_text([pg_text(c) for c in shape.key_columns])
+    return sql.SQL("substr(md5({}), 1, {})").format(key, sql.Literal(shape.digits)), pg_row_text(texts), texts
+
+
+def source_buckets(conn: Any, relation: sql.Composable, shape: Shape) -> dict[str, tuple[int, int]]:
+    """PostgreSQL's {bucket: (rows, sum of row hashes)} of `relation` (one scan, in the connection's snapshot)."""
+    bucket, row, _ = _pg_parts(shape)
+    query = sql.SQL("SELECT {b}, count(*), sum(('x' || substr(md5({r}), 1, 15))::bit(60)::bigint) "
+                    "FROM {t} GROUP BY 1").format(b=bucket, r=row, t=relation)
+    return {b: (int(n), int(s)) for b, n, s in conn.execute(query).fetchall()}
+
+
+def source_rows(conn: Any, relation: sql.Composable, shape: Shape, buckets: list[str]) -> dict[str, Row]:
+    """PostgreSQL's rows of `relation` in `buckets`, by key text."""
+    bucket, row, texts = _pg_parts(shape)
+    key = pg_row_text([pg_text(c) for c in shape.key_columns])
+    query = sql.SQL("SELECT {k}, md5({r}), {cols} FROM {t} WHERE {b} = ANY(%s)").format(
+        k=key, r=row, cols=sql.SQL(", ").join(texts), t=relation, b=bucket)
+    return {k: Row(tuple(rest), h) for k, h, *rest in conn.execute(query, (buckets,)).fetchall()}
+
+
+def _lake_frame(bronze: DataFrame, shape: Shape) -> DataFrame:
+    texts = [spark_text(c, shape.dtypes[c.name]) for c in shape.columns]
+    by_name = dict(zip([c.name for c in shape.columns], texts, strict=True))
+    key = row_text([by_name[k] for k in shape.key])
+    return bronze.select(key.alias("_k"), F.md5(row_text(texts)).alias("_h"),
+                         *[t.alias(f"_c{i}") for i, t in enumerate(texts)]) \
+        .withColumn("_b", F.substring(F.md5("_k"), 1, shape.digits))
+
+
+def lake_buckets(bronze: DataFrame, shape: Shape) -> dict[str, tuple[int, int]]:
+    """Bronze's {bucket: (rows, sum of row hashes)} (one scan of the snapshot `bronze`)."""
+    frame = _lake_frame(bronze, shape)
+    sums = frame.groupBy("_b").agg(F.count(F.lit(1)).alias("n"), F.sum(
+        F.conv(F.substring("_h", 1, 15), 16, 10).cast("decimal(38,0)")).alias("s"))
+    return {r["_b"]: (int(r["n"]), int(r["s"])) for r in sums.collect()}
+
+
+def lake_rows(bronze: DataFrame, shape: Shape, buckets: list[str]) -> dict[str, Row]:
+    """Bronze's rows in `buckets`, by key text."""
+    frame = _lake_frame(bronze, shape).where(F.col("_b").isin(buckets))
+    width = len(shape.columns)
+    return {r["_k"]: Row(tuple(r[f"_c{i}"] for i in range(width)), r["_h"]) for r in frame.collect()}
+
+
+def differing(source: dict[str, tuple[int, int]], lake: dict[str, tuple[int, int]]) -> list[str]:
+    """The buckets whose rows or sums differ, or that only one side has."""
+    return sorted(b for b in source.keys() | lake.keys() if source.get(b) != lake.get(b))
