@@ -61,22 +61,24 @@ class SourceColumn:
         return _BY_TYPE.get(self.typname)
 
 
+# PostgreSQL's canonical text of each kind, `{}` the column.
+_PG_FORMS = {
+    "int": "{}::text",
+    "float": "(('x' || encode(float8send({}::float8), 'hex'))::bit(64)::bigint)::text",
+    "bool": "{}::text",
+    "numeric": "trim_scale({})::text",
+    "char": "rtrim({}::text)",
+    "date": "({} - date '1970-01-01')::text",
+    "micros": "(round(extract(epoch FROM {}) * 1000000)::bigint)::text",
+    "bytes": "encode({}, 'hex')",
+    "array": "array_to_json({})::text",
+    "text": "{}::text",
+}
+
+
 def pg_text(column: SourceColumn) -> sql.Composable:
     """PostgreSQL's canonical text of `column`'s value (NULL for NULL)."""
-    c = sql.Identifier(column.name)
-    forms = {
-        "int": sql.SQL("{}::text"),
-        "float": sql.SQL("(('x' || encode(float8send({}::float8), 'hex'))::bit(64)::bigint)::text"),
-        "bool": sql.SQL("{}::text"),
-        "numeric": sql.SQL("trim_scale({})::text"),
-        "char": sql.SQL("rtrim({}::text)"),
-        "date": sql.SQL("({} - date '1970-01-01')::text"),
-        "micros": sql.SQL("(round(extract(epoch FROM {}) * 1000000)::bigint)::text"),
-        "bytes": sql.SQL("encode({}, 'hex')"),
-        "array": sql.SQL("array_to_json({})::text"),
-        "text": sql.SQL("{}::text"),
-    }
-    return forms[_kind(column)].format(c)
+    return sql.SQL(_PG_FORMS[_kind(column)]).format(sql.Identifier(column.name))
 
 
 def spark_text(column: SourceColumn, dtype: str) -> Column:

@@ -8,6 +8,7 @@ import click
 
 from pipelines.runtime.commands import JSON_OPTION, echo_json, pass_lake
 from pipelines.runtime.lake import Lake
+from pipelines.source.cli import declared_names
 
 if TYPE_CHECKING:
     from pipelines.monitoring.pushgateway import JobMetrics
@@ -16,7 +17,8 @@ if TYPE_CHECKING:
 
 @click.command("reconcile")
 @click.option("--table", "tables", multiple=True, metavar="NAME",
-              help="A declared table to reconcile; repeatable  [default: every declared table]")
+              help="A declared table to reconcile (its name or schema.table); repeatable  [default: every declared "
+                   "table]")
 @click.option("--settle", type=click.FloatRange(min=0), default=30.0, show_default=True,
               help="Seconds between two looks at a row that differs: a running stream is behind the source by up "
                    "to a table's freshness target, so a difference seen once may be a change on its way.")
@@ -36,10 +38,7 @@ def reconcile(lake: Lake, tables: tuple[str, ...], settle: float, rounds: int, l
     from pipelines.reconcile.compare import Options, reconcile_table
     from pipelines.source.postgres import connect
 
-    unknown = [t for t in tables if t not in lake.declaration.tables]
-    if unknown:
-        raise click.BadParameter(f"{', '.join(unknown)}: not declared in {lake.declaration.path} (its tables: "
-                                 f"{', '.join(lake.declaration.tables)})", param_hint="--table")
+    tables = declared_names(lake, tables)
     run = JobMetrics(metric_names.RECONCILE, lake.root)
     options = Options(settle=settle, rounds=rounds, listed=limit)
     reports = []

@@ -13,10 +13,9 @@ stream applies).
 
 from __future__ import annotations
 
-import hashlib
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from psycopg import sql
@@ -31,6 +30,7 @@ from pipelines.reconcile.canonical import SourceColumn
 from pipelines.reconcile.digest import (
     Row,
     Shape,
+    bucket_of,
     differing,
     digits_for,
     lake_buckets,
@@ -80,7 +80,7 @@ class TableReport:
         return any(self.counts.get(k) for k in ("missing", "extra", "differ"))
 
     def document(self) -> dict[str, Any]:
-        return {**{k: v for k, v in self.__dict__.items()}, "drift": self.drift}
+        return {**asdict(self), "drift": self.drift}
 
 
 def source_columns(conn: Any, source: str) -> list[SourceColumn]:
@@ -193,7 +193,7 @@ def _settle(sides: _Sides, keys: set[str], first: tuple[dict[str, Row], dict[str
         if not keys:
             break
         time.sleep(options.settle)
-        now_source, now_held = sides.rows(sorted({_bucket(k, shape) for k in keys}))
+        now_source, now_held = sides.rows(sorted({bucket_of(k, shape.digits) for k in keys}))
         still = set()
         for key in keys:
             was, now, lake_now = source.get(key), now_source.get(key), now_held.get(key)
@@ -207,10 +207,6 @@ def _settle(sides: _Sides, keys: set[str], first: tuple[dict[str, Row], dict[str
     report.unsettled = [_key_of(shape, source.get(k)) for k in sorted(keys)[:options.listed]]
     report.counts["unsettled"] = len(keys)
     _classify(sides.lake, shape, drift, options, report)
-
-
-def _bucket(key: str, shape: Shape) -> str:
-    return hashlib.md5(key.encode()).hexdigest()[:shape.digits]
 
 
 def _hash(row: Row | None) -> str | None:

@@ -10,6 +10,7 @@ more scan, restricted to them.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -54,15 +55,22 @@ class Shape:
         return [by_name[k] for k in self.key]
 
 
-def _pg_parts(shape: Shape) -> tuple[sql.Composable, sql.Composable, list[sql.Composable]]:
+def bucket_of(key: str, digits: int) -> str:
+    """The bucket of a row whose key text is `key`, as both sides' queries compute it."""
+    return hashlib.md5(key.encode()).hexdigest()[:digits]
+
+
+def _pg_parts(shape: Shape) -> tuple[sql.Composable, sql.Composable, sql.Composable, list[sql.Composable]]:
+    """PostgreSQL's key text, bucket, row text and column texts of `shape`."""
     texts = [pg_text(c) for c in shape.columns]
     key = pg_row_text([pg_text(c) for c in shape.key_columns])
-    return sql.SQL("substr(md5({}), 1, {})").format(key, sql.Literal(shape.digits)), pg_row_text(texts), texts
+    bucket = sql.SQL("substr(md5({}), 1, {})").format(key, sql.Literal(shape.digits))
+    return key, bucket, pg_row_text(texts), texts
 
 
 def source_buckets(conn: Any, relation: sql.Composable, shape: Shape) -> dict[str, tuple[int, int]]:
     """PostgreSQL's {bucket: (rows, sum of row hashes)} of `relation` (one scan, in the connection's snapshot)."""
-    bucket, row, _ = _pg_parts(shape)
+    _, bucket, row, _ = _pg_parts(shape)
     query = sql.SQL("SELECT {b}, count(*), sum(('x' || substr(md5({r}), 1, 15))::bit(60)::bigint) "
                     "FROM {t} GROUP BY 1").format(b=bucket, r=row, t=relation)
     return {b: (int(n), int(s)) for b, n, s in conn.execute(query).fetchall()}
@@ -70,8 +78,7 @@ def source_buckets(conn: Any, relation: sql.Composable, shape: Shape) -> dict[st
 
 def source_rows(conn: Any, relation: sql.Composable, shape: Shape, buckets: list[str]) -> dict[str, Row]:
     """PostgreSQL's rows of `relation` in `buckets`, by key text."""
-    bucket, row, texts = _pg_parts(shape)
-    key = pg_row_text([pg_text(c) for c in shape.key_columns])
+    key, bucket, row, texts = _pg_parts(shape)
     query = sql.SQL("SELECT {k}, md5({r}), {cols} FROM {t} WHERE {b} = ANY(%s)").format(
         k=key, r=row, cols=sql.SQL(", ").join(texts), t=relation, b=bucket)
     return {k: Row(tuple(rest), h) for k, h, *rest in conn.execute(query, (buckets,)).fetchall()}

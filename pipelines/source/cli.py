@@ -15,7 +15,7 @@ def source() -> None:
     """The source database and its Debezium connector, as lakehouse.toml's [source] and [connect] name them."""
 
 
-def _tables(lake: Lake, given: tuple[str, ...]) -> tuple[str, ...]:
+def declared_names(lake: Lake, given: tuple[str, ...]) -> tuple[str, ...]:
     """`--table` values as declared names: a table's lake name or its `schema.table`; unknown ones are bad input."""
     by_source = {t.source: name for name, t in lake.declaration.tables.items()}
     out = []
@@ -41,7 +41,7 @@ def check(lake: Lake, tables: tuple[str, ...], as_json: bool) -> None:
     (warnings alone: 0); --json prints the findings as a list (table, check, problem, fix, severity, fixable)."""
     from pipelines.source.check import Target, errors, run_check
 
-    found = run_check(Target.of(lake.config), lake.declaration, _tables(lake, tables))
+    found = run_check(Target.of(lake.config), lake.declaration, declared_names(lake, tables))
     if as_json:
         echo_json([f.document() for f in found])
     else:
