@@ -42,3 +42,56 @@ def test_a_row_s_text_marks_nulls_and_lengths_with_names_quoted() -> None:
     columns = [SourceColumn("Order No", "int8", "N"), SourceColumn("note", "text", "S")]
     text = pg_row_text([pg_text(c) for c in columns]).as_string(None)
     assert '"Order No"::text' in text and "coalesce(length(" in text and "'~'" in text, text
+
+
+def _fixture_records(name: str) -> list[dict]:
+    import json
+    from pathlib import Path
+
+    return json.loads((Path(__file__).parent / "fixtures" / "declared" / f"{name}.json").read_text())["records"]
+
+
+def test_a_heal_s_delete_is_debezium_s_own_delete_at_the_given_position() -> None:
+    """The delete a heal writes for a key only the lake holds, from another record of the topic as its template,
+    is the event Debezium wrote when that row was deleted: the same key bytes (so the same partition and log
+    compaction key), schema, `before` and op; the position is the heal's."""
+    import json
+
+    from pipelines.lake.declaration import TableDecl
+    from pipelines.reconcile.heal import delete_record
+
+    template = json.loads(_fixture_records("insert")[0]["value"])
+    deleted = _fixture_records("delete")[0]
+    wanted = json.loads(deleted["value"])
+    decl = TableDecl("all_types", "public", "all_types", ("id",))
+    key, value = delete_record(template, decl, [SourceColumn("id", "int8", "N")], {"id": "10"}, 26466192)
+    got = json.loads(value)
+    assert key == deleted["key"].encode()
+    assert got["schema"] == wanted["schema"]
+    assert {k: got["payload"][k] for k in ("before", "after", "op")} == \
+        {k: wanted["payload"][k] for k in ("before", "after", "op")}
+    assert got["payload"]["source"]["lsn"] == 26466192 and got["payload"]["source"]["table"] == "all_types"
+
+
+@pytest.mark.parametrize(("text", "schema", "wire"), [
+    ("5", {"type": "int64"}, 5), ("abc", {"type": "string"}, "abc"), ("true", {"type": "boolean"}, True),
+    ("19000", {"type": "int32", "name": "io.debezium.time.Date"}, 19000),
+    ("1700000000123456", {"type": "int64", "name": "io.debezium.time.Timestamp"}, 1700000000123),
+    ("1700000000123456", {"type": "string", "name": "io.debezium.time.ZonedTimestamp"},
+     "2023-11-14T22:13:20.123456Z"),
+    (str(4612811918334230528), {"type": "double"}, 2.5), ("00ff", {"type": "bytes"}, "AP8="),
+    ("7", None, 7)])
+def test_a_key_s_canonical_text_becomes_its_json_form(text: str, schema: dict | None, wire: object) -> None:
+    from pipelines.reconcile.heal import wire_value
+
+    assert wire_value(text, schema, "bigint") == wire
+
+
+def test_a_heal_s_key_filter_selects_exactly_the_keys() -> None:
+    from pipelines.reconcile.heal import key_filter
+
+    one = key_filter([SourceColumn("id", "int8", "N")], [{"id": "1"}, {"id": "2"}]).as_string(None)
+    assert one == """("id" IN ('1', '2'))"""
+    two = key_filter([SourceColumn("region", "text", "S"), SourceColumn("at", "timestamp", "D")],
+                     [{"region": "eu", "at": "5"}]).as_string(None)
+    assert two.startswith("""(("region" = 'eu' AND (round(extract(epoch FROM "at")""") and two.endswith("= '5'))")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -12,7 +12,7 @@ from pipelines.source.cli import declared_names
 
 if TYPE_CHECKING:
     from pipelines.monitoring.pushgateway import JobMetrics
-    from pipelines.reconcile.compare import TableReport
+    from pipelines.reconcile.compare import Options, TableReport
 
 
 @click.command("reconcile")
@@ -27,12 +27,21 @@ if TYPE_CHECKING:
                    "(a lake no stream writes).")
 @click.option("--limit", type=click.IntRange(min=0), default=20, show_default=True,
               help="Keys of each kind listed per table (the counts are whole).")
+@click.option("--heal", is_flag=True,
+              help="Re-deliver what drifted through the pipeline (an incremental snapshot of the keys the lake lacks "
+                   "or holds otherwise, a delete event for the keys only the lake holds), then reconcile again until "
+                   "the lake matches; needs the stream running. Exit 0 once every table matches.")
+@click.option("--heal-timeout", type=click.FloatRange(min=0), default=900.0, show_default=True,
+              help="Seconds to wait, with --heal, for the healed tables to match the source.")
 @JSON_OPTION
 @pass_lake
-def reconcile(lake: Lake, tables: tuple[str, ...], settle: float, rounds: int, limit: int, as_json: bool) -> None:
+def reconcile(lake: Lake, tables: tuple[str, ...], settle: float, rounds: int, limit: int, heal: bool,
+              heal_timeout: float, as_json: bool) -> None:
     """Compare bronze with the source database ([source] of lakehouse.toml), table by table, without moving every
     row: per table, the rows on each side, the keys the lake lacks, the keys it holds that the source does not,
-    and the keys whose values differ (with the columns). Exit 1 when any table drifted."""
+    and the keys whose values differ (with the columns). Exit 1 when any table drifted (with --heal: when any
+    still drifts after healing). --json: a list of the tables' reports; with --heal, an object with the first
+    reports (`found`), what was asked of the source and the topics (`heal`) and the reports after (`after`)."""
     from pipelines.monitoring import metric_names
     from pipelines.monitoring.pushgateway import JobMetrics
     from pipelines.reconcile.compare import Options, reconcile_table
@@ -41,7 +50,7 @@ def reconcile(lake: Lake, tables: tuple[str, ...], settle: float, rounds: int, l
     tables = declared_names(lake, tables)
     run = JobMetrics(metric_names.RECONCILE, lake.root)
     options = Options(settle=settle, rounds=rounds, listed=limit)
-    reports = []
+    reports: list[TableReport] = []
     try:
         with connect(lake.config.source) as conn:
             for name in tables or lake.declaration.names:
@@ -50,14 +59,35 @@ def reconcile(lake: Lake, tables: tuple[str, ...], settle: float, rounds: int, l
                 _record(run, reports[-1])
                 if not as_json:
                     click.echo(_lines(reports[-1]))
+            healed = _heal(lake, conn, reports, options, heal_timeout, as_json) if heal else None
     except Exception:
         run.push(succeeded=False)
         raise
     run.push()
     if as_json:
-        echo_json([r.document() for r in reports])
-    if any(r.drift for r in reports):
+        echo_json([r.document() for r in reports] if healed is None else
+                  {"found": [r.document() for r in reports], **healed})
+    still = any(r.drift for r in reports) if healed is None else any(r["drift"] for r in healed["after"])
+    if still:
         raise SystemExit(1)
+
+
+def _heal(lake: Lake, conn: object, reports: list[TableReport], options: Options, timeout: float,
+          as_json: bool) -> dict[str, list[dict[str, Any]]]:
+    """Heal the drifted tables of `reports` and wait for them to match: what was asked and the reports after."""
+    from pipelines.reconcile.heal import heal_table, wait_healed
+
+    actions = [heal_table(lake, conn, r) for r in reports if r.drift]
+    for action in actions:
+        click.echo(f"healing {action.table}: snapshot {action.snapshot or 'none'} ({action.snapshot_keys} keys, "
+                   f"signal {action.signal_id}), {action.deletes} delete events"
+                   + (f", {action.inserted_meanwhile} keys inserted at the source meanwhile left alone"
+                      if action.inserted_meanwhile else ""), err=True)
+    after = wait_healed(lake, conn, actions, options, timeout) if actions else []
+    for action, report in zip(actions, after, strict=True):
+        if not as_json:
+            click.echo(("healed: " if action.healed else "NOT healed: ") + _lines(report))
+    return {"heal": [a.document() for a in actions], "after": [r.document() for r in after]}
 
 
 def _record(run: JobMetrics, report: TableReport) -> None:

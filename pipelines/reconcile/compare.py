@@ -74,13 +74,15 @@ class TableReport:
     buckets_differing: int = 0
     rows_read: dict[str, int] = field(default_factory=dict)  # rows moved out of each side row by row
     seconds: float = 0.0
+    # Every drifted key of each kind (missing, extra, differ), not only the listed ones: what a heal re-delivers.
+    keys: dict[str, list[dict[str, Any]]] = field(default_factory=dict, repr=False)
 
     @property
     def drift(self) -> bool:
         return any(self.counts.get(k) for k in ("missing", "extra", "differ"))
 
     def document(self) -> dict[str, Any]:
-        return {**asdict(self), "drift": self.drift}
+        return {k: v for k, v in asdict(self).items() if k != "keys"} | {"drift": self.drift}
 
 
 def source_columns(conn: Any, source: str) -> list[SourceColumn]:
@@ -230,6 +232,8 @@ def _classify(lake: Lake, shape: Shape, drift: dict[str, tuple[Row | None, Row |
     extra = [h for _, (s, h) in sorted(drift.items()) if s is None and h is not None]
     both = [(s, h) for _, (s, h) in sorted(drift.items()) if s is not None and h is not None]
     report.counts.update(missing=len(kept_missing), extra=len(extra), differ=len(both))
+    report.keys = {"missing": [_key_of(shape, r) for r in kept_missing], "extra": [_key_of(shape, r) for r in extra],
+                   "differ": [_key_of(shape, s) for s, _ in both]}
     report.missing = [_key_of(shape, r) for r in kept_missing[:options.listed]]
     report.extra = [_key_of(shape, r) for r in extra[:options.listed]]
     names = [c.name for c in shape.columns]
