@@ -78,6 +78,7 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql.streaming import StreamingQuery
 
 from pipelines.errors import DeclarationError, KafkaUnavailable
+from pipelines.ingest import lost
 from pipelines.ingest.compactor import Compactor, compactions_run_here
 from pipelines.ingest.exporter import StreamExporter, spark_metrics_conf
 from pipelines.ingest.stream import STOP_REQUEST, KafkaWait, StreamLease, kafka_wait
@@ -414,6 +415,8 @@ def _run_query(stream: _Stream, lake: Lake, lease: StreamLease) -> Declaration |
         raise
     except StreamingQueryException as exc:
         exc.__cause__ = batches.failure  # what the batch raised, its Java throwable with it (`kafka_caused`)
+        if (gone := lost.translated(exc, stream.brokers, lake.declaration, reading.partitions)) is not None:
+            raise gone from exc  # Spark's failOnDataLoss: not Kafka failing, no restart helps
         raise
     finally:
         if query.isActive:
@@ -441,7 +444,10 @@ def _start_query(stream: _Stream, lake: Lake) -> tuple[StreamingQuery, BronzeBat
         log.info("no topic yet for %s: the stream reads it once its topic exists", ", ".join(reading.waiting))
     reader = kafka_stream(lake.spark, stream.brokers, lake.declaration, reading.tables)
     storage.remove_tree(ingest_checkpoint_path(root))
-    if start := starting_offsets(batches.start(), reading.partitions):
+    positions = batches.start()
+    # Records deleted (retention) or offsets gone (a recreated topic) since the tables read: stop, naming them.
+    lost.check(stream.brokers, lake.declaration, positions, reading.partitions)
+    if start := starting_offsets(positions, reading.partitions):
         log.info("the stream starts from the positions in bronze's commits %s", start)
         reader = reader.option("startingOffsets", start)
     if max_offsets_per_trigger:
