@@ -415,8 +415,7 @@ def _run_query(stream: _Stream, lake: Lake, lease: StreamLease) -> Declaration |
         raise
     except StreamingQueryException as exc:
         exc.__cause__ = batches.failure  # what the batch raised, its Java throwable with it (`kafka_caused`)
-        if (gone := lost.translated(exc, stream.brokers, lake.declaration, reading.partitions)) is not None:
-            raise gone from exc  # Spark's failOnDataLoss: not Kafka failing, no restart helps
+        lost.raise_translated(exc, stream.brokers, lake.declaration, reading.partitions)  # no restart helps
         raise
     finally:
         if query.isActive:

@@ -109,7 +109,7 @@ def check(brokers: KafkaSettings, decl: Declaration, start: dict[str, int], part
 
 def records_lost(decl: Declaration, lost: list[Gap], why: str = "", topics: tuple[str, ...] = ()) -> RecordsLost:
     """The error naming every gap of `lost`, its table, and the way back for those tables and the tables of
-    `topics`; logged as the stream's own failure."""
+    `topics` (the command that ran the stream prints it whole, and logs it with its trace)."""
     tables = {decl.topic(t): t for t in decl.names}
     names = sorted({tables.get(t, t) for t in [*(g.topic for g in lost), *topics]})
     lines = [f"  {g.line(tables.get(g.topic, g.topic))}" for g in lost]
@@ -117,7 +117,6 @@ def records_lost(decl: Declaration, lost: list[Gap], why: str = "", topics: tupl
         "the stream stops: Kafka no longer holds records that bronze has not applied; nothing of them was written "
         "and no position moved" + (f" ({why})" if why else ""), *lines,
         "The way back: " + "; ".join(HEAL.format(table=t) for t in names) + f" ({SECTION}), then start the stream."])
-    log.error("%s", message)
     return RecordsLost(message, tables=tuple(names))
 
 
@@ -136,7 +135,8 @@ def translated(exc: BaseException, brokers: KafkaSettings, decl: Declaration,
     """`RecordsLost` for a query's failure `exc` that is Spark's failOnDataLoss (None for any other): the ranges its
     message names (an open range closed at the partition's log start, asked now), else every partition the query
     read (`partitions`), the range unknown."""
-    texts, error = [], exc
+    texts: list[str] = []
+    error: BaseException | None = exc
     while error is not None and len(texts) < 10:
         texts.append(str(error))
         error = error.__cause__ or error.__context__
@@ -158,3 +158,11 @@ def translated(exc: BaseException, brokers: KafkaSettings, decl: Declaration,
     closed = [Gap(g.topic, g.partition, g.first, now[(g.topic, g.partition)][0])
               if g.end is None and now.get((g.topic, g.partition), (-1, 0))[0] > g.first else g for g in named]
     return records_lost(decl, closed, "Spark's Kafka source failed the query for data loss")
+
+
+def raise_translated(exc: BaseException, brokers: KafkaSettings, decl: Declaration,
+                     partitions: dict[str, list[int]]) -> None:
+    """Raise `translated`'s `RecordsLost` from `exc` when the query failed for data loss: not Kafka failing, so
+    that the stream does not start the query again as it does after Kafka failed (`bronze._restart_after`)."""
+    if (gone := translated(exc, brokers, decl, partitions)) is not None:
+        raise gone from exc
