@@ -58,13 +58,15 @@ Progress lives in the tables' own commits, and only there: each carries the stre
 after its batch (`_lakehouse.kafka_positions`). A replayed batch that main and the change log already
 cover is skipped without reading anything, and every stream starts each topic from the older of the
 positions in its main table's and its change log's newest commits (`starting_offsets`), not from a
-Spark checkpoint, which would skip what a table let wait in a killed process.
+Spark checkpoint, which would skip what a table let wait in a killed process. A position Kafka no longer
+holds (retention deleted records the stream had not read, or the topic was recreated) stops the stream
+before its query starts, naming every lost range (`lost`): nothing is skipped silently.
 
 Where each part lives: `parse` classifies the Kafka records, `survey` finds their shapes, `plan`
 decides what each key still needs, `state` knows what the tables hold, `tables` writes a table's change
 log and main, `dead_letter_writer` the dead letters, `positions` keeps where the stream and each table
-stand, `writer` is the micro-batch that composes them (`BronzeBatchWriter`), and this module runs the
-stream (`run_ingest`).
+stand, `lost` finds the records Kafka deleted before they were read, `writer` is the micro-batch that
+composes them (`BronzeBatchWriter`), and this module runs the stream (`run_ingest`).
 """
 
 from __future__ import annotations
