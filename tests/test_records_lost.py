@@ -79,6 +79,43 @@ def test_records_deleted_before_the_stream_read_them_stop_it_naming_the_range(sp
         assert part in again.stderr, (part, again.stderr)
     assert "was failing its clients" not in again.output, "restarted as a failure of Kafka"
     assert _bronze(lake.root, decl) == before, "the lake was written"
+    monkeypatch.undo()
+
+    # A topic recreated: its offsets start again at 0, below the positions bronze has read up to. The stream
+    # stops too, rather than read the new topic from a position it never had.
+    customers = decl.topic("customers")
+    _recreate(lake.bootstrap, customers)
+    third = run_cli("ingest", "--once", env={"LAKEHOUSE_ROOT": lake.root, "KAFKA_BOOTSTRAP_SERVERS": lake.bootstrap})
+    assert third.exit_code == 1, third.output
+    for part in (gone, f"{customers}[0] ends at offset 0, below offset", "the topic was recreated or truncated",
+                 "lakehouse reconcile --table customers --heal; lakehouse reconcile --table orders --heal"):
+        assert part in third.stderr, (part, third.stderr)
+    assert _bronze(lake.root, decl) == before, "the lake was written"
+
+
+def _recreate(bootstrap: str, topic: str) -> None:
+    """Delete `topic` and create it again, empty, with as many partitions."""
+    import time
+
+    from kafka import KafkaAdminClient
+    from kafka.admin import NewTopic
+    from kafka.errors import TopicAlreadyExistsError
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        partitions = len(admin.describe_topics([topic])[0]["partitions"])
+        admin.delete_topics([topic])
+        deadline = time.monotonic() + 30
+        while True:  # the deletion completes in the background
+            try:
+                admin.create_topics([NewTopic(topic, partitions, 1)])
+                return
+            except TopicAlreadyExistsError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+    finally:
+        admin.close()
 
 
 def _decl() -> Declaration:
@@ -119,7 +156,8 @@ def test_spark_s_data_loss_failures_become_records_lost_with_their_ranges(monkey
         error = lost.translated(RuntimeError(text), kafka, decl, {orders: [0, 1, 2]})
         assert isinstance(error, RecordsLost) and line in error.message, (text, error)
         assert "lakehouse reconcile --table orders --heal" in error.message and error.tables == ("orders",)
-    vague = lost.translated(RuntimeError("Some data may have been lost: x-0 is gone"), kafka, decl, {orders: [0, 1]})
+    vague = lost.translated(RuntimeError(f"{lost.SPARK_DATA_LOSS}: x-0 is gone"), kafka, decl, {orders: [0, 1]})
     assert vague is not None and f"{orders}[0], {orders}[1]" in vague.message
     assert "--table orders --heal" in vague.message
-    assert lost.translated(RuntimeError("Timeout expired while fetching topic metadata"), kafka, decl, {}) is None
+    for other in ("Timeout expired while fetching topic metadata", "KafkaV2[Subscribe[t]] {failOnDataLoss=true}"):
+        assert lost.translated(RuntimeError(other), kafka, decl, {}) is None

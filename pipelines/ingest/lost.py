@@ -36,8 +36,9 @@ log = logging.getLogger(__name__)
 
 HEAL = "lakehouse reconcile --table {table} --heal"
 SECTION = 'docs/reconcile.md, "Records deleted before the stream read them"'
-# What Spark's Kafka source says of every data loss it fails a query for (failOnDataLoss true).
-SPARK_DATA_LOSS = ("Some data may have been lost", "failOnDataLoss")
+# What Spark's Kafka source adds to every data loss it fails a query for (failOnDataLoss true); not the option's
+# name alone, which a message that prints the source's options names too.
+SPARK_DATA_LOSS = "Some data may have been lost because they are not available in Kafka any more"
 _TP = r"\(GroupId: [^,]*, TopicPartition: (?P<topic>\S+)-(?P<partition>\d+)\)"
 # Spark's messages that name where records went missing (its KafkaDataConsumer and offset readers).
 _FROM = re.compile(r"Cannot fetch offset (?P<first>\d+) " + _TP)
@@ -141,7 +142,7 @@ def translated(exc: BaseException, brokers: KafkaSettings, decl: Declaration,
         texts.append(str(error))
         error = error.__cause__ or error.__context__
     text = "\n".join(texts)
-    if not any(s in text for s in SPARK_DATA_LOSS):
+    if SPARK_DATA_LOSS not in text:
         return None
     named = _named(text)
     if not named:
