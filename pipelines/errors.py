@@ -102,6 +102,20 @@ class AnotherStreamRunning(StreamError):
     """Another ingest stream holds this lake's checkpoint: two writers would corrupt it."""
 
 
+class RecordsLost(StreamError):
+    """Kafka no longer holds records a table has not read: the stream stops rather than skip them.
+
+    A stored position below its partition's log start offset (retention, or a delete-records request, removed
+    records the stream never read), or above its end (the topic was recreated or truncated: offsets the lake
+    applied no longer exist). The message names every such partition with the lost range and its table, and the
+    way back (`lakehouse reconcile --table T --heal`); `tables` names the tables.
+    """
+
+    def __init__(self, message: str, *, tables: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.tables = tables
+
+
 class ProcessError(LakehouseError, RuntimeError):
     """A local background process did not start, did not become ready, or did not stop; the message says which."""
 

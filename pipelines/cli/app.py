@@ -23,7 +23,7 @@ from pipelines.cli.lake import dead_letters, show, status
 from pipelines.cli.root import EXIT_CODES, VERSION_OPTION, LakehouseGroup
 from pipelines.deploy.connector_cli import connector
 from pipelines.deploy.stream_local import stream
-from pipelines.errors import UnknownTable
+from pipelines.errors import RecordsLost, UnknownTable
 from pipelines.gdpr.cli import gdpr
 from pipelines.ingest.schema_cli import schema
 from pipelines.lake.catalog import change_feed_tables, table_name
@@ -139,6 +139,9 @@ def ingest(once: bool, trigger_seconds: float, max_offsets_per_trigger: int | No
     except KeyboardInterrupt:
         click.echo(f"ingest stopped after {time.monotonic() - started:.0f} s", err=True)
         return
+    except RecordsLost as exc:  # every line: each range lost, its table, the way back (the trace to the log file)
+        console.failure("ingest", exc)
+        raise click.ClickException(f"ingest failed: {exc}{console.see_log()}") from exc
     except Exception as exc:  # the stream's failure, already logged by Spark: name it and exit 1
         raise click.ClickException(console.failure("ingest", exc)) from exc
     if once:

@@ -58,13 +58,15 @@ Progress lives in the tables' own commits, and only there: each carries the stre
 after its batch (`_lakehouse.kafka_positions`). A replayed batch that main and the change log already
 cover is skipped without reading anything, and every stream starts each topic from the older of the
 positions in its main table's and its change log's newest commits (`starting_offsets`), not from a
-Spark checkpoint, which would skip what a table let wait in a killed process.
+Spark checkpoint, which would skip what a table let wait in a killed process. A position Kafka no longer
+holds (retention deleted records the stream had not read, or the topic was recreated) stops the stream
+before its query starts, naming every lost range (`lost`): nothing is skipped silently.
 
 Where each part lives: `parse` classifies the Kafka records, `survey` finds their shapes, `plan`
 decides what each key still needs, `state` knows what the tables hold, `tables` writes a table's change
 log and main, `dead_letter_writer` the dead letters, `positions` keeps where the stream and each table
-stand, `writer` is the micro-batch that composes them (`BronzeBatchWriter`), and this module runs the
-stream (`run_ingest`).
+stand, `lost` finds the records Kafka deleted before they were read, `writer` is the micro-batch that
+composes them (`BronzeBatchWriter`), and this module runs the stream (`run_ingest`).
 """
 
 from __future__ import annotations
@@ -78,6 +80,7 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql.streaming import StreamingQuery
 
 from pipelines.errors import DeclarationError, KafkaUnavailable
+from pipelines.ingest import lost
 from pipelines.ingest.compactor import Compactor, compactions_run_here
 from pipelines.ingest.exporter import StreamExporter, spark_metrics_conf
 from pipelines.ingest.stream import STOP_REQUEST, KafkaWait, StreamLease, kafka_wait
@@ -414,6 +417,7 @@ def _run_query(stream: _Stream, lake: Lake, lease: StreamLease) -> Declaration |
         raise
     except StreamingQueryException as exc:
         exc.__cause__ = batches.failure  # what the batch raised, its Java throwable with it (`kafka_caused`)
+        lost.raise_translated(exc, stream.brokers, lake.declaration, reading.partitions)  # no restart helps
         raise
     finally:
         if query.isActive:
@@ -441,7 +445,10 @@ def _start_query(stream: _Stream, lake: Lake) -> tuple[StreamingQuery, BronzeBat
         log.info("no topic yet for %s: the stream reads it once its topic exists", ", ".join(reading.waiting))
     reader = kafka_stream(lake.spark, stream.brokers, lake.declaration, reading.tables)
     storage.remove_tree(ingest_checkpoint_path(root))
-    if start := starting_offsets(batches.start(), reading.partitions):
+    positions = batches.start()
+    # Records deleted (retention) or offsets gone (a recreated topic) since the tables read: stop, naming them.
+    lost.check(stream.brokers, lake.declaration, positions, reading.partitions)
+    if start := starting_offsets(positions, reading.partitions):
         log.info("the stream starts from the positions in bronze's commits %s", start)
         reader = reader.option("startingOffsets", start)
     if max_offsets_per_trigger:
