@@ -35,8 +35,8 @@ if TYPE_CHECKING:
               help="Seconds to wait, with --heal, for the healed tables to match the source.")
 @JSON_OPTION
 @pass_lake
-def reconcile(lake: Lake, tables: tuple[str, ...], settle: float, rounds: int, limit: int, heal: bool,
-              heal_timeout: float, as_json: bool) -> None:
+def reconcile(lake: Lake, tables: tuple[str, ...], heal: bool, heal_timeout: float, as_json: bool,
+              **looks: float) -> None:
     """Compare bronze with the source database ([source] of lakehouse.toml), table by table, without moving every
     row: per table, the rows on each side, the keys the lake lacks, the keys it holds that the source does not,
     and the keys whose values differ (with the columns). Exit 1 when any table drifted (with --heal: when any
@@ -49,7 +49,7 @@ def reconcile(lake: Lake, tables: tuple[str, ...], settle: float, rounds: int, l
 
     tables = declared_names(lake, tables)
     run = JobMetrics(metric_names.RECONCILE, lake.root)
-    options = Options(settle=settle, rounds=rounds, listed=limit)
+    options = Options(settle=looks["settle"], rounds=int(looks["rounds"]), listed=int(looks["limit"]))
     reports: list[TableReport] = []
     try:
         with connect(lake.config.source) as conn:
