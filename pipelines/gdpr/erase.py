@@ -83,7 +83,7 @@ from pipelines.lake.layout import BATCH_ID_META, REGISTRY_META
 from pipelines.lake.table_stats import has_completed_commit
 from pipelines.runtime.config import KafkaSettings
 from pipelines.runtime.hudi_writes import save
-from pipelines.runtime.kafka_clients import at, python_options
+from pipelines.runtime.kafka_clients import at, connect_json, python_options
 from pipelines.runtime.lake import Lake
 from pipelines.services.quality import redact_subject
 
@@ -200,7 +200,7 @@ def kafka_tombstones(brokers: KafkaSettings, target: Target,
     producer = KafkaProducer(**python_options(brokers), acks="all")
     try:
         for name, record_key in keys:
-            producer.send(decl.topic(name), key=json.dumps(record_key).encode(), value=None)
+            producer.send(decl.topic(name), key=connect_json(record_key), value=None)
         producer.flush(60)
     finally:
         producer.close()

@@ -31,6 +31,16 @@ def at(kafka: KafkaSettings, bootstrap: str | None) -> KafkaSettings:
     return kafka if bootstrap is None else kafka.model_copy(update={"bootstrap_servers": bootstrap})
 
 
+def connect_json(document: Any) -> bytes:
+    """`document` as Kafka Connect's JsonConverter writes a schemaless key: compact, UTF-8, non-ASCII unescaped.
+
+    A record the project writes to a source topic (an erasure's tombstone, a heal's delete) must carry the very key
+    bytes Debezium's records carry: log compaction keeps one record per key *bytes*, and the default partitioner
+    picks the partition from them, so `{"id": 5}` neither lands beside nor compacts away Debezium's `{"id":5}`.
+    """
+    return json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode()
+
+
 def python_options(kafka: KafkaSettings) -> dict[str, Any]:
     """kafka-python's options (KafkaConsumer, KafkaProducer, KafkaAdminClient) for `kafka`."""
     options: dict[str, Any] = {"bootstrap_servers": kafka.bootstrap_servers,
