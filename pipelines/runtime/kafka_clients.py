@@ -142,7 +142,8 @@ def _refined(kafka: KafkaSettings, why: str, timeout: float) -> str:
     login it refused sometimes logs only the disconnects. One request without SASL settles it: answered over
     the same TLS, the login was refused; answered over TLS by a listener this client spoke plaintext to, the
     listener wants TLS."""
-    from pipelines.runtime.kafka_probe import AUTHENTICATION_FAILED, CLOSED, PLAINTEXT_TO_TLS, TIMED_OUT
+    from pipelines.runtime.kafka_probe import (AUTHENTICATION_FAILED, CERTIFICATE_ALERTS, CLOSED, PLAINTEXT_TO_TLS,
+                                               TIMED_OUT)
     from pipelines.runtime.local_process import kafka_unanswered
 
     if why not in (CLOSED, TIMED_OUT):
@@ -153,7 +154,9 @@ def _refined(kafka: KafkaSettings, why: str, timeout: float) -> str:
     if kafka.security_protocol in ("PLAINTEXT", "SASL_PLAINTEXT"):
         any_tls = ssl.create_default_context()
         any_tls.check_hostname, any_tls.verify_mode = False, ssl.CERT_NONE  # only: does it speak TLS at all?
-        if kafka_unanswered(bootstrap, seconds, any_tls) is None:
+        answer = kafka_unanswered(bootstrap, seconds, any_tls)
+        # A mutual-TLS listener answers no client without a certificate, but its alert is TLS all the same.
+        if answer is None or any(alert in answer for alert in CERTIFICATE_ALERTS):
             return PLAINTEXT_TO_TLS
     return why
 
