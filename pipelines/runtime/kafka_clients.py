@@ -59,9 +59,10 @@ def java_properties(kafka: KafkaSettings) -> dict[str, str]:
     """The Java Kafka client's properties for `kafka` (Spark's source, Kafka Connect's worker): the same brokers
     and authentication as `python_options`, in the Java client's words (PEM for TLS, a JAAS line for SASL).
 
-    A client certificate goes in as PEM text rather than a file's location: Spark's executors on a cluster get
-    the options, not the driver's files. spark.toml's `spark.sql.redaction.options.regex` masks it, and the JAAS
-    line, wherever Spark shows a source's options.
+    The CA and a client certificate go in as PEM text rather than a file's location: Spark's executors on a
+    cluster get the options, not the driver's files. spark.toml's `spark.sql.redaction.options.regex` masks the
+    client's key, and the JAAS line, wherever Spark shows a source's options. PEM text spans lines: a Java
+    properties file holding these needs them escaped (dev/lakehouse_dev/connect_config.py, `properties_text`).
     """
     options = {"bootstrap.servers": kafka.bootstrap_servers, "security.protocol": kafka.security_protocol}
     if kafka.sasl_mechanism == "AWS_MSK_IAM":
@@ -77,7 +78,7 @@ def java_properties(kafka: KafkaSettings) -> dict[str, str]:
         if not kafka.ssl_check_hostname:
             options["ssl.endpoint.identification.algorithm"] = ""
         if kafka.ssl_ca_file is not None:
-            options |= {"ssl.truststore.type": "PEM", "ssl.truststore.location": str(kafka.ssl_ca_file)}
+            options |= {"ssl.truststore.type": "PEM", "ssl.truststore.certificates": kafka.ssl_ca_file.read_text()}
         if kafka.ssl_cert_file is not None and kafka.ssl_key_file is not None:
             options |= {"ssl.keystore.type": "PEM", "ssl.keystore.certificate.chain": kafka.ssl_cert_file.read_text(),
                         "ssl.keystore.key": kafka.ssl_key_file.read_text()}
