@@ -375,16 +375,17 @@ class KafkaBroker(LocalProcess):
             )
 
     def _add_scram_user(self) -> None:
-        """Give SCRAM_USER its SCRAM-SHA-256 and SCRAM-SHA-512 credentials (KRaft keeps them in its metadata), through the PLAINTEXT
-        listener, which takes no authentication: a request, so that the password is on no command line, as the
-        storage tool's `--add-scram` would put it. Run after every start: an upsert, and the file is the truth."""
+        """Give SCRAM_USER its SCRAM-SHA-256 and SCRAM-SHA-512 credentials (KRaft keeps them in its metadata),
+        through the PLAINTEXT listener, which takes no authentication: a request, so that the password is on no
+        command line, as the storage tool's `--add-scram` would put it. Run after every start: an upsert, and the
+        file is the truth."""
         from kafka.admin import KafkaAdminClient, ScramMechanism, UserScramCredentialUpsertion
 
         password = secret_file(self.scram_password_file)
         admin = KafkaAdminClient(bootstrap_servers=self.bootstrap, client_id="lakehouse-dev-broker")
         try:  # one request per mechanism: a request alters a user's credentials once
-            failed = [admin.alter_user_scram_credentials([UserScramCredentialUpsertion(SCRAM_USER, mechanism, password)])
-                      for mechanism in (ScramMechanism.SCRAM_SHA_256, ScramMechanism.SCRAM_SHA_512)]
+            failed = [admin.alter_user_scram_credentials([UserScramCredentialUpsertion(SCRAM_USER, scram, password)])
+                      for scram in (ScramMechanism.SCRAM_SHA_256, ScramMechanism.SCRAM_SHA_512)]
         finally:
             admin.close()
         if any(any(answer.values()) for answer in failed):

@@ -143,8 +143,13 @@ def _refined(kafka: KafkaSettings, why: str, timeout: float) -> str:
     login it refused sometimes logs only the disconnects. One request without SASL settles it: answered over
     the same TLS, the login was refused; answered over TLS by a listener this client spoke plaintext to, the
     listener wants TLS."""
-    from pipelines.runtime.kafka_probe import (AUTHENTICATION_FAILED, CERTIFICATE_ALERTS, CLOSED, PLAINTEXT_TO_TLS,
-                                               TIMED_OUT)
+    from pipelines.runtime.kafka_probe import (
+        AUTHENTICATION_FAILED,
+        CERTIFICATE_ALERTS,
+        CLOSED,
+        PLAINTEXT_TO_TLS,
+        TIMED_OUT,
+    )
     from pipelines.runtime.local_process import kafka_unanswered
 
     if why not in (CLOSED, TIMED_OUT):
