@@ -17,6 +17,7 @@ import json
 import subprocess
 import sys
 import time
+import zipfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -28,8 +29,9 @@ from pyspark.sql import SparkSession
 from hudi_configs import test_profile as suite_profile
 from lakehouse_dev.connect_worker import ConnectWorker
 from lakehouse_dev.kafka_local import JVM_HEAP, SCRAM_USER, KafkaBroker, java_options
+from pipelines.deploy.package import _msk_iam_jar
 from pipelines.runtime.config import KafkaSettings, load_config
-from pipelines.runtime.kafka_clients import python_options, spark_options
+from pipelines.runtime.kafka_clients import MSK_IAM_CALLBACK, MSK_IAM_LOGIN, python_options, spark_options
 from pipelines.runtime.local_process import java_command
 from pipelines.runtime.settings import jvm_dir
 from tests.lake import own_environment
@@ -216,3 +218,11 @@ def test_each_refusal_is_named_by_doctor(configs: dict[str, Path]) -> None:
         assert code != 0 and finding["status"] == "failed", (refusal, code, finding)
         assert words in finding["detail"], (refusal, finding)
         assert kafka_settings(configs[refusal]).bootstrap_servers in finding["where"], (refusal, finding)
+
+
+def test_the_msk_iam_classes_rendered_are_in_the_bundled_jar() -> None:
+    """AWS_MSK_IAM is rendered only (no MSK here: tests/test_kafka_options.py): the login module and callback handler
+    its JAAS line names are in the aws-msk-iam-auth jar the EMR bundle ships (pipelines/deploy/package.py)."""
+    jar = zipfile.ZipFile(_msk_iam_jar())
+    for name in (MSK_IAM_LOGIN, MSK_IAM_CALLBACK):
+        assert f"{name.replace('.', '/')}.class" in jar.namelist(), name
