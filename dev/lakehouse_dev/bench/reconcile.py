@@ -55,9 +55,9 @@ DRIFT_SHARE = 0.0001  # 0.01% of the rows
 DDL = (f"CREATE TABLE {SOURCE} (id bigint PRIMARY KEY, owner text NOT NULL, email text, "
        "balance numeric(14,2) NOT NULL, active boolean NOT NULL, opened_at timestamptz NOT NULL, note text)")
 # Deterministic rows: a NULL email every 11th, a NULL note every 7th, timestamps spread over years.
-FILL = (f"INSERT INTO {SOURCE} SELECT g, 'owner ' || g, CASE WHEN g % 11 = 0 THEN NULL ELSE 'user' || g || "
-        "'@example.com' END, round((g % 1000003) * 1.37, 2), g % 3 <> 0, timestamptz '2015-01-01 00:00:00+00' "
-        "+ g * interval '17 seconds', CASE WHEN g % 7 = 0 THEN NULL ELSE md5(g::text) END "
+FILL = (f"INSERT INTO {SOURCE} SELECT g, 'owner ' || g, CASE WHEN g %% 11 = 0 THEN NULL ELSE 'user' || g || "
+        "'@example.com' END, round((g %% 1000003) * 1.37, 2), g %% 3 <> 0, timestamptz '2015-01-01 00:00:00+00' "
+        "+ g * interval '17 seconds', CASE WHEN g %% 7 = 0 THEN NULL ELSE md5(g::text) END "
         "FROM generate_series(%s::bigint, %s::bigint) g")
 DECLARATION = f'[source]\ntopic_prefix = "shop"\n\n[tables.{TABLE}]\nsource = "{SOURCE}"\nkey = ["id"]\n'
 _FILL_CHUNK = 1_000_000
@@ -200,18 +200,18 @@ def ingest(r: Rig, plan: Plan) -> dict[str, Any]:
 
 
 def tamper(lake: Any, drift: Drift) -> float:
-    """Bronze made to differ by Hudi writes of the benchmark's own (the source and the stream know nothing of them):
-    `drift.differ` rows' note changed (a later `_lsn`, as a stream write would have), `drift.missing` rows deleted,
-    `drift.extra` added as copies of rows under keys the source never had. Seconds taken."""
+    """Bronze made to differ by a Hudi write of the benchmark's own (the source and the stream know nothing of it):
+    `drift.differ` rows' note changed (a later `_lsn`, as a stream write would have), `drift.missing` rows deleted
+    (as the stream deletes), `drift.extra` added as copies of rows under keys the source never had. Seconds taken."""
     from pyspark.sql import functions as F
 
     from pipelines.lake.catalog import lake_table, writer_options
-    from pipelines.lake.layout import main_path
+    from pipelines.lake.layout import DELETED_FLAG, main_path
 
     started = time.monotonic()
     spark, path = lake.spark, main_path(TABLE, lake.root)
     bronze = spark.read.format("hudi").load(path)
-    bronze = bronze.drop(*[c for c in bronze.columns if c.startswith("_hoodie_") and c != "_hoodie_is_deleted"])
+    bronze = bronze.drop(*[c for c in bronze.columns if c.startswith("_hoodie_") and c != DELETED_FLAG])
     originals = [k - _EXTRA_OFFSET for k in drift.extra]
     # Read once into the driver: the frames below must not read bronze again after the first write.
     picked = spark.createDataFrame(bronze.where(F.col("id").isin(drift.differ + drift.missing + originals))
@@ -219,11 +219,13 @@ def tamper(lake: Any, drift: Drift) -> float:
     changed = picked.where(F.col("id").isin(drift.differ)).withColumn("note", F.lit("changed behind its back")) \
         .withColumn("_lsn", F.col("_lsn") + 1)
     copied = picked.where(F.col("id").isin(originals)).withColumn("id", (F.col("id") + _EXTRA_OFFSET).cast("bigint"))
-    gone = picked.where(F.col("id").isin(drift.missing))
+    # Deleted as the stream deletes (an upsert flagged deleted, at the row's own position; Hudi's delete operation
+    # writes an ordering value the stream's later records cannot be merged with).
+    gone = picked.where(F.col("id").isin(drift.missing)).withColumn(DELETED_FLAG, F.lit(True)) \
+        .withColumn("_op", F.lit("d"))
     options = writer_options(lake_table(f"bronze/{TABLE}", lake.declaration))
-    for frame, operation in ((changed, "upsert"), (copied, "upsert"), (gone, "delete")):
-        frame.write.format("hudi").options(**options).option("hoodie.datasource.write.operation", operation) \
-            .mode("append").save(path)
+    changed.unionByName(copied).unionByName(gone).write.format("hudi").options(**options) \
+        .option("hoodie.datasource.write.operation", "upsert").mode("append").save(path)
     return time.monotonic() - started
 
 
