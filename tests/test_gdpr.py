@@ -275,8 +275,9 @@ def test_erasure_leaves_nothing_and_changes_nobody_else(spark, lake: LakeCopy, t
         assert (policy.get("value") if isinstance(policy, dict) else policy) == "compact", (name, policy)
     # A tombstone for each key. The broker removes the raw events only from closed segments older
     # than min.compaction.lag.ms (a day), which this test does not wait for.
-    # Compaction keeps one record per key *bytes* and partition: each tombstone must carry the bytes the events
-    # carry (Connect's compact JSON, not `{"id": 5}`) and so land in their partition, or it removes nothing.
+    # Compaction keeps one record per key *bytes* and partition: a record's key must have a tombstone of the same
+    # bytes, so in the same partition (the contract's `{"id": 5}` and Connect's `{"id":5}` are two keys), or the
+    # record is never removed.
     records = _records(lake.bootstrap, victims)
     assert {k for k, _, _, dead in records if dead} == victims
     assert {(key, p) for _, key, p, dead in records if not dead} <= {(key, p) for _, key, p, dead in records if dead}
