@@ -174,7 +174,8 @@ def kafka_tombstones(brokers: KafkaSettings, target: Target,
 
     The topics are those of the target's declaration. A table keyed by its subject gets one per
     customer, every other one per row of theirs (its key columns, integers as JSON numbers:
-    `key_types`), in each form a record's key may take (`_key_forms`). Rows that moved keep their key: their newest record is another customer's row.
+    `key_types`), in each form a record's key may take (`_key_forms`). Rows that moved keep their key: their
+    newest record is another customer's row.
     """
     from kafka import KafkaProducer
     from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient
