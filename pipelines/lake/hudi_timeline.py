@@ -13,7 +13,8 @@ from pyspark.sql import SparkSession
 
 from pipelines.lake import storage
 from pipelines.lake.jvm import jvm_of
-from pipelines.lake.layout import lake_relative
+from pipelines.lake.layout import BATCH_ID_META, changelog_path, lake_relative, main_path
+from pipelines.lake.table_stats import has_completed_commit
 from pipelines.lake.timeline_files import HEARTBEAT_EXPIRY_MS, INSTANT_FILE, avro_long
 
 log = logging.getLogger(__name__)
@@ -127,6 +128,20 @@ def partitions_written(spark: SparkSession, path: str, since: str, until: str) -
 def instant_as_of(spark: SparkSession, path: str, completion: str) -> str | None:
     """Instant time of the newest commit completed at or before `completion` (time travel to a checkpoint)."""
     return max((i.requestedTime() for i in _between(_completed(spark, path), None, completion)), default=None)
+
+
+def bronze_instant_consumed(spark: SparkSession, root: str, table: str, consumer: str) -> str | None:
+    """Instant of bronze/<table>'s main table as of the batch whose change log the table at `consumer` (silver/<table>
+    or its quarantine) consumed last, by that table's checkpoint: what bronze held when it was written. None when
+    unknown (no checkpoint, or a batch whose commits are archived).
+
+    The ETL reads bronze's change log, whose timeline is not main's: both carry the stream's batch id, which maps a
+    point of one onto the other.
+    """
+    read = consumed(checkpoint(spark, consumer), changelog_path(table, root)) if has_completed_commit(consumer) \
+        else None
+    batch = meta_at(spark, changelog_path(table, root), read, BATCH_ID_META) if read else None
+    return instant_of_batch(spark, main_path(table, root), BATCH_ID_META, int(batch)) if batch else None
 
 
 def meta_at(spark: SparkSession, path: str, completion: str, key: str) -> str | None:

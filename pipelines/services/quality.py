@@ -44,8 +44,8 @@ import hudi_configs
 from pipelines.lake import contract, storage
 from pipelines.lake.catalog import gold_missing
 from pipelines.lake.declaration import RuleKind, TableDecl
-from pipelines.lake.hudi_timeline import checkpoint, consumed, earliest_retained, instant_of_batch, meta_at
-from pipelines.lake.layout import BATCH_ID_META, changelog_path, gold_path, main_path, quarantine_path, silver_path
+from pipelines.lake.hudi_timeline import bronze_instant_consumed, earliest_retained
+from pipelines.lake.layout import gold_path, main_path, quarantine_path, silver_path
 from pipelines.lake.table_stats import has_completed_commit
 from pipelines.runtime import console
 from pipelines.runtime.lake import Lake
@@ -95,17 +95,12 @@ def _key_checks(*columns: str) -> list:
 
 def _bronze_at_silver_checkpoint(spark: SparkSession, root: str, table: str) -> int | None:
     """Rows of bronze/<table> as of the batch whose change log silver consumed last; None if unknown."""
-    silver = silver_path(table, root)
-    if not has_completed_commit(silver):
-        return None
-    read = consumed(checkpoint(spark, silver), changelog_path(table, root))
-    batch = meta_at(spark, changelog_path(table, root), read, BATCH_ID_META) if read else None
-    instant = instant_of_batch(spark, main_path(table, root), BATCH_ID_META, int(batch)) if batch else None
+    instant = bronze_instant_consumed(spark, root, table, silver_path(table, root))
     if instant is None:
         return None
     if (retained := earliest_retained(spark, main_path(table, root))) and instant < retained:
-        log.warning("silver/%s is further behind bronze than bronze's retention (it consumed batch %s, whose "
-                    "version of bronze is cleaned): row count against bronze not checked", table, batch)
+        log.warning("silver/%s is further behind bronze than bronze's retention (the version of bronze it consumed, "
+                    "%s, is cleaned): row count against bronze not checked", table, instant)
         return None
     return spark.read.format("hudi").options(**hudi_configs.section("reads", "scan")) \
         .option("as.of.instant", instant).load(main_path(table, root)).count()
