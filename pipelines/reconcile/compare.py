@@ -56,10 +56,16 @@ class Options:
 class TableReport:
     """What reconciling one table found. Keys are {column: canonical text}; `differ` adds the columns that
     differ with both sides' texts. `not_compared`: source columns of a type without a canonical form, or that
-    bronze lacks (`source_only`)."""
+    bronze lacks (`source_only`).
+
+    `layer`: what was reconciled, `bronze` against the source database, or `silver` / `silver_quarantine`
+    against what the declaration makes of bronze (`pipelines.reconcile.silver`: there the source side is that
+    expectation, the lake side the ETL's table, and `as_of` the version of bronze it was computed from)."""
 
     table: str
     source: str
+    layer: str = "bronze"
+    as_of: str | None = None
     source_rows: int = 0
     lake_rows: int = 0
     missing: list[dict[str, Any]] = field(default_factory=list)  # in the source, not in the lake
