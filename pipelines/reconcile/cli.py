@@ -1,4 +1,5 @@
-"""`lakehouse reconcile`: each declared table's bronze rows against the source database (pipelines.reconcile)."""
+"""`lakehouse reconcile`: each declared table's bronze rows against the source database, or its silver and quarantine
+against bronze and the declared rules (pipelines.reconcile)."""
 
 from __future__ import annotations
 
@@ -33,15 +34,22 @@ if TYPE_CHECKING:
                    "the lake matches; needs the stream running. Exit 0 once every table matches.")
 @click.option("--heal-timeout", type=click.FloatRange(min=0), default=900.0, show_default=True,
               help="Seconds to wait, with --heal, for the healed tables to match the source.")
+@click.option("--layer", type=click.Choice(["bronze", "silver"]), default="bronze", show_default=True,
+              help="bronze: bronze against the source database. silver: silver/<table> and its quarantine against "
+                   "what the declared rules make of bronze's live rows, as of the version of bronze each consumed "
+                   "last (a silver merely behind bronze is not drift); reads the lake only, no database, and "
+                   "takes neither --settle, --rounds nor --heal.")
 @JSON_OPTION
 @pass_lake
-def reconcile(lake: Lake, tables: tuple[str, ...], heal: bool, heal_timeout: float, as_json: bool,
+def reconcile(lake: Lake, tables: tuple[str, ...], layer: str, heal: bool, heal_timeout: float, as_json: bool,
               **looks: float) -> None:
     """Compare bronze with the source database ([source] of lakehouse.toml), table by table, without moving every
     row: per table, the rows on each side, the keys the lake lacks, the keys it holds that the source does not,
-    and the keys whose values differ (with the columns). Exit 1 when any table drifted (with --heal: when any
-    still drifts after healing). --json: a list of the tables' reports; with --heal, an object with the first
-    reports (`found`), what was asked of the source and the topics (`heal`) and the reports after (`after`)."""
+    and the keys whose values differ (with the columns). With --layer silver, compare each table's silver and
+    quarantine with what the ETL should have made of bronze, the same way. Exit 1 when any table drifted (with
+    --heal: when any still drifts after healing). --json: a list of the tables' reports; with --heal, an object
+    with the first reports (`found`), what was asked of the source and the topics (`heal`) and the reports after
+    (`after`)."""
     from pipelines.monitoring import metric_names
     from pipelines.monitoring.pushgateway import JobMetrics
     from pipelines.reconcile.compare import Options, reconcile_table
@@ -50,6 +58,12 @@ def reconcile(lake: Lake, tables: tuple[str, ...], heal: bool, heal_timeout: flo
     tables = declared_names(lake, tables)
     run = JobMetrics(metric_names.RECONCILE, lake.root)
     options = Options(settle=looks["settle"], rounds=int(looks["rounds"]), listed=int(looks["limit"]))
+    if layer == "silver":
+        if heal:
+            raise click.UsageError("--heal re-delivers rows through the source and the stream: it heals bronze "
+                                   "(--layer bronze); silver follows bronze through `lakehouse etl`")
+        _silver(lake, tables or lake.declaration.names, options.listed, run, as_json)
+        return
     reports: list[TableReport] = []
     try:
         with connect(lake.config.source) as conn:
@@ -72,6 +86,29 @@ def reconcile(lake: Lake, tables: tuple[str, ...], heal: bool, heal_timeout: flo
         raise SystemExit(1)
 
 
+def _silver(lake: Lake, tables: tuple[str, ...], listed: int, run: JobMetrics, as_json: bool) -> None:
+    """`--layer silver`: each table's silver and quarantine reports, printed as they come; exit 1 on drift."""
+    from pipelines.reconcile.silver import reconcile_silver
+
+    reports: list[TableReport] = []
+    try:
+        for name in tables:
+            click.echo(f"reconciling silver/{name} ...", err=True)
+            for report in reconcile_silver(lake, name, listed):
+                reports.append(report)
+                _record(run, report)
+                if not as_json:
+                    click.echo(_lines(report))
+    except Exception:
+        run.push(succeeded=False)
+        raise
+    run.push()
+    if as_json:
+        echo_json([r.document() for r in reports])
+    if any(r.drift for r in reports):
+        raise SystemExit(1)
+
+
 def _heal(lake: Lake, conn: object, reports: list[TableReport], options: Options, timeout: float,
           as_json: bool) -> dict[str, list[dict[str, Any]]]:
     """Heal the drifted tables of `reports` and wait for them to match: what was asked and the reports after."""
@@ -91,18 +128,23 @@ def _heal(lake: Lake, conn: object, reports: list[TableReport], options: Options
 
 
 def _record(run: JobMetrics, report: TableReport) -> None:
-    """The table's figures as the run's metrics (pushed at its end, with LAKEHOUSE_PUSHGATEWAY)."""
+    """The table's figures as the run's metrics (pushed at its end, with LAKEHOUSE_PUSHGATEWAY); a silver or
+    quarantine report's table label is `silver/<table>` or `silver_quarantine/<table>`, its sides the expected
+    (`source`) and the table (`lake`)."""
     from pipelines.monitoring import metric_names
 
+    table = report.table if report.layer == "bronze" else f"{report.layer}/{report.table}"
     rows = run.gauge(metric_names.RECONCILE_ROWS)
-    rows.labels(report.table, "source").set(report.source_rows)
-    rows.labels(report.table, "lake").set(report.lake_rows)
+    rows.labels(table, "source").set(report.source_rows)
+    rows.labels(table, "lake").set(report.lake_rows)
     for kind in ("missing", "extra", "differ"):
-        run.gauge(metric_names.RECONCILE_DRIFT).labels(report.table, kind).set(report.counts.get(kind, 0))
+        run.gauge(metric_names.RECONCILE_DRIFT).labels(table, kind).set(report.counts.get(kind, 0))
 
 
 def _lines(report: TableReport) -> str:
     """A table's result as a person reads it."""
+    if report.layer != "bronze":
+        return _derived_lines(report)
     counts = report.counts
     state = "DRIFT" if report.drift else "ok"
     lines = [f"{report.table} ({report.source}): {state}: source {report.source_rows} rows, lake {report.lake_rows}; "
@@ -121,4 +163,27 @@ def _lines(report: TableReport) -> str:
         lines.append(f"  columns bronze does not hold yet (not compared): {', '.join(report.source_only)}")
     if report.not_compared:
         lines.append(f"  columns of a type reconcile does not compare: {', '.join(report.not_compared)}")
+    return "\n".join(lines)
+
+
+def _derived_lines(report: TableReport) -> str:
+    """A silver or quarantine report as a person reads it: `_lines`'s shape, its sides the expectation and the
+    table."""
+    counts, held = report.counts, "silver" if report.layer == "silver" else "the quarantine"
+    state = "DRIFT" if report.drift else "ok"
+    bronze = f"{report.source} as of {report.as_of}" if report.as_of else \
+        f"{report.source}'s newest version (the one it consumed is unknown or cleaned: being behind shows as drift)"
+    lines = [f"{report.layer}/{report.table} (against {bronze} and the declared rules): {state}: expected "
+             f"{report.source_rows} rows, {held} {report.lake_rows}; missing from {held} {counts.get('missing', 0)}, "
+             f"only in {held} {counts.get('extra', 0)}, values differ {counts.get('differ', 0)} "
+             f"({report.seconds:.1f} s)"]
+    lines += [f"  missing: {k}" for k in report.missing]
+    lines += [f"  only in {held}: {k}" for k in report.extra]
+    lines += [f"  differs: {d['key']}: " + ", ".join(f"{c} expected {v['source']!r} {held} {v['lake']!r}"
+                                                    for c, v in d["columns"].items()) for d in report.differ]
+    if report.source_only:
+        lines.append(f"  columns the rules give that {held} does not hold (not compared): "
+                     f"{', '.join(report.source_only)}")
+    if report.not_compared:
+        lines.append(f"  columns not compared: {', '.join(report.not_compared)}")
     return "\n".join(lines)
