@@ -1,6 +1,7 @@
 """Reconciliation's parts that need no database and no JVM: which source types are compared, how many buckets a
 table gets, which buckets differ, and the SQL that PostgreSQL runs for a row's canonical text (the end-to-end
-check of both sides against every type of contract section 7 is tests/test_declared_source.py)."""
+check of both sides against every type of contract section 7 is tests/test_declared_source.py); which Spark types
+silver's reconcile compares, and how its report reads (end to end: tests/test_reconcile_silver.py)."""
 
 from __future__ import annotations
 
@@ -95,3 +96,34 @@ def test_a_heal_s_key_filter_selects_exactly_the_keys() -> None:
     two = key_filter([SourceColumn("region", "text", "S"), SourceColumn("at", "timestamp", "D")],
                      [{"region": "eu", "at": "5"}]).as_string(None)
     assert two.startswith("""(("region" = 'eu' AND (round(extract(epoch FROM "at")""") and two.endswith("= '5'))")
+
+
+@pytest.mark.parametrize(("dtype", "kind"), [
+    ("bigint", "int"), ("int", "int"), ("smallint", "int"), ("double", "float"), ("float", "float"),
+    ("boolean", "bool"), ("decimal(12,2)", "numeric"), ("date", "date"), ("timestamp", "micros"),
+    ("timestamp_ntz", "micros"), ("binary", "bytes"), ("array<string>", "array"), ("string", "text"),
+    ("struct<a:int>", None), ("map<string,int>", None)])
+def test_each_spark_type_of_silver_has_the_kind_its_source_type_would(dtype: str, kind: str | None) -> None:
+    from pipelines.reconcile.silver import comparable
+
+    column = comparable("c", dtype)
+    assert (column.kind if column else None) == kind
+
+
+def test_a_silver_report_reads_like_bronze_s_with_its_own_sides() -> None:
+    from pipelines.reconcile.cli import _lines
+    from pipelines.reconcile.compare import TableReport
+
+    report = TableReport("orders", "bronze/orders", layer="silver", as_of="20261203115501234", source_rows=3,
+                         lake_rows=3, missing=[{"id": "1"}], extra=[{"id": "9"}],
+                         differ=[{"key": {"id": "2"}, "columns": {"status": {"source": "paid", "lake": "x"}}}],
+                         counts={"missing": 1, "extra": 1, "differ": 1, "unsettled": 0})
+    assert _lines(report).splitlines() == [
+        "silver/orders (against bronze/orders as of 20261203115501234 and the declared rules): DRIFT: expected 3 "
+        "rows, silver 3; missing from silver 1, only in silver 1, values differ 1 (0.0 s)",
+        "  missing: {'id': '1'}", "  only in silver: {'id': '9'}",
+        "  differs: {'id': '2'}: status expected 'paid' silver 'x'"]
+    quarantine = TableReport("orders", "bronze/orders", layer="silver_quarantine", counts={"missing": 0})
+    first = _lines(quarantine).splitlines()[0]
+    assert first.startswith("silver_quarantine/orders (against bronze/orders's newest version") and ": ok: " in first
+    assert "the quarantine 0" in first

@@ -41,8 +41,8 @@ if TYPE_CHECKING:
                    "takes neither --settle, --rounds nor --heal.")
 @JSON_OPTION
 @pass_lake
-def reconcile(lake: Lake, tables: tuple[str, ...], layer: str, heal: bool, heal_timeout: float, as_json: bool,
-              **looks: float) -> None:
+def reconcile(lake: Lake, tables: tuple[str, ...], heal: bool, heal_timeout: float, as_json: bool,
+              **looks: Any) -> None:
     """Compare bronze with the source database ([source] of lakehouse.toml), table by table, without moving every
     row: per table, the rows on each side, the keys the lake lacks, the keys it holds that the source does not,
     and the keys whose values differ (with the columns). With --layer silver, compare each table's silver and
@@ -58,7 +58,7 @@ def reconcile(lake: Lake, tables: tuple[str, ...], layer: str, heal: bool, heal_
     tables = declared_names(lake, tables)
     run = JobMetrics(metric_names.RECONCILE, lake.root)
     options = Options(settle=looks["settle"], rounds=int(looks["rounds"]), listed=int(looks["limit"]))
-    if layer == "silver":
+    if looks["layer"] == "silver":
         if heal:
             raise click.UsageError("--heal re-delivers rows through the source and the stream: it heals bronze "
                                    "(--layer bronze); silver follows bronze through `lakehouse etl`")
