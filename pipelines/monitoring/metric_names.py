@@ -118,8 +118,8 @@ QUALITY_SUITE_PASSED = Metric(
     "1 when the suite passed the last time it ran, 0 when it failed.", QUALITY)
 RECONCILE_ROWS = Metric(
     "lakehouse_reconcile_rows", "gauge", ("table", "side"),
-    "Rows the last reconciliation of the table compared on each side: source (PostgreSQL) and lake (bronze).",
-    RECONCILE)
+    "Rows the last reconciliation of the table compared on each side: source (PostgreSQL) and lake (bronze); for "
+    "silver/<table> and silver_quarantine/<table>, source is what the declared rules make of bronze.", RECONCILE)
 RECONCILE_DRIFT = Metric(
     "lakehouse_reconcile_drift_rows", "gauge", ("table", "kind"),
     "Rows that differed between the lake and the source at the last reconciliation of the table, by kind: "
