@@ -43,6 +43,7 @@ from pipelines.lake.layout import main_path, quarantine_path, silver_path
 from pipelines.lake.table_stats import has_completed_commit, read_table
 from pipelines.runtime.lake import Lake
 from pipelines.transform.etl import run_etl
+from tests.declared_capture import payload, topic_records
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -270,15 +271,8 @@ def test_declared_tables_on_the_real_source(spark: SparkSession, real, tmp_path:
 
 def _incremental_reads(bootstrap: str, topic: str) -> int:
     """How many records of `topic` are reads of an incremental snapshot (Debezium's `source.snapshot`)."""
-    from kafka import KafkaConsumer
-
-    consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
-                             consumer_timeout_ms=3000)
-    try:
-        values = [json.loads(m.value) for m in consumer if m.value is not None]
-    finally:
-        consumer.close()
-    return sum(1 for v in values if v["payload"]["source"].get("snapshot") == "incremental")
+    envelopes = [payload(r) for r in topic_records(bootstrap, [topic])]
+    return sum(1 for e in envelopes if e is not None and e["source"].get("snapshot") == "incremental")
 
 
 def _healed_through_the_stream(lake: Lake, real: RealSource, drifted: dict[str, Any], declaration: Path,

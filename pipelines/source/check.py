@@ -23,7 +23,7 @@ What is checked (docs/tables.md, "Your own database", says what each finding mea
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 from pipelines.lake.declaration import Declaration, TableDecl, missing_columns
 from pipelines.runtime.config import Config, ConnectSettings, SourceSettings
@@ -43,12 +43,12 @@ SYNC = "`lakehouse source sync`"
 # Below this, max_slot_wal_keep_size invalidates the slot of a connector stopped for a routine restart or
 # a deploy on a busy database.
 SMALL_WAL_KEEP_MB = 1024
-# What the connector's config must say, and from which setting of [source].
 # Every check a finding can come from: the source-check metric pushes each (0 when it passed), so that a finding
 # that is fixed stops its alert.
 CHECKS = ("wal_level", "max_slot_wal_keep_size", "slot", "connect", "connector", "connector_state",
           "table.include.list", "publication", "publish_via_partition_root", "partition", "signal_table", "exists",
           "primary_key", "columns", "typed", "replica_identity")
+# What the connector's config must say, and from which setting of [source].
 CONNECTOR_KEYS = {"database.dbname": "database", "publication.name": "publication", "slot.name": "slot",
                   "signal.data.collection": "signal_table"}
 
@@ -102,7 +102,7 @@ def errors(findings: list[Finding]) -> list[Finding]:
 
 def counts(findings: list[Finding]) -> dict[tuple[str, Severity], int]:
     """How many findings each check has, per severity, every check and severity present (0 when none)."""
-    out: dict[tuple[str, Severity], int] = {(c, s): 0 for c in CHECKS for s in ("error", "warning")}
+    out: dict[tuple[str, Severity], int] = {(c, s): 0 for c in CHECKS for s in get_args(Severity)}
     for f in findings:
         out[(f.check, f.severity)] += 1
     return out

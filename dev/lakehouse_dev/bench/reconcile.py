@@ -28,7 +28,6 @@ import random
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager, suppress
@@ -38,7 +37,7 @@ from typing import Any
 
 import click
 
-from lakehouse_dev.bench.common import bench_dir, save, say, table
+from lakehouse_dev.bench.common import bench_dir, launch_ingest, save, say, table
 from lakehouse_dev.kafka_local import KafkaBroker
 from lakehouse_dev.pg_source import RealSource
 from lakehouse_dev.source_target import dev_environment
@@ -148,11 +147,8 @@ def fill(r: Rig, rows: int) -> float:
 
 
 def launch(r: Rig, log: Path, trigger_seconds: float) -> subprocess.Popen:
-    """`lakehouse ingest` in its own process group, its output appended to `log`."""
-    with log.open("ab") as sink:
-        return subprocess.Popen([sys.executable, "-m", "pipelines.cli", "ingest", "--trigger-seconds",
-                                 str(trigger_seconds)], env={**os.environ, **r.env}, stdout=sink,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+    """`lakehouse ingest` on the rig's lake and source, its output appended to `log`."""
+    return launch_ingest({**os.environ, **r.env}, log, trigger_seconds)
 
 
 def stop(r: Rig, ingest: subprocess.Popen) -> None:
@@ -262,9 +258,9 @@ def _pg_hashes(conn: Any, shape: Any) -> dict[str, str]:
     """Every PostgreSQL row's key text and md5 of its canonical text, by a server-side cursor."""
     from psycopg import sql
 
-    from pipelines.reconcile.digest import _pg_parts
+    from pipelines.reconcile.digest import pg_parts
 
-    key, _, row, _ = _pg_parts(shape)
+    key, _, row, _ = pg_parts(shape)
     query = sql.SQL("SELECT {k}, md5({r}) FROM {t}").format(k=key, r=row, t=sql.Identifier("public", TABLE))
     with conn.transaction(), conn.cursor(name="bench_full_comparison") as cursor:
         cursor.itersize = 50_000
@@ -279,7 +275,7 @@ def full_comparison(lake: Any, conn: Any) -> dict[str, Any]:
 
     from pipelines.lake.layout import main_path
     from pipelines.reconcile.compare import TableReport, shape_of, source_columns
-    from pipelines.reconcile.digest import _lake_frame
+    from pipelines.reconcile.digest import lake_frame
 
     started = time.monotonic()
     bronze = lake.spark.read.format("hudi").load(main_path(TABLE, lake.root))
@@ -287,7 +283,7 @@ def full_comparison(lake: Any, conn: Any) -> dict[str, Any]:
                      TableReport(TABLE, SOURCE))
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="full-comparison") as pool:
         pending = pool.submit(_pg_hashes, conn, shape)
-        held = {r["_k"]: r["_h"] for r in _lake_frame(bronze, shape).select("_k", "_h").toLocalIterator()}
+        held = {r["_k"]: r["_h"] for r in lake_frame(bronze, shape).select("_k", "_h").toLocalIterator()}
         source = pending.result()
     found = {"missing": len(source.keys() - held.keys()), "extra": len(held.keys() - source.keys()),
              "differ": sum(1 for k, h in source.items() if k in held and held[k] != h)}
