@@ -49,7 +49,7 @@ def check(lake: Lake, tables: tuple[str, ...], as_json: bool) -> None:
     # cannot clear an alert on another table's finding.
     run = None if tables else JobMetrics(metric_names.SOURCE_CHECK, lake.root)
     try:
-        found = run_check(Target.of(lake.config), lake.declaration, declared_names(lake, tables))
+        found = run_check(Target.of(lake.config), lake.declaration, declared_names(lake, tables), root=lake.root)
     except Exception:
         if run is not None:
             run.push(succeeded=False)
