@@ -6,4 +6,7 @@ consistent point of each side, without moving every row: both sides hash the sam
 (`digest`); only buckets that differ are read row by row, and a row that differs is looked at again after the
 stream has had time to apply what the source changed meanwhile (`compare`): what still differs then, with the
 source row unchanged, is drift.
+
+`lakehouse reconcile --layer silver` compares each declared table's silver and quarantine with what the declared
+rules make of bronze as of the version each consumed (`silver`), in Spark: both sides are in the lake.
 """
