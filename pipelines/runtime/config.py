@@ -19,12 +19,13 @@ import importlib.resources
 import json
 import os
 import tomllib
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator, model_validator
 
 from pipelines.errors import SecretError, SettingError
 
@@ -93,18 +94,10 @@ class Secret(_Section):
 
 
 def _airflow_password(connection_id: str) -> str:
-    """The password of an Airflow Connection, through the Task SDK (inside a task) or Airflow's secrets backends."""
-    try:
-        from airflow.sdk import Connection
-    except ImportError as exc:
-        raise SecretError(f"the secret is Airflow Connection {connection_id!r}, and Airflow is not installed "
-                          "here") from exc
-    try:
-        password = Connection.get(connection_id).password
-    except Exception as exc:  # the SDK raises its own kinds for a missing connection
-        raise SecretError(f"Airflow Connection {connection_id!r} cannot be read ({type(exc).__name__}: {exc})") \
-            from exc
-    if not password:
+    """The password of an Airflow Connection (pipelines.runtime.airflow_connections says where it is read from)."""
+    from pipelines.runtime.airflow_connections import read
+
+    if not (password := read(connection_id).password):
         raise SecretError(f"Airflow Connection {connection_id!r} has no password")
     return password
 
@@ -148,9 +141,42 @@ class KafkaSettings(_Section):
         return self
 
 
-class SourceSettings(_Section):
+class _Endpoint(_Section):
+    """A section whose endpoint may be an Airflow Connection (`airflow_connection`) instead of its own keys: then
+    those keys (`FROM_CONNECTION`) are the Connection's, and setting one beside it is refused, naming it; the
+    Connection is read when the endpoint is used (`endpoint`), never when the file is loaded."""
+
+    FROM_CONNECTION: ClassVar[tuple[str, ...]] = ()
+    SECTION: ClassVar[str] = ""
+
+    airflow_connection: str | None = None  # first: the keys' validators below see it
+
+    @field_validator("*")
+    @classmethod
+    def _not_beside_connection(cls, value: Any, info: ValidationInfo) -> Any:
+        """A key of the endpoint given beside `airflow_connection` (a default is never validated: only what is set)."""
+        if (conn_id := info.data.get("airflow_connection")) and info.field_name in cls.FROM_CONNECTION:
+            raise ValueError(f"[{cls.SECTION}] airflow_connection = {conn_id!r} gives the endpoint ("
+                             f"{', '.join(cls.FROM_CONNECTION)}): {info.field_name} is the Connection's, not set "
+                             "here (remove it, or airflow_connection)")
+        return value
+
+    def shown(self) -> dict[str, str]:
+        """What `config show` prints of the keys the Connection gives, without reading it: where they are."""
+        if self.airflow_connection is None:
+            return {}
+        return dict.fromkeys(self.FROM_CONNECTION, f"<Airflow Connection {self.airflow_connection}>")
+
+
+class SourceSettings(_Endpoint):
     """The PostgreSQL database whose changes Debezium captures, as the source commands reach it (`lakehouse source
-    sync|check`, `lakehouse doctor`), and the names Debezium's connector uses there."""
+    sync|check`, `lakehouse doctor`), and the names Debezium's connector uses there. `airflow_connection`: the
+    database is a postgres Connection's (host, port, login, password, schema the database, extra `sslmode` and
+    `sslrootcert`)."""
+
+    FROM_CONNECTION: ClassVar[tuple[str, ...]] = ("host", "port", "database", "user", "password", "sslmode",
+                                                  "sslrootcert")
+    SECTION: ClassVar[str] = "source"
 
     host: str = "127.0.0.1"
     port: int = 5433
@@ -169,9 +195,34 @@ class SourceSettings(_Section):
             raise ValueError(f"sslmode {self.sslmode} needs sslrootcert, the CA that signed the server's certificate")
         return self
 
+    def endpoint(self) -> SourceSettings:
+        """These settings with the database of `airflow_connection` read now (itself without one); SettingError
+        naming the Connection when it is not a postgres one or lacks a field."""
+        if self.airflow_connection is None:
+            return self
+        from pipelines.runtime.airflow_connections import read
 
-class ConnectSettings(_Section):
-    """The Kafka Connect cluster that runs Debezium, and the connector's name there (the connector watchdog)."""
+        conn = read(self.airflow_connection)
+        if conn.conn_type not in ("postgres", None):
+            raise SettingError(f"{conn.named()} ([source] airflow_connection): conn_type {conn.conn_type!r}, "
+                               "expected postgres")
+        missing = [name for name in ("host", "login", "schema") if not getattr(conn, name)]
+        if missing:
+            raise SettingError(f"{conn.named()} ([source] airflow_connection) has no {', '.join(missing)} "
+                               "(schema: the database)")
+        values = {"host": conn.host, "port": conn.port or 5432, "database": conn.schema, "user": conn.login,
+                  "password": Secret(airflow_connection=conn.conn_id) if conn.password else None,
+                  **{k: conn.extra[k] for k in ("sslmode", "sslrootcert") if conn.extra.get(k)}}
+        return _resolved(self, values, conn.named())
+
+
+class ConnectSettings(_Endpoint):
+    """The Kafka Connect cluster that runs Debezium, and the connector's name there (the connector watchdog).
+    `airflow_connection`: the REST API is an http or https Connection's (host, with its scheme or the scheme as
+    conn_type or schema; port; login and password, basic authentication; extra `ssl_ca_file`)."""
+
+    FROM_CONNECTION: ClassVar[tuple[str, ...]] = ("url", "username", "password", "ssl_ca_file")
+    SECTION: ClassVar[str] = "connect"
 
     url: str = "http://127.0.0.1:8083"
     connector: str = "shop-source"
@@ -191,6 +242,39 @@ class ConnectSettings(_Section):
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"{url!r}: expected an http:// or https:// URL")
         return url.rstrip("/")
+
+    def endpoint(self) -> ConnectSettings:
+        """These settings with the REST API of `airflow_connection` read now (itself without one); SettingError
+        naming the Connection when it is not an http one or has no host."""
+        if self.airflow_connection is None:
+            return self
+        from pipelines.runtime.airflow_connections import read
+
+        conn = read(self.airflow_connection)
+        if not conn.host:
+            raise SettingError(f"{conn.named()} ([connect] airflow_connection) has no host")
+        url = conn.host
+        if "://" not in url:
+            scheme = next((s for s in (conn.schema, conn.conn_type) if s in ("http", "https")), "http")
+            url = f"{scheme}://{url}"
+        if conn.port and urllib.parse.urlsplit(url).port is None:
+            url = f"{url.rstrip('/')}:{conn.port}"
+        values = {"url": url, "username": conn.login,
+                  "password": Secret(airflow_connection=conn.conn_id) if conn.password else None,
+                  "ssl_ca_file": conn.extra.get("ssl_ca_file") or None}
+        return _resolved(self, values, conn.named())
+
+
+def _resolved(section: _Endpoint, values: dict[str, Any], named: str) -> Any:
+    """`section` with `values` (a Connection's) in place of its endpoint's keys, checked as the file's would be;
+    SettingError naming the Connection."""
+    kept = section.model_dump(exclude={"airflow_connection", *section.FROM_CONNECTION})
+    try:
+        return type(section).model_validate({**kept, **values})
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or section.SECTION}: "
+                             f"{e['msg'].removeprefix('Value error, ')}" for e in exc.errors())
+        raise SettingError(f"{named} ([{section.SECTION}] airflow_connection): {problems}") from None
 
 
 class CatalogSettings(_Section):
@@ -301,7 +385,8 @@ def config_text(config: Config, heading: str) -> str:
     (the EMR bundle's BUNDLED_FILE, pipelines/deploy/package.py)."""
     lines = [f"# {heading}"]
     for name, section in config.model_dump(mode="json", exclude_none=True).items():
-        lines += ["", f"[{name}]", *(f"{key} = {_toml(value)}" for key, value in section.items())]
+        given = getattr(config, name).shown() if isinstance(getattr(config, name), _Endpoint) else {}
+        lines += ["", f"[{name}]", *(f"{key} = {_toml(value)}" for key, value in section.items() if key not in given)]
     return "\n".join(lines) + "\n"
 
 
@@ -406,10 +491,14 @@ def effective(loaded: Loaded) -> list[tuple[str, Any, str]]:
     rows = []
     for name in SECTIONS:
         section = getattr(loaded.config, name)
+        given = section.shown() if isinstance(section, _Endpoint) else {}
         for key in type(section).model_fields:
             value = getattr(section, key)
             shown = value.where() if isinstance(value, Secret) else value
-            rows.append((f"{name}.{key}", shown, loaded.sources.get(f"{name}.{key}", "default")))
+            source = loaded.sources.get(f"{name}.{key}", "default")
+            if key in given:  # the Connection's, read when the endpoint is used: where it is, not its value
+                shown, source = given[key], f"Airflow Connection {section.airflow_connection}"
+            rows.append((f"{name}.{key}", shown, source))
     return rows
 
 
