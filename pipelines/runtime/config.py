@@ -27,7 +27,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator, model_validator
 
-from pipelines.errors import SecretError, SettingError
+from pipelines.errors import LakehouseError, SecretError, SettingError
 
 CONFIG_VARIABLE = "LAKEHOUSE_CONFIG"
 PROFILE_VARIABLE = "LAKEHOUSE_PROFILE"
@@ -160,6 +160,10 @@ class _Endpoint(_Section):
                              f"{', '.join(cls.FROM_CONNECTION)}): {info.field_name} is the Connection's, not set "
                              "here (remove it, or airflow_connection)")
         return value
+
+    def endpoint(self) -> Any:
+        """These settings with the endpoint of `airflow_connection` read now (the subclasses')."""
+        raise NotImplementedError
 
     def shown(self) -> dict[str, str]:
         """What `config show` prints of the keys the Connection gives, without reading it: where they are."""
@@ -491,7 +495,7 @@ def effective(loaded: Loaded) -> list[tuple[str, Any, str]]:
     rows = []
     for name in SECTIONS:
         section = getattr(loaded.config, name)
-        given = section.shown() if isinstance(section, _Endpoint) else {}
+        given = _from_connection(section) if isinstance(section, _Endpoint) else {}
         for key in type(section).model_fields:
             value = getattr(section, key)
             shown = value.where() if isinstance(value, Secret) else value
@@ -500,6 +504,32 @@ def effective(loaded: Loaded) -> list[tuple[str, Any, str]]:
                 shown, source = given[key], f"Airflow Connection {section.airflow_connection}"
             rows.append((f"{name}.{key}", shown, source))
     return rows
+
+
+def _from_connection(section: _Endpoint) -> dict[str, Any]:
+    """The keys an endpoint's Connection gives, as `config show` prints them: its values (the password as where it
+    is) when the Connection can be read here, else where they are."""
+    if section.airflow_connection is None:
+        return {}
+    try:
+        resolved = section.endpoint()
+    except LakehouseError:
+        return section.shown()
+    values = {key: getattr(resolved, key) for key in section.FROM_CONNECTION}
+    return {key: value.where() if isinstance(value, Secret) else value for key, value in values.items()}
+
+
+def airflow_connections(config: Config) -> list[str]:
+    """The ids of the Airflow Connections `config` names: an endpoint's (`[source]`, `[connect]`) and every secret's
+    (`{ airflow_connection = "id" }`), each once, in the sections' order."""
+    found: list[str] = []
+    for name in SECTIONS:
+        section = getattr(config, name)
+        values = [section.airflow_connection] if isinstance(section, _Endpoint) else []
+        values += [v.airflow_connection for v in (getattr(section, k) for k in type(section).model_fields)
+                   if isinstance(v, Secret)]
+        found += [v for v in values if v is not None and v not in found]
+    return found
 
 
 def export(loaded: Loaded, environ: dict[str, str] | os._Environ[str] = os.environ) -> None:

@@ -41,15 +41,16 @@ def check(lake: Lake, tables: tuple[str, ...], as_json: bool) -> None:
     (warnings alone: 0); --json prints the findings as a list (table, check, problem, fix, severity, fixable)."""
     from pipelines.source.check import Target, errors, run_check
 
-    found = run_check(Target.of(lake.config), lake.declaration, declared_names(lake, tables))
+    target = Target.of(lake.config)
+    found = run_check(target, lake.declaration, declared_names(lake, tables))
     if as_json:
         echo_json([f.document() for f in found])
     else:
         for finding in found:
             click.echo(finding.line())
         click.echo(f"source check: {len(errors(found))} errors, {len(found) - len(errors(found))} warnings "
-                   f"({lake.config.source.host}:{lake.config.source.port}/{lake.config.source.database}, "
-                   f"connector {lake.config.connect.connector} at {lake.config.connect.url})", err=True)
+                   f"({target.source.host}:{target.source.port}/{target.source.database}, "
+                   f"connector {target.connect.connector} at {target.connect.url})", err=True)
     if errors(found):
         raise SystemExit(1)
 
