@@ -12,6 +12,10 @@ holds and the keys whose values differ, with the columns. The task fails when a 
 the run's figures go to the Pushgateway (`lakehouse_reconcile_rows`, `lakehouse_reconcile_drift_rows`,
 the run's duration): the alert `LakehouseReconcileDrift` fires until a run finds the table exact. Run it by
 hand after `lakehouse source sync` or any change of the source's replication.
+
+Beside it, `lakehouse source check` looks for every reason a declared table's changes would not reach Kafka (the
+replication slot gone or invalidated, a table no longer in the publication, the connector not capturing it): the
+task fails on one, and `LakehouseSourceCannotCapture` fires until a check finds none.
 """
 
 from __future__ import annotations
@@ -34,5 +38,9 @@ with DAG(
     doc_md=__doc__,
     tags=["lakehouse", "reconcile"],
 ):
+    # Apart, not in line: a finding of the check (a table out of the publication) is also a reason to reconcile.
+    spark_task(job("source_check", "source", "check"),
+               doc_md="Every reason a declared table's changes would not reach its topic (`lakehouse source check`): "
+                      "the slot, the publication, the connector; pushed as `lakehouse_source_findings`.")
     spark_task(job("reconcile", "reconcile"),
                doc_md="Bronze against the source database, every declared table (`lakehouse reconcile`).")

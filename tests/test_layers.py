@@ -13,7 +13,7 @@ import pipelines
 pytestmark = pytest.mark.unit
 
 # Lowest first; a package may import those of a lower rank (and `pipelines.errors`, which every layer raises).
-RANKS = {"lake": 0, "runtime": 1, "metastore": 2, "monitoring": 2, "source": 2, "ingest": 3, "transform": 4,
+RANKS = {"lake": 0, "runtime": 1, "metastore": 2, "monitoring": 2, "source": 3, "ingest": 3, "transform": 4,
          "services": 5, "deploy": 5, "gdpr": 6, "reconcile": 6, "cli": 7}
 PACKAGE = Path(pipelines.__file__).parent
 

@@ -142,7 +142,9 @@ class ConnectWorker(LocalProcess):
         worker = worker_config(self.bootstrap, self.rest_port, self.work_dir / "offsets.dat",
                                schemas_enable=self.schemas_enable, offset_flush_ms=self.offset_flush_ms)
         worker |= self._secured()
-        (self.work_dir / "worker.properties").write_text("".join(f"{k}={v}\n" for k, v in worker.items()))
+        # Escaped as Java reads it back: a client certificate's chain (`ssl.keystore.certificate.chain`) is PEM
+        # text of several lines, which unescaped would end the value at its first line.
+        (self.work_dir / "worker.properties").write_text(properties_text(worker))
         (self.work_dir / "connector.json").write_text(json.dumps(self.connector(), indent=2))
         (self.work_dir / "log4j.properties").write_text(CONNECT_LOG4J)
 

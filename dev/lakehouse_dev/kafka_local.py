@@ -19,7 +19,7 @@ from pathlib import Path
 
 import click
 
-from lakehouse_dev.tls import LocalTls, secret_file
+from lakehouse_dev.tls import LocalTls, private_file, secret_file
 from pipelines.runtime.commands import echo_json
 from pipelines.runtime.local_process import HOST, LocalProcess, free_port, java_command, port_open
 from pipelines.runtime.settings import PROJECT_ROOT, jvm_dir
@@ -84,6 +84,10 @@ def _read_properties(path: Path) -> dict[str, str]:
 
 
 SCRAM_USER = "lakehouse"
+# The ports `start` chooses when they are 0 (the PROXIED listener's only with a proxy_port).
+_CHOSEN_PORTS = ("port", "controller_port", "proxied_port", "secure_port", "sasl_port", "mtls_port")
+SCRAM_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
+SCRAM_LOGIN = "org.apache.kafka.common.security.scram.ScramLoginModule required;"
 
 
 @dataclass
@@ -119,9 +123,15 @@ class KafkaBroker(LocalProcess):
     proxy_port: int | None = None
     proxied_port: int = 0
     # A SASL_SSL listener, SECURE, on this port (0: a free one): TLS with the state folder's own CA
-    # (lakehouse_dev.tls) and SCRAM-SHA-512 for the user SCRAM_USER, whose password is `scram_password_file`.
-    # None: no such listener.
+    # (lakehouse_dev.tls) and SCRAM-SHA-512 or SCRAM-SHA-256 for the user SCRAM_USER, whose password is
+    # `scram_password_file`. None: no such listener.
     secure_port: int | None = None
+    # A SASL_PLAINTEXT listener, SASL, on this port (0: a free one): PLAIN, SCRAM-SHA-256 and SCRAM-SHA-512 for
+    # SCRAM_USER, with the same password, no TLS. None: no such listener.
+    sasl_port: int | None = None
+    # An SSL listener, MTLS, on this port (0: a free one) that takes only clients presenting a certificate the
+    # state folder's CA signed (`tls.client_cert`, `tls.client_key`). None: no such listener.
+    mtls_port: int | None = None
 
     def __post_init__(self) -> None:
         # Absolute, because the paths are written into configs and matched against the java command line.
@@ -176,31 +186,22 @@ class KafkaBroker(LocalProcess):
         if self.pid() is not None:
             return super().start(timeout)
         deadline = time.monotonic() + (self.start_timeout if timeout is None else timeout)
-        choose_port = self.port == 0
         if self.controller_port is None:
             self.controller_port = self._stored_controller_port() or 0
-        choose_controller = self.controller_port == 0
-        choose_proxied = self.proxy_port is not None and self.proxied_port == 0
-        choose_secure = self.secure_port == 0
+        chosen_here = [name for name in _CHOSEN_PORTS if getattr(self, name) == 0]
+        if self.proxy_port is None and "proxied_port" in chosen_here:
+            chosen_here.remove("proxied_port")  # no PROXIED listener: its port stays unset
         for attempt in range(1, PORT_ATTEMPTS + 1):
-            if choose_port:
-                self.port = free_port()
-            if choose_controller:
-                self.controller_port = free_port()
-            if choose_proxied:
-                self.proxied_port = free_port()
-            if choose_secure:
-                self.secure_port = free_port()
+            for name in chosen_here:
+                setattr(self, name, free_port())
             log_start = self.log_size()
             try:
                 self.launch(deadline)
-                if self.secure_port is not None:
+                if self.secure_port is not None or self.sasl_port is not None:
                     self._add_scram_user()
                 return self
             except RuntimeError:
-                chosen = {port for port, mine in ((self.port, choose_port), (self.controller_port, choose_controller),
-                                                  (self.proxied_port, choose_proxied),
-                                                  (self.secure_port, choose_secure)) if mine}
+                chosen = {getattr(self, name) for name in chosen_here}
                 if attempt == PORT_ATTEMPTS or self._taken_port(log_start) not in chosen:
                     raise
         raise AssertionError("unreachable")
@@ -219,6 +220,9 @@ class KafkaBroker(LocalProcess):
         if "PROXIED" in advertised:
             self.proxy_port = advertised["PROXIED"]
             self.proxied_port = _listeners(_read_properties(self.config_path)["listeners"])["PROXIED"]
+        self.secure_port = advertised.get("SECURE", self.secure_port)
+        self.sasl_port = advertised.get("SASL", self.sasl_port)
+        self.mtls_port = advertised.get("MTLS", self.mtls_port)
 
     def prepare(self, log_start: int) -> None:
         self._write_configs()
@@ -251,7 +255,14 @@ class KafkaBroker(LocalProcess):
 
     @property
     def scram_password_file(self) -> Path:
+        """SCRAM_USER's password, on every SASL listener and mechanism alike."""
         return self.data_dir / "tls" / "scram-password"
+
+    @property
+    def plain_users_file(self) -> Path:
+        """The PLAIN mechanism's user and password (0600), which the broker reads through its FileConfigProvider:
+        the JAAS line in server.properties holds a reference only."""
+        return self.data_dir / "tls" / "plain-users.properties"
 
     @property
     def secure_bootstrap(self) -> str:
@@ -259,29 +270,39 @@ class KafkaBroker(LocalProcess):
             raise RuntimeError("this broker has no SECURE listener (secure_port unset)")
         return f"{HOST}:{self.secure_port}"
 
+    @property
+    def sasl_bootstrap(self) -> str:
+        if self.sasl_port is None:
+            raise RuntimeError("this broker has no SASL listener (sasl_port unset)")
+        return f"{HOST}:{self.sasl_port}"
+
+    @property
+    def mtls_bootstrap(self) -> str:
+        if self.mtls_port is None:
+            raise RuntimeError("this broker has no MTLS listener (mtls_port unset)")
+        return f"{HOST}:{self.mtls_port}"
+
     def _write_configs(self) -> None:
-        listeners = f"PLAINTEXT://{HOST}:{self.port},CONTROLLER://{HOST}:{self.controller_port}"
-        advertised = f"PLAINTEXT://{HOST}:{self.port}"
-        protocols = "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT"
+        listeners = {"PLAINTEXT": (self.port, self.port, "PLAINTEXT"),
+                     "CONTROLLER": (self.controller_port, None, "PLAINTEXT")}
         if self.proxy_port is not None:
-            listeners += f",PROXIED://{HOST}:{self.proxied_port}"
-            advertised += f",PROXIED://{HOST}:{self.proxy_port}"
-            protocols += ",PROXIED:PLAINTEXT"
-        secure: dict[str, str] = {}
-        if self.secure_port is not None:
-            listeners += f",SECURE://{HOST}:{self.secure_port}"
-            advertised += f",SECURE://{HOST}:{self.secure_port}"
-            protocols += ",SECURE:SASL_SSL"
-            secure = self._secure_settings()
+            listeners["PROXIED"] = (self.proxied_port, self.proxy_port, "PLAINTEXT")
+        for name, port, protocol in (("SECURE", self.secure_port, "SASL_SSL"), ("SASL", self.sasl_port,
+                                                                                 "SASL_PLAINTEXT"),
+                                     ("MTLS", self.mtls_port, "SSL")):
+            if port is not None:
+                listeners[name] = (port, port, protocol)
         settings = {
             "process.roles": "broker,controller",
             "node.id": "1",
             "controller.quorum.voters": f"1@{HOST}:{self.controller_port}",
-            "listeners": listeners,
-            "advertised.listeners": advertised,
+            "listeners": ",".join(f"{name}://{HOST}:{port}" for name, (port, _, _) in listeners.items()),
+            "advertised.listeners": ",".join(f"{name}://{HOST}:{advertised}"
+                                             for name, (_, advertised, _) in listeners.items() if advertised),
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "PLAINTEXT",
-            "listener.security.protocol.map": protocols,
+            "listener.security.protocol.map": ",".join(f"{name}:{protocol}"
+                                                       for name, (_, _, protocol) in listeners.items()),
             "log.dirs": str(self.data_dir / "kraft-logs"),
             "num.partitions": "3",
             "offsets.topic.replication.factor": "1",
@@ -291,19 +312,40 @@ class KafkaBroker(LocalProcess):
             "auto.create.topics.enable": "true",
             # Test and demo data must outlive the default 7 days.
             "log.retention.hours": "-1",
-            **secure,
+            **self._secured_settings(),
         }
         self.config_path.write_text("".join(f"{key}={value}\n" for key, value in settings.items()))
         (self.data_dir / "log4j.properties").write_text(LOG4J_PROPERTIES)
 
-    def _secure_settings(self) -> dict[str, str]:
-        """The SECURE listener's TLS (a PEM key store: the server's key and chain in one file) and SCRAM."""
+    def _secured_settings(self) -> dict[str, str]:
+        """The settings of the SECURE, SASL and MTLS listeners that are on, each its own (`listener.name.<name>.`)."""
+        settings: dict[str, str] = {}
+        if self.secure_port is not None:
+            settings |= self._tls_settings("secure") | _sasl_settings("secure", SCRAM_MECHANISMS)
+        if self.sasl_port is not None:
+            settings |= _sasl_settings("sasl", ("PLAIN", *SCRAM_MECHANISMS))
+            settings |= {"listener.name.sasl.plain.sasl.jaas.config": self._plain_login(),
+                         "config.providers": "file",
+                         "config.providers.file.class": "org.apache.kafka.common.config.provider.FileConfigProvider"}
+        if self.mtls_port is not None:
+            settings |= self._tls_settings("mtls") | {
+                "listener.name.mtls.ssl.client.auth": "required",
+                "listener.name.mtls.ssl.truststore.type": "PEM",
+                "listener.name.mtls.ssl.truststore.location": str(self.tls.ca_file)}
+        return settings
+
+    def _tls_settings(self, listener: str) -> dict[str, str]:
+        """A TLS listener's key store: PEM, the server's key and chain in one file."""
         tls = self.tls.ensure()
-        return {"sasl.enabled.mechanisms": "SCRAM-SHA-512",
-                "listener.name.secure.ssl.keystore.type": "PEM",
-                "listener.name.secure.ssl.keystore.location": str(tls.server_pem),
-                "listener.name.secure.scram-sha-512.sasl.jaas.config":
-                    "org.apache.kafka.common.security.scram.ScramLoginModule required;"}
+        return {f"listener.name.{listener}.ssl.keystore.type": "PEM",
+                f"listener.name.{listener}.ssl.keystore.location": str(tls.server_pem)}
+
+    def _plain_login(self) -> str:
+        """PLAIN's JAAS line on the broker: SCRAM_USER's password by reference to `plain_users_file` (0600)."""
+        password = secret_file(self.scram_password_file)
+        private_file(self.plain_users_file, f"{SCRAM_USER}={password}\n")
+        return (f"org.apache.kafka.common.security.plain.PlainLoginModule required "
+                f'user_{SCRAM_USER}="${{file:{self.plain_users_file}:{SCRAM_USER}}}";')
 
     def _cluster_id(self) -> str:
         """Generated once per data_dir: formatted log dirs only accept the id they were formatted with."""
@@ -333,19 +375,20 @@ class KafkaBroker(LocalProcess):
             )
 
     def _add_scram_user(self) -> None:
-        """Give SCRAM_USER its SCRAM-SHA-512 credential (KRaft keeps them in its metadata), through the PLAINTEXT
-        listener, which takes no authentication: a request, so that the password is on no command line, as the
-        storage tool's `--add-scram` would put it. Run after every start: an upsert, and the file is the truth."""
+        """Give SCRAM_USER its SCRAM-SHA-256 and SCRAM-SHA-512 credentials (KRaft keeps them in its metadata),
+        through the PLAINTEXT listener, which takes no authentication: a request, so that the password is on no
+        command line, as the storage tool's `--add-scram` would put it. Run after every start: an upsert, and the
+        file is the truth."""
         from kafka.admin import KafkaAdminClient, ScramMechanism, UserScramCredentialUpsertion
 
         password = secret_file(self.scram_password_file)
         admin = KafkaAdminClient(bootstrap_servers=self.bootstrap, client_id="lakehouse-dev-broker")
-        try:
-            failed = admin.alter_user_scram_credentials(
-                [UserScramCredentialUpsertion(SCRAM_USER, ScramMechanism.SCRAM_SHA_512, password)])
+        try:  # one request per mechanism: a request alters a user's credentials once
+            failed = [admin.alter_user_scram_credentials([UserScramCredentialUpsertion(SCRAM_USER, scram, password)])
+                      for scram in (ScramMechanism.SCRAM_SHA_256, ScramMechanism.SCRAM_SHA_512)]
         finally:
             admin.close()
-        if any(failed.values()):
+        if any(any(answer.values()) for answer in failed):
             raise RuntimeError(self.failure(f"creating the SCRAM user {SCRAM_USER} failed: {failed}", 0))
 
     def _java_command(self, main_class: str, *args: str) -> list[str]:
@@ -373,6 +416,13 @@ class KafkaBroker(LocalProcess):
         except subprocess.TimeoutExpired:
             return False
         return probe.returncode == 0
+
+
+def _sasl_settings(listener: str, mechanisms: tuple[str, ...]) -> dict[str, str]:
+    """A SASL listener's mechanisms, and the SCRAM ones' login (credentials in KRaft's metadata: `_add_scram_user`)."""
+    return {f"listener.name.{listener}.sasl.enabled.mechanisms": ",".join(mechanisms),
+            **{f"listener.name.{listener}.{m.lower()}.sasl.jaas.config": SCRAM_LOGIN
+               for m in mechanisms if m.startswith("SCRAM-")}}
 
 
 DATA_DIR_OPTION = click.option(

@@ -83,7 +83,7 @@ from pipelines.lake.layout import BATCH_ID_META, REGISTRY_META
 from pipelines.lake.table_stats import has_completed_commit
 from pipelines.runtime.config import KafkaSettings
 from pipelines.runtime.hudi_writes import save
-from pipelines.runtime.kafka_clients import at, python_options
+from pipelines.runtime.kafka_clients import at, connect_json, python_options
 from pipelines.runtime.lake import Lake
 from pipelines.services.quality import redact_subject
 
@@ -174,7 +174,8 @@ def kafka_tombstones(brokers: KafkaSettings, target: Target,
 
     The topics are those of the target's declaration. A table keyed by its subject gets one per
     customer, every other one per row of theirs (its key columns, integers as JSON numbers:
-    `key_types`). Rows that moved keep their key: their newest record is another customer's row.
+    `key_types`), in each form a record's key may take (`_key_forms`). Rows that moved keep their key: their
+    newest record is another customer's row.
     """
     from kafka import KafkaProducer
     from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient
@@ -200,7 +201,8 @@ def kafka_tombstones(brokers: KafkaSettings, target: Target,
     producer = KafkaProducer(**python_options(brokers), acks="all")
     try:
         for name, record_key in keys:
-            producer.send(decl.topic(name), key=json.dumps(record_key).encode(), value=None)
+            for key in _key_forms(record_key):
+                producer.send(decl.topic(name), key=key, value=None)
         producer.flush(60)
     finally:
         producer.close()
@@ -208,6 +210,14 @@ def kafka_tombstones(brokers: KafkaSettings, target: Target,
 
 
 _INTEGERS = ("bigint", "int", "smallint", "tinyint")
+
+
+def _key_forms(record_key: dict[str, object]) -> set[bytes]:
+    """The key bytes a source topic's records of `record_key` may carry: Kafka Connect's compact JSON (Debezium)
+    and the spaced form the contract writes (`{"id": 42}`). Compaction keeps one record per key *bytes*, in the
+    partition those bytes hash to: a tombstone removes only the records of its own form, and one of a form no
+    record has is dropped by the next compaction."""
+    return {connect_json(record_key), json.dumps(record_key).encode()}
 
 
 # ---------------------------------------------------------------- the run

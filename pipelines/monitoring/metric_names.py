@@ -38,6 +38,7 @@ QUALITY = "lakehouse_quality"
 ERASE = "lakehouse_gdpr_erase"
 INBOX = "lakehouse_gdpr_inbox"
 RECONCILE = "lakehouse_reconcile"
+SOURCE_CHECK = "lakehouse_source_check"
 BATCH = "*"
 
 
@@ -123,6 +124,11 @@ RECONCILE_DRIFT = Metric(
     "lakehouse_reconcile_drift_rows", "gauge", ("table", "kind"),
     "Rows that differed between the lake and the source at the last reconciliation of the table, by kind: "
     "missing (from the lake), extra (only in the lake), differ (values); 0 when it matched.", RECONCILE)
+SOURCE_FINDINGS = Metric(
+    "lakehouse_source_findings", "gauge", ("check", "severity"),
+    "Findings of the last `lakehouse source check`, by check (wal_level, publication, slot, connector, ...) and "
+    "severity (error: changes are not captured; warning: a risk); every check is pushed, 0 when it passed.",
+    SOURCE_CHECK)
 JOB_DURATION = Metric(
     "lakehouse_job_duration_seconds", "gauge", (),
     "Seconds the batch job's last run took, pushed by each run, succeeded or not.", BATCH)
@@ -155,7 +161,7 @@ ALL: tuple[Metric, ...] = (
     ERASURE_OLDEST_PENDING, ERASURE_PENDING,
     ERASURE_REQUESTS, ERASURE_ROWS, SERVICE_COMPACTIONS, SERVICE_CLUSTERINGS, SERVICE_CLEANS, SERVICE_CLEANED_FILES,
     SERVICE_DURATION, SERVICE_FAILURES, QUALITY_SUITES, QUALITY_SUITE_PASSED, RECONCILE_ROWS, RECONCILE_DRIFT,
-    JOB_DURATION, JOB_LAST_SUCCESS)
+    SOURCE_FINDINGS, JOB_DURATION, JOB_LAST_SUCCESS)
 # What `lakehouse ingest --once` pushes of the stream's figures: per table and topic, not the stream's
 # heartbeat (a run that ended does not beat; the heartbeat's alert would take it for a hung stream).
 INGEST_ONCE_METRICS = (BATCH_RECORDS, BATCH_BYTES, DEAD_LETTERS, COMMITS, TABLE_FRESHNESS, TABLE_FRESHNESS_TARGET,

@@ -35,7 +35,7 @@ from pipelines.lake.declaration import TableDecl
 from pipelines.reconcile.canonical import SourceColumn, pg_text
 from pipelines.reconcile.compare import Options, TableReport, reconcile_table, source_columns
 from pipelines.runtime.config import KafkaSettings, SourceSettings
-from pipelines.runtime.kafka_clients import python_options
+from pipelines.runtime.kafka_clients import connect_json, python_options
 from pipelines.runtime.lake import Lake
 from pipelines.source.catalog import pattern_of, split_name
 
@@ -190,11 +190,7 @@ def delete_record(template: dict[str, Any], decl: TableDecl, columns: list[Sourc
     before = {name: None for name in fields} | values
     event = {"before": before, "after": None, "source": source, "transaction": None, "op": "d", "ts_ms": now}
     value = {"schema": template["schema"], "payload": event} if wrapped else event
-    return _compact(values), _compact(value)
-
-
-def _compact(document: Any) -> bytes:
-    return json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode()
+    return connect_json(values), connect_json(value)
 
 
 def _before_fields(template: dict[str, Any]) -> dict[str, dict[str, Any]]:

@@ -31,6 +31,16 @@ def at(kafka: KafkaSettings, bootstrap: str | None) -> KafkaSettings:
     return kafka if bootstrap is None else kafka.model_copy(update={"bootstrap_servers": bootstrap})
 
 
+def connect_json(document: Any) -> bytes:
+    """`document` as Kafka Connect's JsonConverter writes a schemaless key: compact, UTF-8, non-ASCII unescaped.
+
+    A record the project writes to a source topic (an erasure's tombstone, a heal's delete) must carry the very key
+    bytes Debezium's records carry: log compaction keeps one record per key *bytes*, and the default partitioner
+    picks the partition from them, so `{"id": 5}` neither lands beside nor compacts away Debezium's `{"id":5}`.
+    """
+    return json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode()
+
+
 def python_options(kafka: KafkaSettings) -> dict[str, Any]:
     """kafka-python's options (KafkaConsumer, KafkaProducer, KafkaAdminClient) for `kafka`."""
     options: dict[str, Any] = {"bootstrap_servers": kafka.bootstrap_servers,
@@ -59,9 +69,10 @@ def java_properties(kafka: KafkaSettings) -> dict[str, str]:
     """The Java Kafka client's properties for `kafka` (Spark's source, Kafka Connect's worker): the same brokers
     and authentication as `python_options`, in the Java client's words (PEM for TLS, a JAAS line for SASL).
 
-    A client certificate goes in as PEM text rather than a file's location: Spark's executors on a cluster get
-    the options, not the driver's files. spark.toml's `spark.sql.redaction.options.regex` masks it, and the JAAS
-    line, wherever Spark shows a source's options.
+    The CA and a client certificate go in as PEM text rather than a file's location: Spark's executors on a
+    cluster get the options, not the driver's files. spark.toml's `spark.sql.redaction.options.regex` masks the
+    client's key, and the JAAS line, wherever Spark shows a source's options. PEM text spans lines: a Java
+    properties file holding these needs them escaped (dev/lakehouse_dev/connect_config.py, `properties_text`).
     """
     options = {"bootstrap.servers": kafka.bootstrap_servers, "security.protocol": kafka.security_protocol}
     if kafka.sasl_mechanism == "AWS_MSK_IAM":
@@ -77,7 +88,7 @@ def java_properties(kafka: KafkaSettings) -> dict[str, str]:
         if not kafka.ssl_check_hostname:
             options["ssl.endpoint.identification.algorithm"] = ""
         if kafka.ssl_ca_file is not None:
-            options |= {"ssl.truststore.type": "PEM", "ssl.truststore.location": str(kafka.ssl_ca_file)}
+            options |= {"ssl.truststore.type": "PEM", "ssl.truststore.certificates": kafka.ssl_ca_file.read_text()}
         if kafka.ssl_cert_file is not None and kafka.ssl_key_file is not None:
             options |= {"ssl.keystore.type": "PEM", "ssl.keystore.certificate.chain": kafka.ssl_cert_file.read_text(),
                         "ssl.keystore.key": kafka.ssl_key_file.read_text()}
@@ -142,7 +153,13 @@ def _refined(kafka: KafkaSettings, why: str, timeout: float) -> str:
     login it refused sometimes logs only the disconnects. One request without SASL settles it: answered over
     the same TLS, the login was refused; answered over TLS by a listener this client spoke plaintext to, the
     listener wants TLS."""
-    from pipelines.runtime.kafka_probe import AUTHENTICATION_FAILED, CLOSED, PLAINTEXT_TO_TLS, TIMED_OUT
+    from pipelines.runtime.kafka_probe import (
+        AUTHENTICATION_FAILED,
+        CERTIFICATE_ALERTS,
+        CLOSED,
+        PLAINTEXT_TO_TLS,
+        TIMED_OUT,
+    )
     from pipelines.runtime.local_process import kafka_unanswered
 
     if why not in (CLOSED, TIMED_OUT):
@@ -153,7 +170,9 @@ def _refined(kafka: KafkaSettings, why: str, timeout: float) -> str:
     if kafka.security_protocol in ("PLAINTEXT", "SASL_PLAINTEXT"):
         any_tls = ssl.create_default_context()
         any_tls.check_hostname, any_tls.verify_mode = False, ssl.CERT_NONE  # only: does it speak TLS at all?
-        if kafka_unanswered(bootstrap, seconds, any_tls) is None:
+        answer = kafka_unanswered(bootstrap, seconds, any_tls)
+        # A mutual-TLS listener answers no client without a certificate, but its alert is TLS all the same.
+        if answer is None or any(alert in answer for alert in CERTIFICATE_ALERTS):
             return PLAINTEXT_TO_TLS
     return why
 

@@ -25,6 +25,14 @@ PLAINTEXT_TO_TLS = "plaintext to a TLS listener ([kafka] security_protocol: SSL 
 CLOSED = ("the brokers closed every connection before answering: plaintext to a TLS listener, or SASL expected "
           "([kafka] security_protocol)")
 REFUSED = "connection refused: nothing listens at that address ([kafka] bootstrap_servers)"
+NO_CLIENT_CERTIFICATE = ("the brokers require a client certificate (mutual TLS) and this client presents none "
+                         "([kafka] ssl_cert_file, ssl_key_file: a certificate and key signed by a CA the brokers "
+                         "trust)")
+CLIENT_CERTIFICATE_REFUSED = ("the brokers refused this client's certificate: not signed by a CA they trust, or "
+                              "expired ([kafka] ssl_cert_file, ssl_key_file)")
+# The TLS alerts of a listener that refused the client's certificate, or wanted one (TLS 1.2's and 1.3's).
+CERTIFICATE_ALERTS = ("SSLV3_ALERT_BAD_CERTIFICATE", "TLSV13_ALERT_CERTIFICATE_REQUIRED",
+                      "TLSV1_ALERT_UNKNOWN_CA", "SSLV3_ALERT_CERTIFICATE_UNKNOWN")
 TIMED_OUT = "no answer within the timeout: a firewall or security group dropping the packets?"
 # What a connection's failure says, and what a person does about it, the most telling first: a refused password
 # is followed in the log by the disconnects it causes.
@@ -57,8 +65,11 @@ class _Failures(logging.Handler):
         self.lines.append(record.getMessage())
 
 
-def cause(lines: list[str], error: str) -> str:
-    """The cause of a failed bootstrap, in a person's words, from the connections' failures."""
+def cause(lines: list[str], error: str, client_certificate: bool = False) -> str:
+    """The cause of a failed bootstrap, in a person's words, from the connections' failures; `client_certificate`:
+    whether this client presented one (what a listener's certificate alert then means)."""
+    if any(alert in line for line in [*lines, error] for alert in CERTIFICATE_ALERTS):
+        return CLIENT_CERTIFICATE_REFUSED if client_certificate else NO_CLIENT_CERTIFICATE
     for marker, words in CAUSES:
         if any(marker in line for line in [*lines, error]):
             return words
@@ -81,7 +92,8 @@ def probe(options: dict[str, Any], timeout_ms: int, topics: list[str]) -> dict[s
         finally:
             admin.close()
     except Exception as exc:  # kafka-python's errors share no useful base: name the cause from its log
-        return {"ok": False, "why": cause(failures.lines, f"{type(exc).__name__}: {exc}")}
+        why = cause(failures.lines, f"{type(exc).__name__}: {exc}", "ssl_certfile" in options)
+        return {"ok": False, "why": why}
     # A topic the principal may not describe is not listed, as one that does not exist.
     return {"ok": True, "missing": sorted(set(topics) - visible)}
 

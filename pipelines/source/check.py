@@ -44,6 +44,11 @@ SYNC = "`lakehouse source sync`"
 # a deploy on a busy database.
 SMALL_WAL_KEEP_MB = 1024
 # What the connector's config must say, and from which setting of [source].
+# Every check a finding can come from: the source-check metric pushes each (0 when it passed), so that a finding
+# that is fixed stops its alert.
+CHECKS = ("wal_level", "max_slot_wal_keep_size", "slot", "connect", "connector", "connector_state",
+          "table.include.list", "publication", "publish_via_partition_root", "partition", "signal_table", "exists",
+          "primary_key", "columns", "typed", "replica_identity")
 CONNECTOR_KEYS = {"database.dbname": "database", "publication.name": "publication", "slot.name": "slot",
                   "signal.data.collection": "signal_table"}
 
@@ -60,6 +65,10 @@ class Finding:
     severity: Severity = "error"
     fixable: bool = False  # `lakehouse source sync` fixes it
     declaration: bool = False  # the declaration disagrees with the database: the sync refuses to start
+
+    def __post_init__(self) -> None:
+        if self.check not in CHECKS:
+            raise ValueError(f"unknown check {self.check!r}: add it to CHECKS (its metric series)")
 
     def line(self) -> str:
         return f"{self.severity}: {self.problem}; fix: {self.fix}"
@@ -90,6 +99,14 @@ class Target:
 
 def errors(findings: list[Finding]) -> list[Finding]:
     return [f for f in findings if f.severity == "error"]
+
+
+def counts(findings: list[Finding]) -> dict[tuple[str, Severity], int]:
+    """How many findings each check has, per severity, every check and severity present (0 when none)."""
+    out: dict[tuple[str, Severity], int] = {(c, s): 0 for c in CHECKS for s in ("error", "warning")}
+    for f in findings:
+        out[(f.check, f.severity)] += 1
+    return out
 
 
 # --------------------------------------------------------------------------- the declaration against the catalog

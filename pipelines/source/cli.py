@@ -38,11 +38,28 @@ def check(lake: Lake, tables: tuple[str, ...], as_json: bool) -> None:
     """Every reason a declared table's changes would not reach its topic, one line each with how to fix it: the
     server's wal_level and max_slot_wal_keep_size, the publication, the replication slot, each table's primary
     key, replica identity and columns, the connector's config and state. Exit 1 when an error is found
-    (warnings alone: 0); --json prints the findings as a list (table, check, problem, fix, severity, fixable)."""
-    from pipelines.source.check import Target, errors, run_check
+    (warnings alone: 0); --json prints the findings as a list (table, check, problem, fix, severity, fixable).
+    A check of every table pushes its counts per check to [metrics] pushgateway (`lakehouse_source_findings`,
+    which the alert LakehouseSourceCannotCapture watches)."""
+    from pipelines.monitoring import metric_names
+    from pipelines.monitoring.pushgateway import JobMetrics
+    from pipelines.source.check import Target, counts, errors, run_check
 
-    target = Target.of(lake.config)
-    found = run_check(target, lake.declaration, declared_names(lake, tables))
+    # Only a check of every declared table is the source's state: a --table check pushes nothing, so that it
+    # cannot clear an alert on another table's finding.
+    run = None if tables else JobMetrics(metric_names.SOURCE_CHECK, lake.root)
+    try:
+        target = Target.of(lake.config)
+        found = run_check(target, lake.declaration, declared_names(lake, tables))
+    except Exception:
+        if run is not None:
+            run.push(succeeded=False)
+        raise
+    if run is not None:
+        gauge = run.gauge(metric_names.SOURCE_FINDINGS)
+        for (name, severity), n in counts(found).items():
+            gauge.labels(name, severity).set(n)
+        run.push()
     if as_json:
         echo_json([f.document() for f in found])
     else:
