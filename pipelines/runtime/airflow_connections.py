@@ -13,7 +13,9 @@ Where a Connection is read, first that answers:
   the Connections the configuration names and hands them to its command's environment (`task_environment`,
   dags/lakehouse_common.py), never on its command line.
 
-Standard library only: the DAGs' environment imports it.
+Here too: what a section's endpoint becomes from its Connection (`source_endpoint`, `connect_endpoint`, which the
+sections' `endpoint` call). Standard library only at import: the DAGs' environment imports it; the configuration's
+classes are imported when an endpoint is resolved.
 """
 
 from __future__ import annotations
@@ -23,9 +25,12 @@ import os
 import urllib.parse
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pipelines.errors import SecretError
+from pipelines.errors import SecretError, SettingError
+
+if TYPE_CHECKING:
+    from pipelines.runtime.config import ConnectSettings, SourceSettings
 
 PREFIX = "AIRFLOW_CONN_"
 
@@ -142,3 +147,58 @@ def task_environment(conn_ids: Iterable[str]) -> tuple[dict[str, str], list[str]
         except Exception:  # not defined: AirflowNotFoundException, or the SDK's own kinds
             missing.append(conn_id)
     return env, missing
+
+
+def source_endpoint(settings: SourceSettings, conn: AirflowConnection) -> SourceSettings:
+    """`[source]` with the database of its `airflow_connection`, `conn` (just read): a postgres Connection's host,
+    port (5432 when it has none), login, password (a Secret that reads the Connection again when revealed, so the
+    settings never hold it), schema the database, extra `sslmode` and `sslrootcert`; SettingError naming the
+    Connection when it is of another type or lacks a field."""
+    from pipelines.runtime.config import Secret
+
+    if conn.conn_type not in ("postgres", None):
+        raise SettingError(f"{conn.named()} ([source] airflow_connection): conn_type {conn.conn_type!r}, "
+                           "expected postgres")
+    missing = [name for name in ("host", "login", "schema") if not getattr(conn, name)]
+    if missing:
+        raise SettingError(f"{conn.named()} ([source] airflow_connection) has no {', '.join(missing)} "
+                           "(schema: the database)")
+    values = {"host": conn.host, "port": conn.port or 5432, "database": conn.schema, "user": conn.login,
+              "password": Secret(airflow_connection=conn.conn_id) if conn.password else None,
+              **{k: conn.extra[k] for k in ("sslmode", "sslrootcert") if conn.extra.get(k)}}
+    return _resolved(settings, values, conn.named())
+
+
+def connect_endpoint(settings: ConnectSettings, conn: AirflowConnection) -> ConnectSettings:
+    """`[connect]` with the REST API of its `airflow_connection`, `conn` (just read): an http or https Connection's
+    host (with its scheme, or the scheme as schema or conn_type; http when none says), port, login and password
+    (basic authentication; the password a Secret, as `source_endpoint`'s), extra `ssl_ca_file`; SettingError naming
+    the Connection when it has no host."""
+    from pipelines.runtime.config import Secret
+
+    if not conn.host:
+        raise SettingError(f"{conn.named()} ([connect] airflow_connection) has no host")
+    url = conn.host
+    if "://" not in url:
+        scheme = next((s for s in (conn.schema, conn.conn_type) if s in ("http", "https")), "http")
+        url = f"{scheme}://{url}"
+    if conn.port and urllib.parse.urlsplit(url).port is None:
+        url = f"{url.rstrip('/')}:{conn.port}"
+    values = {"url": url, "username": conn.login,
+              "password": Secret(airflow_connection=conn.conn_id) if conn.password else None,
+              "ssl_ca_file": conn.extra.get("ssl_ca_file") or None}
+    return _resolved(settings, values, conn.named())
+
+
+def _resolved(section: Any, values: dict[str, Any], named: str) -> Any:
+    """`section` with `values` (a Connection's) in place of its endpoint's keys, checked as the file's would be (a
+    Connection's bad port or sslmode is refused as the file's is); SettingError naming the Connection."""
+    from pydantic import ValidationError
+
+    kept = section.model_dump(exclude={"airflow_connection", *section.FROM_CONNECTION})
+    try:
+        return type(section).model_validate({**kept, **values})
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or section.SECTION}: "
+                             f"{e['msg'].removeprefix('Value error, ')}" for e in exc.errors())
+        raise SettingError(f"{named} ([{section.SECTION}] airflow_connection): {problems}") from None

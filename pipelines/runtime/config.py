@@ -19,7 +19,6 @@ import importlib.resources
 import json
 import os
 import tomllib
-import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -200,24 +199,13 @@ class SourceSettings(_Endpoint):
         return self
 
     def endpoint(self) -> SourceSettings:
-        """These settings with the database of `airflow_connection` read now (itself without one); SettingError
+        """These settings with the database of `airflow_connection` read now (itself without one): SettingError
         naming the Connection when it is not a postgres one or lacks a field."""
         if self.airflow_connection is None:
             return self
-        from pipelines.runtime.airflow_connections import read
+        from pipelines.runtime.airflow_connections import read, source_endpoint
 
-        conn = read(self.airflow_connection)
-        if conn.conn_type not in ("postgres", None):
-            raise SettingError(f"{conn.named()} ([source] airflow_connection): conn_type {conn.conn_type!r}, "
-                               "expected postgres")
-        missing = [name for name in ("host", "login", "schema") if not getattr(conn, name)]
-        if missing:
-            raise SettingError(f"{conn.named()} ([source] airflow_connection) has no {', '.join(missing)} "
-                               "(schema: the database)")
-        values = {"host": conn.host, "port": conn.port or 5432, "database": conn.schema, "user": conn.login,
-                  "password": Secret(airflow_connection=conn.conn_id) if conn.password else None,
-                  **{k: conn.extra[k] for k in ("sslmode", "sslrootcert") if conn.extra.get(k)}}
-        return _resolved(self, values, conn.named())
+        return source_endpoint(self, read(self.airflow_connection))
 
 
 class ConnectSettings(_Endpoint):
@@ -248,37 +236,13 @@ class ConnectSettings(_Endpoint):
         return url.rstrip("/")
 
     def endpoint(self) -> ConnectSettings:
-        """These settings with the REST API of `airflow_connection` read now (itself without one); SettingError
+        """These settings with the REST API of `airflow_connection` read now (itself without one): SettingError
         naming the Connection when it is not an http one or has no host."""
         if self.airflow_connection is None:
             return self
-        from pipelines.runtime.airflow_connections import read
+        from pipelines.runtime.airflow_connections import connect_endpoint, read
 
-        conn = read(self.airflow_connection)
-        if not conn.host:
-            raise SettingError(f"{conn.named()} ([connect] airflow_connection) has no host")
-        url = conn.host
-        if "://" not in url:
-            scheme = next((s for s in (conn.schema, conn.conn_type) if s in ("http", "https")), "http")
-            url = f"{scheme}://{url}"
-        if conn.port and urllib.parse.urlsplit(url).port is None:
-            url = f"{url.rstrip('/')}:{conn.port}"
-        values = {"url": url, "username": conn.login,
-                  "password": Secret(airflow_connection=conn.conn_id) if conn.password else None,
-                  "ssl_ca_file": conn.extra.get("ssl_ca_file") or None}
-        return _resolved(self, values, conn.named())
-
-
-def _resolved(section: _Endpoint, values: dict[str, Any], named: str) -> Any:
-    """`section` with `values` (a Connection's) in place of its endpoint's keys, checked as the file's would be;
-    SettingError naming the Connection."""
-    kept = section.model_dump(exclude={"airflow_connection", *section.FROM_CONNECTION})
-    try:
-        return type(section).model_validate({**kept, **values})
-    except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or section.SECTION}: "
-                             f"{e['msg'].removeprefix('Value error, ')}" for e in exc.errors())
-        raise SettingError(f"{named} ([{section.SECTION}] airflow_connection): {problems}") from None
+        return connect_endpoint(self, read(self.airflow_connection))
 
 
 class CatalogSettings(_Section):
