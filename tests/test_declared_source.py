@@ -9,6 +9,10 @@ stream is SIGKILLed in the middle of a batch and started again; then a third tab
 holds rows, is declared and `lakehouse dev source sync` is run while the stream runs: its rows arrive by
 Debezium's incremental snapshot, the stream follows the declaration. After `etl`, bronze, silver and
 quarantine equal what PostgreSQL holds and the declared rules say.
+
+Then drift of two kinds, each found and healed through the running stream: rows of bronze changed behind the
+pipeline's back, and the changes lost while a table was dropped from the publication by hand and added back
+(which `source check` names as a gap until reconcile finds the table exact again).
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from pipelines.lake.layout import main_path, quarantine_path, silver_path
 from pipelines.lake.table_stats import has_completed_commit, read_table
 from pipelines.runtime.lake import Lake
 from pipelines.transform.etl import run_etl
+from tests.declared_capture import payload, topic_records
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -270,50 +275,81 @@ def test_declared_tables_on_the_real_source(spark: SparkSession, real, tmp_path:
 
 def _incremental_reads(bootstrap: str, topic: str) -> int:
     """How many records of `topic` are reads of an incremental snapshot (Debezium's `source.snapshot`)."""
-    from kafka import KafkaConsumer
-
-    consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
-                             consumer_timeout_ms=3000)
-    try:
-        values = [json.loads(m.value) for m in consumer if m.value is not None]
-    finally:
-        consumer.close()
-    return sum(1 for v in values if v["payload"]["source"].get("snapshot") == "incremental")
+    envelopes = [payload(r) for r in topic_records(bootstrap, [topic])]
+    return sum(1 for e in envelopes if e is not None and e["source"].get("snapshot") == "incremental")
 
 
 def _healed_through_the_stream(lake: Lake, real: RealSource, drifted: dict[str, Any], declaration: Path,
                                log_path: Path) -> None:
-    """`reconcile --heal` on the drift the test made: the missing and changed keys read again by an incremental
-    snapshot of just those keys, the extra key deleted by an event on its topic, all applied by the running stream
-    (not by the heal), until reconcile finds each table exact."""
+    """`reconcile --heal` on the drift the test made behind the pipeline's back and on the changes a publication
+    edited by hand lost: the missing and changed keys read again by an incremental snapshot of just those keys,
+    the extra key deleted by an event on its topic, all applied by the running stream (not by the heal), until
+    reconcile finds each table exact and the source check no longer reports the gap."""
     from dataclasses import replace
 
     from pipelines.reconcile.compare import Options
     from pipelines.reconcile.heal import heal_table, wait_healed
     from pipelines.runtime.config import Loaded
+    from pipelines.source.check import errors, run_check
 
     config = lake.config.model_copy(update={"kafka": lake.config.kafka.model_copy(
         update={"bootstrap_servers": real.bootstrap})})
     lake = replace(lake, loaded=Loaded(config))
-    topics = {name: lake.declaration.topic(name) for name in drifted}
+    topics = {name: lake.declaration.topic(name) for name in [*drifted, "late_rows"]}
     before = {name: _incremental_reads(real.bootstrap, t) for name, t in topics.items()}
     job = _start_ingest(lake.root, real.bootstrap, declaration, log_path)
     try:
         _wait(lambda: _batches(log_path) >= 1, "the stream", job, log_path)
         with real.postgres.connect() as conn:
             conn.autocommit = True
+            drifted = drifted | {"late_rows": _out_of_the_publication_a_while(lake, real, conn, job, log_path)}
             actions = [heal_table(lake, conn, drifted[name]) for name in topics]
-            assert [(a.snapshot, a.snapshot_keys, a.deletes) for a in actions] == [("keys", 2, 1)] * 2, actions
+            assert [(a.snapshot, a.snapshot_keys, a.deletes) for a in actions] == \
+                [("keys", 2, 1), ("keys", 2, 1), ("keys", 3, 1)], actions
             after = wait_healed(lake, conn, actions, Options(settle=2.0, rounds=2), timeout=240)
         assert all(a.healed for a in actions) and not any(r.drift for r in after), after
+        assert errors(run_check(real.target(), lake.declaration, root=lake.root)) == []  # reconcile found it whole
         # Just the drifted keys were read again, not the tables.
         assert {n: _incremental_reads(real.bootstrap, t) - before[n] for n, t in topics.items()} \
-            == dict.fromkeys(topics, 2)
+            == {"all_types": 2, "orders_by_region": 2, "late_rows": 3}
         ControlFiles(lake.root).request_stop("test")
         assert job.wait(120) == 0, log_path.read_text(errors="replace")[-3000:]
     finally:
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)
+
+
+def _out_of_the_publication_a_while(lake: Lake, real: RealSource, conn: Any, job: subprocess.Popen,
+                                    log_path: Path) -> Any:
+    """late_rows dropped from the publication by hand, changed (2 updates, a delete, an insert) and added back,
+    while the stream runs: nothing fails, nothing of those changes reaches the topic. The source check names the
+    gap (the lake remembered the table's membership when reconcile last found it exact); reconcile names the keys
+    of each kind. The table's report, for the heal."""
+    from pipelines.reconcile.compare import Options, reconcile_table
+    from pipelines.source.check import errors, run_check
+
+    ids = [r[0] for r in conn.execute("SELECT id FROM late_rows ORDER BY id LIMIT 4").fetchall()]
+    new = conn.execute("SELECT max(id) + 1000 FROM late_rows").fetchone()[0]
+    conn.execute("ALTER PUBLICATION shop_publication DROP TABLE public.late_rows")
+    conn.execute("UPDATE late_rows SET note = 'changed while out' WHERE id = ANY(%s)", (ids[:2],))
+    conn.execute("DELETE FROM late_rows WHERE id = %s", (ids[2],))
+    conn.execute("INSERT INTO late_rows VALUES (%s, 'added while out', now())", (new,))
+    conn.execute("ALTER PUBLICATION shop_publication ADD TABLE public.late_rows")
+    conn.execute("UPDATE late_rows SET note = 'after it came back' WHERE id = %s", (ids[3],))
+    bronze = main_path("late_rows", lake.root)
+
+    def arrived() -> bool:
+        rows = lake.spark.read.format("hudi").load(bronze).where(F.col("id") == ids[3]).collect()
+        return bool(rows) and rows[0]["note"] == "after it came back"
+
+    _wait(arrived, "the change made after late_rows came back", job, log_path)
+    found = errors(run_check(real.target(), lake.declaration, root=lake.root))
+    assert [(f.table, f.check) for f in found] == [("late_rows", "publication_gap")], found
+    report = reconcile_table(lake, conn, "late_rows", Options(settle=2.0, rounds=2))
+    assert report.counts == {"missing": 1, "extra": 1, "differ": 2, "unsettled": 0}, report
+    assert (report.missing, report.extra) == ([{"id": str(new)}], [{"id": str(ids[2])}]), report
+    assert sorted(d["key"]["id"] for d in report.differ) == sorted(str(i) for i in ids[:2]), report
+    return report
 
 
 def _reconciled(lake: Lake, conn: Any, rounds: int) -> list[Any]:

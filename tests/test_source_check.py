@@ -202,11 +202,33 @@ def test_sync_refuses_naming_each_finding_it_cannot_repair() -> None:
     assert errors(judged(healthy_facts(max_slot_wal_keep_mb=-1))) == []
 
 
+def test_a_table_that_left_the_publication_and_came_back_is_a_gap_until_reconciled(tmp_path: Any) -> None:
+    from pipelines.source.check import gap_findings
+    from pipelines.source.membership import remember, remembered
+
+    root = str(tmp_path / "lake")
+    published = frozenset({"public.payments", "Sales.OrderLines"})
+    then = Publication(published, published, memberships={"public.payments": "7:11", "Sales.OrderLines": "7:12"})
+    assert remembered(root) == {}
+    remember(root, {"payments": "7:11", "ledger": "7:12"})
+    # Re-added: a new pg_publication_rel row. Out of the publication just now: no membership, no gap (the
+    # "not in publication" finding says it). A table the lake never knew whole: nothing to compare.
+    now = Publication(published, published, memberships={"public.payments": "7:31"})
+    [gap] = gap_findings(now, DECL, SETTINGS, remembered(root))
+    assert (gap.table, gap.check, gap.severity) == ("payments", "publication_gap", "error")
+    assert "7:11, now 7:31" in gap.problem and "reconcile --table payments --heal" in gap.fix
+    assert gap_findings(then, DECL, SETTINGS, remembered(root)) == []
+    assert gap_findings(None, DECL, SETTINGS, remembered(root)) == []
+    remember(root, {"payments": "7:31"})  # reconcile found it exact
+    assert remembered(root) == {"payments": "7:31", "ledger": "7:12"}
+    assert gap_findings(now, DECL, SETTINGS, remembered(root)) == []
+
+
 def test_check_prints_one_line_per_finding_or_json_and_exits_1_on_an_error(monkeypatch: pytest.MonkeyPatch,
                                                                           tmp_path: Any) -> None:
     found = [Finding("payments", "replica_identity", "public.payments has REPLICA IDENTITY NOTHING", "sync it"),
              Finding(None, "max_slot_wal_keep_size", "no limit", "set it", "warning")]
-    monkeypatch.setattr(source_check, "run_check", lambda target, decl, tables: found)
+    monkeypatch.setattr(source_check, "run_check", lambda target, decl, tables, root: found)
     env = {"LAKEHOUSE_ROOT": str(tmp_path / "lake")}
     text = CliRunner().invoke(main, ["source", "check"], env=env)
     assert text.exit_code == 1 and text.stdout.splitlines() == [
@@ -215,7 +237,7 @@ def test_check_prints_one_line_per_finding_or_json_and_exits_1_on_an_error(monke
     assert json.loads(as_json.stdout)[0] == {"table": "payments", "check": "replica_identity", "severity": "error",
                                              "problem": "public.payments has REPLICA IDENTITY NOTHING",
                                              "fix": "sync it", "fixable": False}
-    monkeypatch.setattr(source_check, "run_check", lambda target, decl, tables: found[1:])
+    monkeypatch.setattr(source_check, "run_check", lambda target, decl, tables, root: found[1:])
     assert CliRunner().invoke(main, ["source", "check"], env=env).exit_code == 0
     unknown = CliRunner().invoke(main, ["source", "check", "--table", "nope"], env=env)
     assert unknown.exit_code == 2 and "'nope' is not declared" in unknown.output

@@ -308,11 +308,14 @@ class RealSource:
                              source=self.postgres.source_settings() if self.secure else None, kafka=self.kafka,
                              rest_auth=self.secure)
 
-    def up(self, declaration: Declaration | None = None) -> tuple[PostgresCluster, ConnectWorker]:
+    def up(self, declaration: Declaration | None = None, timeout: float | None = None
+           ) -> tuple[PostgresCluster, ConnectWorker]:
         """Start (or adopt) PostgreSQL and Connect, capturing the declared tables (`declaration`, else
         the one in force): checked against the database first (pipelines.errors.DeclarationMismatch),
         the connector created with them; an adopted connector, or tables declared since the last
-        run, are brought in line as `sync` does (new tables' rows by an incremental snapshot)."""
+        run, are brought in line as `sync` does (new tables' rows by an incremental snapshot).
+        `timeout`: how long Connect may take to stream (its initial snapshot comes first; default: the
+        worker's start timeout)."""
         declaration = declaration or read_declaration()
         # Connect would only log (and retry) while Kafka is away.
         require_kafka(self.kafka or KafkaSettings(bootstrap_servers=self.bootstrap), SourceError)
@@ -331,7 +334,7 @@ class RealSource:
         worker = self.connect
         worker.declaration = declaration
         try:
-            worker.start()
+            worker.start(timeout)
         except BaseException:
             worker.stop()
             raise

@@ -90,3 +90,9 @@ def gold_path(table: str, root: str) -> str:
 def gdpr_path(root: str) -> str:
     """`<root>/_gdpr`: the erasure registry, certificates and audit log (no personal data)."""
     return f"{root.rstrip('/')}/_gdpr"
+
+
+def membership_path(root: str) -> str:
+    """`<root>/_source/publication.json`: each declared table's publication membership when the lake last matched
+    the source (pipelines.source.membership)."""
+    return f"{root.rstrip('/')}/_source/publication.json"

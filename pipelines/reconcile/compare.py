@@ -39,7 +39,8 @@ from pipelines.reconcile.digest import (
     source_rows,
 )
 from pipelines.runtime.lake import Lake
-from pipelines.source.catalog import split_name
+from pipelines.source.catalog import read_publication, split_name
+from pipelines.source.membership import remember
 
 
 @dataclass(frozen=True)
@@ -136,6 +137,7 @@ def reconcile_table(lake: Lake, conn: Any, name: str, options: Options = Options
     if not has_completed_commit(path):
         raise ReconcileError(f"bronze/{name} has no commit yet: nothing to reconcile (has the stream run?)")
     spark = lake.spark
+    member = read_publication(conn, lake.config.source.publication)  # before the look: what it was known whole as
     bronze = _snapshot(spark, path)
     shape = shape_of(decl, source_columns(conn, decl.source), bronze, _estimate(conn, decl.source), report)
     relation = _relation(decl.source)
@@ -152,6 +154,8 @@ def reconcile_table(lake: Lake, conn: Any, name: str, options: Options = Options
     report.rows_read = {"source": len(source), "lake": len(held)}
     sides = _Sides(lake, conn, name, relation, shape)
     _settle(sides, _differing_keys(source, held), (source, held), options, report)
+    if not report.drift and not report.counts.get("unsettled") and member and decl.source in member.memberships:
+        remember(lake.root, {name: member.memberships[decl.source]})  # a gap before now is healed or harmless
     report.seconds = round(time.monotonic() - started, 3)
     return report
 

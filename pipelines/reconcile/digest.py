@@ -60,7 +60,7 @@ def bucket_of(key: str, digits: int) -> str:
     return hashlib.md5(key.encode()).hexdigest()[:digits]
 
 
-def _pg_parts(shape: Shape) -> tuple[sql.Composable, sql.Composable, sql.Composable, list[sql.Composable]]:
+def pg_parts(shape: Shape) -> tuple[sql.Composable, sql.Composable, sql.Composable, list[sql.Composable]]:
     """PostgreSQL's key text, bucket, row text and column texts of `shape`."""
     texts = [pg_text(c) for c in shape.columns]
     key = pg_row_text([pg_text(c) for c in shape.key_columns])
@@ -70,7 +70,7 @@ def _pg_parts(shape: Shape) -> tuple[sql.Composable, sql.Composable, sql.Composa
 
 def source_buckets(conn: Any, relation: sql.Composable, shape: Shape) -> dict[str, tuple[int, int]]:
     """PostgreSQL's {bucket: (rows, sum of row hashes)} of `relation` (one scan, in the connection's snapshot)."""
-    _, bucket, row, _ = _pg_parts(shape)
+    _, bucket, row, _ = pg_parts(shape)
     query = sql.SQL("SELECT {b}, count(*), sum(('x' || substr(md5({r}), 1, 15))::bit(60)::bigint) "
                     "FROM {t} GROUP BY 1").format(b=bucket, r=row, t=relation)
     return {b: (int(n), int(s)) for b, n, s in conn.execute(query).fetchall()}
@@ -78,13 +78,13 @@ def source_buckets(conn: Any, relation: sql.Composable, shape: Shape) -> dict[st
 
 def source_rows(conn: Any, relation: sql.Composable, shape: Shape, buckets: list[str]) -> dict[str, Row]:
     """PostgreSQL's rows of `relation` in `buckets`, by key text."""
-    key, bucket, row, texts = _pg_parts(shape)
+    key, bucket, row, texts = pg_parts(shape)
     query = sql.SQL("SELECT {k}, md5({r}), {cols} FROM {t} WHERE {b} = ANY(%s)").format(
         k=key, r=row, cols=sql.SQL(", ").join(texts), t=relation, b=bucket)
     return {k: Row(tuple(rest), h) for k, h, *rest in conn.execute(query, (buckets,)).fetchall()}
 
 
-def _lake_frame(bronze: DataFrame, shape: Shape) -> DataFrame:
+def lake_frame(bronze: DataFrame, shape: Shape) -> DataFrame:
     texts = [spark_text(c, shape.dtypes[c.name]) for c in shape.columns]
     by_name = dict(zip([c.name for c in shape.columns], texts, strict=True))
     key = row_text([by_name[k] for k in shape.key])
@@ -95,7 +95,7 @@ def _lake_frame(bronze: DataFrame, shape: Shape) -> DataFrame:
 
 def lake_buckets(bronze: DataFrame, shape: Shape) -> dict[str, tuple[int, int]]:
     """Bronze's {bucket: (rows, sum of row hashes)} (one scan of the snapshot `bronze`)."""
-    frame = _lake_frame(bronze, shape)
+    frame = lake_frame(bronze, shape)
     sums = frame.groupBy("_b").agg(F.count(F.lit(1)).alias("n"), F.sum(
         F.conv(F.substring("_h", 1, 15), 16, 10).cast("decimal(38,0)")).alias("s"))
     return {r["_b"]: (int(r["n"]), int(r["s"])) for r in sums.collect()}
@@ -103,7 +103,7 @@ def lake_buckets(bronze: DataFrame, shape: Shape) -> dict[str, tuple[int, int]]:
 
 def lake_rows(bronze: DataFrame, shape: Shape, buckets: list[str]) -> dict[str, Row]:
     """Bronze's rows in `buckets`, by key text."""
-    frame = _lake_frame(bronze, shape).where(F.col("_b").isin(buckets))
+    frame = lake_frame(bronze, shape).where(F.col("_b").isin(buckets))
     width = len(shape.columns)
     return {r["_k"]: Row(tuple(r[f"_c{i}"] for i in range(width)), r["_h"]) for r in frame.collect()}
 

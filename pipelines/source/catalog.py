@@ -73,12 +73,15 @@ class SourceTable:
 @dataclass(frozen=True)
 class Publication:
     """The publication: every table it publishes (`pg_publication_tables`), those it names itself
-    (`pg_publication_rel`), and how."""
+    (`pg_publication_rel`), and how. `memberships`: for each table it names itself, which catalog row makes it
+    a member (`<publication oid>:<pg_publication_rel oid>`): a table dropped from the publication and added
+    back gets a new row (pipelines.source.membership)."""
 
     published: frozenset[str]
     members: frozenset[str]
     all_tables: bool = False
     via_root: bool = False
+    memberships: dict[str, str] = field(default_factory=dict, compare=False)
 
 
 @dataclass(frozen=True)
@@ -161,10 +164,10 @@ def read_publication(conn: Any, name: str) -> Publication | None:
     oid, all_tables, via_root = row
     published = {f"{s}.{t}" for s, t in conn.execute(
         "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s", (name,)).fetchall()}
-    members = {f"{s}.{t}" for s, t in conn.execute(
-        "SELECT n.nspname, c.relname FROM pg_publication_rel r JOIN pg_class c ON c.oid = r.prrelid "
+    rows = {f"{s}.{t}": f"{oid}:{row}" for s, t, row in conn.execute(
+        "SELECT n.nspname, c.relname, r.oid FROM pg_publication_rel r JOIN pg_class c ON c.oid = r.prrelid "
         "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE r.prpubid = %s", (oid,)).fetchall()}
-    return Publication(frozenset(published), frozenset(members), bool(all_tables), bool(via_root))
+    return Publication(frozenset(published), frozenset(rows), bool(all_tables), bool(via_root), rows)
 
 
 def read_slot(conn: Any, name: str, grace: float = 0.0) -> Slot | None:

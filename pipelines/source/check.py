@@ -16,6 +16,8 @@ What is checked (docs/tables.md, "Your own database", says what each finding mea
 - each declared table exists, its primary key is the declared key (same columns, same order), its replica
   identity lets deletes carry the key (DEFAULT with that key; NOTHING makes PostgreSQL refuse UPDATE and DELETE
   on a published table), and every column the declaration names exists;
+- no declared table left the publication and came back since the lake last matched the source (its changes in
+  between were never decoded; pipelines.source.membership says how that is seen);
 - the connector is Debezium's PostgreSQL connector, its config names the section's database, publication,
   slot and signal table and captures each declared table, and it and its tasks are RUNNING.
 """
@@ -23,13 +25,14 @@ What is checked (docs/tables.md, "Your own database", says what each finding mea
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 from pipelines.lake.declaration import Declaration, TableDecl, missing_columns
 from pipelines.runtime.config import Config, ConnectSettings, SourceSettings
 from pipelines.source.catalog import (
     DEBEZIUM_POSTGRES,
     ConnectorFacts,
+    Publication,
     SourceFacts,
     SourceTable,
     captured_by,
@@ -43,12 +46,12 @@ SYNC = "`lakehouse source sync`"
 # Below this, max_slot_wal_keep_size invalidates the slot of a connector stopped for a routine restart or
 # a deploy on a busy database.
 SMALL_WAL_KEEP_MB = 1024
-# What the connector's config must say, and from which setting of [source].
 # Every check a finding can come from: the source-check metric pushes each (0 when it passed), so that a finding
 # that is fixed stops its alert.
 CHECKS = ("wal_level", "max_slot_wal_keep_size", "slot", "connect", "connector", "connector_state",
           "table.include.list", "publication", "publish_via_partition_root", "partition", "signal_table", "exists",
-          "primary_key", "columns", "typed", "replica_identity")
+          "primary_key", "columns", "typed", "replica_identity", "publication_gap")
+# What the connector's config must say, and from which setting of [source].
 CONNECTOR_KEYS = {"database.dbname": "database", "publication.name": "publication", "slot.name": "slot",
                   "signal.data.collection": "signal_table"}
 
@@ -103,7 +106,7 @@ def errors(findings: list[Finding]) -> list[Finding]:
 
 def counts(findings: list[Finding]) -> dict[tuple[str, Severity], int]:
     """How many findings each check has, per severity, every check and severity present (0 when none)."""
-    out: dict[tuple[str, Severity], int] = {(c, s): 0 for c in CHECKS for s in ("error", "warning")}
+    out: dict[tuple[str, Severity], int] = {(c, s): 0 for c in CHECKS for s in get_args(Severity)}
     for f in findings:
         out[(f.check, f.severity)] += 1
     return out
@@ -235,6 +238,24 @@ def publication_findings(facts: SourceFacts, declaration: Declaration, settings:
     return out
 
 
+def gap_findings(publication: Publication | None, declaration: Declaration, settings: SourceSettings,
+                 remembered: dict[str, str]) -> list[Finding]:
+    """Each declared table whose publication membership is not the one the lake remembers from a time it matched
+    the source: it was dropped from the publication and added back (or the publication made anew)."""
+    out = []
+    for name, t in declaration.tables.items():
+        now = publication.memberships.get(t.source) if publication is not None else None
+        then = remembered.get(name)
+        if now is None or then is None or now == then:
+            continue
+        out.append(Finding(name, "publication_gap", f"{t.source} left publication {settings.publication} and was "
+                           f"added back since the lake last matched it (membership {then}, now {now}): the changes "
+                           "made while it was out were never decoded",
+                           f"`lakehouse reconcile --table {name} --heal` re-delivers them, deletes too; the finding "
+                           "clears once reconcile finds the table exact"))
+    return out
+
+
 def slot_findings(facts: SourceFacts, settings: SourceSettings) -> list[Finding]:
     slot, name = facts.slot, settings.slot
     if slot is None:
@@ -338,14 +359,22 @@ def findings(facts: SourceFacts, connector: ConnectorFacts, declaration: Declara
     return sorted(found, key=lambda f: -1 if f.table is None else order.get(f.table, len(order)))
 
 
-def run_check(target: Target, declaration: Declaration, tables: tuple[str, ...] = (), *, slot_grace: float = 5.0
-              ) -> list[Finding]:
+def run_check(target: Target, declaration: Declaration, tables: tuple[str, ...] = (), *, slot_grace: float = 5.0,
+              root: str | None = None) -> list[Finding]:
     """Read the database and Connect, and judge them; `tables` (lake names) keeps only those tables' findings
-    besides the source-wide ones. SourceUnavailable when the database cannot be reached."""
-    from pipelines.source import postgres
+    besides the source-wide ones. With the lake's `root`, also each table that left the publication and came
+    back (`gap_findings`), and the membership of each published table the lake knew nothing of is remembered.
+    SourceUnavailable when the database cannot be reached."""
+    from pipelines.source import membership, postgres
 
     with postgres.connect(target.source) as conn:
         facts = read_source(conn, target.source, declaration, slot_grace)
     connector = read_connector(target.client(), target.connect.connector)
     found = findings(facts, connector, declaration, target)
+    if root is not None:
+        known = membership.remembered(root)
+        found += gap_findings(facts.publication, declaration, target.source, known)
+        now = facts.publication.memberships if facts.publication is not None else {}
+        membership.remember(root, {n: now[t.source] for n, t in declaration.tables.items()
+                                   if n not in known and t.source in now})
     return [f for f in found if not tables or f.table is None or f.table in tables]

@@ -50,7 +50,7 @@ def check(lake: Lake, tables: tuple[str, ...], as_json: bool) -> None:
     run = None if tables else JobMetrics(metric_names.SOURCE_CHECK, lake.root)
     try:
         target = Target.of(lake.config)
-        found = run_check(target, lake.declaration, declared_names(lake, tables))
+        found = run_check(target, lake.declaration, declared_names(lake, tables), root=lake.root)
     except Exception:
         if run is not None:
             run.push(succeeded=False)

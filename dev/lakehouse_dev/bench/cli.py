@@ -22,6 +22,8 @@ FRESHNESS_WARMUP_MINUTES = 3.0
 _SOAK_KINDS = ("broker_kill", "kafka_blackout", "postgres_restart", "postgres_blackout", "kafka_latency",
                "kafka_bandwidth", "kafka_reset_peer", "postgres_latency")
 SEED = click.option("--seed", type=int, default=7, show_default=True, help="Generator seed (same seed, same data).")
+TRIGGER = click.option("--trigger-seconds", type=click.FloatRange(min=0), default=settings.INGEST_TRIGGER_SECONDS,
+                       show_default=True, help="The ingest stream's micro-batch interval.")
 
 
 @click.group()
@@ -57,9 +59,7 @@ def ingest(events: int, contenders: tuple[str, ...], overrides: Path | None, see
 @click.option("--rate", type=click.FloatRange(min=1), default=FRESHNESS_RATE, show_default=True,
               help="Kafka records per second, the contract's noise included (BENCHMARKS.md's freshness goal "
                    "is set at 2,000).")
-@click.option("--trigger-seconds", type=click.FloatRange(min=0), default=settings.INGEST_TRIGGER_SECONDS,
-              show_default=True,
-              help="The ingest stream's micro-batch interval.")
+@TRIGGER
 @click.option("--warmup-minutes", type=click.FloatRange(min=0), default=FRESHNESS_WARMUP_MINUTES, show_default=True,
               help="Steady production before the counted minutes, while the new ingest JVM compiles its code; "
                    "its figures are reported apart.")
@@ -93,8 +93,7 @@ def freshness(minutes: float, rate: float, trigger_seconds: float, warmup_minute
               help="Counted minutes of steady production.")
 @click.option("--warmup-minutes", type=click.FloatRange(min=0), default=FRESHNESS_WARMUP_MINUTES, show_default=True,
               help="Steady production before the counted minutes, while the new ingest JVM compiles its code.")
-@click.option("--trigger-seconds", type=click.FloatRange(min=0), default=settings.INGEST_TRIGGER_SECONDS,
-              show_default=True, help="The ingest stream's micro-batch interval.")
+@TRIGGER
 @click.option("--zipf", "exponent", type=click.FloatRange(min=0), default=2.0, show_default=True,
               help="Exponent of the tables' Zipf shares of the records (2: the busiest 5 of 50 take 90%; 0: even).")
 @click.option("--hot", type=click.IntRange(min=1), default=5, show_default=True,
@@ -238,8 +237,7 @@ def commits(rows: int, warm_up: int, commits: int, variants: tuple[str, ...]) ->
               help="No fault before this (the new JVM compiles its code); its freshness is reported apart.")
 @click.option("--tail-minutes", type=click.FloatRange(min=0), default=3.0, show_default=True,
               help="No fault in the last minutes of the load: room for the last recovery.")
-@click.option("--trigger-seconds", type=click.FloatRange(min=0), default=settings.INGEST_TRIGGER_SECONDS,
-              show_default=True, help="The stream's micro-batch interval.")
+@TRIGGER
 @click.option("--snapshot-rows", type=click.IntRange(min=4), default=2000, show_default=True,
               help="Rows in the database before Debezium's first snapshot (a quarter customers).")
 @click.option("--ensure-seconds", type=click.FloatRange(min=5), default=300.0, show_default=True,
@@ -270,8 +268,7 @@ def soak(minutes: float, rate: float, every_minutes: float, kinds: tuple[str, ..
 @click.option("--rows", type=click.IntRange(min=3000), default=1_000_000, show_default=True,
               help="Rows of the declared table generated in PostgreSQL and ingested through Debezium's snapshot "
                    "(BENCHMARKS.md's goal is at 10,000,000).")
-@click.option("--trigger-seconds", type=click.FloatRange(min=0), default=settings.INGEST_TRIGGER_SECONDS,
-              show_default=True, help="The ingest stream's micro-batch interval.")
+@TRIGGER
 @click.option("--ingest-timeout", type=click.FloatRange(min=60), default=3600.0, show_default=True,
               help="Seconds the ingest of the rows may take before the benchmark gives up.")
 @click.option("--heal-timeout", type=click.FloatRange(min=10), default=900.0, show_default=True,

@@ -50,6 +50,15 @@ SINKS = ("kafka", "sql")
 _DATABASES: dict[str, str] = {}
 
 
+def launch_ingest(env: dict[str, str], log: Path, trigger_seconds: float) -> subprocess.Popen:
+    """`lakehouse ingest` with `env` in its own process group (so that a bench can kill it whole), its output
+    appended to `log`."""
+    with log.open("ab") as out:
+        return subprocess.Popen([sys.executable, "-m", "pipelines.cli", "ingest", "--trigger-seconds",
+                                 str(trigger_seconds)], env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+
 def sink() -> str:
     """`LAKEHOUSE_BENCH_SINK`: how backlogs reach Kafka, `kafka` (default) or `sql`."""
     chosen = os.environ.get("LAKEHOUSE_BENCH_SINK") or "kafka"

@@ -32,7 +32,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -49,6 +48,7 @@ from lakehouse_dev.bench.common import (
     bench_dir,
     broker,
     cluster_tasks,
+    launch_ingest,
     peak_memory,
     produce_snapshot,
     save,
@@ -254,7 +254,7 @@ def steady(workload: Workload, minutes: float, rate: float, trigger_seconds: flo
             probe = LagProbe(node.bootstrap, str(root), topics)
             stack.callback(probe.close)
             launched = time.time()
-            ingest = _launch(env, log, trigger_seconds)
+            ingest = launch_ingest(env, log, trigger_seconds)
             stack.callback(_stop, ingest)
             say(f"ingest started (pid {ingest.pid}, trigger {trigger_seconds}s, {len(topics)} tables); "
                 "waiting for the snapshot in bronze")
@@ -346,14 +346,6 @@ def steady(workload: Workload, minutes: float, rate: float, trigger_seconds: flo
     return SteadyRun(figures, changes, warm)
 
 
-def _launch(env: dict[str, str], log: Path, trigger_seconds: float) -> subprocess.Popen:
-    """`lakehouse ingest` in its own process group (stopped whole by `_stop`), its output appended to `log`."""
-    with log.open("ab") as sink:
-        return subprocess.Popen([sys.executable, "-m", "pipelines.cli", "ingest", "--trigger-seconds",
-                                 str(trigger_seconds)], env=env, stdout=sink, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-
-
 def _started(root: Path, launched: float, done: str) -> dict[str, float | None]:
     """How long a stream launched at `launched` (epoch) took to start: until its session was up (its
     heartbeat's start, after the JVM and Spark) and until its first batch was done (`done`, now)."""
@@ -370,7 +362,7 @@ def _restart(workload: Workload, bootstrap: str, probe: LagProbe, env: dict[str,
     produce(workload.changes(records), bootstrap)
     end = probe.kafka_end()
     launched = time.time()
-    ingest = _launch(env, log, trigger_seconds)
+    ingest = launch_ingest(env, log, trigger_seconds)
     try:
         say(f"restarted ingest (pid {ingest.pid}) on the lake of {len(probe.topics)} tables; waiting for its "
             "first batch")

@@ -28,9 +28,9 @@ import random
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -38,10 +38,11 @@ from typing import Any
 
 import click
 
-from lakehouse_dev.bench.common import bench_dir, save, say, table
+from lakehouse_dev.bench.common import bench_dir, launch_ingest, save, say, table
 from lakehouse_dev.kafka_local import KafkaBroker
 from lakehouse_dev.pg_source import RealSource
 from lakehouse_dev.source_target import dev_environment
+from lakehouse_dev.sql_sink import end_offsets
 from pipelines.ingest.batch import BatchReport
 from pipelines.ingest.stream import ControlFiles
 from pipelines.lake.declaration import DECLARATION_VARIABLE, load
@@ -148,11 +149,8 @@ def fill(r: Rig, rows: int) -> float:
 
 
 def launch(r: Rig, log: Path, trigger_seconds: float) -> subprocess.Popen:
-    """`lakehouse ingest` in its own process group, its output appended to `log`."""
-    with log.open("ab") as sink:
-        return subprocess.Popen([sys.executable, "-m", "pipelines.cli", "ingest", "--trigger-seconds",
-                                 str(trigger_seconds)], env={**os.environ, **r.env}, stdout=sink,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+    """`lakehouse ingest` on the rig's lake and source, its output appended to `log`."""
+    return launch_ingest({**os.environ, **r.env}, log, trigger_seconds)
 
 
 def stop(r: Rig, ingest: subprocess.Popen) -> None:
@@ -174,29 +172,46 @@ def upserts(log: Path) -> tuple[int, int]:
 
 def ingest(r: Rig, plan: Plan) -> dict[str, Any]:
     """Connect started (its initial snapshot reads the table) and the stream run until bronze holds every row,
-    progress every 15 s; the stream stopped. Seconds from Connect's start."""
+    progress every 15 s; the stream stopped. Seconds from Connect's start.
+
+    The stream starts as soon as the snapshot's first records are in the topic, not when Connect streams: a large
+    table's snapshot takes longer than Connect's start may, and the stream applies it as it arrives."""
     log = r.home / "ingest.log"
     started = time.monotonic()
-    r.source.up(load(r.home / "tables.toml"))
-    job = launch(r, log, plan.trigger_seconds)
-    try:
-        done, batches = 0, 0
-        while done < plan.rows:
-            if job.poll() is not None:
-                raise click.ClickException(f"the stream stopped ({job.returncode}); log {log}:\n"
-                                           + log.read_text(errors="replace")[-3000:])
-            if time.monotonic() - started > plan.ingest_timeout:
-                raise click.ClickException(f"{done:,} of {plan.rows:,} rows ingested after {plan.ingest_timeout:.0f}"
-                                           f" s (--ingest-timeout); log {log}")
-            time.sleep(15)
-            done, batches = upserts(log)
-            took = time.monotonic() - started
-            say(f"  ingested {done:,} of {plan.rows:,} rows in {batches} batches, {took:.0f} s "
-                f"({done / took:,.0f} rows/s)")
-        seconds = time.monotonic() - started
-    finally:
-        stop(r, job)
+    declaration = load(r.home / "tables.toml")
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="connect-up") as pool:
+        connecting = pool.submit(r.source.up, declaration, plan.ingest_timeout)
+        while not end_offsets(r.broker.bootstrap, [declaration.topic(TABLE)]) and not connecting.done():
+            time.sleep(2)
+        if connecting.done():
+            connecting.result()  # Connect failed to start: its error
+        job = launch(r, log, plan.trigger_seconds)
+        try:
+            done, batches = 0, 0
+            while done < plan.rows:
+                _still_going(job, log, connecting, time.monotonic() - started, plan)
+                time.sleep(15)
+                done, batches = upserts(log)
+                took = time.monotonic() - started
+                say(f"  ingested {done:,} of {plan.rows:,} rows in {batches} batches, {took:.0f} s "
+                    f"({done / took:,.0f} rows/s)" + ("" if connecting.done() else "; Connect snapshotting"))
+            seconds = time.monotonic() - started
+            connecting.result()  # streaming once its snapshot is done
+        finally:
+            stop(r, job)
     return {"seconds": round(seconds, 1), "rows_per_s": round(plan.rows / seconds), "batches": batches}
+
+
+def _still_going(job: subprocess.Popen, log: Path, connecting: Future, took: float, plan: Plan) -> None:
+    """ClickException when the stream stopped, Connect failed, or the ingest ran past its timeout."""
+    if job.poll() is not None:
+        raise click.ClickException(f"the stream stopped ({job.returncode}); log {log}:\n"
+                                   + log.read_text(errors="replace")[-3000:])
+    if connecting.done() and connecting.exception() is not None:
+        raise click.ClickException(f"Kafka Connect did not start streaming: {connecting.exception()}")
+    if took > plan.ingest_timeout:
+        raise click.ClickException(f"{upserts(log)[0]:,} of {plan.rows:,} rows ingested after "
+                                   f"{plan.ingest_timeout:.0f} s (--ingest-timeout); log {log}")
 
 
 def tamper(lake: Any, drift: Drift) -> float:
@@ -262,9 +277,9 @@ def _pg_hashes(conn: Any, shape: Any) -> dict[str, str]:
     """Every PostgreSQL row's key text and md5 of its canonical text, by a server-side cursor."""
     from psycopg import sql
 
-    from pipelines.reconcile.digest import _pg_parts
+    from pipelines.reconcile.digest import pg_parts
 
-    key, _, row, _ = _pg_parts(shape)
+    key, _, row, _ = pg_parts(shape)
     query = sql.SQL("SELECT {k}, md5({r}) FROM {t}").format(k=key, r=row, t=sql.Identifier("public", TABLE))
     with conn.transaction(), conn.cursor(name="bench_full_comparison") as cursor:
         cursor.itersize = 50_000
@@ -279,7 +294,7 @@ def full_comparison(lake: Any, conn: Any) -> dict[str, Any]:
 
     from pipelines.lake.layout import main_path
     from pipelines.reconcile.compare import TableReport, shape_of, source_columns
-    from pipelines.reconcile.digest import _lake_frame
+    from pipelines.reconcile.digest import lake_frame
 
     started = time.monotonic()
     bronze = lake.spark.read.format("hudi").load(main_path(TABLE, lake.root))
@@ -287,7 +302,7 @@ def full_comparison(lake: Any, conn: Any) -> dict[str, Any]:
                      TableReport(TABLE, SOURCE))
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="full-comparison") as pool:
         pending = pool.submit(_pg_hashes, conn, shape)
-        held = {r["_k"]: r["_h"] for r in _lake_frame(bronze, shape).select("_k", "_h").toLocalIterator()}
+        held = {r["_k"]: r["_h"] for r in lake_frame(bronze, shape).select("_k", "_h").toLocalIterator()}
         source = pending.result()
     found = {"missing": len(source.keys() - held.keys()), "extra": len(held.keys() - source.keys()),
              "differ": sum(1 for k, h in source.items() if k in held and held[k] != h)}
