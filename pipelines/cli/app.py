@@ -12,7 +12,7 @@ import time
 from dataclasses import asdict
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -122,8 +122,8 @@ for entry in metadata.entry_points(group="lakehouse.commands"):
                    "was recreated), start the partition at its log start instead of stopping: the ranges are logged "
                    "and kept in <lake>/_source/lost.jsonl, and later starts start there too. Then `lakehouse "
                    "reconcile --table T --heal` re-delivers what they held.")
-def ingest(once: bool, trigger_seconds: float, max_offsets_per_trigger: int | None, bootstrap: str | None,
-           metrics_port: int | None, spark_ui_port: int | None, accept_lost: bool) -> None:
+def ingest(once: bool, bootstrap: str | None, metrics_port: int | None, spark_ui_port: int | None,
+           **stream: Any) -> None:
     """Stream the declared tables' topics (LAKEHOUSE_TABLES) into bronze (until stopped, or --once); a changed
     declaration is followed between batches."""
     from pipelines.ingest.bronze import IngestOptions, run_ingest
@@ -137,11 +137,10 @@ def ingest(once: bool, trigger_seconds: float, max_offsets_per_trigger: int | No
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     started = time.monotonic()
     try:
+        # `stream`: trigger_seconds, max_offsets_per_trigger, accept_lost, as IngestOptions names them.
         run_ingest(lake, once=once, bootstrap=bootstrap, options=IngestOptions(
-            trigger_seconds=trigger_seconds, max_offsets_per_trigger=max_offsets_per_trigger,
             metrics_port=configured_port() if metrics_port is None else metrics_port,
-            spark_ui_port=configured_spark_ui_port() if spark_ui_port is None else spark_ui_port,
-            accept_lost=accept_lost))
+            spark_ui_port=configured_spark_ui_port() if spark_ui_port is None else spark_ui_port, **stream))
     except KeyboardInterrupt:
         click.echo(f"ingest stopped after {time.monotonic() - started:.0f} s", err=True)
         return
