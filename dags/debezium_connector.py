@@ -19,7 +19,9 @@ resumes where it stopped, and what it sends again is a replay, harmless to the l
 e.g. `http://connect.internal:8083`) and `lakehouse_connector` (the connector's name); without
 them, the worker's configuration's `[connect]` (lakehouse.toml, `LAKEHOUSE_CONNECT_URL`,
 `LAKEHOUSE_CONNECTOR`), else the local source's (`lakehouse dev source start`:
-http://127.0.0.1:8083, `shop-source`). `[connect]`'s username, password (e.g.
+http://127.0.0.1:8083, `shop-source`); or the whole REST API from an Airflow Connection,
+`[connect] airflow_connection = "lakehouse_connect"` (an http or https Connection: host, port, login,
+password, extra `ssl_ca_file`), read by this task when it runs. `[connect]`'s username, password (e.g.
 `{ airflow_connection = "kafka_connect" }`) and CA go with every call. The same from a shell:
 `lakehouse connector status` and `lakehouse connector ensure`.
 """
@@ -44,9 +46,10 @@ def ensure_connector() -> str:
     from pipelines.source.connect_rest import ConnectClient
 
     settings = load_config().config.connect
-    url = Variable.get("lakehouse_connect_url", default=None) or settings.url
-    name = Variable.get("lakehouse_connector", default=None) or settings.connector
-    found, after = watch.ensure_running(ConnectClient.from_settings(settings, url), name, wait_seconds=120.0)
+    # [connect] airflow_connection: the REST API read here, through the Task SDK (pipelines.runtime.airflow_connections)
+    client = ConnectClient.from_settings(settings, Variable.get("lakehouse_connect_url", default=None))
+    url, name = client.url, Variable.get("lakehouse_connector", default=None) or settings.connector
+    found, after = watch.ensure_running(client, name, wait_seconds=120.0)
     if after is None:
         log.info("%s at %s: nothing to do", found.line(), url)
         return found.line()

@@ -10,10 +10,16 @@ mapping):
   `lakehouse_emr_cluster_id`, through the Airflow connection `aws_default`, with the code
   from Variable `lakehouse_code_uri` (an s3:// prefix holding lakehouse.zip and cli.py).
 Nothing here imports Spark.
+
+The Airflow Connections the configuration names (`[source] airflow_connection`, `[connect] airflow_connection`, a
+secret's `{ airflow_connection = "id" }`) are read by each local task when it runs (`LakehouseBashOperator`) and
+handed to its command as `AIRFLOW_CONN_<ID>` in the command's environment alone: .venv has no Airflow to ask, and
+neither the command line, the rendered template fields nor the log carry them.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import shlex
 from datetime import datetime, timedelta
@@ -33,6 +39,8 @@ from pipelines.runtime.spark_conf import PARENT_VARIABLE, ROOT_PARENT_VARIABLE
 if TYPE_CHECKING:
     from airflow.sdk.definitions.mappedoperator import MappedOperator
     from airflow.sdk.definitions.xcom_arg import PlainXComArg
+
+log = logging.getLogger(__name__)
 
 START = datetime(2026, 1, 1)
 DEFAULT_ARGS = {
@@ -84,6 +92,27 @@ def ensure_pool() -> None:
     from airflow.models.pool import Pool
 
     Pool.create_or_update_pool(LAKE_POOL, 1, LAKE_POOL_DESCRIPTION, include_deferred=True)
+
+
+def connections_env() -> dict[str, str]:
+    """Inside a task: `AIRFLOW_CONN_<ID>` of each Airflow Connection the deployment's configuration names, read now
+    through the Task SDK (which masks their passwords in the task's log); one Airflow does not know is left out and
+    named in the log (the command says so too, if it needs it)."""
+    from pipelines.runtime.airflow_connections import task_environment
+    from pipelines.runtime.config import airflow_connections, load_config
+
+    env, missing = task_environment(airflow_connections(load_config().config))
+    if missing:
+        log.warning("Airflow Connections the configuration names and Airflow does not know: %s", ", ".join(missing))
+    return env
+
+
+class LakehouseBashOperator(BashOperator):
+    """A BashOperator whose command also gets the configuration's Airflow Connections (`connections_env`), added to
+    its environment when it runs: after rendering, so that no template field holds them."""
+
+    def get_env(self, context) -> dict:
+        return {**super().get_env(context), **connections_env()}
 
 
 def job(name: str, *args: str) -> SparkJob:
@@ -144,7 +173,7 @@ def spark_task(spark_job: SparkJob, outlets: list[Asset] | None = None, doc_md: 
     BashOperator has no extractor of its own); outlets are also the Assets the run marks as updated.
     """
     if _target() == "local":
-        return BashOperator(task_id=spark_job.name, bash_command=spark_job.local_bash(),
+        return LakehouseBashOperator(task_id=spark_job.name, bash_command=spark_job.local_bash(),
                             env={**spark_job.local_env(), **LINEAGE_ENV}, append_env=True, inlets=inlets or [],
                             outlets=outlets or [], doc_md=doc_md, pool=LAKE_POOL)
     from airflow.providers.amazon.aws.operators.emr import EmrAddStepsOperator
@@ -181,10 +210,9 @@ def mapped_spark_tasks(name: str, work: PlainXComArg, doc_md: str) -> MappedOper
     LAKE_POOL."""
     label = _label(work.operator.task_id)
     if _target() == "local":
-        return BashOperator.partial(task_id=name, env={**job(name).local_env(), **LINEAGE_ENV}, append_env=True,
-                                    doc_md=doc_md,
-                                    pool=LAKE_POOL, map_index_template=label
-                                    ).expand(bash_command=work.map(local_command))
+        return LakehouseBashOperator.partial(task_id=name, env={**job(name).local_env(), **LINEAGE_ENV},
+                                             append_env=True, doc_md=doc_md, pool=LAKE_POOL,
+                                             map_index_template=label).expand(bash_command=work.map(local_command))
     from airflow.providers.amazon.aws.operators.emr import EmrAddStepsOperator
     from airflow.providers.amazon.aws.sensors.emr import EmrStepSensor
 
@@ -244,7 +272,7 @@ def stream_task(doc_md: str):
     if _target() == "local":
         env = _stream_env()
         lakehouse = shlex.quote(str(PROJECT_ROOT / ".venv" / "bin" / "lakehouse"))
-        return BashOperator(task_id="supervise", bash_command=f"{lakehouse} stream {action}", env=env,
+        return LakehouseBashOperator(task_id="supervise", bash_command=f"{lakehouse} stream {action}", env=env,
                             append_env=True, **timing)
     from airflow.providers.standard.operators.python import PythonOperator
 

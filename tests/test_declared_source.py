@@ -10,9 +10,10 @@ holds rows, is declared and `lakehouse dev source sync` is run while the stream 
 Debezium's incremental snapshot, the stream follows the declaration. After `etl`, bronze, silver and
 quarantine equal what PostgreSQL holds and the declared rules say.
 
-Then drift of two kinds, each found and healed through the running stream: rows of bronze changed behind the
-pipeline's back, and the changes lost while a table was dropped from the publication by hand and added back
-(which `source check` names as a gap until reconcile finds the table exact again).
+Then drift of three kinds, each found and healed through the running stream: rows of bronze changed behind the
+pipeline's back; a change whose records retention deleted before the stream read them (the stream started past
+the loss with `--accept-lost`); and the changes lost while a table was dropped from the publication by hand and
+added back (which `source check` names as a gap until reconcile finds the table exact again).
 """
 
 from __future__ import annotations
@@ -155,11 +156,11 @@ def _silver_model(name: str, row: dict[str, Any]) -> tuple[dict[str, Any], str |
     return row, None
 
 
-def _start_ingest(root: str, bootstrap: str, declaration: Path, log_path: Path) -> subprocess.Popen:
+def _start_ingest(root: str, bootstrap: str, declaration: Path, log_path: Path, *args: str) -> subprocess.Popen:
     env = os.environ | {"LAKEHOUSE_ROOT": root, "KAFKA_BOOTSTRAP_SERVERS": bootstrap,
                         DECLARATION_VARIABLE: str(declaration)}
     with log_path.open("a") as log_file:
-        return subprocess.Popen([sys.executable, "-m", "pipelines.cli", "ingest", "--trigger-seconds", "2"],
+        return subprocess.Popen([sys.executable, "-m", "pipelines.cli", "ingest", "--trigger-seconds", "2", *args],
                                 env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
 
 
@@ -296,22 +297,27 @@ def _healed_through_the_stream(lake: Lake, real: RealSource, drifted: dict[str, 
         update={"bootstrap_servers": real.bootstrap})})
     lake = replace(lake, loaded=Loaded(config))
     topics = {name: lake.declaration.topic(name) for name in [*drifted, "late_rows"]}
+    with real.postgres.connect() as conn:
+        conn.autocommit = True
+        lost = _lost_to_retention(conn, real.bootstrap, topics["late_rows"])
     before = {name: _incremental_reads(real.bootstrap, t) for name, t in topics.items()}
-    job = _start_ingest(lake.root, real.bootstrap, declaration, log_path)
+    job = _start_ingest(lake.root, real.bootstrap, declaration, log_path, "--accept-lost")
     try:
         _wait(lambda: _batches(log_path) >= 1, "the stream", job, log_path)
+        assert "accepted as lost (--accept-lost)" in log_path.read_text(errors="replace")
         with real.postgres.connect() as conn:
             conn.autocommit = True
-            drifted = drifted | {"late_rows": _out_of_the_publication_a_while(lake, real, conn, job, log_path)}
+            drifted = drifted | {"late_rows": _out_of_the_publication_a_while(lake, real, conn, (job, log_path),
+                                                                              lost)}
             actions = [heal_table(lake, conn, drifted[name]) for name in topics]
             assert [(a.snapshot, a.snapshot_keys, a.deletes) for a in actions] == \
-                [("keys", 2, 1), ("keys", 2, 1), ("keys", 3, 1)], actions
+                [("keys", 2, 1), ("keys", 2, 1), ("keys", 4, 1)], actions
             after = wait_healed(lake, conn, actions, Options(settle=2.0, rounds=2), timeout=240)
         assert all(a.healed for a in actions) and not any(r.drift for r in after), after
         assert errors(run_check(real.target(), lake.declaration, root=lake.root)) == []  # reconcile found it whole
         # Just the drifted keys were read again, not the tables.
         assert {n: _incremental_reads(real.bootstrap, t) - before[n] for n, t in topics.items()} \
-            == {"all_types": 2, "orders_by_region": 2, "late_rows": 3}
+            == {"all_types": 2, "orders_by_region": 2, "late_rows": 4}
         ControlFiles(lake.root).request_stop("test")
         assert job.wait(120) == 0, log_path.read_text(errors="replace")[-3000:]
     finally:
@@ -319,15 +325,39 @@ def _healed_through_the_stream(lake: Lake, real: RealSource, drifted: dict[str, 
             os.killpg(job.pid, signal.SIGKILL)
 
 
-def _out_of_the_publication_a_while(lake: Lake, real: RealSource, conn: Any, job: subprocess.Popen,
-                                    log_path: Path) -> Any:
+def _lost_to_retention(conn: Any, bootstrap: str, topic: str) -> int:
+    """A change of late_rows that reaches its topic while the stream is stopped, then every record of the topic
+    deleted (what retention does to the log start): the key it changed."""
+    from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap)
+    try:
+        parts = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic))]
+        ends = consumer.end_offsets(parts)
+        key = conn.execute("SELECT id FROM late_rows ORDER BY id OFFSET 4 LIMIT 1").fetchone()[0]
+        conn.execute("UPDATE late_rows SET note = 'lost to retention' WHERE id = %s", (key,))
+        _wait(lambda: sum(consumer.end_offsets(parts).values()) > sum(ends.values()), "the change in the topic")
+        admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+        try:
+            admin.delete_records(consumer.end_offsets(parts))
+        finally:
+            admin.close()
+    finally:
+        consumer.close()
+    return key
+
+
+def _out_of_the_publication_a_while(lake: Lake, real: RealSource, conn: Any, stream: tuple[subprocess.Popen, Path],
+                                    lost: int) -> Any:
     """late_rows dropped from the publication by hand, changed (2 updates, a delete, an insert) and added back,
     while the stream runs: nothing fails, nothing of those changes reaches the topic. The source check names the
     gap (the lake remembered the table's membership when reconcile last found it exact); reconcile names the keys
-    of each kind. The table's report, for the heal."""
+    of each kind, `lost` (the key whose change retention deleted) among those that differ. The table's report,
+    for the heal."""
     from pipelines.reconcile.compare import Options, reconcile_table
     from pipelines.source.check import errors, run_check
 
+    job, log_path = stream
     ids = [r[0] for r in conn.execute("SELECT id FROM late_rows ORDER BY id LIMIT 4").fetchall()]
     new = conn.execute("SELECT max(id) + 1000 FROM late_rows").fetchone()[0]
     conn.execute("ALTER PUBLICATION shop_publication DROP TABLE public.late_rows")
@@ -346,9 +376,9 @@ def _out_of_the_publication_a_while(lake: Lake, real: RealSource, conn: Any, job
     found = errors(run_check(real.target(), lake.declaration, root=lake.root))
     assert [(f.table, f.check) for f in found] == [("late_rows", "publication_gap")], found
     report = reconcile_table(lake, conn, "late_rows", Options(settle=2.0, rounds=2))
-    assert report.counts == {"missing": 1, "extra": 1, "differ": 2, "unsettled": 0}, report
+    assert report.counts == {"missing": 1, "extra": 1, "differ": 3, "unsettled": 0}, report
     assert (report.missing, report.extra) == ([{"id": str(new)}], [{"id": str(ids[2])}]), report
-    assert sorted(d["key"]["id"] for d in report.differ) == sorted(str(i) for i in ids[:2]), report
+    assert sorted(d["key"]["id"] for d in report.differ) == sorted(str(i) for i in [*ids[:2], lost]), report
     return report
 
 

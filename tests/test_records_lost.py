@@ -9,6 +9,7 @@ own failOnDataLoss messages, as its Kafka source words them, into the same range
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from lakehouse_dev.generator import WorkloadConfig
 from pipelines.errors import RecordsLost
 from pipelines.ingest import lost
 from pipelines.lake.declaration import Declaration
-from pipelines.lake.layout import changelog_path, dead_letter_path, main_path
+from pipelines.lake.layout import changelog_path, dead_letter_path, lost_path, main_path
 from pipelines.lake.table_stats import read_table
 from pipelines.runtime.config import KafkaSettings
 from pipelines.runtime.lake import Lake
@@ -72,7 +73,7 @@ def test_records_deleted_before_the_stream_read_them_stop_it_naming_the_range(sp
 
     # Without the check before the query starts (as when retention overtakes a running query), Spark's Kafka
     # source fails the query's batch for data loss: the same error, the range from Spark's message, no restart.
-    monkeypatch.setattr(lost, "check", lambda *_: None)
+    monkeypatch.setattr(lost, "check", lambda brokers, decl, start, *_: start)
     again = run_cli("ingest", "--once", env={"LAKEHOUSE_ROOT": lake.root, "KAFKA_BOOTSTRAP_SERVERS": lake.bootstrap})
     assert again.exit_code == 1, again.output
     for part in (gone, "Spark's Kafka source failed the query for data loss", "--table orders --heal"):
@@ -91,6 +92,21 @@ def test_records_deleted_before_the_stream_read_them_stop_it_naming_the_range(sp
                  "lakehouse reconcile --table customers --heal; lakehouse reconcile --table orders --heal"):
         assert part in third.stderr, (part, third.stderr)
     assert _bronze(lake.root, decl) == before, "the lake was written"
+
+    # The operator's way past: both losses kept in the lake, each partition started at its log start; a later
+    # start without the flag starts there too (customers' new topic is empty: no commit records a new position).
+    env = {"LAKEHOUSE_ROOT": lake.root, "KAFKA_BOOTSTRAP_SERVERS": lake.bootstrap}
+    past = run_cli("ingest", "--once", "--accept-lost", env=env)
+    assert past.exit_code == 0, past.output
+    kept = [json.loads(line) for line in Path(lost_path(lake.root)).read_text().splitlines()]
+    assert [(k["partition"], k["from"], k["to"], k["recreated"]) for k in kept if k["table"] == "orders"] == \
+        [(tp.partition, read[tp], cut, False)], kept
+    recreated = [k for k in kept if k["table"] == "customers"]
+    assert recreated and all(k["to"] == 0 and k["from"] > 0 and k["recreated"] for k in recreated), kept
+    assert len(kept) == 1 + len(recreated), kept
+    orders = read_table(main_path("orders", lake.root), ["id"]).num_rows
+    assert orders >= before["orders rows"], "the records after the cut were applied"
+    assert run_cli("ingest", "--once", env=env).exit_code == 0
 
 
 def _recreate(bootstrap: str, topic: str) -> None:
@@ -122,6 +138,16 @@ def _decl() -> Declaration:
     from pipelines.runtime.declared import read_declaration
 
     return read_declaration()
+
+
+@pytest.mark.unit
+def test_a_start_at_a_position_accepted_as_lost_moves_past_each_range_from_there() -> None:
+    ranges = {("t", 0): {5: 9, 9: 14}, ("t", 1): {3: 7}, ("u", 0): {8: 0}}
+    # A chain of accepted ranges is followed; a position past a range (a later commit's) stays; a recreated
+    # topic's range leads back to its new log start.
+    assert lost.past_accepted({"t/0": 5, "t/1": 4, "u/0": 8, "v/0": 5}, ranges) == \
+        {"t/0": 14, "t/1": 4, "u/0": 0, "v/0": 5}
+    assert lost.past_accepted({"t/0": 5}, {("t", 0): {5: 9, 9: 5}}) == {"t/0": 5}  # a loop ends where it began
 
 
 @pytest.mark.unit

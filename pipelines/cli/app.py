@@ -12,7 +12,7 @@ import time
 from dataclasses import asdict
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -117,8 +117,13 @@ for entry in metadata.entry_points(group="lakehouse.commands"):
 @click.option("--spark-ui-port", type=click.IntRange(0, 65535), default=None,
               help="Port of the driver's Spark UI, which serves Spark's own metrics for Prometheus "
                    "(/metrics/prometheus), 0 for none  [default: stream.toml [metrics] spark_ui_port, 4040]")
-def ingest(once: bool, trigger_seconds: float, max_offsets_per_trigger: int | None, bootstrap: str | None,
-           metrics_port: int | None, spark_ui_port: int | None) -> None:
+@click.option("--accept-lost", is_flag=True,
+              help="Where Kafka no longer holds records a table has not read (retention passed them, or the topic "
+                   "was recreated), start the partition at its log start instead of stopping: the ranges are logged "
+                   "and kept in <lake>/_source/lost.jsonl, and later starts start there too. Then `lakehouse "
+                   "reconcile --table T --heal` re-delivers what they held.")
+def ingest(once: bool, bootstrap: str | None, metrics_port: int | None, spark_ui_port: int | None,
+           **stream: Any) -> None:
     """Stream the declared tables' topics (LAKEHOUSE_TABLES) into bronze (until stopped, or --once); a changed
     declaration is followed between batches."""
     from pipelines.ingest.bronze import IngestOptions, run_ingest
@@ -132,10 +137,10 @@ def ingest(once: bool, trigger_seconds: float, max_offsets_per_trigger: int | No
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     started = time.monotonic()
     try:
+        # `stream`: trigger_seconds, max_offsets_per_trigger, accept_lost, as IngestOptions names them.
         run_ingest(lake, once=once, bootstrap=bootstrap, options=IngestOptions(
-            trigger_seconds=trigger_seconds, max_offsets_per_trigger=max_offsets_per_trigger,
             metrics_port=configured_port() if metrics_port is None else metrics_port,
-            spark_ui_port=configured_spark_ui_port() if spark_ui_port is None else spark_ui_port))
+            spark_ui_port=configured_spark_ui_port() if spark_ui_port is None else spark_ui_port, **stream))
     except KeyboardInterrupt:
         click.echo(f"ingest stopped after {time.monotonic() - started:.0f} s", err=True)
         return

@@ -99,6 +99,7 @@ def source_finding(lake: Lake, timeout: float) -> Finding:
 
     settings = lake.config.source
     try:
+        settings = settings.endpoint()
         with connect(settings, timeout=timeout) as conn:
             row = conn.execute("SELECT current_setting('server_version'), current_setting('wal_level')").fetchone()
     except LakehouseError as exc:
@@ -116,6 +117,10 @@ def connect_finding(lake: Lake, timeout: float) -> Finding:
     from pipelines.source.connect_rest import ConnectClient
 
     settings = lake.config.connect
+    try:
+        settings = settings.endpoint()
+    except LakehouseError as exc:
+        return Finding("connect", f"Airflow Connection {settings.airflow_connection}", "failed", str(exc))
     client = ConnectClient.from_settings(settings, timeout=timeout)
     try:
         if not client.exists(settings.connector):

@@ -153,7 +153,9 @@ class IngestOptions:
     Kafka records of one batch (None: bronze.toml's). `stop_timeout`: how long an interrupt or a stop request lets
     the batch in progress finish. `metrics_port`: where the stream's Prometheus exporter listens on 127.0.0.1
     (`exporter`; 0, none: the CLI's default is stream.toml's). `spark_ui_port`: where the driver it starts serves
-    Spark's own metrics (spark.toml [driver_metrics]; 0, none).
+    Spark's own metrics (spark.toml [driver_metrics]; 0, none). `accept_lost`: start a partition whose records
+    from the table's position on Kafka no longer holds at its log start, the range kept as lost
+    (pipelines.ingest.lost), instead of stopping.
     """
 
     trigger_seconds: float = INGEST_TRIGGER_SECONDS
@@ -161,6 +163,7 @@ class IngestOptions:
     stop_timeout: float = 300.0
     metrics_port: int = 0
     spark_ui_port: int = 0
+    accept_lost: bool = False
 
 
 @dataclass(frozen=True)
@@ -447,7 +450,8 @@ def _start_query(stream: _Stream, lake: Lake) -> tuple[StreamingQuery, BronzeBat
     storage.remove_tree(ingest_checkpoint_path(root))
     positions = batches.start()
     # Records deleted (retention) or offsets gone (a recreated topic) since the tables read: stop, naming them.
-    lost.check(stream.brokers, lake.declaration, positions, reading.partitions)
+    positions = lost.check(stream.brokers, lake.declaration, positions, reading.partitions, root,
+                           options.accept_lost)
     if start := starting_offsets(positions, reading.partitions):
         log.info("the stream starts from the positions in bronze's commits %s", start)
         reader = reader.option("startingOffsets", start)

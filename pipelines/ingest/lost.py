@@ -16,6 +16,12 @@ others and the log start where they were, and Spark's source reads over such gap
 is at or past the log start. A partition without a stored position (never read) starts at its earliest offset,
 as it should.
 
+An operator who has read the refusal may start the stream past the loss (`lakehouse ingest --accept-lost`): each
+lost range is written to `<lake>/_source/lost.jsonl` (`accept`), and from then on a start that finds a partition
+still at the position a range was lost from starts it at the range's end, the log start, with or without the
+flag, until the table's next commit records a position of its own. What the ranges held comes back by
+`lakehouse reconcile --heal`, through the source.
+
 While a query runs, retention can still overtake it; Spark then fails the query with its failOnDataLoss
 message ("Some data may have been lost ..."), which `translated` turns into the same error, the range taken
 from Spark's message where it names one, else the query's partitions named.
@@ -23,12 +29,16 @@ from Spark's message where it names one, else the query's partitions named.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from pipelines.errors import RecordsLost
+from pipelines.lake import storage
 from pipelines.lake.declaration import Declaration
+from pipelines.lake.layout import lost_path
 from pipelines.runtime.config import KafkaSettings
 from pipelines.runtime.kafka_clients import python_options
 
@@ -100,12 +110,51 @@ def gaps(start: dict[str, int], found: dict[tuple[str, int], tuple[int, int]]) -
     return lost
 
 
-def check(brokers: KafkaSettings, decl: Declaration, start: dict[str, int], partitions: dict[str, list[int]]) -> None:
-    """Raise `RecordsLost` if Kafka no longer holds a record of `partitions` (what a query is to read) from the
-    position `start` ({"topic/partition": next offset}) on; no request when no partition has a position."""
+def check(brokers: KafkaSettings, decl: Declaration, start: dict[str, int], partitions: dict[str, list[int]],
+          root: str, accept: bool = False) -> dict[str, int]:
+    """The positions a query reading `partitions` starts from: `start` ({"topic/partition": next offset}), each
+    past the ranges of the lake's `root` accepted as lost. `RecordsLost` if Kafka no longer holds a record from
+    such a position on, unless `accept`: then the ranges are accepted (logged, kept) and the positions moved to
+    their log start. No request to Kafka when no partition has a position."""
+    start = past_accepted(start, accepted(root))
     read = [(t, p) for t, ps in partitions.items() for p in ps if start.get(f"{t}/{p}", -1) >= 0]
-    if read and (lost := gaps(start, bounds(brokers, read))):
+    found = bounds(brokers, read) if read else {}
+    if not (lost := gaps(start, found)):
+        return start
+    if not accept:
         raise records_lost(decl, lost)
+    tables = {decl.topic(t): t for t in decl.names}
+    entries = [{"topic": g.topic, "partition": g.partition, "from": g.first, "to": found[(g.topic, g.partition)][0],
+                "table": tables.get(g.topic), "recreated": g.recreated,
+                "accepted_at": datetime.now(UTC).isoformat(timespec="seconds")} for g in lost]
+    for gap, entry in zip(lost, entries, strict=True):
+        log.warning("accepted as lost (--accept-lost): %s; the stream starts the partition at its log start, "
+                    "offset %s", gap.line(tables.get(gap.topic, gap.topic)), entry["to"])
+    storage.append_text(lost_path(root), "".join(json.dumps(e) + "\n" for e in entries))
+    return past_accepted(start, accepted(root))
+
+
+def accepted(root: str) -> dict[tuple[str, int], dict[int, int]]:
+    """The ranges accepted as lost in the lake at `root`: (topic, partition) -> {position lost from: log start}."""
+    path = lost_path(root)
+    ranges: dict[tuple[str, int], dict[int, int]] = {}
+    for line in (storage.read_text(path).splitlines() if storage.exists(path) else []):
+        entry = json.loads(line)
+        ranges.setdefault((entry["topic"], int(entry["partition"])), {})[int(entry["from"])] = int(entry["to"])
+    return ranges
+
+
+def past_accepted(start: dict[str, int], ranges: dict[tuple[str, int], dict[int, int]]) -> dict[str, int]:
+    """`start` with each position that a range was accepted as lost from moved to that range's end (again, while
+    a later range was accepted from there)."""
+    moved = dict(start)
+    for (topic, partition), by_start in ranges.items():
+        key = f"{topic}/{partition}"
+        seen = set()
+        while key in moved and moved[key] in by_start and moved[key] not in seen:
+            seen.add(moved[key])
+            moved[key] = by_start[moved[key]]
+    return moved
 
 
 def records_lost(decl: Declaration, lost: list[Gap], why: str = "", topics: tuple[str, ...] = ()) -> RecordsLost:
@@ -117,7 +166,9 @@ def records_lost(decl: Declaration, lost: list[Gap], why: str = "", topics: tupl
     message = "\n".join([
         "the stream stops: Kafka no longer holds records that bronze has not applied; nothing of them was written "
         "and no position moved" + (f" ({why})" if why else ""), *lines,
-        "The way back: " + "; ".join(HEAL.format(table=t) for t in names) + f" ({SECTION}), then start the stream."])
+        "The way back: lakehouse ingest --once --accept-lost (the ranges kept as lost, the stream started past "
+        "them; later starts start there too), then " + "; ".join(HEAL.format(table=t) for t in names)
+        + f" with the stream running ({SECTION})."])
     return RecordsLost(message, tables=tuple(names))
 
 

@@ -96,3 +96,9 @@ def membership_path(root: str) -> str:
     """`<root>/_source/publication.json`: each declared table's publication membership when the lake last matched
     the source (pipelines.source.membership)."""
     return f"{root.rstrip('/')}/_source/publication.json"
+
+
+def lost_path(root: str) -> str:
+    """`<root>/_source/lost.jsonl`: the Kafka ranges accepted as lost (`lakehouse ingest --accept-lost`), one JSON
+    line each (pipelines.ingest.lost)."""
+    return f"{root.rstrip('/')}/_source/lost.jsonl"

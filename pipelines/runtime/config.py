@@ -22,11 +22,11 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator, model_validator
 
-from pipelines.errors import SecretError, SettingError
+from pipelines.errors import LakehouseError, SecretError, SettingError
 
 CONFIG_VARIABLE = "LAKEHOUSE_CONFIG"
 PROFILE_VARIABLE = "LAKEHOUSE_PROFILE"
@@ -93,18 +93,10 @@ class Secret(_Section):
 
 
 def _airflow_password(connection_id: str) -> str:
-    """The password of an Airflow Connection, through the Task SDK (inside a task) or Airflow's secrets backends."""
-    try:
-        from airflow.sdk import Connection
-    except ImportError as exc:
-        raise SecretError(f"the secret is Airflow Connection {connection_id!r}, and Airflow is not installed "
-                          "here") from exc
-    try:
-        password = Connection.get(connection_id).password
-    except Exception as exc:  # the SDK raises its own kinds for a missing connection
-        raise SecretError(f"Airflow Connection {connection_id!r} cannot be read ({type(exc).__name__}: {exc})") \
-            from exc
-    if not password:
+    """The password of an Airflow Connection (pipelines.runtime.airflow_connections says where it is read from)."""
+    from pipelines.runtime.airflow_connections import read
+
+    if not (password := read(connection_id).password):
         raise SecretError(f"Airflow Connection {connection_id!r} has no password")
     return password
 
@@ -148,9 +140,46 @@ class KafkaSettings(_Section):
         return self
 
 
-class SourceSettings(_Section):
+class _Endpoint(_Section):
+    """A section whose endpoint may be an Airflow Connection (`airflow_connection`) instead of its own keys: then
+    those keys (`FROM_CONNECTION`) are the Connection's, and setting one beside it is refused, naming it; the
+    Connection is read when the endpoint is used (`endpoint`), never when the file is loaded."""
+
+    FROM_CONNECTION: ClassVar[tuple[str, ...]] = ()
+    SECTION: ClassVar[str] = ""
+
+    airflow_connection: str | None = None  # first: the keys' validators below see it
+
+    @field_validator("*")
+    @classmethod
+    def _not_beside_connection(cls, value: Any, info: ValidationInfo) -> Any:
+        """A key of the endpoint given beside `airflow_connection` (a default is never validated: only what is set)."""
+        if (conn_id := info.data.get("airflow_connection")) and info.field_name in cls.FROM_CONNECTION:
+            raise ValueError(f"[{cls.SECTION}] airflow_connection = {conn_id!r} gives the endpoint ("
+                             f"{', '.join(cls.FROM_CONNECTION)}): {info.field_name} is the Connection's, not set "
+                             "here (remove it, or airflow_connection)")
+        return value
+
+    def endpoint(self) -> Any:
+        """These settings with the endpoint of `airflow_connection` read now (the subclasses')."""
+        raise NotImplementedError
+
+    def shown(self) -> dict[str, str]:
+        """What `config show` prints of the keys the Connection gives, without reading it: where they are."""
+        if self.airflow_connection is None:
+            return {}
+        return dict.fromkeys(self.FROM_CONNECTION, f"<Airflow Connection {self.airflow_connection}>")
+
+
+class SourceSettings(_Endpoint):
     """The PostgreSQL database whose changes Debezium captures, as the source commands reach it (`lakehouse source
-    sync|check`, `lakehouse doctor`), and the names Debezium's connector uses there."""
+    sync|check`, `lakehouse doctor`), and the names Debezium's connector uses there. `airflow_connection`: the
+    database is a postgres Connection's (host, port, login, password, schema the database, extra `sslmode` and
+    `sslrootcert`)."""
+
+    FROM_CONNECTION: ClassVar[tuple[str, ...]] = ("host", "port", "database", "user", "password", "sslmode",
+                                                  "sslrootcert")
+    SECTION: ClassVar[str] = "source"
 
     host: str = "127.0.0.1"
     port: int = 5433
@@ -169,9 +198,23 @@ class SourceSettings(_Section):
             raise ValueError(f"sslmode {self.sslmode} needs sslrootcert, the CA that signed the server's certificate")
         return self
 
+    def endpoint(self) -> SourceSettings:
+        """These settings with the database of `airflow_connection` read now (itself without one): SettingError
+        naming the Connection when it is not a postgres one or lacks a field."""
+        if self.airflow_connection is None:
+            return self
+        from pipelines.runtime.airflow_connections import read, source_endpoint
 
-class ConnectSettings(_Section):
-    """The Kafka Connect cluster that runs Debezium, and the connector's name there (the connector watchdog)."""
+        return source_endpoint(self, read(self.airflow_connection))
+
+
+class ConnectSettings(_Endpoint):
+    """The Kafka Connect cluster that runs Debezium, and the connector's name there (the connector watchdog).
+    `airflow_connection`: the REST API is an http or https Connection's (host, with its scheme or the scheme as
+    conn_type or schema; port; login and password, basic authentication; extra `ssl_ca_file`)."""
+
+    FROM_CONNECTION: ClassVar[tuple[str, ...]] = ("url", "username", "password", "ssl_ca_file")
+    SECTION: ClassVar[str] = "connect"
 
     url: str = "http://127.0.0.1:8083"
     connector: str = "shop-source"
@@ -191,6 +234,15 @@ class ConnectSettings(_Section):
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"{url!r}: expected an http:// or https:// URL")
         return url.rstrip("/")
+
+    def endpoint(self) -> ConnectSettings:
+        """These settings with the REST API of `airflow_connection` read now (itself without one): SettingError
+        naming the Connection when it is not an http one or has no host."""
+        if self.airflow_connection is None:
+            return self
+        from pipelines.runtime.airflow_connections import connect_endpoint, read
+
+        return connect_endpoint(self, read(self.airflow_connection))
 
 
 class CatalogSettings(_Section):
@@ -301,7 +353,8 @@ def config_text(config: Config, heading: str) -> str:
     (the EMR bundle's BUNDLED_FILE, pipelines/deploy/package.py)."""
     lines = [f"# {heading}"]
     for name, section in config.model_dump(mode="json", exclude_none=True).items():
-        lines += ["", f"[{name}]", *(f"{key} = {_toml(value)}" for key, value in section.items())]
+        given = getattr(config, name).shown() if isinstance(getattr(config, name), _Endpoint) else {}
+        lines += ["", f"[{name}]", *(f"{key} = {_toml(value)}" for key, value in section.items() if key not in given)]
     return "\n".join(lines) + "\n"
 
 
@@ -406,11 +459,41 @@ def effective(loaded: Loaded) -> list[tuple[str, Any, str]]:
     rows = []
     for name in SECTIONS:
         section = getattr(loaded.config, name)
+        given = _from_connection(section) if isinstance(section, _Endpoint) else {}
         for key in type(section).model_fields:
             value = getattr(section, key)
             shown = value.where() if isinstance(value, Secret) else value
-            rows.append((f"{name}.{key}", shown, loaded.sources.get(f"{name}.{key}", "default")))
+            source = loaded.sources.get(f"{name}.{key}", "default")
+            if key in given:  # the Connection's, read when the endpoint is used: where it is, not its value
+                shown, source = given[key], f"Airflow Connection {section.airflow_connection}"
+            rows.append((f"{name}.{key}", shown, source))
     return rows
+
+
+def _from_connection(section: _Endpoint) -> dict[str, Any]:
+    """The keys an endpoint's Connection gives, as `config show` prints them: its values (the password as where it
+    is) when the Connection can be read here, else where they are."""
+    if section.airflow_connection is None:
+        return {}
+    try:
+        resolved = section.endpoint()
+    except LakehouseError:
+        return section.shown()
+    values = {key: getattr(resolved, key) for key in section.FROM_CONNECTION}
+    return {key: value.where() if isinstance(value, Secret) else value for key, value in values.items()}
+
+
+def airflow_connections(config: Config) -> list[str]:
+    """The ids of the Airflow Connections `config` names: an endpoint's (`[source]`, `[connect]`) and every secret's
+    (`{ airflow_connection = "id" }`), each once, in the sections' order."""
+    found: list[str] = []
+    for name in SECTIONS:
+        section = getattr(config, name)
+        values = [section.airflow_connection] if isinstance(section, _Endpoint) else []
+        values += [v.airflow_connection for v in (getattr(section, k) for k in type(section).model_fields)
+                   if isinstance(v, Secret)]
+        found += [v for v in values if v is not None and v not in found]
+    return found
 
 
 def export(loaded: Loaded, environ: dict[str, str] | os._Environ[str] = os.environ) -> None:

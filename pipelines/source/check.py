@@ -93,7 +93,8 @@ class Target:
 
     @classmethod
     def of(cls, config: Config) -> Target:
-        return cls(config.source, config.connect)
+        """The configuration's endpoints, an Airflow Connection's read now."""
+        return cls(config.source.endpoint(), config.connect.endpoint())
 
     def client(self) -> ConnectClient:
         return ConnectClient.from_settings(self.connect)

@@ -49,7 +49,8 @@ def check(lake: Lake, tables: tuple[str, ...], as_json: bool) -> None:
     # cannot clear an alert on another table's finding.
     run = None if tables else JobMetrics(metric_names.SOURCE_CHECK, lake.root)
     try:
-        found = run_check(Target.of(lake.config), lake.declaration, declared_names(lake, tables), root=lake.root)
+        target = Target.of(lake.config)
+        found = run_check(target, lake.declaration, declared_names(lake, tables), root=lake.root)
     except Exception:
         if run is not None:
             run.push(succeeded=False)
@@ -65,8 +66,8 @@ def check(lake: Lake, tables: tuple[str, ...], as_json: bool) -> None:
         for finding in found:
             click.echo(finding.line())
         click.echo(f"source check: {len(errors(found))} errors, {len(found) - len(errors(found))} warnings "
-                   f"({lake.config.source.host}:{lake.config.source.port}/{lake.config.source.database}, "
-                   f"connector {lake.config.connect.connector} at {lake.config.connect.url})", err=True)
+                   f"({target.source.host}:{target.source.port}/{target.source.database}, "
+                   f"connector {target.connect.connector} at {target.connect.url})", err=True)
     if errors(found):
         raise SystemExit(1)
 

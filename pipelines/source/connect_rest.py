@@ -37,7 +37,9 @@ class ConnectClient:
 
     @classmethod
     def from_settings(cls, settings: ConnectSettings, url: str | None = None, timeout: float = 30.0) -> ConnectClient:
-        """The client of `[connect]`, at `url` instead of the section's when given (a command's flag)."""
+        """The client of `[connect]` (its Airflow Connection's endpoint, read now, when it names one), at `url` instead
+        of the section's when given (a command's flag)."""
+        settings = settings.endpoint()
         return cls((url or settings.url).rstrip("/"), settings.username, settings.password, settings.ssl_ca_file,
                    timeout)
 

@@ -40,12 +40,17 @@ _REASONS = (
 
 
 def where(settings: SourceSettings) -> str:
-    """`user@host:port/database`: how messages name the source (never with the password)."""
+    """`user@host:port/database`: how messages name the source (never with the password); its Airflow Connection's
+    id when the endpoint is one not read yet."""
+    if settings.airflow_connection is not None:
+        return f"Airflow Connection {settings.airflow_connection}"
     return f"{settings.user}@{settings.host}:{settings.port}/{settings.database}"
 
 
 def connect_options(settings: SourceSettings, *, timeout: float = 10.0) -> dict[str, Any]:
-    """psycopg.connect's keywords for `settings`, the password revealed now (a keyword, not a DSN)."""
+    """psycopg.connect's keywords for `settings` (its Airflow Connection's endpoint, when it names one), the password
+    revealed now (a keyword, not a DSN)."""
+    settings = settings.endpoint()
     options: dict[str, Any] = {"host": settings.host, "port": settings.port, "dbname": settings.database,
                                "user": settings.user, "sslmode": settings.sslmode,
                                "connect_timeout": max(1, int(timeout)), "application_name": APPLICATION_NAME}
@@ -86,6 +91,7 @@ def connect(settings: SourceSettings, *, timeout: float = 10.0, autocommit: bool
     SourceUnavailable naming the database and what failed."""
     import psycopg
 
+    settings = settings.endpoint()
     options = connect_options(settings, timeout=timeout)
     secret = options.get("password")
     try:
