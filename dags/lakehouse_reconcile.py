@@ -13,7 +13,10 @@ the run's figures go to the Pushgateway (`lakehouse_reconcile_rows`, `lakehouse_
 the run's duration): the alert `LakehouseReconcileDrift` fires until a run finds the table exact. Run it by
 hand after `lakehouse source sync` or any change of the source's replication.
 
-Beside it, `lakehouse source check` looks for every reason a declared table's changes would not reach Kafka (the
+`reconcile_silver` compares each declared table's silver and quarantine with what the declared rules make of
+bronze as of the version silver last consumed (`lakehouse reconcile --layer silver`), in the lake alone.
+
+Beside them, `lakehouse source check` looks for every reason a declared table's changes would not reach Kafka (the
 replication slot gone or invalidated, a table no longer in the publication, the connector not capturing it): the
 task fails on one, and `LakehouseSourceCannotCapture` fires until a check finds none.
 """
@@ -44,3 +47,6 @@ with DAG(
                       "the slot, the publication, the connector; pushed as `lakehouse_source_findings`.")
     spark_task(job("reconcile", "reconcile"),
                doc_md="Bronze against the source database, every declared table (`lakehouse reconcile`).")
+    spark_task(job("reconcile_silver", "reconcile", "--layer", "silver"),
+               doc_md="Silver and its quarantine against the declared rules applied to bronze as of silver's own "
+                      "checkpoint, every declared table (`lakehouse reconcile --layer silver`); no database.")
