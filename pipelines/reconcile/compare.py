@@ -151,12 +151,15 @@ def reconcile_table(lake: Lake, conn: Any, name: str, options: Options = Options
         pending = pool.submit(source_buckets, conn, relation, shape)  # PostgreSQL's scan beside Spark's
         lake_sums = lake_buckets(bronze, shape)
         source_sums = pending.result()
-    report.source_rows, report.lake_rows = (sum(n for n, _ in s.values()) for s in (source_sums, lake_sums))
-    report.buckets = len(source_sums.keys() | lake_sums.keys())
-    buckets = differing(source_sums, lake_sums)
-    report.buckets_differing = len(buckets)
-    source, held = (source_rows(conn, relation, shape, buckets), lake_rows(bronze, shape, buckets)) if buckets \
-        else ({}, {})
+        report.source_rows, report.lake_rows = (sum(n for n, _ in s.values()) for s in (source_sums, lake_sums))
+        report.buckets = len(source_sums.keys() | lake_sums.keys())
+        buckets = differing(source_sums, lake_sums)
+        report.buckets_differing = len(buckets)
+        source, held = {}, {}
+        if buckets:  # each side scans again for the rows of those buckets: side by side too
+            rows = pool.submit(source_rows, conn, relation, shape, buckets)
+            held = lake_rows(bronze, shape, buckets)
+            source = rows.result()
     report.rows_read = {"source": len(source), "lake": len(held)}
     sides = _Sides(lake, conn, name, relation, shape)
     _settle(sides, _differing_keys(source, held), (source, held), options, report)
