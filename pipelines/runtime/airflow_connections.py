@@ -190,6 +190,13 @@ def connect_endpoint(settings: ConnectSettings, conn: AirflowConnection) -> Conn
     return _resolved(settings, values, conn.named())
 
 
+def endpoint_of(section: Any, conn: AirflowConnection) -> Any:
+    """`section` (an endpoint's settings: `[source]` or `[connect]`) with the endpoint of `conn`, its Connection."""
+    if section.SECTION == "source":
+        return source_endpoint(section, conn)
+    return connect_endpoint(section, conn)
+
+
 def _resolved(section: Any, values: dict[str, Any], named: str) -> Any:
     """`section` with `values` (a Connection's) in place of its endpoint's keys, checked as the file's would be (a
     Connection's bad port or sslmode is refused as the file's is); SettingError naming the Connection."""

@@ -22,7 +22,7 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator, model_validator
 
@@ -160,9 +160,15 @@ class _Endpoint(_Section):
                              "here (remove it, or airflow_connection)")
         return value
 
-    def endpoint(self) -> Any:
-        """These settings with the endpoint of `airflow_connection` read now (the subclasses')."""
-        raise NotImplementedError
+    def endpoint(self) -> Self:
+        """These settings with the endpoint of `airflow_connection` read now (themselves without one): SettingError
+        naming the Connection when it is not of the section's kind or lacks a field
+        (pipelines.runtime.airflow_connections, `source_endpoint`, `connect_endpoint`)."""
+        if self.airflow_connection is None:
+            return self
+        from pipelines.runtime.airflow_connections import endpoint_of, read
+
+        return endpoint_of(self, read(self.airflow_connection))
 
     def shown(self) -> dict[str, str]:
         """What `config show` prints of the keys the Connection gives, without reading it: where they are."""
@@ -198,15 +204,6 @@ class SourceSettings(_Endpoint):
             raise ValueError(f"sslmode {self.sslmode} needs sslrootcert, the CA that signed the server's certificate")
         return self
 
-    def endpoint(self) -> SourceSettings:
-        """These settings with the database of `airflow_connection` read now (itself without one): SettingError
-        naming the Connection when it is not a postgres one or lacks a field."""
-        if self.airflow_connection is None:
-            return self
-        from pipelines.runtime.airflow_connections import read, source_endpoint
-
-        return source_endpoint(self, read(self.airflow_connection))
-
 
 class ConnectSettings(_Endpoint):
     """The Kafka Connect cluster that runs Debezium, and the connector's name there (the connector watchdog).
@@ -234,15 +231,6 @@ class ConnectSettings(_Endpoint):
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"{url!r}: expected an http:// or https:// URL")
         return url.rstrip("/")
-
-    def endpoint(self) -> ConnectSettings:
-        """These settings with the REST API of `airflow_connection` read now (itself without one): SettingError
-        naming the Connection when it is not an http one or has no host."""
-        if self.airflow_connection is None:
-            return self
-        from pipelines.runtime.airflow_connections import connect_endpoint, read
-
-        return connect_endpoint(self, read(self.airflow_connection))
 
 
 class CatalogSettings(_Section):

@@ -198,12 +198,19 @@ def webhook_server() -> Iterator[Webhook]:
         def log_message(self, *args) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    hook = Webhook(f"http://127.0.0.1:{server.server_port}/hooks/lakehouse")
+    with serving(Handler) as url:
+        hook = Webhook(f"{url}/hooks/lakehouse")
+        yield hook
+
+
+@contextlib.contextmanager
+def serving(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """`handler` served on 127.0.0.1 (a port of its own) until the block ends: its base URL."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield hook
+        yield f"http://127.0.0.1:{server.server_port}"
     finally:
         server.shutdown()
         server.server_close()

@@ -27,11 +27,11 @@ import tempfile
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
-from conftest import DAGS, LINEAGE, PROJECT
+from conftest import DAGS, LINEAGE, PROJECT, serving
 
 pytestmark = pytest.mark.integration
 
@@ -80,16 +80,8 @@ def connect_stand_in(stand_in: ConnectStandIn) -> Iterator[ConnectStandIn]:
         def log_message(self, *args) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    stand_in.url = f"http://127.0.0.1:{server.server_port}"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with serving(Handler) as stand_in.url:
         yield stand_in
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(10)
 
 
 class CommandLines:
