@@ -3,9 +3,9 @@
 What silver/<table> and its quarantine hold is a pure function of bronze's live rows and the declaration: the
 rows `pipelines.transform.silver.clean` finds valid, with the columns `silver_columns` names (the kept metadata
 `_lsn` and `_source_ts` among them) and the derived ones; in quarantine the others, as bronze holds them, with
-the rule each failed (`pipelines.transform.etl.write_silver`). Rows of erased customers are in neither (the
-erasure registry, as the ETL filters with it); deleted keys are in neither. That expectation is computed here
-from a snapshot of bronze and compared with what the ETL wrote, key by key.
+the rule each failed (`pipelines.transform.silver.split`, the ETL's own split). Rows of erased customers are in
+neither (the erasure registry, as the ETL filters with it); deleted keys are in neither. That expectation is
+computed here from a snapshot of bronze and compared with what the ETL wrote, key by key.
 
 The ETL runs on a schedule, so silver is behind bronze between its cycles. Each output is compared with bronze
 as of the version it consumed last (its checkpoint names a point of bronze's change log, whose batch id names
@@ -36,7 +36,7 @@ from pipelines.lake.table_stats import has_completed_commit
 from pipelines.reconcile.canonical import SourceColumn, row_text, spark_text
 from pipelines.reconcile.compare import TableReport
 from pipelines.runtime.lake import Lake
-from pipelines.transform.silver import SILVER_OWN, clean, is_metadata, silver_columns
+from pipelines.transform.silver import SILVER_OWN, clean, is_metadata, silver_columns, split
 
 # The PostgreSQL type whose canonical text a Spark type shares (decimals and arrays by their prefix).
 _TYPENAME = {"tinyint": "int8", "smallint": "int8", "int": "int8", "bigint": "int8", "float": "float8",
@@ -62,11 +62,8 @@ def expected_outputs(lake: Lake, decl: TableDecl, bronze: DataFrame) -> tuple[Da
     if decl.subject and (registry := read_registry(lake.spark, lake.root)) is not None:
         bronze = without_erased(bronze, decl.name, registry, lake.erasure_key, lake.declaration)
     columns = silver_columns(decl, bronze.columns)
-    cleaned = clean(bronze, decl, columns)
-    silver = cleaned.where(F.col("failed_rule").isNull()).drop("failed_rule")
-    invalid = cleaned.where(F.col("failed_rule").isNotNull()).select(*decl.key, "failed_rule")
     raw = bronze.select(*[c for c in columns if c != "_source_ts"])  # the ETL's quarantine drops _source_ts
-    return silver, raw.join(invalid, list(decl.key))
+    return split(clean(bronze, decl, columns), raw, decl.key)
 
 
 def bronze_as_of(lake: Lake, table: str, output: str) -> tuple[DataFrame, str | None]:

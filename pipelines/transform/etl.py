@@ -28,7 +28,7 @@ from pipelines.runtime import console
 from pipelines.runtime.lake import Lake
 from pipelines.transform.changes import Window, bronze_changes, window
 from pipelines.transform.gold import DAILY, LTV, STATE, gold_cycle
-from pipelines.transform.silver import clean, silver_columns
+from pipelines.transform.silver import clean, silver_columns, split
 from pipelines.transform.writes import write_with_checkpoint
 
 log = logging.getLogger(__name__)
@@ -105,14 +105,14 @@ def write_silver(lake: Lake, step: SilverStep | None) -> dict[str, int]:
     try:
         raw = changes.filter(~F.col("_deleted")).drop("_deleted", "_source_ts")
         deleted = changes.filter(F.col("_deleted")).select(*key, "_lsn")
-        valid = cleaned.filter(F.col("failed_rule").isNull()).drop("failed_rule")
+        valid, quarantined = split(cleaned, raw, key)
         invalid = cleaned.filter(F.col("failed_rule").isNotNull()).select(*key, "_lsn", "failed_rule")
         new_marks = {changelog_path(table, root): step.window.end}
 
         not_in_silver = deleted.unionByName(invalid.select(*key, "_lsn"))
         silver_rows = valid.withColumn(DELETED_FLAG, F.lit(False)).unionByName(
             not_in_silver.withColumn(DELETED_FLAG, F.lit(True)), allowMissingColumns=True)
-        quarantined = raw.join(invalid.drop("_lsn"), key).withColumn("_quarantined_at", F.current_timestamp())
+        quarantined = quarantined.withColumn("_quarantined_at", F.current_timestamp())
         not_in_quarantine = deleted.unionByName(valid.select(*key, "_lsn"))
         quarantine_rows = quarantined.withColumn(DELETED_FLAG, F.lit(False)).unionByName(
             not_in_quarantine.withColumn(DELETED_FLAG, F.lit(True)), allowMissingColumns=True)

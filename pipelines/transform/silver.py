@@ -75,6 +75,15 @@ def silver_columns(table: TableDecl, bronze_columns: Iterable[str]) -> list[str]
     return [*source, *(c for c in KEPT_METADATA if c in have), *extra]
 
 
+def split(cleaned: DataFrame, raw: DataFrame, key: Sequence[str]) -> tuple[DataFrame, DataFrame]:
+    """`clean`'s rows into (silver's, the quarantine's): the valid ones as cleaned, and the others as they arrived
+    (`raw`, the same rows before cleaning) with the rule each failed, so that a held row can be corrected at its
+    source and still be recognised."""
+    valid = cleaned.filter(F.col("failed_rule").isNull()).drop("failed_rule")
+    invalid = cleaned.filter(F.col("failed_rule").isNotNull()).select(*key, "failed_rule")
+    return valid, raw.join(invalid, list(key))
+
+
 def clean(bronze: DataFrame, table: TableDecl, columns: Sequence[str], *, where: str | None = None) -> DataFrame:
     """Bronze rows of `table` -> its silver rows: `columns` (see `silver_columns`) cleaned and cast, the derived
     columns, and `failed_rule` (the name of the first declared rule the row fails; null for a valid row).
