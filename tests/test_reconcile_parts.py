@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from pipelines.errors import ReconcileError
 from pipelines.reconcile.canonical import SourceColumn, pg_row_text, pg_text
 from pipelines.reconcile.digest import MAX_DIGITS, differing, digits_for
 
@@ -96,6 +97,38 @@ def test_a_heal_s_key_filter_selects_exactly_the_keys() -> None:
     two = key_filter([SourceColumn("region", "text", "S"), SourceColumn("at", "timestamp", "D")],
                      [{"region": "eu", "at": "5"}]).as_string(None)
     assert two.startswith("""(("region" = 'eu' AND (round(extract(epoch FROM "at")""") and two.endswith("= '5'))")
+
+
+def test_a_heal_s_keys_are_packed_into_as_few_signals_as_fit_each_whole() -> None:
+    import json
+
+    from pipelines.reconcile import heal
+
+    columns = [SourceColumn("id", "int8", "N")]
+    keys = [{"id": str(10_000_000 + i)} for i in range(667)]
+    texts = heal.key_signals(None, "public\\.orders", columns, keys, heal.SIGNAL_DATA_WIDTH)
+    assert texts is not None and len(texts) == 5 and all(len(t) <= heal.SIGNAL_DATA_WIDTH for t in texts)
+    assert len(texts[0]) > heal.SIGNAL_DATA_WIDTH - 12, "a signal is filled before the next is started"
+    filters = [json.loads(t)["additional-conditions"][0]["filter"] for t in texts]
+    assert [k for f in filters for k in f.removeprefix('("id" IN (').removesuffix("))").split(", ")] == \
+        [f"'{k['id']}'" for k in keys], "every key once, in order"
+    assert filters[0] == key_filter_text(columns, keys[:filters[0].count(",") + 1])
+    composite = [SourceColumn("region", "text", "S"), SourceColumn("n", "int8", "N")]
+    wide = heal.key_signals(None, "public\\.t", composite, [{"region": "é\"" * 20, "n": str(i)} for i in range(9)],
+                            heal.SIGNAL_DATA_WIDTH)
+    assert wide is not None and all(len(t) <= heal.SIGNAL_DATA_WIDTH for t in wide), \
+        "escapes counted as JSON writes them"
+    many = [{"id": str(i)} for i in range(heal.MAX_SIGNALS * heal.SIGNAL_DATA_WIDTH // 4)]
+    assert heal.key_signals(None, "public\\.orders", columns, many, heal.SIGNAL_DATA_WIDTH) is None, \
+        "past MAX_SIGNALS the whole table is read instead"
+    with pytest.raises(ReconcileError, match="alone does not fit"):
+        heal.key_signals(None, "public\\.t", composite, [{"region": "x" * 3000, "n": "1"}], heal.SIGNAL_DATA_WIDTH)
+
+
+def key_filter_text(columns: list[SourceColumn], keys: list[dict[str, str]]) -> str:
+    from pipelines.reconcile.heal import key_filter
+
+    return key_filter(columns, keys).as_string(None)
 
 
 @pytest.mark.parametrize(("dtype", "kind"), [

@@ -117,7 +117,7 @@ def _heal(lake: Lake, conn: object, reports: list[TableReport], options: Options
     actions = [heal_table(lake, conn, r) for r in reports if r.drift]
     for action in actions:
         click.echo(f"healing {action.table}: snapshot {action.snapshot or 'none'} ({action.snapshot_keys} keys, "
-                   f"signal {action.signal_id}), {action.deletes} delete events"
+                   f"{len(action.signal_ids)} signals), {action.deletes} delete events"
                    + (f", {action.inserted_meanwhile} keys inserted at the source meanwhile left alone"
                       if action.inserted_meanwhile else ""), err=True)
     after = wait_healed(lake, conn, actions, options, timeout) if actions else []

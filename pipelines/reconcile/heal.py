@@ -1,9 +1,10 @@
 """`lakehouse reconcile --heal`: what drifted re-delivered through the pipeline's own paths, never by editing files.
 
 - A key the lake lacks or holds with other values: the source delivers its row again, through Debezium's
-  incremental snapshot of just those keys (an `execute-snapshot` signal with an `additional-conditions` filter),
-  or of the whole table when the keys do not fit in one signal (the signal table's `data` column, 2,048
-  characters in Debezium's layout). A snapshot read is ordered at the stream position its chunk was read at
+  incremental snapshot of just those keys: `execute-snapshot` signals with `additional-conditions` filters, as
+  many as the keys need (the signal table's `data` column holds 2,048 characters in Debezium's layout, a few
+  hundred keys), which the connector queues and reads one after another; of the whole table only when the keys
+  would need more than MAX_SIGNALS signals. A snapshot read is ordered at the stream position its chunk was read at
   (pipelines.ingest.parse), past every change of the row it reflects, so the stream applies it by its usual rules;
   the erasure registry drops an erased customer's rows as it drops any of their events.
 - A key the lake holds and the source does not: a delete event in Debezium's own form (the topic's value schema,
@@ -40,6 +41,10 @@ from pipelines.runtime.lake import Lake
 from pipelines.source.catalog import pattern_of, split_name
 
 SIGNAL_DATA_WIDTH = 2048  # Debezium's signal table layout: data varchar(2048); a wider column is read from the table
+# Past this many signals of keys, one snapshot of the whole table: each signal costs a chunk query on the key's
+# index and a window in the stream, so 100 of them (some 15,000 bigint keys) still read far less than a table of
+# millions of rows does, and the connector's offsets, which carry the queue of filters, stay small.
+MAX_SIGNALS = 100
 # Seconds between the delete's LSN and the last look at the source: a commit whose WAL record precedes that LSN
 # is visible long before.
 VISIBLE_AFTER = 1.0
@@ -55,7 +60,7 @@ class HealAction:
     table: str
     snapshot: str | None = None  # "keys": of the drifted keys; "table": the whole table; None: nothing to re-read
     snapshot_keys: int = 0
-    signal_id: str | None = None
+    signal_ids: list[str] = field(default_factory=list)  # the execute-snapshot signals, in the order queued
     deletes: int = 0  # delete events produced for keys only the lake holds
     inserted_meanwhile: int = 0  # lake-only keys the source inserted before the delete was produced
     healed: bool = False
@@ -74,7 +79,7 @@ def heal_table(lake: Lake, conn: Any, report: TableReport) -> HealAction:
     key_columns.sort(key=lambda c: decl.key.index(c.name))
     redeliver = [*report.keys.get("missing", []), *report.keys.get("differ", [])]
     if redeliver:
-        action.snapshot, action.signal_id = request_snapshot(conn, lake.config.source, decl, key_columns, redeliver)
+        action.snapshot, action.signal_ids = request_snapshot(conn, lake.config.source, decl, key_columns, redeliver)
         action.snapshot_keys = len(redeliver)
     if extra := report.keys.get("extra", []):
         action.deletes, action.inserted_meanwhile = deliver_deletes(lake, conn, decl, key_columns, extra)
@@ -84,32 +89,74 @@ def heal_table(lake: Lake, conn: Any, report: TableReport) -> HealAction:
 def key_filter(columns: list[SourceColumn], keys: list[dict[str, Any]]) -> sql.Composable:
     """A WHERE condition selecting exactly `keys` (canonical texts per key column), parenthesised: Debezium
     appends it to its chunk query after an AND."""
-    def match(c: SourceColumn) -> sql.Composable:
-        return sql.Identifier(c.name) if c.kind in _LITERAL_KINDS else pg_text(c)
+    head, sep, tail = _filter_frame(columns)
+    return head + sql.SQL(sep).join(_key_term(columns, k) for k in keys) + sql.SQL(tail)
 
+
+def _filter_frame(columns: list[SourceColumn]) -> tuple[sql.Composable, str, str]:
+    """What surrounds and separates the keys' terms in `key_filter`: `(id IN (` `, ` `))`, or `(` ` OR ` `)`."""
     if len(columns) == 1:
-        (c,) = columns
-        return sql.SQL("({} IN ({}))").format(match(c), sql.SQL(", ").join(sql.Literal(k[c.name]) for k in keys))
-    rows = [sql.SQL("({})").format(sql.SQL(" AND ").join(
-        sql.SQL("{} = {}").format(match(c), sql.Literal(k[c.name])) for c in columns)) for k in keys]
-    return sql.SQL("({})").format(sql.SQL(" OR ").join(rows))
+        return sql.SQL("({} IN (").format(_match(columns[0])), ", ", "))"
+    return sql.SQL("("), " OR ", ")"
+
+
+def _key_term(columns: list[SourceColumn], key: dict[str, Any]) -> sql.Composable:
+    if len(columns) == 1:
+        return sql.Literal(key[columns[0].name])
+    return sql.SQL("({})").format(sql.SQL(" AND ").join(
+        sql.SQL("{} = {}").format(_match(c), sql.Literal(key[c.name])) for c in columns))
+
+
+def _match(c: SourceColumn) -> sql.Composable:
+    return sql.Identifier(c.name) if c.kind in _LITERAL_KINDS else pg_text(c)
 
 
 def request_snapshot(conn: Any, settings: SourceSettings, decl: TableDecl, columns: list[SourceColumn],
-                     keys: list[dict[str, Any]]) -> tuple[str, str]:
-    """One `execute-snapshot` signal for `keys` of `decl`'s table, or for the whole table when the keys' filter
-    does not fit the signal table's data column: the mode ("keys" or "table") and the signal's id."""
+                     keys: list[dict[str, Any]]) -> tuple[str, list[str]]:
+    """`execute-snapshot` signals for `keys` of `decl`'s table, each filter as wide as the signal table's data
+    column holds, or one for the whole table past MAX_SIGNALS: the mode ("keys" or "table") and the signals' ids."""
     collection = pattern_of(decl.source)
-    data = {"data-collections": [collection], "type": "incremental",
-            "additional-conditions": [{"data-collection": collection,
-                                       "filter": key_filter(columns, keys).as_string(conn)}]}
-    text, mode = json.dumps(data), "keys"
-    if len(text) > _signal_width(conn, settings.signal_table):
-        text, mode = json.dumps({"data-collections": [collection], "type": "incremental"}), "table"
-    signal_id = f"heal-{uuid.uuid4().hex}"  # id is varchar(42)
-    conn.execute(sql.SQL("INSERT INTO {} (id, type, data) VALUES (%s, %s, %s)").format(
-        sql.Identifier(*split_name(settings.signal_table))), (signal_id, "execute-snapshot", text))
-    return mode, signal_id
+    texts = key_signals(conn, collection, columns, keys, _signal_width(conn, settings.signal_table))
+    mode = "keys"
+    if texts is None:
+        texts, mode = [json.dumps({"data-collections": [collection], "type": "incremental"})], "table"
+    ids = []
+    for text in texts:
+        ids.append(f"heal-{uuid.uuid4().hex}")  # id is varchar(42)
+        conn.execute(sql.SQL("INSERT INTO {} (id, type, data) VALUES (%s, %s, %s)").format(
+            sql.Identifier(*split_name(settings.signal_table))), (ids[-1], "execute-snapshot", text))
+    return mode, ids
+
+
+def key_signals(conn: Any, collection: str, columns: list[SourceColumn], keys: list[dict[str, Any]],
+                width: int) -> list[str] | None:
+    """The data of the signals that together re-read `keys`, each at most `width` characters; None when that
+    takes more than MAX_SIGNALS. Each key's term is rendered once and measured as JSON escapes it, so packing
+    thousands of keys costs no more than rendering them."""
+    def data(filter_text: str) -> str:
+        return json.dumps({"data-collections": [collection], "type": "incremental",
+                           "additional-conditions": [{"data-collection": collection, "filter": filter_text}]})
+
+    frame_head, sep, tail = _filter_frame(columns)
+    head = frame_head.as_string(conn)
+    terms = [_key_term(columns, k).as_string(conn) for k in keys]
+    size = [len(json.dumps(t)) - 2 for t in terms]  # a term's length inside the JSON string
+    frame, gap = len(data(head + tail)), len(json.dumps(sep)) - 2
+    texts: list[str] = []
+    start = 0
+    while start < len(terms):
+        if len(texts) == MAX_SIGNALS:
+            return None
+        end, used = start, frame - gap
+        while end < len(terms) and used + gap + size[end] <= width:
+            used += gap + size[end]
+            end += 1
+        if end == start:
+            raise ReconcileError(f"the key {keys[start]} of {collection} alone does not fit the signal table's data "
+                                 f"column ({width} characters): widen it (ALTER TABLE ... ALTER COLUMN data TYPE text)")
+        texts.append(data(head + sep.join(terms[start:end]) + tail))
+        start = end
+    return texts
 
 
 def _signal_width(conn: Any, signal_table: str) -> int:
