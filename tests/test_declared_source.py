@@ -342,8 +342,9 @@ def _signals_of_two_keys(lake: Lake, conn: Any, report: Any) -> None:
     columns = [c for c in source_columns(conn, decl.source) if c.name in decl.key]
     keys = [*report.keys["missing"], *report.keys["differ"]]
     (two,) = key_signals(conn, pattern_of(decl.source), columns, keys[:2], 1 << 20) or []
-    conn.execute(sql.SQL("ALTER TABLE {} ALTER COLUMN data TYPE varchar({})").format(
-        sql.Identifier(*split_name(lake.config.source.signal_table)), sql.Literal(len(two))))
+    # The signals already handled (the sync's snapshots) are history to Debezium, which reads signals from the WAL.
+    conn.execute(sql.SQL("ALTER TABLE {t} ALTER COLUMN data TYPE varchar({n}) USING left(data, {n})").format(
+        t=sql.Identifier(*split_name(lake.config.source.signal_table)), n=sql.Literal(len(two))))
 
 
 def _lost_to_retention(conn: Any, bootstrap: str, topic: str) -> int:
