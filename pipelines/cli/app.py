@@ -9,10 +9,9 @@ from __future__ import annotations
 import logging
 import signal
 import time
-from dataclasses import asdict
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 
@@ -20,6 +19,7 @@ from pipelines.cli.catalog import catalog, sql
 from pipelines.cli.config import config
 from pipelines.cli.doctor import doctor
 from pipelines.cli.lake import dead_letters, show, status
+from pipelines.cli.lineage import lineage
 from pipelines.cli.root import EXIT_CODES, VERSION_OPTION, LakehouseGroup
 from pipelines.deploy.connector_cli import connector
 from pipelines.deploy.stream_local import stream
@@ -31,14 +31,11 @@ from pipelines.lake.declaration import Declaration
 from pipelines.metastore import catalog_sync
 from pipelines.reconcile.cli import reconcile
 from pipelines.runtime import console, settings
-from pipelines.runtime.commands import JSON_OPTION, TABLE, command_lake, echo_json, pass_lake
+from pipelines.runtime.commands import TABLE, command_lake, pass_lake
 from pipelines.runtime.config import export, load_config
 from pipelines.runtime.kafka_clients import at, described, require_kafka
 from pipelines.runtime.lake import Lake
 from pipelines.source.cli import source
-
-if TYPE_CHECKING:
-    from pipelines.monitoring.lineage import Run
 
 
 @click.group(cls=LakehouseGroup, epilog=EXIT_CODES, context_settings={"help_option_names": ["-h", "--help"]})
@@ -89,6 +86,7 @@ main.add_command(schema)
 main.add_command(gdpr)
 main.add_command(catalog)
 main.add_command(sql)
+main.add_command(lineage)
 main.add_command(status)
 main.add_command(show)
 main.add_command(dead_letters)
@@ -175,54 +173,6 @@ def etl(lake: Lake) -> None:
     changed = [table for table, counts in report.items() if counts]
     click.echo(f"etl: {len(changed)} of {len(report)} tables changed in {time.monotonic() - started:.1f} s"
                + (f" ({', '.join(changed)})" if changed else ""))
-
-
-@main.command()
-@click.option("--file", "files", multiple=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="A file of OpenLineage events, JSON lines (repeatable)  "
-                   "[default: every *.jsonl of $LAKEHOUSE_LINEAGE_DIR, else lineage/ in $LAKEHOUSE_LOG_DIR]")
-@click.option("--job", default="lakehouse_etl", show_default=True,
-              help="The Spark application's job name (`lakehouse_<command>`)")
-@click.option("--run", "run_id", default=None, help="The application's run id  [default: its newest run]")
-@JSON_OPTION
-def lineage(files: tuple[Path, ...], job: str, run_id: str | None, as_json: bool) -> None:
-    """The lineage of one Spark run, from the local OpenLineage events: its Airflow task, then each write as
-    `inputs -> job -> outputs` (lake tables by their catalog names)."""
-    from pipelines.monitoring import lineage as ol
-
-    paths = list(files) or ol.default_files()
-    if not paths:
-        raise click.ClickException(f"no OpenLineage events in {settings.lineage_dir()} (is [lineage] of "
-                                   "hudi_configs/spark.toml enabled, with the file transport?)")
-    runs = ol.fold(ol.read_events(paths))
-    apps = [r for r in ol.applications(runs, job) if run_id in (None, r.run_id)]
-    if not apps:
-        known = sorted({r.job for r in ol.applications(runs)})
-        raise click.ClickException(f"no run of {job}" + (f" with id {run_id}" if run_id else "")
-                                   + f" in {', '.join(map(str, paths))}; applications there: {', '.join(known)}")
-    if as_json:
-        echo_json(_lineage_document(runs, apps[-1]))
-    else:
-        click.echo("\n".join(ol.describe(runs, apps[-1])))
-
-
-def _lineage_document(runs: dict[str, Run], app: Run) -> dict:
-    """`lineage --json`: the application's run, its parent (the Airflow task) and root, and its writes."""
-    from pipelines.monitoring import lineage as ol
-
-    def run_ref(ref: tuple[str, str, str] | None) -> dict | None:
-        if ref is None:
-            return None
-        task = runs.get(ref[2])
-        return {"namespace": ref[0], "job": ref[1], "run_id": ref[2], "state": task.state if task else None}
-
-    parent = runs.get(app.parent[2]) if app.parent else None
-    return {"run_id": app.run_id, "namespace": app.namespace, "job": app.job, "state": app.state,
-            "started": app.started, "ended": app.ended, "seconds": app.seconds(),
-            "parent": run_ref(app.parent), "root": run_ref(app.root),
-            "declared": {"inlets": sorted(map(ol.dataset_name, parent.inputs)) if parent else [],
-                         "outlets": sorted(map(ol.dataset_name, parent.outputs)) if parent else []},
-            "writes": [asdict(edge) for edge in ol.edges(runs, app)]}
 
 
 def _table_services(tables: tuple[str, ...], decl: Declaration) -> tuple[list[str], dict[str, tuple[str, ...]]]:

@@ -65,8 +65,9 @@ before its query starts, naming every lost range (`lost`): nothing is skipped si
 Where each part lives: `parse` classifies the Kafka records, `survey` finds their shapes, `plan`
 decides what each key still needs, `state` knows what the tables hold, `tables` writes a table's change
 log and main, `dead_letter_writer` the dead letters, `positions` keeps where the stream and each table
-stand, `lost` finds the records Kafka deleted before they were read, `writer` is the micro-batch that
-composes them (`BronzeBatchWriter`), and this module runs the stream (`run_ingest`).
+stand, `lost` finds the records Kafka deleted before they were read, `kafka_failures` tells a failure Kafka
+caused from any other, `writer` is the micro-batch that composes them (`BronzeBatchWriter`), and this
+module runs the stream (`run_ingest`).
 """
 
 from __future__ import annotations
@@ -75,7 +76,6 @@ import logging
 import time
 from dataclasses import dataclass
 
-from py4j.java_gateway import JavaObject
 from pyspark.errors import StreamingQueryException
 from pyspark.sql.streaming import StreamingQuery
 
@@ -83,6 +83,7 @@ from pipelines.errors import DeclarationError, KafkaUnavailable
 from pipelines.ingest import lost
 from pipelines.ingest.compactor import Compactor, compactions_run_here
 from pipelines.ingest.exporter import StreamExporter, spark_metrics_conf
+from pipelines.ingest.kafka_failures import kafka_caused
 from pipelines.ingest.stream import STOP_REQUEST, KafkaWait, StreamLease, kafka_wait
 from pipelines.ingest.topics import Subscription, kafka_stream, starting_offsets
 from pipelines.ingest.writer import BronzeBatchWriter
@@ -99,50 +100,6 @@ from pipelines.runtime.local_process import kafka_unanswered
 from pipelines.runtime.settings import INGEST_TRIGGER_SECONDS
 
 log = logging.getLogger(__name__)
-
-# A query's failure that Kafka caused, told by the Java throwables of its cause chain: the Kafka clients' timeouts
-# and lost connections (these classes or a subclass), or whatever Spark's Kafka source threw while fetching records
-# (a frame of its record fetcher on the stack: a fetch that timed out, records it could not get).
-KAFKA_ERRORS = frozenset({"org.apache.kafka.common.errors.TimeoutException",
-                          "org.apache.kafka.common.errors.DisconnectException",
-                          "org.apache.kafka.common.errors.NetworkException"})
-KAFKA_FETCHER = "org.apache.spark.sql.kafka010.consumer.KafkaDataConsumer"
-
-
-# --------------------------------------------------------------------------- the stream
-
-def kafka_caused(exc: BaseException) -> bool:
-    """Whether Kafka caused the query's failure: a Java throwable of its cause chain is one of KAFKA_ERRORS (or of
-    their subclasses), or was thrown inside KAFKA_FETCHER.
-
-    The chain is followed through Python's causes too: a failure of the batch function reaches the query as the
-    text of its Python traceback only (py4j's proxy error), so `_run_query` makes what the batch raised the cause,
-    with the Java throwable pyspark keeps in it. A task's throwable is the cause of its job's failure on the driver
-    (Spark sends it back whole: the Kafka classes are on the driver's class path too).
-    """
-    seen: set[int] = set()
-    error: BaseException | None = exc
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        # pyspark's captured exceptions keep the Java throwable as `_origin`, py4j's own errors as `java_exception`.
-        throwable = getattr(error, "_origin", None) or getattr(error, "java_exception", None)
-        while throwable is not None:
-            if _kafkas(throwable):
-                return True
-            cause = throwable.getCause()
-            throwable = None if cause is None or cause.equals(throwable) else cause
-        error = error.__cause__ or error.__context__
-    return False
-
-
-def _kafkas(throwable: JavaObject) -> bool:
-    """One Java throwable: of a class in KAFKA_ERRORS or under one, or with KAFKA_FETCHER on its stack."""
-    kind = throwable.getClass()
-    while kind is not None:
-        if kind.getName() in KAFKA_ERRORS:
-            return True
-        kind = kind.getSuperclass()
-    return any(frame.getClassName().startswith(KAFKA_FETCHER) for frame in throwable.getStackTrace())
 
 
 @dataclass(frozen=True)

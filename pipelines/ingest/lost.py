@@ -11,7 +11,7 @@ offset is the other way offsets vanish (the topic was recreated or truncated: wh
 it any more): the stream stops too, rather than read the new topic from a position it never had.
 
 Only the log start offset says that records are gone: log compaction (the erasure sets it on the source topics,
-`pipelines.gdpr.erase.kafka_tombstones`) removes records from inside the log and leaves the offsets of the
+`pipelines.gdpr.tombstones.kafka_tombstones`) removes records from inside the log and leaves the offsets of the
 others and the log start where they were, and Spark's source reads over such gaps while the offset it asks for
 is at or past the log start. A partition without a stored position (never read) starts at its earliest offset,
 as it should.

@@ -83,7 +83,7 @@ class BronzeBatchWriter:
         self.first_batch = 0
         self._cut: int | None = None  # a batch that started and did not end (it failed, or was stopped)
         # What the last failed batch raised: the query's own failure carries only its text across py4j, this keeps
-        # its Java throwable, by which the stream tells a failure Kafka caused (`bronze.kafka_caused`).
+        # its Java throwable, by which the stream tells a failure Kafka caused (`kafka_failures.kafka_caused`).
         self.failure: Exception | None = None
         # One batch or between-batch commit at a time (Spark's batch thread, the stream's own thread).
         self._lock = threading.Lock()
