@@ -39,6 +39,7 @@ from pipelines.reconcile.digest import (
     lake_rows,
     source_buckets,
     source_rows,
+    source_rows_of,
 )
 from pipelines.runtime.lake import Lake
 from pipelines.source.catalog import read_publication, split_name
@@ -204,11 +205,13 @@ class _Sides:
     relation: sql.Composable
     shape: Shape
 
-    def rows(self, buckets: list[str]) -> tuple[dict[str, Row], dict[str, Row]]:
-        """Both sides' rows in `buckets` now (bronze's newest snapshot)."""
+    def rows(self, keys: dict[str, dict[str, Any]]) -> tuple[dict[str, Row], dict[str, Row]]:
+        """Both sides' rows of `keys` ({key text: its key columns' texts}) now: PostgreSQL's looked up by key,
+        bronze's from a scan of its newest snapshot for the keys' buckets."""
+        buckets = sorted({bucket_of(k, self.shape.digits) for k in keys})
         held = lake_rows(lake_frame(_snapshot(self.lake.spark, main_path(self.table, self.lake.root)), self.shape),
                          buckets)
-        return source_rows(self.conn, self.relation, self.shape, buckets), held
+        return source_rows_of(self.conn, self.relation, self.shape, list(keys.values())), held
 
 
 def _settle(sides: _Sides, keys: set[str], first: tuple[dict[str, Row], dict[str, Row]], options: Options,
@@ -225,7 +228,7 @@ def _settle(sides: _Sides, keys: set[str], first: tuple[dict[str, Row], dict[str
         if not keys:
             break
         time.sleep(options.settle)
-        now_source, now_held = sides.rows(sorted({bucket_of(k, shape.digits) for k in keys}))
+        now_source, now_held = sides.rows({k: _key_of(shape, source.get(k) or held.get(k)) for k in sorted(keys)})
         still = set()
         for key in keys:
             was, now, lake_now = source.get(key), now_source.get(key), now_held.get(key)

@@ -21,6 +21,9 @@ from pyspark.sql import functions as F
 
 from pipelines.reconcile.canonical import SourceColumn, pg_row_text, pg_text, row_text, spark_text
 
+# Kinds whose canonical text PostgreSQL reads back as the column's own value (`col = 'text'`, an index usable);
+# the others are matched by their canonical expression.
+_LITERAL_KINDS = ("int", "text", "bool", "numeric")
 # Rows per bucket aimed at: the rows of a differing bucket are what is read row by row.
 ROWS_PER_BUCKET = 64
 MAX_DIGITS = 5  # 1,048,576 buckets: 64 rows each at 67M rows
@@ -84,6 +87,41 @@ def source_rows(conn: Any, relation: sql.Composable, shape: Shape, buckets: list
     query = sql.SQL("SELECT {k}, md5({r}), {cols} FROM {t} WHERE {b} IN (SELECT unnest(%s::text[]))").format(
         k=key, r=row, cols=sql.SQL(", ").join(texts), t=relation, b=bucket)
     return {k: Row(tuple(rest), h) for k, h, *rest in conn.execute(query, (buckets,)).fetchall()}
+
+
+def key_filter(columns: list[SourceColumn], keys: list[dict[str, Any]]) -> sql.Composable:
+    """A WHERE condition selecting exactly `keys` (canonical texts per key column), parenthesised: Debezium
+    appends it to its chunk query after an AND."""
+    head, sep, tail = filter_frame(columns)
+    return head + sql.SQL(sep).join(key_term(columns, k) for k in keys) + sql.SQL(tail)
+
+
+def filter_frame(columns: list[SourceColumn]) -> tuple[sql.Composable, str, str]:
+    """What surrounds and separates the keys' terms in `key_filter`: `(id IN (` `, ` `))`, or `(` ` OR ` `)`."""
+    if len(columns) == 1:
+        return sql.SQL("({} IN (").format(_match(columns[0])), ", ", "))"
+    return sql.SQL("("), " OR ", ")"
+
+
+def key_term(columns: list[SourceColumn], key: dict[str, Any]) -> sql.Composable:
+    """One key's term of `key_filter`: its value, or its columns' equalities."""
+    if len(columns) == 1:
+        return sql.Literal(key[columns[0].name])
+    return sql.SQL("({})").format(sql.SQL(" AND ").join(
+        sql.SQL("{} = {}").format(_match(c), sql.Literal(key[c.name])) for c in columns))
+
+
+def _match(c: SourceColumn) -> sql.Composable:
+    return sql.Identifier(c.name) if c.kind in _LITERAL_KINDS else pg_text(c)
+
+
+def source_rows_of(conn: Any, relation: sql.Composable, shape: Shape, keys: list[dict[str, Any]]) -> dict[str, Row]:
+    """PostgreSQL's rows of `relation` with `keys` ({key column: canonical text}), by key text: looked up by the
+    key (its index, for the key kinds whose text is the value), not by a scan for their buckets."""
+    key, _, row, texts = pg_parts(shape)
+    query = sql.SQL("SELECT {k}, md5({r}), {cols} FROM {t} WHERE {f}").format(
+        k=key, r=row, cols=sql.SQL(", ").join(texts), t=relation, f=key_filter(shape.key_columns, keys))
+    return {k: Row(tuple(rest), h) for k, h, *rest in conn.execute(query).fetchall()} if keys else {}
 
 
 def lake_frame(bronze: DataFrame, shape: Shape) -> DataFrame:

@@ -35,6 +35,7 @@ from pipelines.errors import ReconcileError
 from pipelines.lake.declaration import TableDecl
 from pipelines.reconcile.canonical import SourceColumn, pg_text
 from pipelines.reconcile.compare import Options, TableReport, reconcile_table, source_columns
+from pipelines.reconcile.digest import filter_frame, key_filter, key_term
 from pipelines.runtime.config import KafkaSettings, SourceSettings
 from pipelines.runtime.kafka_clients import connect_json, python_options
 from pipelines.runtime.lake import Lake
@@ -48,9 +49,6 @@ MAX_SIGNALS = 100
 # Seconds between the delete's LSN and the last look at the source: a commit whose WAL record precedes that LSN
 # is visible long before.
 VISIBLE_AFTER = 1.0
-# Kinds whose canonical text PostgreSQL reads back as the column's own value (`col = 'text'`, an index usable);
-# the others are matched by their canonical expression.
-_LITERAL_KINDS = ("int", "text", "bool", "numeric")
 
 
 @dataclass
@@ -86,31 +84,6 @@ def heal_table(lake: Lake, conn: Any, report: TableReport) -> HealAction:
     return action
 
 
-def key_filter(columns: list[SourceColumn], keys: list[dict[str, Any]]) -> sql.Composable:
-    """A WHERE condition selecting exactly `keys` (canonical texts per key column), parenthesised: Debezium
-    appends it to its chunk query after an AND."""
-    head, sep, tail = _filter_frame(columns)
-    return head + sql.SQL(sep).join(_key_term(columns, k) for k in keys) + sql.SQL(tail)
-
-
-def _filter_frame(columns: list[SourceColumn]) -> tuple[sql.Composable, str, str]:
-    """What surrounds and separates the keys' terms in `key_filter`: `(id IN (` `, ` `))`, or `(` ` OR ` `)`."""
-    if len(columns) == 1:
-        return sql.SQL("({} IN (").format(_match(columns[0])), ", ", "))"
-    return sql.SQL("("), " OR ", ")"
-
-
-def _key_term(columns: list[SourceColumn], key: dict[str, Any]) -> sql.Composable:
-    if len(columns) == 1:
-        return sql.Literal(key[columns[0].name])
-    return sql.SQL("({})").format(sql.SQL(" AND ").join(
-        sql.SQL("{} = {}").format(_match(c), sql.Literal(key[c.name])) for c in columns))
-
-
-def _match(c: SourceColumn) -> sql.Composable:
-    return sql.Identifier(c.name) if c.kind in _LITERAL_KINDS else pg_text(c)
-
-
 def request_snapshot(conn: Any, settings: SourceSettings, decl: TableDecl, columns: list[SourceColumn],
                      keys: list[dict[str, Any]]) -> tuple[str, list[str]]:
     """`execute-snapshot` signals for `keys` of `decl`'s table, each filter as wide as the signal table's data
@@ -137,9 +110,9 @@ def key_signals(conn: Any, collection: str, columns: list[SourceColumn], keys: l
         return json.dumps({"data-collections": [collection], "type": "incremental",
                            "additional-conditions": [{"data-collection": collection, "filter": filter_text}]})
 
-    frame_head, sep, tail = _filter_frame(columns)
+    frame_head, sep, tail = filter_frame(columns)
     head = frame_head.as_string(conn)
-    terms = [_key_term(columns, k).as_string(conn) for k in keys]
+    terms = [key_term(columns, k).as_string(conn) for k in keys]
     size = [len(json.dumps(t)) - 2 for t in terms]  # a term's length inside the JSON string
     frame, gap = len(data(head + tail)), len(json.dumps(sep)) - 2
     texts: list[str] = []
