@@ -144,8 +144,11 @@ def lake_buckets(frame: DataFrame) -> dict[str, tuple[int, int]]:
 def lake_rows(frame: DataFrame, buckets: list[str]) -> dict[str, Row]:
     """The rows of `frame`, a `lake_frame`, in `buckets`, by key text."""
     width = sum(1 for c in frame.columns if c.startswith("_c"))
-    return {r["_k"]: Row(tuple(r[f"_c{i}"] for i in range(width)), r["_h"])
-            for r in frame.where(F.col("_b").isin(buckets)).collect()}
+    # A semi-join with the buckets, not `isin`: on a persisted frame Spark turns an IN list into one OR per value
+    # for its partition statistics, and the code it generates for a thousand buckets overflows the stack.
+    wanted = frame.sparkSession.createDataFrame([(b,) for b in buckets], "_b string")
+    picked = frame.join(F.broadcast(wanted), "_b", "left_semi")
+    return {r["_k"]: Row(tuple(r[f"_c{i}"] for i in range(width)), r["_h"]) for r in picked.collect()}
 
 
 def differing(source: dict[str, tuple[int, int]], lake: dict[str, tuple[int, int]]) -> list[str]:
