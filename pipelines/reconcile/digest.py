@@ -81,12 +81,20 @@ def source_buckets(conn: Any, relation: sql.Composable, shape: Shape) -> dict[st
 
 def source_rows(conn: Any, relation: sql.Composable, shape: Shape, buckets: list[str]) -> dict[str, Row]:
     """PostgreSQL's rows of `relation` in `buckets`, by key text."""
-    key, bucket, row, texts = pg_parts(shape)
+    _, bucket, _, _ = pg_parts(shape)
     # IN over a subquery, not = ANY(array): PostgreSQL hashes the buckets once instead of searching the array for
     # every row of the table (about a thousand buckets at 10M rows).
-    query = sql.SQL("SELECT {k}, md5({r}), {cols} FROM {t} WHERE {b} IN (SELECT unnest(%s::text[]))").format(
-        k=key, r=row, cols=sql.SQL(", ").join(texts), t=relation, b=bucket)
-    return {k: Row(tuple(rest), h) for k, h, *rest in conn.execute(query, (buckets,)).fetchall()}
+    return _rows_where(conn, relation, shape, sql.SQL("{} IN (SELECT unnest(%s::text[]))").format(bucket),
+                       (buckets,))
+
+
+def _rows_where(conn: Any, relation: sql.Composable, shape: Shape, condition: sql.Composable,
+                params: tuple[Any, ...] = ()) -> dict[str, Row]:
+    """PostgreSQL's rows of `relation` that meet `condition`, by key text."""
+    key, _, row, texts = pg_parts(shape)
+    query = sql.SQL("SELECT {k}, md5({r}), {cols} FROM {t} WHERE {c}").format(
+        k=key, r=row, cols=sql.SQL(", ").join(texts), t=relation, c=condition)
+    return {k: Row(tuple(rest), h) for k, h, *rest in conn.execute(query, params).fetchall()}
 
 
 def key_filter(columns: list[SourceColumn], keys: list[dict[str, Any]]) -> sql.Composable:
@@ -118,10 +126,9 @@ def _match(c: SourceColumn) -> sql.Composable:
 def source_rows_of(conn: Any, relation: sql.Composable, shape: Shape, keys: list[dict[str, Any]]) -> dict[str, Row]:
     """PostgreSQL's rows of `relation` with `keys` ({key column: canonical text}), by key text: looked up by the
     key (its index, for the key kinds whose text is the value), not by a scan for their buckets."""
-    key, _, row, texts = pg_parts(shape)
-    query = sql.SQL("SELECT {k}, md5({r}), {cols} FROM {t} WHERE {f}").format(
-        k=key, r=row, cols=sql.SQL(", ").join(texts), t=relation, f=key_filter(shape.key_columns, keys))
-    return {k: Row(tuple(rest), h) for k, h, *rest in conn.execute(query).fetchall()} if keys else {}
+    if not keys:
+        return {}
+    return _rows_where(conn, relation, shape, key_filter(shape.key_columns, keys))
 
 
 def lake_frame(bronze: DataFrame, shape: Shape) -> DataFrame:
