@@ -11,7 +11,7 @@ from pipelines.runtime import settings
 
 # Kept here (not imported from lakehouse_dev.bench.commits) so that `--help` starts no Spark import.
 _COMMIT_VARIANTS = ("project", "timeline_server_off", "timeline_server_markers", "no_auto_clean",
-                    "clean_every_10_commits", "no_auto_archive", "no_metadata_table")
+                    "clean_every_10_commits", "no_auto_archive", "metadata_table")
 # Freshness is measured at the rate of its goal (p95 at most 15 s at 2,000 records/s),
 # by `bench freshness` and by `bench all` alike.
 FRESHNESS_RATE = 2000.0

@@ -13,8 +13,8 @@ changed at a time:
   hudi_configs/storage.toml);
 - `no_auto_clean` / `no_auto_archive`: the clean and archival checks every commit runs;
 - `clean_every_10_commits`: the clean planned every 10th commit instead of every commit;
-- `no_metadata_table`: the metadata table's own commit (shown for its cost only: the project
-  keeps it on, erasure must purge it and readers list files through it).
+- `metadata_table`: with a metadata table (files partition only), which bronze goes without
+  (hudi_configs/bronze.toml): its own delta commit inside every commit.
 
 Each variant writes its own table: `--warm-up` commits, then `--commits` measured ones;
 the median is the figure. Run: `lakehouse dev bench commits --help`.
@@ -41,7 +41,7 @@ VARIANTS: dict[str, dict[str, str]] = {
     "no_auto_clean": {"hoodie.clean.automatic": "false"},
     "clean_every_10_commits": {"hoodie.clean.max.commits": "10"},
     "no_auto_archive": {"hoodie.archive.automatic": "false"},
-    "no_metadata_table": {"hoodie.metadata.enable": "false"},
+    "metadata_table": {"hoodie.metadata.enable": "true"},
 }
 PARTS = {"main": ("table", "bronze_bench_main"), "changelog": ("changelog", "bronze_bench_changelog")}
 
