@@ -116,6 +116,13 @@ def test_the_goals_table_says_met_not_met_and_not_measured() -> None:
     idle = _figures({"t0": [4.0]}, shop_p95=6.0, batch=(4.0, 4.4))
     idle["deployments"]["3"]["batches"]["count"] = 0  # a counted window shorter than a batch
     assert tables.goals(idle)[2]["status"] == "not measured"
+    ok["commits"] = {"main": 300, "changelog": 290, "seconds": 300.0, "per_second": 1.97, "batch_main_commits": 280,
+                     "phase_seconds_per_main_commit": {"table": 1.2, "plan": 0.6}}
+    (commits,) = [r for r in tables.goals(ok) if r["goal"].startswith("table commits")]
+    assert commits["status"] == "met" and "1.97 (300 main and 290 change-log commits in 300 s)" in commits["measured"]
+    assert "table 1.20, plan 0.60" in commits["measured"]
+    ok["commits"]["per_second"] = 0.4
+    assert [r["status"] for r in tables.goals(ok) if r["goal"].startswith("table commits")] == ["not met"]
     text = tables.report(ok)
     assert text.startswith("| goal") and "| t0 " in text and "| NO " not in text
     assert "| NO " in tables.report(late)

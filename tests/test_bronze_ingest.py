@@ -23,6 +23,7 @@ from lakehouse_dev.generator import Message, ShopSource, WorkloadConfig, ensure_
 from pipelines.ingest.bronze import IngestOptions, run_ingest
 from pipelines.lake.contract import TABLES
 from pipelines.lake.layout import changelog_path, dead_letter_path, main_path
+from pipelines.lake.timeline_files import timeline
 from pipelines.runtime.lake import Lake
 from tests.kill import bronze_as_model, pending_instants, wait_caught_up
 from tests.lake import LakeCopy, assert_bronze_equals_model, dead_letters
@@ -77,8 +78,20 @@ def test_bronze_equals_model_across_ingest_runs(spark, broker, tmp_path, monkeyp
                               options=IngestOptions(max_offsets_per_trigger=500 if phase == 1 else None))
         assert ("reading the records since" in caplog.text) == (phase == 1), caplog.text
         caplog.clear()
-    # Nothing new on the topics: a further run changes nothing.
+    # Nothing new on the topics: a further run changes nothing, and commits nothing. Then a batch that touches one
+    # of the two tables commits that table alone, once to its main and once to its change log.
+    tables = [p for t in TABLES for p in (main_path(t, root), changelog_path(t, root))]
+    before = _commits(tables)
     _ingest_and_check(spark, broker.bootstrap, root, source, sent)
+    assert _commits(tables) == before, "a run with nothing new made no commit"
+    one = source.update("customers", min(source.state["customers"]), {"country": "PT"})
+    produce(one, broker.bootstrap)
+    sent += one
+    _ingest_and_check(spark, broker.bootstrap, root, source, sent)
+    after = _commits(tables)
+    assert {p: after[p] - before[p] for p in tables} == {
+        main_path("customers", root): 1, changelog_path("customers", root): 1,
+        main_path("orders", root): 0, changelog_path("orders", root): 0}
     # Main's first commit (the snapshot, into an empty table) is a bulk insert, every later one an upsert.
     for table in TABLES:
         assert _operations(spark, main_path(table, root))[:3] == ["BULK_INSERT", "UPSERT", "UPSERT"], table
@@ -88,6 +101,11 @@ def test_bronze_equals_model_across_ingest_runs(spark, broker, tmp_path, monkeyp
         commits = list(Path(path, ".hoodie", "timeline").glob("*_*.commit"))
         files = [f for f in Path(path).rglob("*.parquet") if ".hoodie" not in f.parts]
         assert commits and len(files) == len(commits), (path, len(files), len(commits))
+
+
+def _commits(paths: list[str]) -> dict[str, int]:
+    """Completed commits that changed rows, per table (a compaction or a clean is not one)."""
+    return {p: sum(i.changes_data for i in timeline(p)) for p in paths}
 
 
 def _operations(spark, path: str) -> list[str]:

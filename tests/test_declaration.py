@@ -97,6 +97,10 @@ def test_a_team_declaration_drives_the_catalog(tmp_path: Path, monkeypatch: pyte
     (lambda t: t.replace('subject = "customer_id"\n', ""), r"tables\.payments\.pii: personal data needs a `subject`"),
     (lambda t: t.replace('key = ["region", "payment_no"]', 'key = ["region", "payment_no"]\nfreshness_seconds = "15"'),
      r"tables\.payments\.freshness_seconds: must be a number of seconds from 1 to 86400 \(got '15'\)"),
+    (lambda t: t.replace('key = ["region", "payment_no"]', 'key = ["region", "payment_no"]\nbuckets = 0'),
+     r"tables\.payments\.buckets: must be a whole number from 1 to 4096 \(got 0\)"),
+    (lambda t: t.replace('key = ["region", "payment_no"]', 'key = ["region", "payment_no"]\ncompact_every = 2.5'),
+     r"tables\.payments\.compact_every: must be a whole number from 1 to 1000 \(got 2\.5\)"),
 ])
 def test_a_wrong_declaration_names_file_table_and_field_and_nothing_runs(tmp_path: Path, change, message) -> None:
     path = tmp_path / "tables.toml"

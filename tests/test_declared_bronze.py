@@ -27,9 +27,12 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from lakehouse_dev.generator import Message, produce
+from pipelines.errors import DeclarationError
 from pipelines.ingest.bronze import IngestOptions, run_ingest
-from pipelines.lake.layout import main_path, quarantine_path, silver_path
+from pipelines.lake.hudi_timeline import latest_meta
+from pipelines.lake.layout import BUCKETS_META, main_path, quarantine_path, silver_path
 from pipelines.lake.table_stats import read_table
+from pipelines.lake.timeline_files import data_files, timeline
 from pipelines.runtime.lake import Lake
 from pipelines.transform.etl import run_etl
 from tests.declared_tables import DECLARATION, EVERY_TYPE, LINES, DeclaredSource, DeclaredTable, silver_model
@@ -113,11 +116,26 @@ def _assert_silver(spark: SparkSession, root: str, source: DeclaredSource) -> No
         assert len(set(quarantine.values())) >= (3 if t is EVERY_TYPE else 1), "the workload exercises the rules"
 
 
+def _assert_own_buckets(spark: SparkSession, root: str, declaration: Path, bootstrap: str) -> None:
+    """order_lines' keys are in its own 2 buckets, each commit says so, and a stream told 4 refuses to start."""
+    lines, every = main_path(LINES.name, root), main_path(EVERY_TYPE.name, root)
+    assert {f.file_id[:8] for f in data_files(lines)} == {"00000000", "00000001"}
+    assert len({f.file_id[:8] for f in data_files(every)}) > 2, "the other table keeps the project's count"
+    assert latest_meta(spark, lines, BUCKETS_META) == "2"
+    assert any(i.action == "compaction" for i in timeline(lines)), "compact_every = 2 planned a compaction"
+    declaration.write_text(declaration.read_text().replace("buckets = 2", "buckets = 4"))
+    with pytest.raises(DeclarationError, match=r"bronze/order_lines: its bucket index was written with 2 buckets"):
+        run_ingest(Lake.at(root, spark), once=True, bootstrap=bootstrap)
+    declaration.write_text(declaration.read_text().replace("buckets = 4", "buckets = 2"))
+
+
 @pytest.mark.integration
 def test_declared_tables_of_every_type_and_a_composite_key(spark: SparkSession, broker, tmp_path: Path,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     declaration = tmp_path / "tables.toml"
-    declaration.write_text(DECLARATION)
+    # order_lines with options of its own: 2 buckets, a compaction planned every 2nd delta commit.
+    own = 'key = ["region", "order_no"]\n'
+    declaration.write_text(DECLARATION.replace(own, own + "buckets = 2\ncompact_every = 2\n"))
     monkeypatch.setenv("LAKEHOUSE_TABLES", str(declaration))
     root = str(tmp_path / "lake")
     admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
@@ -163,6 +181,7 @@ def test_declared_tables_of_every_type_and_a_composite_key(spark: SparkSession, 
     _assert_bronze(spark, root, source)
     run_etl(Lake.at(root, spark))  # incremental: only the keys changed since the first cycle
     _assert_silver(spark, root, source)
+    _assert_own_buckets(spark, root, declaration, broker.bootstrap)
 
     # `lakehouse status` on declared tables: rows and deleted keys by each table's own key, a composite one too.
     monkeypatch.setenv("LAKEHOUSE_ROOT", root)

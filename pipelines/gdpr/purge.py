@@ -16,11 +16,18 @@ from pyspark.sql import functions as F
 
 from pipelines.gdpr.find import Target, each_table, read_rows, source_of
 from pipelines.gdpr.scan import Subject, scan_lake
+from pipelines.lake.buckets import bucketed, check_buckets
 from pipelines.lake.catalog import LakeTable, gold_declared, lake_tables
 from pipelines.lake.erasure_registry import dead_letters_of_erased, key_in
 from pipelines.lake.frames import materialized
-from pipelines.lake.hudi_timeline import READABLE_FROM_META, earliest_retained, latest_completion, pending_writes
-from pipelines.lake.layout import DELETED_FLAG, dead_letter_path, gold_path, silver_path
+from pipelines.lake.hudi_timeline import (
+    READABLE_FROM_META,
+    earliest_retained,
+    latest_completion,
+    latest_extra,
+    pending_writes,
+)
+from pipelines.lake.layout import BUCKETS_META, DELETED_FLAG, POSITIONS_META, dead_letter_path, gold_path, silver_path
 from pipelines.lake.table_stats import has_completed_commit
 from pipelines.metastore import catalog_sync
 from pipelines.runtime.hudi_client import WriteClient
@@ -46,6 +53,9 @@ def _delete_rows(spark: SparkSession, table: LakeTable, rows: DataFrame) -> None
         data, operation = data.withColumn(DELETED_FLAG, F.lit(True)), "upsert"
     else:
         operation = "delete"
+    if bucketed(table.options):  # a delete hashed into another bucket than its row's would miss it
+        newest = latest_extra(spark, table.path, POSITIONS_META) or {}  # the newest ingest commit
+        check_buckets(table.name, table.path, table.options, newest.get(BUCKETS_META))
     options = {**table.options, "hoodie.datasource.write.operation": operation}
     save(data, table.path, options)
     catalog_sync.committed(spark, table.path, table.options)

@@ -101,7 +101,7 @@ def run_together(jobs: list[Callable[[], None]], *, parallel: bool = True, at_mo
     """Run `jobs` in threads of their own, `at_most` at once; when all are done, raise the first failure.
 
     The change logs, the main tables and the dead letters are independent Hudi tables, and most
-    of a commit's time is single-threaded driver work (timeline, metadata table, markers;
+    of a commit's time is single-threaded driver work (timeline, markers, the commit's metadata;
     `lakehouse dev bench commits`): one table's commit path runs while the other's tasks use the
     cores. A crash leaves some of them committed and others not, which the re-run handles table
     by table (each commit records the positions it covers). `at_most` bounds the threads when a

@@ -1,11 +1,11 @@
 """Compaction of bronze's main tables beside the stream, in inline mode (the local default).
 
 Main's writer plans a compaction every 6th delta commit (`hoodie.compact.schedule.inline`,
-hudi_configs/bronze.toml), and this thread of the ingest process runs the plans while the next
-batches run. This is Hudi's async compaction, as its own streaming sink and HoodieStreamer's
-continuous mode run it. Compacting inline would make the batch that compacts pay for rewriting the
-table's base files, a cost that follows the table's size, not the batch's: on tables of millions of
-rows, several times a batch's own time.
+hudi_configs/bronze.toml; a table's `compact_every` in the declaration sets its own), and this
+thread of the ingest process runs the plans while the next batches run. This is Hudi's async
+compaction, as its own streaming sink and HoodieStreamer's continuous mode run it. Compacting inline
+would make the batch that compacts pay for rewriting the table's base files, a cost that follows the
+table's size, not the batch's: on tables of millions of rows, several times a batch's own time.
 
 A plan takes one bucket, so its Spark job is one task on one core. A plan of every bucket would hold
 every core for seconds, and Spark does not preempt a running task. The thread's jobs
@@ -13,9 +13,9 @@ run in a scheduler pool of their own (spark.toml: FAIR scheduling), so a batch's
 other core.
 
 The writer's delta commits and a compaction commit the same table at the same time. Hudi
-serializes their commits, and their updates of the metadata table, with an in-process lock
-(bronze.toml). A delta commit after a plan writes to the file slice the plan opens, never to one
-being compacted. A writer rolls back only its own failed delta commits, never a compaction.
+serializes their commits with an in-process lock (bronze.toml). A delta commit after a plan writes
+to the file slice the plan opens, never to one being compacted. A writer rolls back only its own
+failed delta commits, never a compaction.
 
 A killed compaction stays pending on the timeline. The next process runs it again, after Hudi
 rolls the failed attempt back. In external mode (EMR, Airflow's services job) compactions are
@@ -31,7 +31,7 @@ from collections.abc import Sequence
 
 from pyspark import SparkContext
 
-from pipelines.lake.catalog import LakeTable, bronze_options, keyed_options
+from pipelines.lake.catalog import LakeTable, bronze_options, main_options
 from pipelines.lake.hudi_timeline import meta_client
 from pipelines.lake.layout import main_path
 from pipelines.lake.table_stats import has_completed_commit
@@ -99,7 +99,7 @@ class Compactor:
                     meta_client(spark, path).getActiveTimeline().filterPendingCompactionTimeline().empty():
                 continue
             started = time.monotonic()
-            options = bronze_options("table", f"bronze_{table}", **keyed_options(decl.table(table).key))
+            options = bronze_options("table", f"bronze_{table}", **main_options(decl.table(table)))
             with WriteClient(spark, LakeTable(f"bronze/{table}", path, options), options) as client:
                 instants = client.run_compactions()
             catalog_sync.committed(spark, path, options)

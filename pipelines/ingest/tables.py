@@ -22,10 +22,11 @@ from pipelines.ingest.positions import PositionLedger
 from pipelines.ingest.schema import COLUMNS_META
 from pipelines.ingest.state import KnownRows, known_rows, read_deletes, read_state
 from pipelines.ingest.survey import SchemaSurvey, Survey
-from pipelines.lake.catalog import bronze_options, keyed_options
+from pipelines.lake.buckets import NUM_BUCKETS
+from pipelines.lake.catalog import bronze_options, keyed_options, main_options
 from pipelines.lake.declaration import Declaration
 from pipelines.lake.frames import materialized, release
-from pipelines.lake.layout import DECLARED_META, DELETED_FLAG, META_COLUMNS, changelog_path, main_path
+from pipelines.lake.layout import BUCKETS_META, DECLARED_META, DELETED_FLAG, META_COLUMNS, changelog_path, main_path
 from pipelines.lake.table_stats import has_completed_commit
 
 log = logging.getLogger(__name__)
@@ -177,7 +178,10 @@ class TableWriter:
         # without columns has them all there); a dropped column is written null.
         fixed, extras = shape.fixed, shape.extras
 
-        main_meta = meta | {COLUMNS_META: shape.to_meta(), DECLARED_META: self.shapes.declared_meta(table, survey)}
+        main_opts = main_options(self.decl.table(table))
+        buckets = bronze_options("table", f"bronze_{table}", **main_opts)[NUM_BUCKETS]
+        main_meta = meta | {COLUMNS_META: shape.to_meta(), DECLARED_META: self.shapes.declared_meta(table, survey),
+                            BUCKETS_META: buckets}
 
         def save(rows: DataFrame, part: str, name: str, path: str, options: dict[str, str],
                  n: int | None = None) -> None:
@@ -198,7 +202,7 @@ class TableWriter:
                 main_meta |= hudi_configs.section("bronze", "table_first_commit")
             writes.append(functools.partial(save, planned.filter("to_main").select(
                 *fixed, *meta_columns, now, (F.col("_op") == "d").alias(DELETED_FLAG), *extras,
-            ), "table", f"bronze_{table}", main_path(table, self.root), main_meta | keyed_options(key)))
+            ), "table", f"bronze_{table}", main_path(table, self.root), main_meta | main_opts))
         return writes
 
     def _committed(self, batch: _TableBatch, planned: DataFrame, tally: _Tally, known: KnownRows) -> None:

@@ -31,10 +31,13 @@ from pipelines.ingest.positions import PositionLedger, end_offsets
 from pipelines.ingest.state import discard_unborn, ingest_meta
 from pipelines.ingest.survey import SchemaSurvey, Survey, tally
 from pipelines.ingest.tables import TableWriter
+from pipelines.lake.buckets import check_buckets
+from pipelines.lake.catalog import bronze_options, main_options
 from pipelines.lake.frames import materialized
 from pipelines.lake.hudi_timeline import repair_torn_timeline
 from pipelines.lake.layout import (
     BATCH_ID_META,
+    BUCKETS_META,
     DEAD_LETTERS_META,
     POSITIONS_META,
     REGISTRY_META,
@@ -107,8 +110,11 @@ class BronzeBatchWriter:
         paths = [*mains, *logs, dead_letter_path(self.root)]
         with ThreadPoolExecutor(max_workers=START_READERS, thread_name_prefix="bronze-start") as pool:
             newest = dict(zip(paths, pool.map(functools.partial(ingest_meta, self.spark), paths), strict=True))
-        # Main's newest ingest commit also records the table's shape.
+        # Main's newest ingest commit also records the table's shape, and the bucket count its keys were hashed with.
         self.schema.start({t: newest[path] for t, path in zip(self.decl.names, mains, strict=True)})
+        for t, path in zip(self.decl.names, mains, strict=True):
+            options = bronze_options("table", f"bronze_{t}", **main_options(self.decl.table(t)))
+            check_buckets(f"bronze/{t}", path, options, newest[path].get(BUCKETS_META))
         self.tables.start()
         ledger = self.positions
         ledger.start(newest)

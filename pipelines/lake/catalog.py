@@ -111,6 +111,8 @@ class Table:
     source: str | None = None  # the source table it follows
     holds: Holds | None = None
     change_feed: bool = False
+    # Writer options its declaration sets (`table_options`), as pairs: a bronze main table's bucket count, ...
+    options: tuple[tuple[str, str], ...] = ()
 
     @property
     def layer(self) -> str:
@@ -132,7 +134,8 @@ def lake_catalog(decl: Declaration) -> tuple[Table, ...]:
     silver: list[Table] = []
     for s, t in decl.tables.items():
         holds = erasure_kind(t)
-        bronze += [Table(f"bronze/{s}", t.key, WriterKind.TABLE, s, holds, change_feed=True),
+        bronze += [Table(f"bronze/{s}", t.key, WriterKind.TABLE, s, holds, change_feed=True,
+                         options=tuple(table_options(t).items())),
                    Table(f"bronze/_deletes/{s}", t.key, WriterKind.LEDGER, s, holds),
                    Table(f"bronze/_changelog/{s}", t.key, WriterKind.CHANGELOG, s, holds)]
         silver += [Table(f"silver/{s}", t.key, WriterKind.TABLE, s, holds, change_feed=True),
@@ -206,6 +209,23 @@ def keyed_options(key: tuple[str, ...], part: str = "table") -> dict[str, str]:
             "hoodie.bucket.index.hash.field": ",".join(key)}
 
 
+def table_options(t: TableDecl) -> dict[str, str]:
+    """The writer options bronze main of `t` takes from its declaration (`buckets`, `compact_every`), over
+    bronze.toml's [table]: every writer of the table (the stream, its compactions, the services, the erasure)
+    passes them, so that all of them hash a key into the same bucket."""
+    opts = {}
+    if t.buckets is not None:
+        opts["hoodie.bucket.index.num.buckets"] = str(t.buckets)
+    if t.compact_every is not None:
+        opts["hoodie.compact.inline.max.delta.commits"] = str(t.compact_every)
+    return opts
+
+
+def main_options(t: TableDecl) -> dict[str, str]:
+    """The options a batch's write to bronze main of `t` adds to bronze.toml's [table]: its key and its own."""
+    return keyed_options(t.key) | table_options(t)
+
+
 def bronze_options(part: str, name: str, **extra: str) -> dict[str, str]:
     """Writer options of a bronze table of `[part]` in bronze.toml, named `name` (hoodie.table.name); `extra`
     names its key (`keyed_options`) unless the part's section does."""
@@ -232,7 +252,7 @@ def writer_options(table: Table) -> dict[str, str]:
     """The options the writer of a catalog table uses."""
     if table.layer == "bronze":
         keyed = {} if table.writer == WriterKind.DEAD_LETTERS else keyed_options(table.key, table.writer)
-        return bronze_options(table.writer, hudi_table_name(table.name), **keyed)
+        return bronze_options(table.writer, hudi_table_name(table.name), **keyed, **dict(table.options))
     if table.layer == "silver":
         return silver_options(hudi_table_name(table.name), table.key)
     return gold_options(table.name.split("/", 1)[1])

@@ -21,7 +21,9 @@ keeps the wire form, as the shop's does), rules with `cast = "<Spark type>"` (th
 exactly, silver holds it converted) or with `not_null = true` beside their check (a NULL fails them
 too: the shop's rules, so that an accepted dropped column's NULLs stay in quarantine), `name` on a
 rule (quarantine's `failed_rule`, default `<column>_<kind>`), and `[[tables.<name>.derive]]`
-`column`, `date_of`: a silver column holding a timestamp's UTC date.
+`column`, `date_of`: a silver column holding a timestamp's UTC date. For bronze main, `buckets` (its bucket
+index's file groups: fixed when the table is created, `pipelines.lake.buckets` refuses a changed one) and
+`compact_every` (delta commits between compaction plans), where a table needs other than bronze.toml's.
 """
 
 from __future__ import annotations
@@ -60,7 +62,10 @@ WIRE_TYPES = ("bigint", "double", "boolean", "string")
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 _SOURCE = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]*\.[A-Za-z_][A-Za-z0-9_$]*$")
 _TABLE_FIELDS = {"source", "key", "subject", "pii", "rules", "clean", "derive", "columns", "typed", "silver_extra",
-                 "freshness_seconds"}
+                 "freshness_seconds", "buckets", "compact_every"}
+# The bounds of the per-table Hudi options: a bucket is about 1-2 GB of table (bronze.toml), and a compaction
+# planned less often than every 1,000 delta commits leaves readers merging that many log files.
+_BOUNDS = {"buckets": (1, 4096), "compact_every": (1, 1000)}
 # How stale bronze/<table> may get behind its source when a table declares no target: the stream
 # commits a table's changes when they are due by it, not every batch (pipelines.ingest.cadence).
 DEFAULT_FRESHNESS_SECONDS = 15.0
@@ -112,6 +117,8 @@ class TableDecl:
     typed: bool = True
     silver_extra: tuple[str, ...] = ()
     freshness_seconds: float = DEFAULT_FRESHNESS_SECONDS  # bronze's target: a change visible within this
+    buckets: int | None = None  # bronze main's bucket count (None: bronze.toml's)
+    compact_every: int | None = None  # bronze main's delta commits between compaction plans (None: bronze.toml's)
     # The file that declares it, for errors found later (a rule on a column bronze lacks); not part of its value.
     declared_in: str = field(default="the declaration", compare=False)
 
@@ -223,8 +230,18 @@ def _table(name: str, spec: Any, at: str) -> TableDecl:
     if isinstance(freshness, bool) or not isinstance(freshness, int | float) or not 1 <= freshness <= 86400:
         raise DeclarationError(f"{at}.freshness_seconds: must be a number of seconds from 1 to 86400 "
                                f"(got {freshness!r})")
+    buckets, compact_every = (_bounded(spec, f, at) for f in ("buckets", "compact_every"))
     return TableDecl(name, schema, table, key, subject, pii, rules, cleans, derives, dict(columns), typed,
-                     tuple(c for c in extra if c not in columns), float(freshness))
+                     tuple(c for c in extra if c not in columns), float(freshness), buckets, compact_every)
+
+
+def _bounded(spec: dict[str, Any], name: str, at: str) -> int | None:
+    """A per-table Hudi option (`_BOUNDS`): a whole number within its bounds, or None when not declared."""
+    value = spec.get(name)
+    low, high = _BOUNDS[name]
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high):
+        raise DeclarationError(f"{at}.{name}: must be a whole number from {low} to {high} (got {value!r})")
+    return value
 
 
 def _table_fields(name: str, spec: Any, at: str) -> tuple[str, tuple[str, ...], dict[str, str], bool]:

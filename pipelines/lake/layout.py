@@ -29,6 +29,8 @@ REGISTRY_META = "_lakehouse.erasure_registry"
 # row shapes the table has applied: a record of one of them needs no schema decision (`parse_events`).
 # Hashes written by an older parser match nothing and cost one decision, which changes nothing.
 DECLARED_META = "_lakehouse.declared_shapes"
+# The bucket count of bronze main's bucket index that the commit hashed its keys with (pipelines.lake.buckets).
+BUCKETS_META = "_lakehouse.buckets"
 
 
 # --------------------------------------------------------------------------- paths

@@ -124,7 +124,8 @@ def batch_summary(log: Path, after: int | None, until: int | None = None) -> dic
     return {"count": len(reports), "records": records, "records_mean": round(records / max(1, len(reports)), 1),
             "seconds_mean": round(float(seconds.mean()), 2), "seconds_p50": round(float(np.median(seconds)), 2),
             "seconds_max": round(float(seconds.max()), 2),
-            "phases_mean": dict(sorted(phases.items(), key=lambda kv: -kv[1]))}
+            "phases_mean": dict(sorted(phases.items(), key=lambda kv: -kv[1])),
+            "phases_batches": {name: sum(name in r.phases for r in reports) for name in names}}
 
 
 def _wait(probe: LagProbe, ingest: subprocess.Popen, log: Path, samples: list[tuple[float, dict[str, int]]],
