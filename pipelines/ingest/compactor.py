@@ -31,7 +31,7 @@ from collections.abc import Sequence
 
 from pyspark import SparkContext
 
-from pipelines.lake.catalog import LakeTable, bronze_options, main_options
+from pipelines.lake.catalog import LakeTable, bronze_options, main_writer_options
 from pipelines.lake.hudi_timeline import meta_client
 from pipelines.lake.layout import main_path
 from pipelines.lake.table_stats import has_completed_commit
@@ -99,7 +99,7 @@ class Compactor:
                     meta_client(spark, path).getActiveTimeline().filterPendingCompactionTimeline().empty():
                 continue
             started = time.monotonic()
-            options = bronze_options("table", f"bronze_{table}", **main_options(decl.table(table)))
+            options = main_writer_options(decl, table)
             with WriteClient(spark, LakeTable(f"bronze/{table}", path, options), options) as client:
                 instants = client.run_compactions()
             catalog_sync.committed(spark, path, options)

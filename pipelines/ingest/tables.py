@@ -23,7 +23,7 @@ from pipelines.ingest.schema import COLUMNS_META
 from pipelines.ingest.state import KnownRows, known_rows, read_deletes, read_state
 from pipelines.ingest.survey import SchemaSurvey, Survey
 from pipelines.lake.buckets import NUM_BUCKETS
-from pipelines.lake.catalog import bronze_options, keyed_options, main_options
+from pipelines.lake.catalog import bronze_options, keyed_options, main_options, main_writer_options
 from pipelines.lake.declaration import Declaration
 from pipelines.lake.frames import materialized, release
 from pipelines.lake.layout import BUCKETS_META, DECLARED_META, DELETED_FLAG, META_COLUMNS, changelog_path, main_path
@@ -179,7 +179,7 @@ class TableWriter:
         fixed, extras = shape.fixed, shape.extras
 
         main_opts = main_options(self.decl.table(table))
-        buckets = bronze_options("table", f"bronze_{table}", **main_opts)[NUM_BUCKETS]
+        buckets = main_writer_options(self.decl, table)[NUM_BUCKETS]
         main_meta = meta | {COLUMNS_META: shape.to_meta(), DECLARED_META: self.shapes.declared_meta(table, survey),
                             BUCKETS_META: buckets}
 

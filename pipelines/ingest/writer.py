@@ -32,7 +32,7 @@ from pipelines.ingest.state import discard_unborn, ingest_meta
 from pipelines.ingest.survey import SchemaSurvey, Survey, tally
 from pipelines.ingest.tables import TableWriter
 from pipelines.lake.buckets import check_buckets
-from pipelines.lake.catalog import bronze_options, main_options
+from pipelines.lake.catalog import main_writer_options
 from pipelines.lake.frames import materialized
 from pipelines.lake.hudi_timeline import repair_torn_timeline
 from pipelines.lake.layout import (
@@ -113,8 +113,7 @@ class BronzeBatchWriter:
         # Main's newest ingest commit also records the table's shape, and the bucket count its keys were hashed with.
         self.schema.start({t: newest[path] for t, path in zip(self.decl.names, mains, strict=True)})
         for t, path in zip(self.decl.names, mains, strict=True):
-            options = bronze_options("table", f"bronze_{t}", **main_options(self.decl.table(t)))
-            check_buckets(f"bronze/{t}", path, options, newest[path].get(BUCKETS_META))
+            check_buckets(f"bronze/{t}", path, main_writer_options(self.decl, t), newest[path].get(BUCKETS_META))
         self.tables.start()
         ledger = self.positions
         ledger.start(newest)

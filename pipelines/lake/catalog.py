@@ -226,6 +226,12 @@ def main_options(t: TableDecl) -> dict[str, str]:
     return keyed_options(t.key) | table_options(t)
 
 
+def main_writer_options(decl: Declaration, table: str) -> dict[str, str]:
+    """Every option of a writer of bronze main of declared `table`: bronze.toml's [table] with its name, key and
+    own options (the stream's batches, its compactions and its bucket check all pass these)."""
+    return bronze_options("table", f"bronze_{table}", **main_options(decl.table(table)))
+
+
 def bronze_options(part: str, name: str, **extra: str) -> dict[str, str]:
     """Writer options of a bronze table of `[part]` in bronze.toml, named `name` (hoodie.table.name); `extra`
     names its key (`keyed_options`) unless the part's section does."""
