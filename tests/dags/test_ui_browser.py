@@ -207,22 +207,43 @@ def _run_page(url: str, dag_id: str, run_id: str) -> str:
     return f"{url}/dags/{dag_id}/runs/{quote(run_id, safe='')}"
 
 
-def _wait_for_run(browser, url: str, dag_id: str, run_id: str, timeout: float) -> str:
-    """Reload the run's page until its state badge says it ended: that state (success, failed)."""
-    from selenium.webdriver.common.by import By
+def _run_state(airflow_ui, token: str, dag_id: str, run_id: str) -> str:
+    """The run's state from Airflow's REST API (v2), as the admin (`token`)."""
+    import urllib.request
 
+    request = urllib.request.Request(
+        f"{airflow_ui.url}/api/v2/dags/{dag_id}/dagRuns/{quote(run_id, safe='')}",
+        headers={"Authorization": f"Bearer {token}", "Accept": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as reply:
+        return json.loads(reply.read())["state"]
+
+
+def _wait_for_run(browser, airflow_ui, dag_id: str, run_id: str, timeout: float) -> str:
+    """The state a run ended in (success, failed), as its page's badge shows it.
+
+    The waiting asks the REST API, with the browser on a blank page: a run's page left open polls and
+    redraws the grid every few seconds, and Chromium's rendering was a fifth of this suite's CPU. The page
+    is opened once the run has ended, and its badge must say what the API said."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser.get("about:blank")
+    token = AirflowApi(airflow_ui.url, airflow_ui.user, airflow_ui.password).token
     deadline, state = time.monotonic() + timeout, None
-    while time.monotonic() < deadline:
-        browser.get(_run_page(url, dag_id, run_id))
-        time.sleep(2)
-        badges = browser.find_elements(
-            By.XPATH, f"//h2[contains(normalize-space(.), '{run_id}')]/..//span[contains(@class, 'chakra-badge')]")
-        state = badges[0].text.strip().lower() if badges else None
-        if state in ("success", "failed"):
-            return state
+    while (state := _run_state(airflow_ui, token, dag_id, run_id)) not in ("success", "failed"):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{dag_id} run {run_id} still {state} after {timeout} s")
         time.sleep(3)
-    raise AssertionError(f"{dag_id} run {run_id} still {state} after {timeout} s (screenshot "
-                         f"{_shot(browser, 'run-' + dag_id)})")
+    browser.get(_run_page(airflow_ui.url, dag_id, run_id))
+    xpath = f"//h2[contains(normalize-space(.), '{run_id}')]/..//span[contains(@class, 'chakra-badge')]"
+    try:
+        badge = WebDriverWait(browser, 60).until(lambda b: next(
+            (e.text.strip().lower() for e in b.find_elements(By.XPATH, xpath) if e.text.strip().lower() == state),
+            None))
+    except Exception as exc:
+        raise AssertionError(f"{dag_id} run {run_id} ended {state}, its page does not say so (screenshot "
+                             f"{_shot(browser, 'run-' + dag_id)})") from exc
+    return badge
 
 
 # What a user's scrolling to the end of the log does: every scrolled pane of the page, and the page, down.
@@ -309,7 +330,7 @@ def test_erasure_form_refuses_bad_requests_with_the_reason(airflow_ui, browser, 
     refused = _submit(browser, dialog)
     assert refused, "the trigger was refused by the form"
     airflow_ui.refused.append(refused)  # its conf names the customer: a verified erasure deletes it (below)
-    assert _wait_for_run(browser, url, "gdpr_erasure", refused, timeout=300) == "failed"
+    assert _wait_for_run(browser, airflow_ui, "gdpr_erasure", refused, timeout=300) == "failed"
     reason = _task_log(browser, url, "gdpr_erasure", refused, "validate_request",
                        lambda line: "invalid erasure request" in line)
     assert "requested_by" in reason and "no quotes" in reason, reason
@@ -323,7 +344,7 @@ def test_erasure_form_refuses_bad_requests_with_the_reason(airflow_ui, browser, 
 def test_etl_triggered_in_the_ui_runs_on_the_lake_and_logs_its_summary(airflow_ui, browser, webhook,
                                                                         etl_run: str) -> None:
     url, lake, run_id = airflow_ui.url, Path(airflow_ui.env["LAKEHOUSE_ROOT"]), etl_run
-    assert _wait_for_run(browser, url, "lakehouse_incremental_etl", run_id, timeout=600) == "success"
+    assert _wait_for_run(browser, airflow_ui, "lakehouse_incremental_etl", run_id, timeout=600) == "success"
 
     line = _task_log(browser, url, "lakehouse_incremental_etl", run_id, "etl", SUMMARY.search)
     changed, tables = map(int, SUMMARY.search(line).groups())
@@ -363,7 +384,7 @@ def test_erasure_from_the_form_is_verified_in_the_task_log(airflow_ui, browser) 
     _fill_erasure_form(browser, dialog, subject, "REQ-UI-1", "dpo@shop.example")
     run_id = _submit(browser, dialog)
     assert run_id, "a valid request was refused"
-    assert _wait_for_run(browser, url, "gdpr_erasure", run_id, timeout=900) == "success"
+    assert _wait_for_run(browser, airflow_ui, "gdpr_erasure", run_id, timeout=900) == "success"
     line = _task_log(browser, url, "gdpr_erasure", run_id, "gdpr_erase", lambda line: '"REQ-UI-1"' in line)
     summaries = {s["reference"]: s for s in json.loads(line[line.index("[{"):line.rindex("}]") + 2])}
     assert summaries.keys() == {"REQ-UI-0a", "REQ-UI-1"}, summaries
