@@ -13,9 +13,9 @@ Where a Connection is read, first that answers:
   the Connections the configuration names and hands them to its command's environment (`task_environment`,
   dags/lakehouse_common.py), never on its command line.
 
-Here too: what a section's endpoint becomes from its Connection (`source_endpoint`, `connect_endpoint`, which the
-sections' `endpoint` call). Standard library only at import: the DAGs' environment imports it; the configuration's
-classes are imported when an endpoint is resolved.
+Here too: a section's endpoint keys from its Connection (`source_values`, `connect_values`), plain values that the
+configuration's sections check as they check the file's (pipelines.runtime.config, `_Endpoint.endpoint`). Standard
+library only: the DAGs' environment imports it.
 """
 
 from __future__ import annotations
@@ -25,12 +25,9 @@ import os
 import urllib.parse
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pipelines.errors import SecretError, SettingError
-
-if TYPE_CHECKING:
-    from pipelines.runtime.config import ConnectSettings, SourceSettings
 
 PREFIX = "AIRFLOW_CONN_"
 
@@ -149,13 +146,11 @@ def task_environment(conn_ids: Iterable[str]) -> tuple[dict[str, str], list[str]
     return env, missing
 
 
-def source_endpoint(settings: SourceSettings, conn: AirflowConnection) -> SourceSettings:
-    """`[source]` with the database of its `airflow_connection`, `conn` (just read): a postgres Connection's host,
-    port (5432 when it has none), login, password (a Secret that reads the Connection again when revealed, so the
-    settings never hold it), schema the database, extra `sslmode` and `sslrootcert`; SettingError naming the
-    Connection when it is of another type or lacks a field."""
-    from pipelines.runtime.config import Secret
-
+def source_values(conn: AirflowConnection) -> dict[str, Any]:
+    """`[source]`'s endpoint keys from a postgres Connection, `conn` (just read): host, port (5432 when it has
+    none), login, password (where it is, `{airflow_connection = id}`, read again when revealed, so the settings
+    never hold it), schema the database, extra `sslmode` and `sslrootcert`; SettingError naming the Connection
+    when it is of another type or lacks a field."""
     if conn.conn_type not in ("postgres", None):
         raise SettingError(f"{conn.named()} ([source] airflow_connection): conn_type {conn.conn_type!r}, "
                            "expected postgres")
@@ -163,19 +158,14 @@ def source_endpoint(settings: SourceSettings, conn: AirflowConnection) -> Source
     if missing:
         raise SettingError(f"{conn.named()} ([source] airflow_connection) has no {', '.join(missing)} "
                            "(schema: the database)")
-    values = {"host": conn.host, "port": conn.port or 5432, "database": conn.schema, "user": conn.login,
-              "password": Secret(airflow_connection=conn.conn_id) if conn.password else None,
-              **{k: conn.extra[k] for k in ("sslmode", "sslrootcert") if conn.extra.get(k)}}
-    return _resolved(settings, values, conn.named())
+    return {"host": conn.host, "port": conn.port or 5432, "database": conn.schema, "user": conn.login,
+            "password": _password(conn), **{k: conn.extra[k] for k in ("sslmode", "sslrootcert") if conn.extra.get(k)}}
 
 
-def connect_endpoint(settings: ConnectSettings, conn: AirflowConnection) -> ConnectSettings:
-    """`[connect]` with the REST API of its `airflow_connection`, `conn` (just read): an http or https Connection's
-    host (with its scheme, or the scheme as schema or conn_type; http when none says), port, login and password
-    (basic authentication; the password a Secret, as `source_endpoint`'s), extra `ssl_ca_file`; SettingError naming
-    the Connection when it has no host."""
-    from pipelines.runtime.config import Secret
-
+def connect_values(conn: AirflowConnection) -> dict[str, Any]:
+    """`[connect]`'s endpoint keys from an http or https Connection, `conn` (just read): host (with its scheme, or
+    the scheme as schema or conn_type; http when none says), port, login and password (basic authentication; the
+    password as `source_values`' is), extra `ssl_ca_file`; SettingError naming the Connection when it has no host."""
     if not conn.host:
         raise SettingError(f"{conn.named()} ([connect] airflow_connection) has no host")
     url = conn.host
@@ -184,28 +174,10 @@ def connect_endpoint(settings: ConnectSettings, conn: AirflowConnection) -> Conn
         url = f"{scheme}://{url}"
     if conn.port and urllib.parse.urlsplit(url).port is None:
         url = f"{url.rstrip('/')}:{conn.port}"
-    values = {"url": url, "username": conn.login,
-              "password": Secret(airflow_connection=conn.conn_id) if conn.password else None,
-              "ssl_ca_file": conn.extra.get("ssl_ca_file") or None}
-    return _resolved(settings, values, conn.named())
+    return {"url": url, "username": conn.login, "password": _password(conn),
+            "ssl_ca_file": conn.extra.get("ssl_ca_file") or None}
 
 
-def endpoint_of(section: Any, conn: AirflowConnection) -> Any:
-    """`section` (an endpoint's settings: `[source]` or `[connect]`) with the endpoint of `conn`, its Connection."""
-    if section.SECTION == "source":
-        return source_endpoint(section, conn)
-    return connect_endpoint(section, conn)
-
-
-def _resolved(section: Any, values: dict[str, Any], named: str) -> Any:
-    """`section` with `values` (a Connection's) in place of its endpoint's keys, checked as the file's would be (a
-    Connection's bad port or sslmode is refused as the file's is); SettingError naming the Connection."""
-    from pydantic import ValidationError
-
-    kept = section.model_dump(exclude={"airflow_connection", *section.FROM_CONNECTION})
-    try:
-        return type(section).model_validate({**kept, **values})
-    except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or section.SECTION}: "
-                             f"{e['msg'].removeprefix('Value error, ')}" for e in exc.errors())
-        raise SettingError(f"{named} ([{section.SECTION}] airflow_connection): {problems}") from None
+def _password(conn: AirflowConnection) -> dict[str, str] | None:
+    """Where the Connection's password is, as a configuration file's secret says it (never the password)."""
+    return {"airflow_connection": conn.conn_id} if conn.password else None

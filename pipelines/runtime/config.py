@@ -27,6 +27,7 @@ from typing import Any, ClassVar, Literal, Self
 from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator, model_validator
 
 from pipelines.errors import LakehouseError, SecretError, SettingError
+from pipelines.runtime import airflow_connections as connections
 
 CONFIG_VARIABLE = "LAKEHOUSE_CONFIG"
 PROFILE_VARIABLE = "LAKEHOUSE_PROFILE"
@@ -92,11 +93,15 @@ class Secret(_Section):
         return secrets_manager_value(self.aws_secret)
 
 
+def _problems(exc: ValidationError, section: str) -> str:
+    """A validation's errors in one line, each with the key it is about."""
+    return "; ".join(f"{'.'.join(map(str, e['loc'])) or section}: {e['msg'].removeprefix('Value error, ')}"
+                     for e in exc.errors())
+
+
 def _airflow_password(connection_id: str) -> str:
     """The password of an Airflow Connection (pipelines.runtime.airflow_connections says where it is read from)."""
-    from pipelines.runtime.airflow_connections import read
-
-    if not (password := read(connection_id).password):
+    if not (password := connections.read(connection_id).password):
         raise SecretError(f"Airflow Connection {connection_id!r} has no password")
     return password
 
@@ -161,14 +166,20 @@ class _Endpoint(_Section):
         return value
 
     def endpoint(self) -> Self:
-        """These settings with the endpoint of `airflow_connection` read now (themselves without one): SettingError
-        naming the Connection when it is not of the section's kind or lacks a field
-        (pipelines.runtime.airflow_connections, `source_endpoint`, `connect_endpoint`)."""
+        """These settings with the endpoint of `airflow_connection` read now (themselves without one), checked as
+        the file's keys are (a Connection's bad port or sslmode is refused as the file's is): SettingError naming
+        the Connection when it is not of the section's kind, lacks a field or holds a bad value."""
         if self.airflow_connection is None:
             return self
-        from pipelines.runtime.airflow_connections import endpoint_of, read
-
-        return endpoint_of(self, read(self.airflow_connection))
+        conn = connections.read(self.airflow_connection)
+        values = connections.source_values(conn) if self.SECTION == "source" \
+            else connections.connect_values(conn)
+        kept = self.model_dump(exclude={"airflow_connection", *self.FROM_CONNECTION})
+        try:
+            return type(self).model_validate({**kept, **values})
+        except ValidationError as exc:
+            raise SettingError(f"{conn.named()} ([{self.SECTION}] airflow_connection): {_problems(exc, self.SECTION)}"
+                               ) from None
 
     def shown(self) -> dict[str, str]:
         """What `config show` prints of the keys the Connection gives, without reading it: where they are."""
