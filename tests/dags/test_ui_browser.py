@@ -207,15 +207,11 @@ def _run_page(url: str, dag_id: str, run_id: str) -> str:
     return f"{url}/dags/{dag_id}/runs/{quote(run_id, safe='')}"
 
 
-def _run_state(airflow_ui, token: str, dag_id: str, run_id: str) -> str:
-    """The run's state from Airflow's REST API (v2), as the admin (`token`)."""
-    import urllib.request
+class _RunsApi(AirflowApi):
+    """The project's REST API client (pipelines.gdpr.airflow_records), with the one call only this test needs."""
 
-    request = urllib.request.Request(
-        f"{airflow_ui.url}/api/v2/dags/{dag_id}/dagRuns/{quote(run_id, safe='')}",
-        headers={"Authorization": f"Bearer {token}", "Accept": "application/json"})
-    with urllib.request.urlopen(request, timeout=30) as reply:
-        return json.loads(reply.read())["state"]
+    def run_state(self, dag_id: str, run_id: str) -> str:
+        return self._call("GET", f"/api/v2/dags/{quote(dag_id)}/dagRuns/{quote(run_id, safe='')}")["state"]
 
 
 def _wait_for_run(browser, airflow_ui, dag_id: str, run_id: str, timeout: float) -> str:
@@ -228,9 +224,9 @@ def _wait_for_run(browser, airflow_ui, dag_id: str, run_id: str, timeout: float)
     from selenium.webdriver.support.ui import WebDriverWait
 
     browser.get("about:blank")
-    token = AirflowApi(airflow_ui.url, airflow_ui.user, airflow_ui.password).token
-    deadline, state = time.monotonic() + timeout, None
-    while (state := _run_state(airflow_ui, token, dag_id, run_id)) not in ("success", "failed"):
+    api = _RunsApi(airflow_ui.url, airflow_ui.user, airflow_ui.password)
+    deadline = time.monotonic() + timeout
+    while (state := api.run_state(dag_id, run_id)) not in ("success", "failed"):
         if time.monotonic() > deadline:
             raise AssertionError(f"{dag_id} run {run_id} still {state} after {timeout} s")
         time.sleep(3)
