@@ -34,6 +34,7 @@ from lakehouse_dev.toxiproxy import Proxy, Toxiproxy
 from pipelines.lake import storage
 from pipelines.lake.contract import TABLES
 from pipelines.lake.layout import changelog_path, gdpr_path, ingest_checkpoint_path, main_path, silver_path
+from pipelines.lake.storage import is_transient
 from pipelines.runtime.local_process import HOST, free_port
 from pipelines.services.quality import data_docs_index
 from tests.hudi_files import not_completed
@@ -129,6 +130,31 @@ def _commit_in_flight(root: str) -> Callable[[str], bool]:
 
 
 # Every Hudi commit is hundreds of requests to moto: about 17 minutes beside the rest of the suite.
+def test_a_small_file_read_through_slow_downs(object_store: ObjectStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A `503 SlowDown` answering a GetObject of a small file fails past the AWS SDK's retries: the SDK writes the
+    error's body into the buffer pyarrow sized to the file, overflows it, and gives up ("Failed to flush response
+    stream", INTERNAL_FAILURE). storage reads such a file again."""
+    for key, value in object_store.env().items():
+        monkeypatch.setenv(key, value)
+    uri, data = f"s3://{BUCKET}/{uuid.uuid4().hex[:8]}/small", os.urandom(60)
+    storage.write_bytes(uri, data)
+    transient = []
+
+    def counted(error: BaseException) -> bool:
+        transient.append(found := is_transient(error))
+        return found
+
+    monkeypatch.setattr(storage, "is_transient", counted)
+    object_store.slow_down(0.3)
+    try:
+        reads = [storage.read_bytes(uri) for _ in range(20)]
+    finally:
+        object_store.slow_down(0)
+    assert all(r == data for r in reads)
+    assert any(transient), "no read met a SlowDown past the SDK: the test proved nothing"
+    assert not is_transient(FileNotFoundError("AWS Error NETWORK_CONNECTION")), "a missing file is final"
+
+
 @pytest.mark.timeout(2400)
 def test_the_pipeline_on_an_object_store(spark, broker, object_store: ObjectStore, store_proxy: tuple[str, Proxy],
                                          tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -16,17 +16,22 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
+from typing import TypeVar
 from urllib.parse import urlparse
 
 from pyarrow import fs as pafs
+from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
 from hudi_configs import section
 
 S3_SCHEMES = ("s3", "s3a")
+T = TypeVar("T")
 
 
 def is_remote(uri: str) -> bool:
@@ -66,10 +71,39 @@ def modified(uri: str) -> float | None:
     return mtime.timestamp() if mtime is not None else None
 
 
+# The AWS SDK's error names for a request that may succeed when made again (aws-sdk-cpp's
+# CoreErrors). INTERNAL_FAILURE is also what a `503 SlowDown` on a GetObject of a small file becomes:
+# the SDK writes the error's body into the buffer pyarrow sized to the file, overflows it ("Failed to
+# flush response stream") and does not retry. UNKNOWN: a 5xx the SDK has no name for.
+_TRANSIENT_AWS = frozenset({"INTERNAL_FAILURE", "NETWORK_CONNECTION", "SERVICE_UNAVAILABLE", "SLOW_DOWN",
+                            "THROTTLING", "REQUEST_TIMEOUT", "UNKNOWN"})
+_AWS_ERROR = re.compile(r"AWS Error (\w+)")
+
+
+def is_transient(error: BaseException) -> bool:
+    """Whether a failed object-store read is worth making again: a network or server fault, never a
+    missing object or a refusal (those are final)."""
+    if not isinstance(error, OSError) or isinstance(error, FileNotFoundError | PermissionError):
+        return False
+    named = _AWS_ERROR.search(str(error))
+    return named is not None and named.group(1) in _TRANSIENT_AWS
+
+
+def _retried(call: Callable[[], T]) -> T:
+    """`call` made again on a transient store fault, with backoff: the SDK's own retries miss some (_TRANSIENT_AWS)."""
+    attempts = int(section("storage", "python_s3")["max_attempts"])
+    return retry(retry=retry_if_exception(is_transient), stop=stop_after_attempt(attempts),
+                 wait=wait_exponential_jitter(initial=0.1, max=5), reraise=True)(call)()
+
+
 def read_bytes(uri: str) -> bytes:
     fs, path = filesystem(uri)
-    with fs.open_input_stream(path) as stream:
-        return stream.read()
+
+    def read() -> bytes:
+        with fs.open_input_stream(path) as stream:
+            return stream.read()
+
+    return _retried(read) if is_remote(uri) else read()
 
 
 def read_text(uri: str) -> str:
@@ -148,7 +182,8 @@ def local_copy(uri: str) -> Iterator[Path]:
         before = list_files(uri)
         for rel in before:
             Path(tmp, rel).parent.mkdir(parents=True, exist_ok=True)
-            pafs.copy_files(f"{path}/{rel}", f"{tmp}/{rel}", source_filesystem=fs, destination_filesystem=local_fs)
+            _retried(partial(pafs.copy_files, f"{path}/{rel}", f"{tmp}/{rel}", source_filesystem=fs,
+                             destination_filesystem=local_fs))
         yield Path(tmp)
         after = list_files(tmp)
         for rel in after:
