@@ -21,8 +21,11 @@ from pipelines.lake.catalog import LakeTable, gold_declared, lake_tables
 from pipelines.lake.erasure_registry import dead_letters_of_erased, key_in
 from pipelines.lake.frames import materialized
 from pipelines.lake.hudi_timeline import (
+    ERASURE_META,
+    PURGE_FROM_META,
     READABLE_FROM_META,
     earliest_retained,
+    foreign_commits,
     latest_completion,
     latest_extra,
     pending_writes,
@@ -179,8 +182,9 @@ class Purger(WriteClient):
     def metadata_partitions(self) -> set[str]:
         return set(self.meta.getTableConfig().getMetadataPartitions())
 
-    def marker(self, readable_from: str) -> str:
-        """An empty replace commit saying that no incremental read may start before `readable_from`."""
+    def marker(self, readable_from: str, purge_from: str | None) -> str:
+        """An empty replace commit saying that no incremental read may start before `readable_from`, and, with
+        `purge_from`, that a reader at or after it may read on from `readable_from` (PURGE_FROM_META)."""
         jvm = self.jvm
         self.meta.reloadActiveTimeline()
         action = jvm.org.apache.hudi.common.table.timeline.HoodieTimeline.REPLACE_COMMIT_ACTION
@@ -192,7 +196,9 @@ class Purger(WriteClient):
             requested, jvm.org.apache.hudi.common.util.Option.empty())
         extra = jvm.java.util.HashMap()
         extra.put(READABLE_FROM_META, readable_from)
-        extra.put("_lakehouse.erasure", "purge")
+        extra.put(ERASURE_META, "purge")
+        if purge_from is not None:
+            extra.put(PURGE_FROM_META, purge_from)
         empty = self.spark.sparkContext._jsc.emptyRDD()
         self.client.commit(instant, empty, jvm.org.apache.hudi.common.util.Option.of(extra), action,
                            jvm.java.util.HashMap())
@@ -252,7 +258,7 @@ def purge(lake: Lake, plan: PurgePlan, progress: Callable[[str], None]) -> dict[
 
     def one(table: LakeTable) -> dict[str, object]:
         progress(f"purging {table.name}")
-        started = time.monotonic()
+        started, began = time.monotonic(), latest_completion(spark, table.path)
         done: dict[str, object] = {}
         with Purger(spark, table) as client:
             if savepoints := client.savepoints():
@@ -271,8 +277,10 @@ def purge(lake: Lake, plan: PurgePlan, progress: Callable[[str], None]) -> dict[
                 file_ids |= holders.get(table.name, set())
                 done["rewritten_file_groups"] = _rewrite(spark, table, sorted(file_ids))
             readable_from = latest_completion(spark, table.path)
-            assert readable_from is not None, f"{table.name} has completed commits"
-            done["marker"] = marker = client.marker(readable_from)
+            assert readable_from is not None and began is not None, f"{table.name} has completed commits"
+            # Readers at `began` may read on after the marker, unless someone else committed meanwhile.
+            own_only = not foreign_commits(spark, table.path, began, readable_from)
+            done["marker"] = marker = client.marker(readable_from, began if own_only else None)
             done["cleans"] = client.clean_up_to(marker)
             if savepoints:
                 client.client.savepoint("lakehouse-gdpr", "re-created after an erasure")
@@ -307,7 +315,8 @@ def _rewrite(spark: SparkSession, table: LakeTable, file_ids: list[str]) -> int:
     rows = materialized(rows.drop(*[c for c in rows.columns if c.startswith("_hoodie_") and c != DELETED_FLAG]))
     if rows.isEmpty():
         return 0
-    save(rows, table.path, {**table.options, "hoodie.datasource.write.operation": "upsert"})
+    # Marked as the erasure's: it changes no row, readers have nothing to read of it (foreign_commits).
+    save(rows, table.path, {**table.options, "hoodie.datasource.write.operation": "upsert", ERASURE_META: "rewrite"})
     return len(file_ids)
 
 

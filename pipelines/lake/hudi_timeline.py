@@ -64,6 +64,13 @@ def retained_instants(spark: SparkSession, path: str) -> list[str]:
     return found
 
 
+# On an erasure's purge marker (pipelines.gdpr.purge): the table's newest completion when the purge began, recorded
+# only when every commit between it and the marker was the purge's own (compactions, unchanged rewrites): a reader
+# that had read up to it has nothing to read before the marker, though the clean made those commits unreadable.
+PURGE_FROM_META = "_lakehouse.purge_from"
+ERASURE_META = "_lakehouse.erasure"
+
+
 def earliest_checkpoint(spark: SparkSession, path: str) -> str | None:
     """The oldest checkpoint an incremental read of `path` can still start from; None if any can.
 
@@ -76,15 +83,9 @@ def earliest_checkpoint(spark: SparkSession, path: str) -> str | None:
     """
     active = _active(spark, path)
     commits = active.getCommitsTimeline().filterCompletedInstants()
-    first = commits.firstInstant()
-    if not first.isPresent():
+    floor = _floor_without_cleaning(commits)
+    if floor is None:
         return None
-    floor = first.get().getCompletionTime()
-    replaces = commits.getCompletedReplaceTimeline().getReverseOrderedInstants().iterator()
-    while replaces.hasNext():
-        if readable := commits.readCommitMetadata(replaces.next()).getExtraMetadata().get(READABLE_FROM_META):
-            floor = max(floor, readable)
-            break
     retain = _earliest_retained(active)
     instants = commits.getInstants().iterator()
     while retain and instants.hasNext():
@@ -92,6 +93,79 @@ def earliest_checkpoint(spark: SparkSession, path: str) -> str | None:
         if instant.requestedTime() < retain:
             floor = max(floor, instant.getCompletionTime())
     return floor
+
+
+def _floor_without_cleaning(commits) -> str | None:  # commits: HoodieTimeline of completed commits
+    """The latest of the first active commit's completion and the newest READABLE_FROM_META (an expiry's or a
+    purge's); None without commits."""
+    first = commits.firstInstant()
+    if not first.isPresent():
+        return None
+    floor = first.get().getCompletionTime()
+    if (marker := _newest_marker(commits)) is not None:
+        floor = max(floor, marker[READABLE_FROM_META])
+    return floor
+
+
+def _newest_marker(commits) -> dict[str, str] | None:  # commits: HoodieTimeline of completed commits
+    """Extra metadata of the newest replace commit with READABLE_FROM_META (an expiry or a purge)."""
+    replaces = commits.getCompletedReplaceTimeline().getReverseOrderedInstants().iterator()
+    while replaces.hasNext():
+        extra = commits.readCommitMetadata(replaces.next()).getExtraMetadata()
+        if extra.get(READABLE_FROM_META):
+            return dict(extra)
+    return None
+
+
+def earliest_by_commit_time(spark: SparkSession, path: str) -> str | None:
+    """The oldest checkpoint from which the rows of later commits can still be found by their `_hoodie_commit_time`.
+
+    For an insert-only table (bronze's change logs), whose rows keep the commit time they were written at through
+    every rewrite (a clean, an erasure's delete, a clustering): such a read needs those commits on the active timeline
+    and their partitions not expired, not their original files. A purge's marker does not count: it removed no row
+    that the erasure had not deleted before.
+    """
+    commits = _completed(spark, path)
+    first = commits.firstInstant()
+    if not first.isPresent():
+        return None
+    floor, replaces = first.get().getCompletionTime(), commits.getCompletedReplaceTimeline()
+    instants = replaces.getReverseOrderedInstants().iterator()
+    while instants.hasNext():
+        extra = commits.readCommitMetadata(instants.next()).getExtraMetadata()
+        if extra.get(READABLE_FROM_META) and not extra.get(ERASURE_META):
+            return max(floor, extra.get(READABLE_FROM_META))
+    return floor
+
+
+def read_on_after_purge(spark: SparkSession, path: str, since: str) -> str | None:
+    """Where a read from checkpoint `since`, older than the table's earliest checkpoint, can go on from, when the
+    commits in between were all an erasure's purge's own (PURGE_FROM_META at most `since`); None otherwise.
+
+    The purge deleted no row: the erasure's sweep had, before it began (and a reader at `since` has read those
+    deletes). A clean after the purge's, which makes later commits unreadable as well, rules it out.
+    """
+    active = _active(spark, path)
+    commits = active.getCommitsTimeline().filterCompletedInstants()
+    marker = _newest_marker(commits)
+    if marker is None or not (start := marker.get(PURGE_FROM_META)) or since < start:
+        return None
+    readable_from = marker[READABLE_FROM_META]
+    earliest = earliest_checkpoint(spark, path)
+    return readable_from if earliest is not None and earliest <= readable_from else None
+
+
+def foreign_commits(spark: SparkSession, path: str, since: str, until: str) -> list[str]:
+    """Instants of the commits completed in (since, until] that neither carry ERASURE_META nor are compactions or
+    clusterings: writes of someone other than an erasure."""
+    timeline = _completed(spark, path)
+    found = []
+    for instant in _between(timeline, since, until):
+        metadata = timeline.readCommitMetadata(instant)
+        if metadata.getExtraMetadata().get(ERASURE_META) is None \
+                and str(metadata.getOperationType()) not in ("COMPACT", "CLUSTER"):
+            found.append(instant.requestedTime())
+    return found
 
 
 def _between(timeline, since: str | None, until: str) -> list:  # HoodieTimeline -> [HoodieInstant]

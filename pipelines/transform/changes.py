@@ -28,11 +28,13 @@ from pipelines.lake.catalog import change_feed_tables
 from pipelines.lake.declaration import TableDecl
 from pipelines.lake.frames import materialized, union_all
 from pipelines.lake.hudi_timeline import (
+    earliest_by_commit_time,
     earliest_checkpoint,
     instant_as_of,
     instants_between,
     latest_completion,
     partitions_written,
+    read_on_after_purge,
 )
 from pipelines.lake.layout import LEDGER_COLUMNS, META_COLUMNS, changelog_path, ledger_path, main_path, table_path
 from pipelines.lake.table_stats import has_completed_commit
@@ -55,6 +57,7 @@ class Window:
     since: str | None
     until: str | None
     full: bool = False  # the checkpoint is gone from the timeline: read the whole table
+    by_commit_time: bool = False  # the window's files were cleaned, its rows are found by their commit time
 
     @property
     def empty(self) -> bool:
@@ -74,16 +77,32 @@ class Window:
         return self.since, self.until
 
 
-def window(spark: SparkSession, path: str, since: str | None) -> Window:
+def window(spark: SparkSession, path: str, since: str | None, *, insert_only: bool = False) -> Window:
+    """What a reader at checkpoint `since` reads of `path` now: the commits completed since, up to the newest.
+
+    A checkpoint older than the earliest readable one (hudi_timeline.earliest_checkpoint) is read on
+    without a full read where that is exact: after an erasure's purge whose commits the reader has
+    nothing to read of (hudi_timeline.read_on_after_purge), and, on an `insert_only` table (bronze's
+    change logs, whose rows keep their commit time), by commit time while its commits are on the active
+    timeline and not expired. Otherwise the window is `full`, and a warning says so.
+    """
     if not has_completed_commit(path):
         return Window(path, since, None)
     until = latest_completion(spark, path)
     earliest = earliest_checkpoint(spark, path)
-    full = since is not None and earliest is not None and since < earliest
-    if full:
-        log.warning("checkpoint %s of %s is no longer readable (archived or cleaned; the oldest readable "
-                    "is %s): rebuilding from a full read", since, path, earliest)
-    return Window(path, since, until, full)
+    if since is None or earliest is None or since >= earliest:
+        return Window(path, since, until)
+    if (after_purge := read_on_after_purge(spark, path, since)) is not None:
+        log.info("checkpoint %s of %s: the commits after it up to %s are an erasure's purge, with nothing to read: "
+                 "reading on from there", since, path, after_purge)
+        return Window(path, after_purge, until)
+    if insert_only and since >= (earliest_by_commit_time(spark, path) or since):
+        log.info("checkpoint %s of %s: the files of the commits after it were cleaned (the oldest readable is %s): "
+                 "reading their rows by commit time", since, path, earliest)
+        return Window(path, since, until, by_commit_time=True)
+    log.warning("checkpoint %s of %s is no longer readable (archived or cleaned; the oldest readable "
+                "is %s): rebuilding from a full read", since, path, earliest)
+    return Window(path, since, until, full=True)
 
 
 def _changelog_window(spark: SparkSession, w: Window) -> DataFrame | None:
@@ -93,12 +112,13 @@ def _changelog_window(spark: SparkSession, w: Window) -> DataFrame | None:
     if w.full or w.since is None:
         return spark.read.format("hudi").load(w.path)
     since, until = w.bounds
-    rows = (spark.read.format("hudi").options(**hudi_configs.section("reads", "incremental"))
-            .option("hoodie.datasource.read.begin.instanttime", since)
-            .option("hoodie.datasource.read.end.instanttime", until).load(w.path))
+    rows = spark.read.format("hudi").load(w.path) if w.by_commit_time else \
+        (spark.read.format("hudi").options(**hudi_configs.section("reads", "incremental"))
+         .option("hoodie.datasource.read.begin.instanttime", since)
+         .option("hoodie.datasource.read.end.instanttime", until).load(w.path))
     # Only the ingest days the window can reach (a day of slack for clocks and time zones),
     # and only rows of the window's commits: with Hudi 1.0.2 the incremental query also
-    # returns other rows of the files it opens.
+    # returns other rows of the files it opens, and a read by commit time opens the days' every file.
     first_day = (datetime.strptime(since[:8], "%Y%m%d") - timedelta(days=1)).strftime("%Y-%m-%d")
     return rows.filter((F.col("_ingest_date") >= first_day)
                        & F.col("_hoodie_commit_time").isin(instants_between(spark, w.path, since, until)))
@@ -228,7 +248,7 @@ def read_changes(lake: Lake, table: str, since: str | None = None) -> ChangeSet:
     layer, name = table.split("/")
     key = feeds[table]
     if layer == "bronze":
-        w = window(spark, changelog_path(name, root), since or None)
+        w = window(spark, changelog_path(name, root), since or None, insert_only=True)
         changes = bronze_changes(spark, lake.declaration.table(name), w, root, extras=None)
         if changes is None:
             return ChangeSet(_empty(spark, w.path, key), w.until or "")

@@ -79,7 +79,8 @@ def plan_silver(lake: Lake, table: str) -> SilverStep | None:
     # Both outputs read from the older of their checkpoints: re-reading is harmless, skipping is not.
     since = min((consumed(checkpoint(spark, p) if has_completed_commit(p) else {}, source) for p in outputs),
                 key=lambda v: v or "")
-    w = _carrying_new_columns(spark, decl, window(spark, source, since or None), outputs[0])
+    w = _carrying_new_columns(spark, decl, window(spark, source, since or None, insert_only=True),
+                               outputs[0])
     # Declared columns: the extras named (bronze_changes keeps those it has); none declared: every column.
     changes = bronze_changes(spark, decl, w, root, extras=decl.silver_extra if decl.columns else None)
     if changes is None:
