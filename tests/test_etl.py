@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
+from pipelines.cli.lake import lake_status
 from pipelines.ingest.bronze import run_ingest
 from pipelines.lake.catalog import change_feed_tables, hudi_table_name, lake_catalog
 from pipelines.lake.contract import TABLES
@@ -29,6 +30,7 @@ from pipelines.lake.hudi_timeline import checkpoint
 from pipelines.lake.layout import quarantine_path, silver_path
 from pipelines.lake.table_stats import has_completed_commit, table_stats
 from pipelines.monitoring import lineage
+from pipelines.monitoring.layer_freshness import layer_freshness
 from pipelines.runtime.declared import read_declaration
 from pipelines.runtime.lake import Lake
 from pipelines.transform.changes import read_changes
@@ -144,8 +146,18 @@ def test_etl_cycles_and_a_consumer_stay_exact(spark, lake: LakeCopy, tmp_path: P
     # Two ingests before one cycle, the cycle as `lakehouse etl` with OpenLineage's listener on: its events.
     ingest()
     ingest()
+    # Silver and gold wait for both ingests, from the first one's commit on (gold through silver), then for nothing.
+    waiting = layer_freshness(root, Lake.at(root).declaration)
+    first = max(waiting[f"silver/{t}"].waiting_seconds for t in TABLES)
+    assert all(waiting[f"silver/{t}"].waiting_commits >= 2 for t in TABLES), waiting
+    assert all(waiting[f"gold/{t}"].waiting_seconds >= first > 0 for t in ("customer_ltv", "daily_revenue")), waiting
     _etl_with_lineage(spark, root, tmp_path)
     check()
+    caught_up = layer_freshness(root, Lake.at(root).declaration)
+    assert set(caught_up) == set(waiting)
+    assert not any(f.waiting_commits or f.waiting_seconds for f in caught_up.values()), caught_up
+    rows = {r["table"]: r for r in lake_status(Lake.at(root)).get("tables", [])}
+    assert rows["gold/customer_ltv"]["freshness"] == caught_up["gold/customer_ltv"].as_dict()
     # A cycle with nothing new must not even commit.
     commits = {t: table_stats(silver_path(t, root)).commits for t in TABLES}
     assert not any(run_etl(Lake.at(root, spark)).values())

@@ -11,6 +11,7 @@ import time
 import click
 
 from pipelines.lake.catalog import Table, lake_catalog, lake_table
+from pipelines.monitoring.layer_freshness import layer_freshness
 from pipelines.runtime.commands import JSON_OPTION, TABLE, echo_json, pass_lake
 from pipelines.runtime.kafka_clients import at, described, python_options, require_kafka
 from pipelines.runtime.lake import Lake
@@ -64,6 +65,16 @@ def _dead_letter_reasons(root: str) -> list[tuple[str, str]]:
     return list(zip(letters.column("kafka_topic").to_pylist(), letters.column("reason").to_pylist(), strict=True))
 
 
+def _layer_text(fresh: dict) -> str:
+    """A silver or gold table's freshness in `status`'s text: how long the oldest change bronze holds and it does
+    not has waited, against the target."""
+    target = fresh["target_seconds"]
+    if not fresh["waiting_commits"]:
+        return f"nothing waiting / {target:.0f}s"
+    late = "  BEHIND" if fresh["behind"] else ""
+    return f"{fresh['waiting_seconds']:.0f}s ({fresh['waiting_commits']} commits) / {target:.0f}s{late}"
+
+
 def _table_row(lake: Lake, table: Table, dead: dict[str, int], freshness: dict[str, dict],
                since_beat: float) -> dict | None:
     """One table's row of `status`; None for a silver or gold table not written yet (a bronze one is listed as not
@@ -80,7 +91,9 @@ def _table_row(lake: Lake, table: Table, dead: dict[str, int], freshness: dict[s
         row |= {"deleted_keys": _deleted_keys(lake.root, table.source, table.key),
                 "dead_letters": dead.get(lake.declaration.topic(table.source), 0),
                 "freshness": None if (fresh := freshness.get(table.source)) is None else _freshness(fresh, since_beat)}
-    elif table.layer == "silver":
+    else:
+        row["freshness"] = freshness.get(table.name)
+    if table.layer == "silver":
         quarantine = lake_table(f"silver/_quarantine/{table.source}", lake.declaration).path(lake.root)
         row["quarantined"] = table_stats(quarantine).rows if has_completed_commit(quarantine) else 0
     return row
@@ -102,6 +115,8 @@ def lake_status(lake: Lake) -> dict:
     # written what waited: it commits the tables' waiting changes as it stops).
     freshness = (beat.tables or {}) if beat is not None and health.live else {}
     since_beat = time.time() - beat.written_at if beat is not None else 0.0
+    # Silver's and gold's, from their timelines: how long what bronze holds and they do not has waited.
+    freshness |= {name: f.as_dict() for name, f in layer_freshness(lake.root, lake.declaration).items()}
     # The catalog's tables that people read: bronze's and silver's of each source table, gold's
     # aggregates; not the internal ones (names with a `_` part: change logs, ledgers, quarantine).
     rows = [_table_row(lake, t, dead, freshness, since_beat)
@@ -116,7 +131,7 @@ def _status_text(doc: dict) -> list[str]:
     """`status`'s lines: the lake root, the stream, a table of the tables, then each held table."""
     lines = [f"lake root: {doc['lake_root']}", f"stream: {doc['stream']['state']}: {doc['stream']['why']}",
              f"{'table':<18}{'rows':>9}{'commits':>9}{'file groups':>13}{'log files':>11}{'deleted keys':>14}"
-             f"{'dead letters':>14}  freshness (oldest waiting change / target)"]
+             f"{'dead letters':>14}  freshness (oldest waiting change / target; silver, gold: behind bronze)"]
     for r in doc["tables"]:
         if not r["created"]:
             lines.append(f"{r['table']:<18}  (not created yet)")
@@ -126,8 +141,12 @@ def _status_text(doc: dict) -> list[str]:
             line += f"{r['deleted_keys']:>14}{r['dead_letters']:>14}"
             if r["freshness"] is not None:
                 line += "  " + _freshness_text(r["freshness"])
-        elif r["layer"] == "silver":
-            line += f"{'':>14}{'':>14}  quarantined: {r['quarantined']}"
+        else:
+            line += f"{'':>14}{'':>14}"
+            if r["freshness"] is not None:
+                line += "  " + _layer_text(r["freshness"])
+            if r["layer"] == "silver":
+                line += f"  quarantined: {r['quarantined']}"
         lines.append(line)
     lines += [f"held: {h['table']} ({h['events']} events in the dead-letter store): {h['reason']}; resolve with "
               "`lakehouse schema accept`, then `lakehouse dead-letters replay --reason schema`" for h in doc["held"]]

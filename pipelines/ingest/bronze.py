@@ -214,6 +214,8 @@ def _run_ingest(lake: Lake, once: bool, brokers: KafkaSettings, options: IngestO
         while True:
             if compactor is not None:
                 compactor.follow(lake)
+            if exporter is not None:
+                exporter.follow(lake.root, lake.declaration)
             try:
                 moved = _run_query(stream, lake, lease)
             except KeyboardInterrupt:

@@ -34,7 +34,9 @@ import hudi_configs
 from pipelines.errors import StreamError
 from pipelines.ingest.batch import BatchReport
 from pipelines.ingest.stream import kafka_offsets
+from pipelines.lake.declaration import Declaration
 from pipelines.monitoring import metric_names
+from pipelines.monitoring.layer_freshness import LayerFreshnessCollector
 from pipelines.runtime.local_process import HOST
 
 # Seconds of a phase, from a registry lookup to a catch-up batch (about 45 s on 2 cores)
@@ -92,6 +94,7 @@ class StreamExporter:
         self._tables: set[str] = set()
         self._topics: set[str] = set()
         self._server: Any = None
+        self._layers: LayerFreshnessCollector | None = None
 
     def _counter(self, metric: metric_names.Metric) -> Counter:
         assert metric.kind == "counter", metric
@@ -119,6 +122,16 @@ class StreamExporter:
                               "stream there? `lakehouse ingest --metrics-port` takes another port (0: no exporter)") \
                 from error
         return exporter
+
+    def follow(self, root: str, decl: Declaration) -> None:
+        """Silver's and gold's freshness too, read from the lake at `root` under `decl` as Prometheus scrapes: a
+        served exporter's, since those figures age between reads (a pushed one would hold them still)."""
+        if self._server is None:
+            return
+        if self._layers is None:
+            self._layers = LayerFreshnessCollector(root, decl)
+            self.registry.register(self._layers)
+        self._layers.follow(root, decl)
 
     @property
     def port(self) -> int | None:

@@ -50,9 +50,13 @@ def query(url: str, expr: str) -> list[dict[str, Any]]:
 # Each figure's query; `{w}` is the window. The names come from pipelines.monitoring.metric_names, as the alerts'.
 _BATCHES = f'{m.BATCH_DURATION.name}_bucket{{{{phase="total"}}}}[{{w}}]'
 QUERIES: dict[str, str] = {
-    "freshness_last": f"max by (table) (last_over_time({m.TABLE_FRESHNESS.name}[{{w}}]))",
-    "freshness_max": f"max by (table) (max_over_time({m.TABLE_FRESHNESS.name}[{{w}}]))",
-    "target": f"max by (table) (last_over_time({m.TABLE_FRESHNESS_TARGET.name}[{{w}}]))",
+    # Bronze's tables (`orders`: behind the source) and silver's and gold's (`gold/customer_ltv`: behind bronze).
+    "freshness_last": f"max by (table) (last_over_time({m.TABLE_FRESHNESS.name}[{{w}}]) "
+                      f"or last_over_time({m.LAYER_FRESHNESS.name}[{{w}}]))",
+    "freshness_max": f"max by (table) (max_over_time({m.TABLE_FRESHNESS.name}[{{w}}]) "
+                     f"or max_over_time({m.LAYER_FRESHNESS.name}[{{w}}]))",
+    "target": f"max by (table) (last_over_time({m.TABLE_FRESHNESS_TARGET.name}[{{w}}]) "
+              f"or last_over_time({m.LAYER_FRESHNESS_TARGET.name}[{{w}}]))",
     "records": f"sum by (table) (increase({m.BATCH_RECORDS.name}[{{w}}]))",
     "commits": f"sum by (table) (increase({m.COMMITS.name}[{{w}}]))",
     "dead_letters": f"sum by (table) (increase({m.DEAD_LETTERS.name}[{{w}}]))",

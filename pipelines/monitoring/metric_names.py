@@ -59,6 +59,14 @@ TABLE_FRESHNESS = Metric(
 TABLE_FRESHNESS_TARGET = Metric(
     "lakehouse_table_freshness_target_seconds", "gauge", ("table",),
     "The table's freshness target: `freshness_seconds` of its declaration.")
+LAYER_FRESHNESS = Metric(
+    "lakehouse_layer_freshness_seconds", "gauge", ("table",),
+    "How far a silver or gold table (`silver/orders`) is behind bronze: how long the oldest change that bronze "
+    "holds and the table does not has waited, 0 when none waits; from the tables' timelines, read at most every "
+    "`[freshness] every_seconds` (pipelines/monitoring/layer_freshness.py).")
+LAYER_FRESHNESS_TARGET = Metric(
+    "lakehouse_layer_freshness_target_seconds", "gauge", ("table",),
+    "The silver or gold table's freshness target (hudi_configs/table_services.toml `[freshness] target_seconds`).")
 STREAM_HEARTBEAT = Metric(
     "lakehouse_stream_heartbeat_timestamp_seconds", "gauge", (),
     "Unix time of the ingest stream's last heartbeat (pipelines/ingest/stream.py).")
@@ -155,7 +163,8 @@ KAFKA_LAG = Metric(
     "what it read and lets wait shows in the tables' freshness.")
 
 ALL: tuple[Metric, ...] = (
-    TABLE_FRESHNESS, TABLE_FRESHNESS_TARGET, STREAM_HEARTBEAT, DEAD_LETTERS, BATCH_RECORDS, BATCH_BYTES,
+    TABLE_FRESHNESS, TABLE_FRESHNESS_TARGET, LAYER_FRESHNESS, LAYER_FRESHNESS_TARGET, STREAM_HEARTBEAT,
+    DEAD_LETTERS, BATCH_RECORDS, BATCH_BYTES,
     BATCH_DURATION, COMMITS, KAFKA_LAG,
     QUARANTINED_ROWS, SILVER_CHECKED_ROWS, ETL_WRITTEN_ROWS, ETL_DELETED_ROWS,
     ERASURE_OLDEST_PENDING, ERASURE_PENDING,

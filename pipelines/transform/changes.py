@@ -36,7 +36,15 @@ from pipelines.lake.hudi_timeline import (
     partitions_written,
     read_on_after_purge,
 )
-from pipelines.lake.layout import LEDGER_COLUMNS, META_COLUMNS, changelog_path, ledger_path, main_path, table_path
+from pipelines.lake.layout import (
+    LEDGER_COLUMNS,
+    META_COLUMNS,
+    changelog_path,
+    lake_relative,
+    ledger_path,
+    main_path,
+    table_path,
+)
 from pipelines.lake.table_stats import has_completed_commit
 from pipelines.runtime.lake import Lake
 
@@ -93,12 +101,11 @@ def window(spark: SparkSession, path: str, since: str | None, *, insert_only: bo
     if since is None or earliest is None or since >= earliest:
         return Window(path, since, until)
     if (after_purge := read_on_after_purge(spark, path, since)) is not None:
-        log.info("checkpoint %s of %s: the commits after it up to %s are an erasure's purge, with nothing to read: "
-                 "reading on from there", since, path, after_purge)
+        log.info("%s: read on from %s, after an erasure's purge (nothing to read since %s)", lake_relative(path),
+                 after_purge, since)
         return Window(path, after_purge, until)
     if insert_only and since >= (earliest_by_commit_time(spark, path) or since):
-        log.info("checkpoint %s of %s: the files of the commits after it were cleaned (the oldest readable is %s): "
-                 "reading their rows by commit time", since, path, earliest)
+        log.info("%s: the commits since %s read by commit time (their files were cleaned)", lake_relative(path), since)
         return Window(path, since, until, by_commit_time=True)
     log.warning("checkpoint %s of %s is no longer readable (archived or cleaned; the oldest readable "
                 "is %s): rebuilding from a full read", since, path, earliest)
