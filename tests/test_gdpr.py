@@ -29,8 +29,11 @@ from pipelines.gdpr.scan import Subject, scan_lake
 from pipelines.ingest.bronze import run_ingest
 from pipelines.lake.catalog import lake_tables
 from pipelines.lake.contract import TABLES, topic
+from pipelines.lake.hudi_timeline import PURGE_FROM_META, latest_meta
+from pipelines.lake.layout import table_path
 from pipelines.lake.table_stats import has_completed_commit, read_table
 from pipelines.runtime.lake import Lake
+from pipelines.transform.changes import read_changes
 from pipelines.transform.etl import run_etl
 from tests.kill import bronze_as_model, running_ingest, wait_while_running
 from tests.lake import LakeCopy, assert_bronze_equals_model, assert_lake_equals_model, run_cli
@@ -295,6 +298,12 @@ def test_erasure_leaves_nothing_and_changes_nobody_else(spark, lake: LakeCopy, t
     assert [m for m in said if "read by commit time" in m], "silver's reads were not after a purge"
     assert [m for m in said if "after an erasure's purge" in m], "gold's reads were not after a purge"
     assert not [t for t, counts in report.items() if "rebuilt" in counts], report
+    # A `lakehouse changes` consumer that had read up to where the purge began reads on after it: no snapshot.
+    for layer, name in (("gold", "daily_revenue"), ("silver", "customers")):
+        began = latest_meta(spark, table_path(layer, name, root), PURGE_FROM_META)
+        assert began, f"{layer}/{name}: the purge did not record that its commits were all its own"
+        after = read_changes(Lake.at(root, spark), f"{layer}/{name}", began)
+        assert not after.snapshot and after.rows.count() > 0, f"{layer}/{name}"
     expected, lsns = erased_model(sent, victims, orders)
     assert_bronze_equals_model(spark, root, expected, lsns)
     assert_lake_equals_model(spark, root, expected)

@@ -103,17 +103,18 @@ def _floor_without_cleaning(commits) -> str | None:  # commits: HoodieTimeline o
         return None
     floor = first.get().getCompletionTime()
     if (marker := _newest_marker(commits)) is not None:
-        floor = max(floor, marker[READABLE_FROM_META])
+        floor = max(floor, marker[1][READABLE_FROM_META])
     return floor
 
 
-def _newest_marker(commits) -> dict[str, str] | None:  # commits: HoodieTimeline of completed commits
-    """Extra metadata of the newest replace commit with READABLE_FROM_META (an expiry or a purge)."""
+def _newest_marker(commits) -> tuple[str, dict[str, str]] | None:  # commits: HoodieTimeline of completed commits
+    """(completion time, extra metadata) of the newest replace commit with READABLE_FROM_META (an expiry, a purge)."""
     replaces = commits.getCompletedReplaceTimeline().getReverseOrderedInstants().iterator()
     while replaces.hasNext():
-        extra = commits.readCommitMetadata(replaces.next()).getExtraMetadata()
+        instant = replaces.next()
+        extra = commits.readCommitMetadata(instant).getExtraMetadata()
         if extra.get(READABLE_FROM_META):
-            return dict(extra)
+            return instant.getCompletionTime(), dict(extra)
     return None
 
 
@@ -139,20 +140,20 @@ def earliest_by_commit_time(spark: SparkSession, path: str) -> str | None:
 
 
 def read_on_after_purge(spark: SparkSession, path: str, since: str) -> str | None:
-    """Where a read from checkpoint `since`, older than the table's earliest checkpoint, can go on from, when the
-    commits in between were all an erasure's purge's own (PURGE_FROM_META at most `since`); None otherwise.
+    """Where a read from checkpoint `since`, older than the table's earliest checkpoint, can go on from (the purge's
+    marker), when the commits in between were all an erasure's purge's own (PURGE_FROM_META at most `since`); None
+    otherwise.
 
     The purge deleted no row: the erasure's sweep had, before it began (and a reader at `since` has read those
     deletes). A clean after the purge's, which makes later commits unreadable as well, rules it out.
     """
-    active = _active(spark, path)
-    commits = active.getCommitsTimeline().filterCompletedInstants()
-    marker = _newest_marker(commits)
-    if marker is None or not (start := marker.get(PURGE_FROM_META)) or since < start:
+    marker = _newest_marker(_completed(spark, path))
+    if marker is None or not (start := marker[1].get(PURGE_FROM_META)) or since < start:
         return None
-    readable_from = marker[READABLE_FROM_META]
+    # From the marker itself (it holds no row): time travel to it still works, the clean kept it.
+    completed, readable_from = marker[0], marker[1][READABLE_FROM_META]
     earliest = earliest_checkpoint(spark, path)
-    return readable_from if earliest is not None and earliest <= readable_from else None
+    return completed if earliest is not None and earliest <= readable_from else None
 
 
 def foreign_commits(spark: SparkSession, path: str, since: str, until: str) -> list[str]:
