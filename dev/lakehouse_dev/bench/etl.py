@@ -1,4 +1,5 @@
-"""Incremental ETL: cycle time and what a cycle reads after 0.1%, 1% and 10% of the rows changed.
+"""Incremental ETL: cycle time and what a cycle reads after 0.1%, 1% and 10% of the rows changed, and after 0.1%
+once more following an erasure (whose purge leaves only the newest version of every table).
 
 A lake is built from a backlog (ingest, first etl), then for each fraction the source
 changes that share of its live rows, ingest catches up and one `etl` cycle runs, metered
@@ -47,7 +48,9 @@ def run(events: int, seed: int, fractions: tuple[float, ...] = FRACTIONS) -> dic
         spark = get_spark("lakehouse-bench-etl")
         first = _metered_cycle(spark, str(root))
         say(f"first cycle (everything): {first['seconds']}s")
-        for fraction in fractions:
+        env["LAKEHOUSE_ERASURE_KEY_FILE"] = str(work / "erasure.key")
+
+        def changed_then_cycle(fraction: float, after_erasure: bool = False) -> None:
             live = sum(len(source.state[t]) for t in contract.TABLES)
             changes = max(1, round(live * fraction))
             say(f"{fraction:.1%} of {live:,} live rows: {changes:,} changes")
@@ -56,7 +59,17 @@ def run(events: int, seed: int, fractions: tuple[float, ...] = FRACTIONS) -> dic
             cycle = _metered_cycle(spark, str(root))
             say(f"  incremental cycle: {cycle['seconds']}s, {cycle['rows_read']:,} rows, "
                 f"{cycle['files_read']} files read")
-            steps.append({"fraction": fraction, "changes": changes, "live_rows": live, "incremental": cycle})
+            steps.append({"fraction": fraction, "changes": changes, "live_rows": live, "incremental": cycle,
+                          "after_erasure": after_erasure})
+
+        for fraction in fractions:
+            changed_then_cycle(fraction)
+        # An erasure purges every older version of every table: the next cycle must still read what changed only.
+        victim = min(source.state["customers"])
+        say(f"erasing customer {victim}, then {fractions[0]:.1%} again")
+        lakehouse("gdpr", "erase", "--customer-id", str(victim), "--reference", "BENCH-ETL-1", env=env,
+                  log=work / "erasure.log")
+        changed_then_cycle(fractions[0], after_erasure=True)
         rebuild_root = work / "rebuild"
         shutil.copytree(root / "bronze", rebuild_root / "bronze")
         say("full rebuild: the same cycle over a copy of bronze without silver and gold")
@@ -67,7 +80,7 @@ def run(events: int, seed: int, fractions: tuple[float, ...] = FRACTIONS) -> dic
         step["rows_read_vs_full_rebuild"] = round(step["incremental"]["rows_read"] / max(1, full["rows_read"]), 3)
     figures = {"backlog": backlog.as_dict(), "first_cycle": first, "steps": steps, "full_rebuild": full}
     save("etl", figures)
-    labels = [f"{s['fraction']:.1%}" for s in steps] + ["full rebuild"]
+    labels = [_label(s) for s in steps] + ["full rebuild"]
     grouped_bars(bench_dir() / "etl.png", "ETL cycle after a change of x% of the rows",
                  labels, {"seconds": [s["incremental"]["seconds"] for s in steps] + [full["seconds"]],
                           "rows read / 10k": [s["incremental"]["rows_read"] / 1e4 for s in steps]
@@ -75,8 +88,12 @@ def run(events: int, seed: int, fractions: tuple[float, ...] = FRACTIONS) -> dic
     return figures
 
 
+def _label(step: dict[str, Any]) -> str:
+    return f"{step['fraction']:.1%}" + (" after an erasure" if step.get("after_erasure") else "")
+
+
 def report(figures: dict[str, Any]) -> str:
-    rows = [{"changed": f"{s['fraction']:.1%} ({s['changes']:,})", "cycle s": s["incremental"]["seconds"],
+    rows = [{"changed": f"{_label(s)} ({s['changes']:,})", "cycle s": s["incremental"]["seconds"],
              "rows read": f"{s['incremental']['rows_read']:,}", "files read": s["incremental"]["files_read"],
              "time vs rebuild": s["time_vs_full_rebuild"], "rows vs rebuild": s["rows_read_vs_full_rebuild"]}
             for s in figures["steps"]]
