@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry
 from pyspark.sql import SparkSession
 
 from pipelines.cli.lake import lake_status
@@ -30,7 +31,8 @@ from pipelines.lake.hudi_timeline import checkpoint
 from pipelines.lake.layout import quarantine_path, silver_path
 from pipelines.lake.table_stats import has_completed_commit, table_stats
 from pipelines.monitoring import lineage
-from pipelines.monitoring.layer_freshness import layer_freshness
+from pipelines.monitoring.layer_freshness import LayerFreshnessCollector, layer_freshness, target_seconds
+from pipelines.monitoring.metric_names import LAYER_FRESHNESS, LAYER_FRESHNESS_TARGET
 from pipelines.runtime.declared import read_declaration
 from pipelines.runtime.lake import Lake
 from pipelines.transform.changes import read_changes
@@ -158,6 +160,12 @@ def test_etl_cycles_and_a_consumer_stay_exact(spark, lake: LakeCopy, tmp_path: P
     assert not any(f.waiting_commits or f.waiting_seconds for f in caught_up.values()), caught_up
     rows = {r["table"]: r for r in lake_status(Lake.at(root)).get("tables", [])}
     assert rows["gold/customer_ltv"]["freshness"] == caught_up["gold/customer_ltv"].as_dict()
+    # As the stream's exporter serves them: a series per table, and its target.
+    registry = CollectorRegistry()
+    registry.register(LayerFreshnessCollector(root, Lake.at(root).declaration))
+    for table in caught_up:
+        assert registry.get_sample_value(LAYER_FRESHNESS.name, {"table": table}) == 0.0, table
+        assert registry.get_sample_value(LAYER_FRESHNESS_TARGET.name, {"table": table}) == target_seconds(), table
     # A cycle with nothing new must not even commit.
     commits = {t: table_stats(silver_path(t, root)).commits for t in TABLES}
     assert not any(run_etl(Lake.at(root, spark)).values())

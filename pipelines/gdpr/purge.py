@@ -25,9 +25,9 @@ from pipelines.lake.hudi_timeline import (
     PURGE_FROM_META,
     READABLE_FROM_META,
     earliest_retained,
-    foreign_commits,
     latest_completion,
     latest_extra,
+    newest_change,
     pending_writes,
 )
 from pipelines.lake.layout import BUCKETS_META, DELETED_FLAG, POSITIONS_META, dead_letter_path, gold_path, silver_path
@@ -184,7 +184,7 @@ class Purger(WriteClient):
 
     def marker(self, readable_from: str, purge_from: str | None) -> str:
         """An empty replace commit saying that no incremental read may start before `readable_from`, and, with
-        `purge_from`, that a reader at or after it may read on from `readable_from` (PURGE_FROM_META)."""
+        `purge_from`, that a reader at or after it may read on from this marker (PURGE_FROM_META)."""
         jvm = self.jvm
         self.meta.reloadActiveTimeline()
         action = jvm.org.apache.hudi.common.table.timeline.HoodieTimeline.REPLACE_COMMIT_ACTION
@@ -258,7 +258,7 @@ def purge(lake: Lake, plan: PurgePlan, progress: Callable[[str], None]) -> dict[
 
     def one(table: LakeTable) -> dict[str, object]:
         progress(f"purging {table.name}")
-        started, began = time.monotonic(), latest_completion(spark, table.path)
+        started = time.monotonic()
         done: dict[str, object] = {}
         with Purger(spark, table) as client:
             if savepoints := client.savepoints():
@@ -277,10 +277,10 @@ def purge(lake: Lake, plan: PurgePlan, progress: Callable[[str], None]) -> dict[
                 file_ids |= holders.get(table.name, set())
                 done["rewritten_file_groups"] = _rewrite(spark, table, sorted(file_ids))
             readable_from = latest_completion(spark, table.path)
-            assert readable_from is not None and began is not None, f"{table.name} has completed commits"
-            # Readers at `began` may read on after the marker, unless someone else committed meanwhile.
-            own_only = not foreign_commits(spark, table.path, began, readable_from)
-            done["marker"] = marker = client.marker(readable_from, began if own_only else None)
+            assert readable_from is not None, f"{table.name} has completed commits"
+            # Readers that had read the newest change may read on after the marker (an earlier round's purge and
+            # this one changed no row since).
+            done["marker"] = marker = client.marker(readable_from, newest_change(spark, table.path, readable_from))
             done["cleans"] = client.clean_up_to(marker)
             if savepoints:
                 client.client.savepoint("lakehouse-gdpr", "re-created after an erasure")
@@ -315,7 +315,7 @@ def _rewrite(spark: SparkSession, table: LakeTable, file_ids: list[str]) -> int:
     rows = materialized(rows.drop(*[c for c in rows.columns if c.startswith("_hoodie_") and c != DELETED_FLAG]))
     if rows.isEmpty():
         return 0
-    # Marked as the erasure's: it changes no row, readers have nothing to read of it (foreign_commits).
+    # Marked as the erasure's: it changes no row, readers have nothing to read of it (newest_change).
     save(rows, table.path, {**table.options, "hoodie.datasource.write.operation": "upsert", ERASURE_META: "rewrite"})
     return len(file_ids)
 

@@ -64,9 +64,10 @@ def retained_instants(spark: SparkSession, path: str) -> list[str]:
     return found
 
 
-# On an erasure's purge marker (pipelines.gdpr.purge): the table's newest completion when the purge began, recorded
-# only when every commit between it and the marker was the purge's own (compactions, unchanged rewrites): a reader
-# that had read up to it has nothing to read before the marker, though the clean made those commits unreadable.
+# On an erasure's purge marker (pipelines.gdpr.purge): the completion of the table's newest commit that changed rows
+# (newest_change); every later one up to the marker was an erasure's own (compactions, unchanged rewrites, earlier
+# purges' markers): a reader that had read up to it has nothing to read before the marker, though the clean made
+# those commits unreadable.
 PURGE_FROM_META = "_lakehouse.purge_from"
 ERASURE_META = "_lakehouse.erasure"
 
@@ -156,17 +157,16 @@ def read_on_after_purge(spark: SparkSession, path: str, since: str) -> str | Non
     return completed if earliest is not None and earliest <= readable_from else None
 
 
-def foreign_commits(spark: SparkSession, path: str, since: str, until: str) -> list[str]:
-    """Instants of the commits completed in (since, until] that neither carry ERASURE_META nor are compactions or
-    clusterings: writes of someone other than an erasure."""
+def newest_change(spark: SparkSession, path: str, until: str) -> str | None:
+    """Completion time of the newest commit completed at or before `until` that may have changed rows: one without
+    ERASURE_META that is no compaction or clustering (those rewrite the same rows); None if there is none."""
     timeline = _completed(spark, path)
-    found = []
-    for instant in _between(timeline, since, until):
+    for instant in reversed(_between(timeline, None, until)):
         metadata = timeline.readCommitMetadata(instant)
         if metadata.getExtraMetadata().get(ERASURE_META) is None \
                 and str(metadata.getOperationType()) not in ("COMPACT", "CLUSTER"):
-            found.append(instant.requestedTime())
-    return found
+            return instant.getCompletionTime()
+    return None
 
 
 def _between(timeline, since: str | None, until: str) -> list:  # HoodieTimeline -> [HoodieInstant]
