@@ -7,8 +7,8 @@ import random
 import pytest
 
 from pipelines.ingest.state import KnownRows, known_rows
-from pipelines.lake import hudi_timeline
-from pipelines.lake.hudi_timeline import is_torn
+from pipelines.lake import timeline_repair
+from pipelines.lake.timeline_repair import is_torn
 
 
 @pytest.mark.integration
@@ -94,7 +94,7 @@ def _avro_container(blocks: list[bytes], sync: bytes = bytes(range(16))) -> byte
 
 @pytest.mark.unit
 def test_a_commit_file_cut_short_is_torn_and_a_whole_one_is_not() -> None:
-    """`is_torn`, which decides which timeline file a restart removes (hudi_timeline.repair_torn_timeline)."""
+    """`is_torn`, which decides which timeline file a restart removes (timeline_repair.repair_torn_timeline)."""
     whole = _avro_container([b"x" * 300])
     assert not is_torn(whole)
     assert is_torn(b"")
@@ -105,7 +105,7 @@ def test_a_commit_file_cut_short_is_torn_and_a_whole_one_is_not() -> None:
 @pytest.mark.unit
 def test_repair_steps_back_each_instant_whose_newest_file_a_crash_cut(tmp_path, monkeypatch) -> None:
     """`repair_torn_timeline` on a local table: a cut completed file, plan or inflight goes; whole and empty stay."""
-    monkeypatch.setattr(hudi_timeline.time, "sleep", lambda _s: None)  # no live writer here
+    monkeypatch.setattr(timeline_repair.time, "sleep", lambda _s: None)  # no live writer here
     whole = _avro_container([b"x" * 300])
     table = tmp_path / "table"
     files = {
@@ -125,13 +125,13 @@ def test_repair_steps_back_each_instant_whose_newest_file_a_crash_cut(tmp_path, 
     (table / ".hoodie" / "timeline" / ".3_4.deltacommit.crc").write_bytes(b"crc")
     (table / ".hoodie" / "timeline" / "history").mkdir()
 
-    hudi_timeline.repair_torn_timeline(str(table))
+    timeline_repair.repair_torn_timeline(str(table))
     left = {str(p.relative_to(table / ".hoodie")) for p in (table / ".hoodie").rglob("*") if p.is_file()}
     gone = {"timeline/3_4.deltacommit", "timeline/.3_4.deltacommit.crc", "timeline/5.clean.requested",
             "timeline/10.compaction.requested",
             "timeline/6.compaction.inflight", "metadata/.hoodie/timeline/8_9.deltacommit"}
     assert left == set(files) - gone
-    hudi_timeline.repair_torn_timeline(str(table))  # nothing more to do
+    timeline_repair.repair_torn_timeline(str(table))  # nothing more to do
     assert {str(p.relative_to(table / ".hoodie")) for p in (table / ".hoodie").rglob("*") if p.is_file()} == left
 
 

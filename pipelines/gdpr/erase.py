@@ -78,9 +78,10 @@ from pipelines.gdpr.verify import verify
 from pipelines.lake.catalog import erasure_uncovered, lake_catalog, lake_tables
 from pipelines.lake.declaration import Declaration
 from pipelines.lake.erasure_registry import read_registry, registry_path, row_pseudonym, subject_hash
-from pipelines.lake.hudi_timeline import extra_meta_after, latest_completion, pending_writes, repair_torn_timeline
+from pipelines.lake.hudi_timeline import extra_meta_after, latest_completion, pending_writes
 from pipelines.lake.layout import BATCH_ID_META, REGISTRY_META
 from pipelines.lake.table_stats import has_completed_commit
+from pipelines.lake.timeline_repair import repair_torn_timeline
 from pipelines.runtime.config import KafkaSettings
 from pipelines.runtime.hudi_writes import save
 from pipelines.runtime.kafka_clients import at

@@ -34,7 +34,6 @@ from pipelines.ingest.tables import TableWriter
 from pipelines.lake.buckets import check_buckets
 from pipelines.lake.catalog import main_writer_options
 from pipelines.lake.frames import materialized
-from pipelines.lake.hudi_timeline import repair_torn_timeline
 from pipelines.lake.layout import (
     BATCH_ID_META,
     BUCKETS_META,
@@ -45,6 +44,7 @@ from pipelines.lake.layout import (
     dead_letter_path,
     main_path,
 )
+from pipelines.lake.timeline_repair import repair_torn_timeline
 from pipelines.runtime.lake import Lake
 from pipelines.runtime.settings import unavailable_placeholder
 

@@ -1,23 +1,18 @@
-"""A Hudi table's timeline, through Hudi's own Java API (works for local paths and s3:// alike), and the repair
-of timeline files a crash cut short on a local disk (read as files: Hudi cannot read such a timeline)."""
+"""A Hudi table's timeline, through Hudi's own Java API (works for local paths and s3:// alike): what was committed,
+what a reader consumed, and from where an incremental reader can still read (the repair of timeline files a crash
+cut short is pipelines.lake.timeline_repair's)."""
 
 from __future__ import annotations
 
 import json
-import logging
-import os
-import time
-from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from pipelines.lake import storage
 from pipelines.lake.jvm import jvm_of
 from pipelines.lake.layout import BATCH_ID_META, changelog_path, lake_relative, main_path
 from pipelines.lake.table_stats import has_completed_commit
-from pipelines.lake.timeline_files import HEARTBEAT_EXPIRY_MS, INSTANT_FILE, avro_long
+from pipelines.lake.timeline_files import HEARTBEAT_EXPIRY_MS
 
-log = logging.getLogger(__name__)
 
 # Commit metadata keys are stored under this prefix (see bronze.BATCH_ID_META).
 CHECKPOINT_META = "_lakehouse.checkpoint"
@@ -96,25 +91,26 @@ def earliest_checkpoint(spark: SparkSession, path: str) -> str | None:
     return floor
 
 
-def _floor_without_cleaning(commits) -> str | None:  # commits: HoodieTimeline of completed commits
+def _floor_without_cleaning(commits, *, expiries_only: bool = False) -> str | None:  # commits: completed commits
     """The latest of the first active commit's completion and the newest READABLE_FROM_META (an expiry's or a
-    purge's); None without commits."""
+    purge's; `expiries_only`: an expiry's); None without commits."""
     first = commits.firstInstant()
     if not first.isPresent():
         return None
     floor = first.get().getCompletionTime()
-    if (marker := _newest_marker(commits)) is not None:
+    if (marker := _newest_marker(commits, expiries_only=expiries_only)) is not None:
         floor = max(floor, marker[1][READABLE_FROM_META])
     return floor
 
 
-def _newest_marker(commits) -> tuple[str, dict[str, str]] | None:  # commits: HoodieTimeline of completed commits
-    """(completion time, extra metadata) of the newest replace commit with READABLE_FROM_META (an expiry, a purge)."""
+def _newest_marker(commits, *, expiries_only: bool = False) -> tuple[str, dict[str, str]] | None:
+    """(completion time, extra metadata) of the newest replace commit with READABLE_FROM_META (an expiry, a purge;
+    `expiries_only`: not a purge's, which carries ERASURE_META)."""
     replaces = commits.getCompletedReplaceTimeline().getReverseOrderedInstants().iterator()
     while replaces.hasNext():
         instant = replaces.next()
         extra = commits.readCommitMetadata(instant).getExtraMetadata()
-        if extra.get(READABLE_FROM_META):
+        if extra.get(READABLE_FROM_META) and not (expiries_only and extra.get(ERASURE_META)):
             return instant.getCompletionTime(), dict(extra)
     return None
 
@@ -127,23 +123,13 @@ def earliest_by_commit_time(spark: SparkSession, path: str) -> str | None:
     and their partitions not expired, not their original files. A purge's marker does not count: it removed no row
     that the erasure had not deleted before.
     """
-    commits = _completed(spark, path)
-    first = commits.firstInstant()
-    if not first.isPresent():
-        return None
-    floor, replaces = first.get().getCompletionTime(), commits.getCompletedReplaceTimeline()
-    instants = replaces.getReverseOrderedInstants().iterator()
-    while instants.hasNext():
-        extra = commits.readCommitMetadata(instants.next()).getExtraMetadata()
-        if extra.get(READABLE_FROM_META) and not extra.get(ERASURE_META):
-            return max(floor, extra.get(READABLE_FROM_META))
-    return floor
+    return _floor_without_cleaning(_completed(spark, path), expiries_only=True)
 
 
-def read_on_after_purge(spark: SparkSession, path: str, since: str) -> str | None:
-    """Where a read from checkpoint `since`, older than the table's earliest checkpoint, can go on from (the purge's
-    marker), when the commits in between were all an erasure's purge's own (PURGE_FROM_META at most `since`); None
-    otherwise.
+def read_on_after_purge(spark: SparkSession, path: str, since: str, earliest: str) -> str | None:
+    """Where a read from checkpoint `since`, older than the table's `earliest` checkpoint (earliest_checkpoint), can
+    go on from (the purge's marker), when the commits in between were all an erasure's purge's own (PURGE_FROM_META
+    at most `since`); None otherwise.
 
     The purge deleted no row: the erasure's sweep had, before it began (and a reader at `since` has read those
     deletes). A clean after the purge's, which makes later commits unreadable as well, rules it out.
@@ -153,8 +139,7 @@ def read_on_after_purge(spark: SparkSession, path: str, since: str) -> str | Non
         return None
     # From the marker itself (it holds no row): time travel to it still works, the clean kept it.
     completed, readable_from = marker[0], marker[1][READABLE_FROM_META]
-    earliest = earliest_checkpoint(spark, path)
-    return completed if earliest is not None and earliest <= readable_from else None
+    return completed if earliest <= readable_from else None
 
 
 def newest_change(spark: SparkSession, path: str, until: str) -> str | None:
@@ -310,132 +295,3 @@ def consumed(marks: dict[str, str], source: str) -> str | None:
     """
     key = lake_relative(source)
     return next((mark for table, mark in marks.items() if lake_relative(table) == key), None)
-
-
-
-_STATE_RANK = {"requested": 0, "inflight": 1, None: 2}  # None: completed (INSTANT_FILE's `state` is empty)
-# Table services whose requested file is their plan (an Avro container), never empty as Hudi writes it.
-_PLANNED_ACTIONS = ("compaction", "logcompaction", "clean", "rollback", "clustering", "restore", "indexing")
-
-
-def is_torn(data: bytes) -> bool:
-    """A commit file cut short: empty, or an Avro container (Hudi 1.x's commit metadata) whose
-    header is incomplete or that does not end with the header's sync marker (each block does)."""
-    if b"Obj\x01".startswith(data):  # empty, or cut inside the magic bytes
-        return True
-    if not data.startswith(b"Obj\x01"):
-        return False  # not Avro: not this writer's format, so not judged here
-    try:
-        at = 4
-        while (count := avro_long(data, at))[0] != 0:  # the header's metadata map, block by block
-            items, at = count
-            if items < 0:
-                at = avro_long(data, at)[1]  # a negative count is followed by the block's size
-            for _ in range(abs(items) * 2):  # key and value: length, then bytes
-                size, at = avro_long(data, at)
-                at += size
-        sync = data[count[1]:count[1] + 16]
-    except IndexError:
-        return True
-    return len(sync) < 16 or len(data) < count[1] + 32 or not data.endswith(sync)
-
-
-def _torn_files(timeline: Path) -> list[Path]:
-    """The files of `timeline` that a crash cut short, each the newest state of its instant.
-
-    A completed instant's file always holds its metadata, so an empty one is torn too, and so does a
-    table service's requested file, its plan: an empty `compaction.requested` that a SIGKILL leaves
-    fails every later read of the table ("Not an Avro data file", tests/test_crash_recovery.py). Any
-    other requested or inflight file may be empty (Hudi writes them so for most writes), and is torn
-    only when it holds part of an Avro container (a workload profile).
-    """
-    # instant -> (its newest state's rank, that state's file, whether that file is a table service's plan)
-    newest: dict[str, tuple[int, Path, bool]] = {}
-    for file in timeline.iterdir():
-        if m := INSTANT_FILE.match(file.name):
-            rank = _STATE_RANK[m["state"]]
-            if rank > newest.get(m["requested"], (-1, file, False))[0]:
-                plan = m["state"] == "requested" and m["action"] in _PLANNED_ACTIONS
-                newest[m["requested"]] = (rank, file, plan)
-    torn = []
-    for rank, file, plan in newest.values():
-        try:
-            data = file.read_bytes()
-        except FileNotFoundError:  # archived, cleaned or rolled back meanwhile: not a crash's
-            continue
-        if (data or plan or rank == _STATE_RANK[None]) and is_torn(data):
-            torn.append(file)
-    return torn
-
-
-def _whole_properties(text: str) -> bool:
-    # Hudi writes the file in one go, its checksum among the entries: a cut write is empty or lacks entries.
-    return "hoodie.table.name=" in text and "hoodie.table.checksum=" in text
-
-
-def _cut_properties(meta: Path) -> bool:
-    """`hoodie.properties` cut short while Hudi rewrote it, beside a whole backup."""
-    try:
-        return not _whole_properties((meta / "hoodie.properties").read_text(errors="replace")) and \
-            _whole_properties((meta / "hoodie.properties.backup").read_text(errors="replace"))
-    except FileNotFoundError:  # no file at all Hudi handles itself: it reads the backup
-        return False
-
-
-def _restore_properties(meta: Path) -> None:
-    """The backup back in place of the cut `hoodie.properties`, as Hudi's own recovery does for a missing one.
-
-    Hudi changes the file (the metadata table's partitions, on a table's first commits) by copying
-    it to the backup, deleting it, writing the new one, then deleting the backup. A SIGKILL while it
-    writes can leave an empty file beside a whole backup (tests/test_cluster.py kills executors so):
-    Hudi reads an empty file as an old table's properties without a checksum, and every later
-    write fails with "Hoodie table not found in path Table does not exist". The backup holds the
-    properties before the change, which the next write makes again.
-    """
-    props, backup = meta / "hoodie.properties", meta / "hoodie.properties.backup"
-    log.warning("%s: cut short by a crash while Hudi rewrote it; restored from its backup", props)
-    aside = meta / f".hoodie.properties.{os.getpid()}.tmp"
-    aside.write_bytes(backup.read_bytes())
-    aside.replace(props)
-    for gone in (meta / ".hoodie.properties.crc", backup, meta / ".hoodie.properties.backup.crc"):
-        gone.unlink(missing_ok=True)
-
-
-def repair_torn_timeline(path: str) -> None:
-    """Step back every instant of `path`'s timeline (and of its metadata table's) whose newest file a crash cut short.
-
-    First, a `hoodie.properties` cut short while Hudi rewrote it is restored from its backup
-    (`_restore_properties`).
-
-    On a local disk Hudi writes a timeline file in place (on HDFS it writes a temporary file and
-    renames it; an object store's PUT is all or nothing, so there is nothing to do there). A
-    SIGKILL while it writes one leaves it cut short, and Hudi cannot read such a timeline: an empty
-    completed change-log commit leaves every later read without a schema, and a cut plan (a clean's,
-    a compaction's) fails every writer that reads it. Without the cut file
-    the instant is one step back, as after a kill a moment earlier: a completed write is inflight
-    and the next write rolls it back (its data files and its metadata-table commit), and the
-    batch it held, which no commit covers any more, is applied again; an inflight service or
-    rollback is requested and runs again from its plan; a cut plan is gone and is planned again.
-
-    A full disk (ENOSPC) cuts these files the same way: Hudi creates the file, then its write
-    fails. A disk that fills while a bronze batch completes its commits can leave an empty completed
-    delta commit of a main table, a cut completed commit of a change log and a cut metadata-table
-    delta commit at once; this repair steps all three back and the next run applies the batch again
-    (tests/test_faults_disk.py fills a disk under a main table's commit).
-    """
-    if storage.is_remote(path):
-        return
-    local = Path(path.removeprefix("file://").removeprefix("file:"))
-    for meta in (local / ".hoodie", local / ".hoodie" / "metadata" / ".hoodie"):
-        if _cut_properties(meta):
-            time.sleep(2)  # a live writer rewrites the file within milliseconds
-            if _cut_properties(meta):
-                _restore_properties(meta)
-    for timeline in (local / ".hoodie" / "timeline", local / ".hoodie" / "metadata" / ".hoodie" / "timeline"):
-        if not timeline.is_dir() or not _torn_files(timeline):
-            continue
-        time.sleep(2)  # a live writer (table services, another job) finishes such a file within milliseconds
-        for file in _torn_files(timeline):
-            log.warning("%s: cut short (a crash, or a full disk); removed, its instant steps back a state", file)
-            file.unlink(missing_ok=True)
-            file.with_name(f".{file.name}.crc").unlink(missing_ok=True)

@@ -41,9 +41,10 @@ import hudi_configs
 from pipelines.errors import UnknownTable
 from pipelines.lake.catalog import LakeTable, lake_tables
 from pipelines.lake.frames import materialized
-from pipelines.lake.hudi_timeline import READABLE_FROM_META, checkpoint, consumed, repair_torn_timeline
+from pipelines.lake.hudi_timeline import READABLE_FROM_META, checkpoint, consumed
 from pipelines.lake.layout import LEDGER_COLUMNS
 from pipelines.lake.table_stats import has_completed_commit
+from pipelines.lake.timeline_repair import repair_torn_timeline
 from pipelines.metastore import catalog_sync
 from pipelines.runtime import console
 from pipelines.runtime.hudi_client import WriteClient

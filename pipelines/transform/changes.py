@@ -100,7 +100,7 @@ def window(spark: SparkSession, path: str, since: str | None, *, insert_only: bo
     earliest = earliest_checkpoint(spark, path)
     if since is None or earliest is None or since >= earliest:
         return Window(path, since, until)
-    if (after_purge := read_on_after_purge(spark, path, since)) is not None:
+    if (after_purge := read_on_after_purge(spark, path, since, earliest)) is not None:
         log.info("%s: read on from %s, after an erasure's purge (nothing to read since %s)", lake_relative(path),
                  after_purge, since)
         return Window(path, after_purge, until)

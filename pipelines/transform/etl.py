@@ -21,9 +21,10 @@ from pipelines.lake.catalog import gold_missing, silver_options
 from pipelines.lake.declaration import Declaration, TableDecl
 from pipelines.lake.erasure_registry import read_registry, without_erased
 from pipelines.lake.frames import materialized
-from pipelines.lake.hudi_timeline import checkpoint, consumed, repair_torn_timeline
+from pipelines.lake.hudi_timeline import checkpoint, consumed
 from pipelines.lake.layout import DELETED_FLAG, changelog_path, gold_path, quarantine_path, silver_path
 from pipelines.lake.table_stats import has_completed_commit
+from pipelines.lake.timeline_repair import repair_torn_timeline
 from pipelines.runtime import console
 from pipelines.runtime.lake import Lake
 from pipelines.transform.changes import Window, bronze_changes, window
